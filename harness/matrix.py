@@ -1,0 +1,205 @@
+"""The matrix: axes, cells, what a platform cannot run, and grouping cells into engines.
+
+A cell is (vLLM version, executor, async_scheduling, pause mode, clear_cache,
+tensor-parallel size).  Cells that differ only in mode and clear_cache share
+an engine config, so they run as scenarios of one engine: the default CPU
+matrix of one version costs two engine starts (async off, async on).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from harness.errors import BadInput, bad_choice
+
+EXECUTORS = ("mp", "uni", "ray-v1", "ray-v2")
+MODES = ("keep", "wait", "abort")
+PLATFORMS = ("cpu", "cuda")
+ON_OFF = {"on": True, "off": False}
+TRUE_FALSE = {"true": True, "false": False}
+
+DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0")}
+
+_VERSION_RE = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
+
+
+@dataclass(frozen=True, order=True)
+class EngineKey:
+    """Everything that needs a separate engine process."""
+
+    version: str
+    executor: str
+    async_on: bool
+    tp: int = 1
+
+    @property
+    def id(self) -> str:
+        tp = f"-tp{self.tp}" if self.tp != 1 else ""
+        return f"vllm{self.version}-{self.executor}-async_{'on' if self.async_on else 'off'}{tp}"
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    version: str
+    executor: str
+    async_on: bool
+    mode: str
+    clear_cache: bool
+    tp: int = 1
+
+    @property
+    def engine(self) -> EngineKey:
+        return EngineKey(self.version, self.executor, self.async_on, self.tp)
+
+    @property
+    def scenario_id(self) -> str:
+        return f"{self.mode}-{'clear' if self.clear_cache else 'noclear'}"
+
+    @property
+    def id(self) -> str:
+        tp = f"-tp{self.tp}" if self.tp != 1 else ""
+        return (
+            f"vllm{self.version}-{self.executor}-async_{'on' if self.async_on else 'off'}"
+            f"-{self.mode}-{'clear' if self.clear_cache else 'noclear'}{tp}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "executor": self.executor,
+            "async_scheduling": self.async_on,
+            "mode": self.mode,
+            "clear_cache": self.clear_cache,
+            "tp": self.tp,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Cell:
+        return cls(
+            version=str(d["version"]),
+            executor=str(d["executor"]),
+            async_on=bool(d["async_scheduling"]),
+            mode=str(d["mode"]),
+            clear_cache=bool(d["clear_cache"]),
+            tp=int(d.get("tp", 1)),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class Selection:
+    versions: tuple[str, ...]
+    executors: tuple[str, ...] = ("mp",)
+    asyncs: tuple[bool, ...] = (False, True)
+    modes: tuple[str, ...] = MODES
+    clear_caches: tuple[bool, ...] = (True, False)
+    tps: tuple[int, ...] = (1,)
+
+    def cells(self) -> list[Cell]:
+        return [
+            Cell(v, e, a, m, c, t)
+            for v in self.versions
+            for e in self.executors
+            for a in self.asyncs
+            for m in self.modes
+            for c in self.clear_caches
+            for t in self.tps
+        ]
+
+
+@dataclass(frozen=True)
+class MatrixPlan:
+    """Runnable cells grouped by engine, and cells the platform cannot run with the reason."""
+
+    engines: tuple[tuple[EngineKey, tuple[Cell, ...]], ...]
+    unsupported: tuple[tuple[Cell, str], ...]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [c for _, cs in self.engines for c in cs] + [c for c, _ in self.unsupported]
+
+
+def unsupported_reason(cell: Cell, platform: str) -> str | None:
+    """Why ``platform`` cannot run ``cell`` as labelled, or None if it can."""
+    if platform == "cpu":
+        if cell.executor in ("ray-v1", "ray-v2"):
+            return "Ray executors do not run on vLLM's CPU platform"
+        if cell.executor == "uni":
+            # CpuPlatform.check_and_update_config rewrites "uni" to "mp":
+            # OpenMP thread binding needs a separate worker process.
+            return "vLLM's CPU platform replaces the uni executor with mp, so the cell would not run uni"
+        if cell.tp != 1:
+            return "tensor parallelism > 1 is not part of the CPU tier"
+    if cell.executor == "ray-v1" and cell.async_on:
+        # RayDistributedExecutor.supports_async_scheduling() is False: an
+        # explicit async_scheduling=True raises, the default turns it off.
+        # This is why #42043 stayed hidden until Ray v2 became the default.
+        return "RayDistributedExecutor (Ray v1) does not support async scheduling"
+    return None
+
+
+def plan_matrix(selection: Selection, platform: str) -> MatrixPlan:
+    """Split the selection into engines to start and unsupported cells."""
+    if platform not in PLATFORMS:
+        raise bad_choice("platform", platform, PLATFORMS)
+    groups: dict[EngineKey, list[Cell]] = {}
+    unsupported: list[tuple[Cell, str]] = []
+    for cell in selection.cells():
+        reason = unsupported_reason(cell, platform)
+        if reason:
+            unsupported.append((cell, reason))
+        else:
+            groups.setdefault(cell.engine, []).append(cell)
+    return MatrixPlan(
+        engines=tuple((k, tuple(v)) for k, v in groups.items()),
+        unsupported=tuple(unsupported),
+    )
+
+
+def _split(raw: str) -> list[str]:
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def parse_choices(what: str, raw: str | None, valid: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
+    """Parse ``a,b`` (or ``all``) into validated choices, in canonical order."""
+    if raw is None:
+        return default
+    items = _split(raw)
+    if items == ["all"]:
+        return valid
+    for it in items:
+        if it not in valid:
+            raise bad_choice(what, it, valid)
+    if not items:
+        raise BadInput(f"empty {what}; valid choices: {', '.join(valid)}")
+    return tuple(v for v in valid if v in items)
+
+
+def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: tuple[bool, ...]) -> tuple[bool, ...]:
+    """Parse ``on,off`` / ``true,false`` / ``both`` into a tuple of bools."""
+    if raw is None:
+        return default
+    items = _split(raw)
+    if items in (["both"], ["all"]):
+        return tuple(dict.fromkeys(mapping.values()))
+    out: list[bool] = []
+    for it in items:
+        if it not in mapping:
+            raise bad_choice(what, it, (*mapping, "both"))
+        out.append(mapping[it])
+    if not out:
+        raise BadInput(f"empty {what}; valid choices: {', '.join((*mapping, 'both'))}")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_versions(raw: str | None, platform: str) -> tuple[str, ...]:
+    """Comma-separated exact vLLM versions; default per platform."""
+    if raw is None:
+        return DEFAULT_VERSIONS[platform]
+    items = _split(raw)
+    if not items:
+        raise BadInput("empty --versions; give e.g. 0.21.0,0.32.0")
+    for v in items:
+        if not _VERSION_RE.match(v):
+            raise BadInput(f"bad vLLM version {v!r}; give exact release versions such as 0.21.0,0.32.0")
+    return tuple(dict.fromkeys(items))

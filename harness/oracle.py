@@ -1,0 +1,211 @@
+"""The oracle: pure functions that judge observed token streams against references.
+
+Request outcomes, from best to worst: OK, TRUNCATED, DUPLICATE(k at i),
+LOSS(k at i), DIVERGED(at i), ERROR.  Cell outcomes add UNSUPPORTED and
+TIMEOUT (and ERROR for infrastructure failures); a cell that ran takes the
+worst outcome of its requests.
+
+The classification relies on references without repeated tokens (what a
+bigram-cycle model produces): then a drop of k tokens at i is only explained
+as LOSS(k at i).  With merely no *adjacent* repeats, a periodic reference can
+make a loss of k >= 2 look like a shorter truncation; a loss of one token is
+still found (shifts are tried smallest first, loss before duplicate).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Outcome(enum.Enum):
+    OK = "OK"
+    TRUNCATED = "TRUNCATED"
+    DUPLICATE = "DUPLICATE"
+    LOSS = "LOSS"
+    DIVERGED = "DIVERGED"
+    ERROR = "ERROR"
+    TIMEOUT = "TIMEOUT"
+    UNSUPPORTED = "UNSUPPORTED"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    @property
+    def is_token_fault(self) -> bool:
+        """A wrong token stream (what the harness hunts), as opposed to infrastructure."""
+        return self in (Outcome.LOSS, Outcome.DUPLICATE, Outcome.DIVERGED, Outcome.TRUNCATED)
+
+
+_RANK = {
+    Outcome.OK: 0,
+    Outcome.TRUNCATED: 1,
+    Outcome.DUPLICATE: 2,
+    Outcome.LOSS: 3,
+    Outcome.DIVERGED: 4,
+    Outcome.UNSUPPORTED: 5,
+    Outcome.ERROR: 6,
+    Outcome.TIMEOUT: 7,
+}
+
+
+@dataclass(frozen=True)
+class StreamVerdict:
+    outcome: Outcome
+    at: int | None = None  # index in the observed stream where it deviates
+    k: int | None = None  # tokens lost or duplicated
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        o = self.outcome.value
+        if self.outcome in (Outcome.LOSS, Outcome.DUPLICATE):
+            return f"{o}({self.k} at {self.at})"
+        if self.outcome is Outcome.DIVERGED or (self.outcome is Outcome.TRUNCATED and self.at is not None):
+            return f"{o}(at {self.at})"
+        return o
+
+
+def classify_stream(
+    reference: Sequence[int],
+    observed: Sequence[int],
+    expected_len: int | None = None,
+    prefix_ok: bool = False,
+    max_shift: int = 8,
+) -> StreamVerdict:
+    """Judge ``observed`` against ``reference`` (which may be longer than needed).
+
+    ``expected_len``: tokens a complete stream has (max_tokens); a shorter
+    stream that matches is TRUNCATED unless ``prefix_ok`` (aborted requests).
+    """
+    n = len(observed)
+    i = next((j for j in range(min(n, len(reference))) if observed[j] != reference[j]), None)
+    if i is None:
+        if n > len(reference):
+            return StreamVerdict(Outcome.DIVERGED, len(reference), detail="longer than the reference")
+        if expected_len is not None and n < expected_len and not prefix_ok:
+            return StreamVerdict(Outcome.TRUNCATED, n, detail=f"{n} of {expected_len} tokens")
+        return StreamVerdict(Outcome.OK)
+    tail = observed[i:]
+    for d in range(1, max_shift + 1):
+        # LOSS(d): the stream resumes d tokens further on in the reference.
+        if _matches(reference, i + d, tail):
+            return StreamVerdict(Outcome.LOSS, i, d, f"expected {reference[i]}, got {observed[i]}")
+        # DUPLICATE(d): the stream repeats the d tokens before i.
+        if i - d >= 0 and _matches(reference, i - d, tail):
+            return StreamVerdict(Outcome.DUPLICATE, i, d, f"expected {reference[i]}, got {observed[i]}")
+    return StreamVerdict(Outcome.DIVERGED, i, detail=f"expected {reference[i]}, got {observed[i]}")
+
+
+def _matches(reference: Sequence[int], start: int, tail: Sequence[int]) -> bool:
+    """``tail`` equals reference[start:] over their overlap, which must be non-empty."""
+    if start < 0 or start >= len(reference):
+        return False
+    m = min(len(tail), len(reference) - start)
+    return list(tail[:m]) == list(reference[start : start + m])
+
+
+@dataclass(frozen=True)
+class RequestVerdict:
+    rid: str
+    verdict: StreamVerdict
+    running_at_pause: bool  # frozen or in flight when the first pause happened
+    pause_index: int | None  # tokens received before resume (keep) / before the pause ended
+    first_post_resume: dict[str, int | None] | None  # {"index", "expected", "observed"}
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.verdict.outcome
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rid": self.rid,
+            "outcome": self.outcome.value,
+            "label": self.verdict.label,
+            "at": self.verdict.at,
+            "k": self.verdict.k,
+            "detail": self.verdict.detail,
+            "running_at_pause": self.running_at_pause,
+            "pause_index": self.pause_index,
+            "first_post_resume": self.first_post_resume,
+        }
+
+
+def classify_request(record: dict[str, Any]) -> RequestVerdict:
+    """Judge one request record written by ``repro.cell``."""
+    rid = record["rid"]
+    ref, obs = record["reference"], record["observed"]
+    pauses = record.get("pauses") or []
+    running = bool(pauses)
+    aborted = any(p.get("mode") == "abort" for p in pauses)
+    frozen = [p for p in pauses if p.get("frozen")]
+    pause_index = pauses[0]["client_tokens"] if pauses else None
+    fpr: dict[str, int | None] | None = None
+    if frozen:
+        idx = frozen[0]["client_tokens"]
+        fpr = {"index": idx, "expected": _at(ref, idx), "observed": _at(obs, idx)}
+    elif record.get("submit") not in ("start", None):
+        # Submitted during the pause or after resume: token 0 is post-resume.
+        fpr = {"index": 0, "expected": _at(ref, 0), "observed": _at(obs, 0)}
+    if record.get("error"):
+        v = StreamVerdict(Outcome.ERROR, detail=str(record["error"]))
+    else:
+        v = classify_stream(ref, obs, expected_len=record["max_tokens"], prefix_ok=aborted)
+        if v.outcome is Outcome.OK and aborted and record.get("finish_reason") != "abort":
+            if len(obs) < record["max_tokens"]:
+                v = StreamVerdict(
+                    Outcome.TRUNCATED, len(obs),
+                    detail=f"ended with finish_reason {record.get('finish_reason')!r}, not 'abort'",
+                )
+    return RequestVerdict(rid, v, running, pause_index, fpr)
+
+
+def _at(seq: Sequence[int], i: int) -> int | None:
+    return seq[i] if 0 <= i < len(seq) else None
+
+
+@dataclass(frozen=True)
+class CellVerdict:
+    outcome: Outcome
+    summary: str  # e.g. "LOSS(1) in 8/10 requests (8/8 running at pause)"
+    counts: dict[str, int] = field(default_factory=dict)
+    requests: tuple[RequestVerdict, ...] = ()
+    reason: str | None = None
+
+
+def cell_verdict(records: list[dict[str, Any]]) -> CellVerdict:
+    """Worst request outcome, with counts, for a cell whose scenario ran."""
+    reqs = tuple(classify_request(r) for r in records)
+    if not reqs:
+        return CellVerdict(Outcome.ERROR, "no requests recorded", reason="scenario produced no requests")
+    for r in records:
+        if not r.get("reference_matches_model", True):
+            return CellVerdict(
+                Outcome.ERROR,
+                "model check failed",
+                requests=reqs,
+                reason=f"the engine's no-pause stream for {r['rid']} does not follow the bigram cycle; "
+                "token loss would not be visible",
+            )
+    worst = max(reqs, key=lambda r: r.outcome.rank)
+    counts = Counter(_short(r.verdict) for r in reqs)
+    bad = [r for r in reqs if r.outcome is worst.outcome]
+    if worst.outcome is Outcome.OK:
+        summary = f"OK {len(reqs)}/{len(reqs)}"
+    else:
+        running = [r for r in reqs if r.running_at_pause]
+        bad_running = [r for r in bad if r.running_at_pause]
+        summary = f"{_short(worst.verdict)} in {len(bad)}/{len(reqs)} requests"
+        if running:
+            summary += f" ({len(bad_running)}/{len(running)} running at pause)"
+    return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs)
+
+
+def _short(v: StreamVerdict) -> str:
+    if v.outcome in (Outcome.LOSS, Outcome.DUPLICATE):
+        return f"{v.outcome.value}({v.k})"
+    return v.outcome.value

@@ -1,0 +1,145 @@
+"""Cell results and the results files (JSONL while running, JSON at the end), schema-versioned."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ResultsFileError
+from harness.matrix import Cell
+from harness.oracle import CellVerdict, Outcome
+
+SCHEMA = "vllm-repro/results"
+LINE_SCHEMA = "vllm-repro/cell"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: Cell
+    outcome: Outcome
+    summary: str
+    reason: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    requests: tuple[dict[str, Any], ...] = ()
+    engine: dict[str, Any] | None = None  # versions, device, requested/effective settings
+    duration_s: float | None = None
+
+    @property
+    def id(self) -> str:
+        return self.cell.id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "cell": self.cell.to_dict(),
+            "outcome": self.outcome.value,
+            "summary": self.summary,
+            "reason": self.reason,
+            "counts": self.counts,
+            "requests": list(self.requests),
+            "engine": self.engine,
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CellResult:
+        return cls(
+            cell=Cell.from_dict(d["cell"]),
+            outcome=Outcome(d["outcome"]),
+            summary=d["summary"],
+            reason=d.get("reason"),
+            counts=dict(d.get("counts") or {}),
+            requests=tuple(d.get("requests") or ()),
+            engine=d.get("engine"),
+            duration_s=d.get("duration_s"),
+        )
+
+
+def infra_result(cell: Cell, outcome: Outcome, reason: str, engine: dict[str, Any] | None = None) -> CellResult:
+    """A cell that did not produce token streams: UNSUPPORTED, ERROR or TIMEOUT, with its reason."""
+    return CellResult(cell, outcome, f"{outcome.value}: {reason}", reason=reason, engine=engine)
+
+
+def judged_result(
+    cell: Cell, verdict: CellVerdict, records: list[dict[str, Any]], engine: dict[str, Any] | None,
+    duration_s: float | None,
+) -> CellResult:
+    """A cell whose scenario ran, with the oracle's verdict merged into each request record."""
+    by_rid = {rv.rid: rv.to_dict() for rv in verdict.requests}
+    reqs = tuple({**rec, "verdict": by_rid.get(rec["rid"])} for rec in records)
+    return CellResult(cell, verdict.outcome, verdict.summary, verdict.reason, verdict.counts, reqs, engine,
+                      duration_s)
+
+
+@dataclass(frozen=True)
+class Results:
+    cells: tuple[CellResult, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **self.meta,
+                "cells": [c.to_dict() for c in self.cells]}
+
+
+class ResultsLog:
+    """Append-only JSONL of cell results: one line per cell, written as soon as it is known."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, result: CellResult) -> None:
+        line = json.dumps({"schema": LINE_SCHEMA, "schema_version": SCHEMA_VERSION, **result.to_dict()})
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _check_schema(obj: Any, schema: str, where: str) -> None:
+    if not isinstance(obj, dict) or obj.get("schema") != schema:
+        raise ResultsFileError(f"{where}: not a {schema} document")
+    ver = obj.get("schema_version")
+    if ver != SCHEMA_VERSION:
+        raise ResultsFileError(
+            f"{where}: schema_version {ver!r} is not supported (this vllm-repro reads {SCHEMA_VERSION}); "
+            "upgrade vllm-repro or regenerate the file"
+        )
+
+
+def read_results(path: Path) -> Results:
+    """Read a results JSON (or a JSONL log of cell lines); raise ResultsFileError if unusable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ResultsFileError(f"cannot read results file {path}: {exc.strerror}") from exc
+    if path.suffix == ".jsonl":
+        cells = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ResultsFileError(f"{path}:{n}: corrupt line ({exc.msg})") from exc
+            _check_schema(obj, LINE_SCHEMA, f"{path}:{n}")
+            cells.append(_cell(obj, f"{path}:{n}"))
+        return Results(tuple(cells))
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsFileError(f"{path}: corrupt JSON ({exc.msg} at line {exc.lineno})") from exc
+    _check_schema(obj, SCHEMA, str(path))
+    meta = {k: v for k, v in obj.items() if k not in ("schema", "schema_version", "cells")}
+    return Results(tuple(_cell(c, str(path)) for c in obj.get("cells", [])), meta)
+
+
+def _cell(obj: dict[str, Any], where: str) -> CellResult:
+    try:
+        return CellResult.from_dict(obj)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ResultsFileError(f"{where}: malformed cell result ({exc!r})") from exc

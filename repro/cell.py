@@ -1,0 +1,251 @@
+"""Cell runner: ``python -m repro.cell SPEC.json OUT.jsonl`` inside a vLLM environment.
+
+Starts one ``AsyncLLM`` for the engine config in SPEC, runs every scenario of
+the spec on it, and appends one JSON line per event to OUT (flushed and
+fsynced, so a crash loses nothing already measured):
+
+* ``start``: pid and process group, so the harness can kill the whole group;
+* ``engine``: vLLM/torch versions, platform, device, requested and
+  *effective* settings (read back from the front-end config, the engine
+  core's scheduler and executor, and every worker's model runner);
+* ``scenario``: one per scenario: status ``ran`` with per-request records, or
+  ``unsupported``/``error`` with the reason;
+* ``done``.
+
+Talks to the harness only through these files; imports only the standard
+library, numpy, and vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from repro.models import BigramCycleSpec, build_checkpoint, expected_continuation, load_perm
+from repro.scenarios import SCENARIOS
+from repro.scenarios.base import Plan, ScenarioTimeout, ScenarioUnsupported, run_plan, run_reference
+
+SCHEMA_VERSION = 1
+
+# Executor axis value -> class name vLLM must really construct.
+EXPECTED_EXECUTOR = {
+    "mp": "MultiprocExecutor",
+    "uni": "UniProcExecutor",
+    "ray-v1": "RayDistributedExecutor",
+    "ray-v2": "RayExecutorV2",
+}
+
+
+class Emitter:
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the run
+
+    def __call__(self, event: str, **data: Any) -> None:
+        self.f.write(json.dumps({"event": event, "t": time.time(), **data}) + "\n")
+        self.f.flush()
+        os.fsync(self.f.fileno())
+
+
+def _device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _engine_args(spec: dict[str, Any], model_dir: Path) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    eng = spec["engine"]
+    executor = eng["executor"]
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "skip_tokenizer_init": True,
+        "dtype": eng.get("dtype", "float32"),
+        "max_model_len": eng.get("max_model_len", 256),
+        "max_num_seqs": eng.get("max_num_seqs", 32),
+        # Small batches keep the CPU warm-up short (it runs dummy batches up to this size).
+        "max_num_batched_tokens": eng.get("max_num_batched_tokens", 256),
+        "enforce_eager": True,
+        "seed": eng.get("seed", 0),
+        "async_scheduling": bool(eng["async_scheduling"]),
+        "tensor_parallel_size": eng.get("tensor_parallel_size", 1),
+        "distributed_executor_backend": "ray" if executor.startswith("ray") else executor,
+        "disable_log_stats": True,
+    }
+    if eng.get("gpu_memory_utilization") is not None:
+        kwargs["gpu_memory_utilization"] = eng["gpu_memory_utilization"]
+    kwargs.update(eng.get("extra", {}))
+    return AsyncEngineArgs(**kwargs)
+
+
+async def _probe(llm: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "frontend_async_scheduling": llm.vllm_config.scheduler_config.async_scheduling,
+    }
+    try:
+        out["core"] = await llm.engine_core.call_utility_async("repro_probe")
+    except Exception as exc:
+        out["core_error"] = repr(exc)
+    try:
+        out["workers"] = await llm.collective_rpc("repro_worker_probe")
+    except Exception as exc:
+        out["workers_error"] = repr(exc)
+    return out
+
+
+def effective_settings(requested: dict[str, Any], probe: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Effective async/executor from the probe, and why the cell cannot claim what it asked for."""
+    core = probe.get("core") or {}
+    workers = probe.get("workers") or []
+    parts = {
+        "frontend": probe.get("frontend_async_scheduling"),
+        "core_config": core.get("async_scheduling"),
+        "core_scheduler_async": (core.get("scheduler_class") or "").endswith("AsyncScheduler")
+        if core else None,
+        "workers": [w.get("use_async_scheduling") for w in workers] if workers else None,
+    }
+    known = [v for k, v in parts.items() if k != "workers" and v is not None]
+    known += parts["workers"] or []
+    if not known:
+        eff_async: bool | None = None
+    elif all(v is True for v in known):
+        eff_async = True
+    elif all(v is False for v in known):
+        eff_async = False
+    else:
+        eff_async = None  # inconsistent across processes
+    executor_class = (core.get("executor_class") or "").rsplit(".", 1)[-1] or None
+    eff = {"async_scheduling": eff_async, "async_parts": parts, "executor_class": executor_class}
+    reason = None
+    want_exec = EXPECTED_EXECUTOR.get(requested["executor"])
+    if executor_class and want_exec and executor_class != want_exec:
+        reason = f"asked for executor {requested['executor']} ({want_exec}) but vLLM built {executor_class}"
+    elif eff_async is None:
+        reason = f"could not establish effective async_scheduling: {parts}"
+    elif eff_async != requested["async_scheduling"]:
+        reason = (
+            f"asked for async_scheduling={requested['async_scheduling']} but it is effectively "
+            f"{eff_async} ({parts})"
+        )
+    return eff, reason
+
+
+def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
+    name = sc["scenario"]
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}; valid: {sorted(SCENARIOS)}")
+    return SCENARIOS[name](sc["id"], sc.get("params", {}), vocab, int(sc.get("seed", 0)))
+
+
+async def _run_scenario(llm: Any, sc: dict[str, Any], perm: list[int], timeout: float) -> dict[str, Any]:
+    plan = _build_plan(sc, len(perm))
+    t0 = time.monotonic()
+    refs = await run_reference(llm, plan, timeout, sc["id"])
+    records, events = await run_plan(llm, plan, timeout)
+    for rec in records:
+        rec["reference"] = refs[rec["rid"]]
+        analytic = expected_continuation(perm, rec["prompt"][-1], rec["max_tokens"])
+        # The engine's own no-pause run must follow the model's cycle; if it
+        # does not, the model (not the scheduler) is at fault.
+        rec["reference_matches_model"] = rec["reference"] == analytic
+    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
+
+
+async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
+    """Start the engine for ``spec`` and run every scenario; emit events as they happen."""
+    scenarios = spec["scenarios"]
+    timeout = float(spec.get("scenario_timeout", 120))
+    model = spec["model"]
+    if model.get("kind", "bigram-cycle") != "bigram-cycle":
+        raise ValueError(f"unknown model kind {model.get('kind')!r}; valid: ['bigram-cycle']")
+    mspec = BigramCycleSpec.from_dict(model.get("params", {}))
+    model_dir = build_checkpoint(mspec, Path(spec["model_cache"]))
+    perm = load_perm(model_dir)
+
+    import torch
+    import vllm
+    from vllm.platforms import current_platform
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    info = {
+        "vllm_version": vllm.__version__,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "platform": getattr(current_platform, "device_type", "unknown") or "unknown",
+        "platform_class": type(current_platform).__name__,
+        "device_name": _device_name(),
+        "model": {"kind": "bigram-cycle", "key": mspec.key(), "path": str(model_dir)},
+    }
+    t0 = time.monotonic()
+    llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir))
+    try:
+        startup = round(time.monotonic() - t0, 3)
+        probe = await _probe(llm)
+        requested = {"async_scheduling": bool(spec["engine"]["async_scheduling"]),
+                     "executor": spec["engine"]["executor"]}
+        eff, reason = effective_settings(requested, probe)
+        emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
+             unsupported_reason=reason)
+        for sc in scenarios:
+            if reason is not None:
+                emit("scenario", id=sc["id"], status="unsupported", reason=reason)
+                continue
+            try:
+                result = await _run_scenario(llm, sc, perm, timeout)
+                after = await _probe(llm)
+                emit("scenario", id=sc["id"], status="ran", **result, probe_after=after)
+            except ScenarioUnsupported as exc:
+                emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
+            except ScenarioTimeout as exc:
+                emit("scenario", id=sc["id"], status="timeout", reason=str(exc))
+            except Exception as exc:
+                emit("scenario", id=sc["id"], status="error",
+                     reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+                if getattr(llm, "errored", False):
+                    raise RuntimeError("engine is dead; the remaining scenarios cannot run") from exc
+    finally:
+        llm.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m repro.cell SPEC.json OUT.jsonl", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    if spec.get("schema_version") != SCHEMA_VERSION:
+        print(f"spec schema_version {spec.get('schema_version')!r}; this runner reads {SCHEMA_VERSION}",
+              file=sys.stderr)
+        return 2
+    emit = Emitter(Path(argv[1]))
+    emit("start", pid=os.getpid(), pgid=os.getpgid(0), engine_id=spec.get("engine_id"),
+         python=sys.executable)
+    try:
+        asyncio.run(run_cell(spec, emit))
+    except BaseException as exc:
+        emit("fatal", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        return 1
+    emit("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

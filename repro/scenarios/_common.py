@@ -1,0 +1,45 @@
+"""Parameters shared by the single-pause scenarios (keep, wait, abort)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from repro.scenarios.base import PauseSpec, Plan, RequestSpec, make_prompts
+
+
+@dataclass(frozen=True)
+class SinglePauseParams:
+    clear_cache: bool = True
+    num_requests: int = 8  # running when the pause happens
+    extra_requests: int = 2  # submitted during the pause (keep/wait) or after resume (abort)
+    prompt_len: int = 6
+    max_tokens: int = 48
+    pause_after: int = 8  # pause once every running request has this many tokens
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SinglePauseParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown scenario parameters {unknown}; valid: {sorted(known)}")
+        return cls(**data)
+
+
+def single_pause_plan(
+    sid: str, mode: str, params: SinglePauseParams, vocab_size: int, seed: int, extra_submit: str
+) -> Plan:
+    """Plan with ``num_requests`` running requests, one pause, and extra requests around it."""
+    if params.pause_after >= params.max_tokens:
+        raise ValueError(
+            f"pause_after={params.pause_after} must be below max_tokens={params.max_tokens} "
+            "or no request is running at the pause"
+        )
+    n = params.num_requests + params.extra_requests
+    prompts = make_prompts(n, params.prompt_len, vocab_size, seed)
+    reqs = [RequestSpec(f"{sid}-r{i:02d}", prompts[i], params.max_tokens) for i in range(params.num_requests)]
+    reqs += [
+        RequestSpec(f"{sid}-x{i:02d}", prompts[params.num_requests + i], params.max_tokens, (extra_submit, 0))
+        for i in range(params.extra_requests)
+    ]
+    return Plan(reqs, [PauseSpec(mode, params.clear_cache, params.pause_after)])

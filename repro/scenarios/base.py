@@ -1,0 +1,297 @@
+"""A pause schedule and the async driver that plays it against one AsyncLLM.
+
+A scenario module turns its JSON parameters into a :class:`Plan`: which
+requests exist, when each is submitted (at start, during pause *k*, or after
+resume *k*) and a list of pauses (mode, clear_cache, the token count that
+triggers it).  :func:`run_plan` plays it and returns one record per request;
+judging the records is the harness's job (``harness/oracle.py``).
+
+Synchronisation is by events only: a pause is triggered when every running
+request has received its trigger count, and a keep-mode resume waits until
+every request has received all tokens the engine reports it generated before
+the pause (asked of the engine core, not guessed with a sleep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+PAUSE_MODES = ("keep", "wait", "abort")
+
+
+class ScenarioUnsupported(Exception):
+    """The vLLM under test cannot run this scenario (e.g. no keep-mode pause)."""
+
+
+class ScenarioFailed(Exception):
+    """The scenario could not be completed (an engine or request error)."""
+
+
+class ScenarioTimeout(ScenarioFailed):
+    """The engine did not reach an expected state within the scenario timeout."""
+
+
+@dataclass(frozen=True)
+class PauseSpec:
+    mode: str
+    clear_cache: bool
+    after_tokens: int  # pause once every running request has this many tokens
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    rid: str
+    prompt: list[int]
+    max_tokens: int
+    # "start", or ("during", k) / ("after", k): submitted while pause k is in
+    # effect, or right after resume k.
+    submit: tuple[str, int] | str = "start"
+
+
+@dataclass
+class Plan:
+    requests: list[RequestSpec]
+    pauses: list[PauseSpec]
+
+
+def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """Distinct token-id prompts (ids 2.. to stay clear of BOS/EOS)."""
+    rng = random.Random(seed)
+    seen: set[tuple[int, ...]] = set()
+    prompts: list[list[int]] = []
+    while len(prompts) < n:
+        p = tuple(rng.randrange(2, vocab_size) for _ in range(length))
+        if p not in seen:
+            seen.add(p)
+            prompts.append(list(p))
+    return prompts
+
+
+@dataclass
+class _Stream:
+    spec: RequestSpec
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    done: bool = False
+    submitted: bool = False
+    t_submit: float | None = None
+    t_first: float | None = None
+    t_finish: float | None = None
+    pauses: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Driver:
+    def __init__(self, llm: Any, plan: Plan, timeout: float, sampling_params_cls: Any, output_kind: Any):
+        self.llm = llm
+        self.plan = plan
+        self.timeout = timeout
+        self.sp_cls = sampling_params_cls
+        self.output_kind = output_kind
+        self.streams = {r.rid: _Stream(r) for r in plan.requests}
+        self.cond = asyncio.Condition()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.t0 = time.monotonic()
+        self.events: list[dict[str, Any]] = []
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.t0, 6)
+
+    async def _consume(self, st: _Stream) -> None:
+        sp = self.sp_cls(
+            temperature=0.0,
+            max_tokens=st.spec.max_tokens,
+            ignore_eos=True,
+            output_kind=self.output_kind,
+            detokenize=False,
+        )
+        st.t_submit = self._now()
+        try:
+            async for out in self.llm.generate(
+                {"prompt_token_ids": st.spec.prompt}, sp, request_id=st.spec.rid
+            ):
+                comp = out.outputs[0]
+                new = list(comp.token_ids)
+                if new and st.t_first is None:
+                    st.t_first = self._now()
+                st.tokens.extend(new)
+                if comp.finish_reason is not None:
+                    st.finish_reason = str(comp.finish_reason)
+                async with self.cond:
+                    self.cond.notify_all()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an engine error ends this request, not the run
+            st.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            st.done = True
+            st.t_finish = self._now()
+            async with self.cond:
+                self.cond.notify_all()
+
+    def _submit(self, rids: list[str]) -> None:
+        for rid in rids:
+            st = self.streams[rid]
+            st.submitted = True
+            self.tasks.append(asyncio.create_task(self._consume(st), name=f"req-{rid}"))
+
+    async def _wait_until(self, what: str, pred: Any) -> None:
+        try:
+            async with self.cond:
+                await asyncio.wait_for(self.cond.wait_for(pred), self.timeout)
+        except asyncio.TimeoutError as exc:
+            raise ScenarioTimeout(f"timed out after {self.timeout}s waiting for {what}") from exc
+
+    def _running(self) -> list[_Stream]:
+        return [s for s in self.streams.values() if s.submitted and not s.done]
+
+    def _phase(self, kind: str, k: int) -> list[str]:
+        return [r.rid for r in self.plan.requests if r.submit == (kind, k) or r.submit == [kind, k]]
+
+    async def _engine_progress(self) -> dict[str, int] | None:
+        core = getattr(self.llm, "engine_core", None)
+        try:
+            raw = await core.call_utility_async("repro_request_progress")
+        except Exception as exc:
+            self.events.append({"t": self._now(), "event": "progress_unavailable", "why": repr(exc)})
+            return None
+        by_rid: dict[str, int] = {}
+        for internal, info in raw.items():
+            for rid in self.streams:
+                # AsyncLLM appends "-<8 hex>" to the caller's id (0.2x); older
+                # versions keep it as is.
+                if internal == rid or internal.startswith(rid + "-"):
+                    by_rid[rid] = int(info["num_output_tokens"])
+        return by_rid
+
+    async def _pause(self, k: int, p: PauseSpec) -> None:
+        running = self._running()
+        await self._wait_until(
+            f"pause {k} trigger ({p.after_tokens} tokens in every running request)",
+            lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running),
+        )
+        running = self._running()
+        before = {s.spec.rid: len(s.tokens) for s in running}
+        self.events.append({"t": self._now(), "event": "pause", "k": k, "mode": p.mode,
+                            "clear_cache": p.clear_cache, "client_tokens": before})
+        try:
+            await asyncio.wait_for(
+                self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
+            )
+        except asyncio.TimeoutError as exc:
+            raise ScenarioTimeout(f"pause_generation(mode={p.mode!r}) did not return in {self.timeout}s") from exc
+        self.events.append({"t": self._now(), "event": "paused", "k": k})
+        engine = await self._engine_progress()
+
+        if p.mode == "keep":
+            # Requests stay frozen in the engine: make sure the client holds
+            # every token the engine produced before the pause, so the first
+            # token after resume is exactly stream[pause_index].
+            if engine is not None:
+                targets = {s.spec.rid: engine.get(s.spec.rid) for s in running}
+                await self._wait_until(
+                    f"keep-pause {k}: client to receive the engine's pre-pause tokens",
+                    lambda: all(s.done or t is None or len(s.tokens) >= t
+                                for s, t in ((self.streams[r], t) for r, t in targets.items())),
+                )
+        else:
+            # wait: in-flight requests drain to completion; abort: they end
+            # with finish_reason abort.  Either way their streams end now.
+            await self._wait_until(
+                f"{p.mode}-pause {k}: in-flight requests to end",
+                lambda: all(s.done for s in running),
+            )
+        for s in running:
+            s.pauses.append({
+                "k": k,
+                "mode": p.mode,
+                "clear_cache": p.clear_cache,
+                "client_tokens": len(s.tokens),
+                "engine_tokens": None if engine is None else engine.get(s.spec.rid),
+                # Still frozen inside the engine at resume time (keep mode).
+                "frozen": not s.done,
+            })
+        self._submit(self._phase("during", k))
+        self.events.append({"t": self._now(), "event": "resume", "k": k})
+        await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+        self._submit(self._phase("after", k))
+
+    async def run(self) -> list[dict[str, Any]]:
+        try:
+            self._submit([r.rid for r in self.plan.requests if r.submit == "start"])
+            for k, p in enumerate(self.plan.pauses):
+                await self._pause(k, p)
+            await self._wait_until("all requests to finish", lambda: all(
+                s.done for s in self.streams.values() if s.submitted))
+        finally:
+            for t in self.tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        return [self._record(s) for s in self.streams.values()]
+
+    def _record(self, s: _Stream) -> dict[str, Any]:
+        return {
+            "rid": s.spec.rid,
+            "submit": list(s.spec.submit) if isinstance(s.spec.submit, tuple) else s.spec.submit,
+            "prompt": s.spec.prompt,
+            "max_tokens": s.spec.max_tokens,
+            "observed": s.tokens,
+            "finish_reason": s.finish_reason,
+            "error": s.error,
+            "pauses": s.pauses,
+            "timings": {"submit": s.t_submit, "first_token": s.t_first, "finish": s.t_finish},
+        }
+
+
+def _vllm_api() -> tuple[Any, Any]:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams, RequestOutputKind.DELTA
+
+
+def check_pause_api(llm: Any, modes: set[str]) -> None:
+    """Raise ScenarioUnsupported when this vLLM cannot pause in the needed modes."""
+    fn = getattr(llm, "pause_generation", None)
+    if fn is None:
+        raise ScenarioUnsupported("AsyncLLM has no pause_generation()")
+    params = inspect.signature(fn).parameters
+    if "mode" not in params:
+        raise ScenarioUnsupported(
+            "AsyncLLM.pause_generation() has no mode= argument (keep/wait/abort pause "
+            "modes arrived later)"
+        )
+    if "clear_cache" not in params:
+        raise ScenarioUnsupported("AsyncLLM.pause_generation() has no clear_cache= argument")
+
+
+async def run_plan(llm: Any, plan: Plan, timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Play ``plan``; return (request records, event log)."""
+    check_pause_api(llm, {p.mode for p in plan.pauses})
+    sp_cls, kind = _vllm_api()
+    driver = _Driver(llm, plan, timeout, sp_cls, kind)
+    records = await driver.run()
+    return records, driver.events
+
+
+async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[str, list[int]]:
+    """Greedy streams of every request in ``plan`` on the same engine, with no pause."""
+    sp_cls, kind = _vllm_api()
+    ref_plan = Plan(
+        requests=[RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens) for r in plan.requests],
+        pauses=[],
+    )
+    driver = _Driver(llm, ref_plan, timeout, sp_cls, kind)
+    records = await driver.run()
+    out: dict[str, list[int]] = {}
+    for orig, rec in zip(plan.requests, records):
+        if rec["error"]:
+            raise ScenarioFailed(f"reference run of {orig.rid} failed: {rec['error']}")
+        out[orig.rid] = rec["observed"]
+    return out

