@@ -155,12 +155,12 @@ def classify_request(record: dict[str, Any]) -> RequestVerdict:
         v = StreamVerdict(Outcome.ERROR, detail=str(record["error"]))
     else:
         v = classify_stream(ref, obs, expected_len=record["max_tokens"], prefix_ok=aborted)
-        if v.outcome is Outcome.OK and aborted and record.get("finish_reason") != "abort":
-            if len(obs) < record["max_tokens"]:
-                v = StreamVerdict(
-                    Outcome.TRUNCATED, len(obs),
-                    detail=f"ended with finish_reason {record.get('finish_reason')!r}, not 'abort'",
-                )
+        short = len(obs) < record["max_tokens"]
+        if v.outcome is Outcome.OK and aborted and short and record.get("finish_reason") != "abort":
+            v = StreamVerdict(
+                Outcome.TRUNCATED, len(obs),
+                detail=f"ended with finish_reason {record.get('finish_reason')!r}, not 'abort'",
+            )
     return RequestVerdict(rid, v, running, pause_index, fpr)
 
 
@@ -194,15 +194,22 @@ def cell_verdict(records: list[dict[str, Any]]) -> CellVerdict:
     worst = max(reqs, key=lambda r: r.outcome.rank)
     counts = Counter(_short(r.verdict) for r in reqs)
     bad = [r for r in reqs if r.outcome is worst.outcome]
+    reason = None
     if worst.outcome is Outcome.OK:
         summary = f"OK {len(reqs)}/{len(reqs)}"
     else:
         running = [r for r in reqs if r.running_at_pause]
         bad_running = [r for r in bad if r.running_at_pause]
-        summary = f"{_short(worst.verdict)} in {len(bad)}/{len(reqs)} requests"
+        # One label per distinct size, so the count always matches the label:
+        # "LOSS(1) in 8/10", or "LOSS(1,2) in 3/10" when sizes differ.
+        ks = sorted({r.verdict.k for r in bad if r.verdict.k is not None})
+        label = worst.outcome.value + (f"({','.join(map(str, ks))})" if ks else "")
+        summary = f"{label} in {len(bad)}/{len(reqs)} requests"
         if running:
             summary += f" ({len(bad_running)}/{len(running)} running at pause)"
-    return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs)
+        if worst.outcome is Outcome.ERROR:
+            reason = f"{len(bad)} request(s) failed; first: {worst.rid}: {worst.verdict.detail}"
+    return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs, reason)
 
 
 def _short(v: StreamVerdict) -> str:

@@ -81,8 +81,8 @@ class Results:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **self.meta,
-                "cells": [c.to_dict() for c in self.cells]}
+        meta = {k: v for k, v in self.meta.items() if k not in ("schema", "schema_version", "cells")}
+        return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **meta, "cells": [c.to_dict() for c in self.cells]}
 
 
 class ResultsLog:

@@ -162,7 +162,7 @@ async def _run_scenario(llm: Any, sc: dict[str, Any], perm: list[int], timeout: 
     records, events = await run_plan(llm, plan, timeout)
     for rec in records:
         rec["reference"] = refs[rec["rid"]]
-        analytic = expected_continuation(perm, rec["prompt"][-1], rec["max_tokens"])
+        analytic = expected_continuation(perm, rec["prompt"][-1], len(rec["reference"]))
         # The engine's own no-pause run must follow the model's cycle; if it
         # does not, the model (not the scheduler) is at fault.
         rec["reference_matches_model"] = rec["reference"] == analytic

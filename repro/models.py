@@ -45,6 +45,17 @@ class BigramCycleSpec:
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
             raise ValueError(f"vocab_size={self.vocab_size}: need at least 8 tokens")
+        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+                     "intermediate_size", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.seed < 0:
+            raise ValueError(f"seed={self.seed}: must be >= 0")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads={self.num_key_value_heads} must divide "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not a multiple of "

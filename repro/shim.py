@@ -212,7 +212,7 @@ def _undo_platform_override(platform_cls: type) -> None:
 def _install_cuda_noops() -> None:
     torch = sys.modules.get("torch")
     if torch is None:
-        import torch  # noqa: PLC0415 - only inside a vLLM process
+        import torch
     if torch.cuda.is_available():
         STATE["problems"].append("CUDA is available; not replacing streams")
         return

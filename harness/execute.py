@@ -1,0 +1,101 @@
+"""Run a planned matrix: build envs, start one engine per engine config, log results as they come."""
+
+from __future__ import annotations
+
+import platform as _platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from harness import __version__
+from harness.envs import EnvRecipe, IndexConfig, VllmEnv, ensure_env, package_for
+from harness.errors import EnvBuildError
+from harness.matrix import Cell, EngineKey, MatrixPlan
+from harness.oracle import Outcome
+from harness.results import CellResult, Results, ResultsLog, infra_result
+from harness.runner import EventHook, RunConfig, run_engine
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the CLI shows while a matrix runs."""
+
+    kind: str  # "env", "engine-start", "event", "cell"
+    message: str
+    engine: EngineKey | None = None
+    cell: CellResult | None = None
+    event: dict[str, Any] | None = None
+
+
+ProgressHook = Callable[[Progress], None]
+
+
+def run_matrix(
+    plan: MatrixPlan,
+    cfg: RunConfig,
+    index: IndexConfig,
+    cache_dir: Path,
+    log: ResultsLog,
+    python: str | None = None,
+    on_progress: ProgressHook | None = None,
+    on_event: EventHook | None = None,
+    argv: list[str] | None = None,
+) -> Results:
+    """Run every engine of ``plan``; each cell result is appended to ``log`` as soon as it is known."""
+    say: ProgressHook = on_progress or (lambda p: None)
+    python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    started = datetime.now().astimezone()
+    done: list[CellResult] = []
+
+    def record(res: CellResult) -> None:
+        log.append(res)
+        done.append(res)
+        say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
+
+    for cell, reason in plan.unsupported:
+        record(infra_result(cell, Outcome.UNSUPPORTED, reason))
+
+    by_version: dict[str, list[tuple[EngineKey, tuple[Cell, ...]]]] = {}
+    for key, cells in plan.engines:
+        by_version.setdefault(key.version, []).append((key, cells))
+
+    envs: dict[str, dict[str, Any]] = {}
+    for version, engines in by_version.items():
+        recipe = EnvRecipe(package_for(cfg.platform), version, cfg.platform, python, index)
+        say(Progress("env", f"environment for {recipe.package}=={version}"))
+        try:
+            env: VllmEnv = ensure_env(recipe, cache_dir, log=lambda m: say(Progress("env", m)))
+        except EnvBuildError as exc:
+            for _, cells in engines:
+                for c in cells:
+                    record(infra_result(c, Outcome.ERROR, f"environment build failed: {exc}"))
+            envs[version] = {"error": str(exc)}
+            continue
+        envs[version] = {"path": str(env.path), **{k: env.status.get(k) for k in
+                         ("vllm_version", "torch_version", "torch_override", "resolved_as_of")}}
+        for key, cells in engines:
+            say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s)", key))
+
+            def relay(k: EngineKey, ev: dict[str, Any]) -> None:
+                say(Progress("event", str(ev.get("event")), k, event=ev))
+                if on_event is not None:
+                    on_event(k, ev)
+
+            for res in run_engine(env, key, cells, cfg, on_event=relay):
+                record(res)
+
+    order = {c.id: i for i, c in enumerate(plan.cells)}
+    meta = {
+        "tool_version": __version__,
+        "created": started.isoformat(timespec="seconds"),
+        "finished": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "platform": cfg.platform,
+        "host": {"machine": _platform.machine(), "node": _platform.node(), "python": _platform.python_version()},
+        "argv": argv or [],
+        "envs": envs,
+        "engine_starts": len(plan.engines),
+    }
+    return Results(tuple(sorted(done, key=lambda r: order.get(r.id, 0))), meta)

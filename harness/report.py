@@ -1,0 +1,505 @@
+"""Reports rendered from results: workaround verdicts, Markdown, JUnit XML and a terminal table.
+
+Everything here is a pure function of a ``Results`` (or a sequence of
+``CellResult``) except ``write_reports``, which writes the three report files
+atomically.  The workaround judged is the upstream advice for vLLM #42043:
+run with ``async_scheduling=False``.  The cells that demonstrate the bug are
+keep-mode pauses with ``clear_cache=True``; per vLLM version the async-on and
+async-off cells of one executor are compared.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from harness.matrix import EXECUTORS, MODES
+from harness.oracle import Outcome
+from harness.results import CellResult, Results
+
+ISSUE = "vllm#42043"
+WORKAROUND = "async_scheduling=False"
+INFRA = (Outcome.UNSUPPORTED, Outcome.ERROR, Outcome.TIMEOUT)
+WINDOW = 3  # tokens shown on each side of the pause index
+
+OUTCOME_STYLES = {
+    Outcome.OK: "green",
+    Outcome.LOSS: "bold red",
+    Outcome.DUPLICATE: "bold red",
+    Outcome.DIVERGED: "bold red",
+    Outcome.TRUNCATED: "red",
+    Outcome.UNSUPPORTED: "dim yellow",
+    Outcome.ERROR: "magenta",
+    Outcome.TIMEOUT: "magenta",
+}
+
+
+class WorkaroundStatus(enum.Enum):
+    NEEDED = "NEEDED"  # token fault with async on, OK with async off
+    REMOVABLE = "REMOVABLE"  # OK with async on and off
+    BROKEN = "BROKEN"  # token fault even with async off
+    UNKNOWN = "UNKNOWN"  # a cell is missing or did not produce token streams
+
+
+STATUS_STYLES = {
+    WorkaroundStatus.NEEDED: "bold red",
+    WorkaroundStatus.REMOVABLE: "green",
+    WorkaroundStatus.BROKEN: "bold magenta",
+    WorkaroundStatus.UNKNOWN: "yellow",
+}
+
+
+@dataclass(frozen=True)
+class WorkaroundVerdict:
+    version: str
+    status: WorkaroundStatus
+    evidence: str  # e.g. "LOSS(1) in 8/10 requests (...) of cell ...; async off: OK"
+    cell_ids: tuple[str, ...] = ()  # the async-on / async-off cells the verdict rests on
+    executor: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    json: Path
+    markdown: Path
+    junit: Path
+
+
+CellsLike = Results | Sequence[CellResult]
+
+# --------------------------------------------------------------------------- helpers
+
+_VERSION_PARTS = re.compile(r"^(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?$")
+_PRE_RANK = {"a": 0, "b": 1, "rc": 2}
+
+
+def version_key(version: str) -> tuple[Any, ...]:
+    """Sort key ordering release versions numerically (0.9 < 0.21 < 0.32; rc before final)."""
+    m = _VERSION_PARTS.match(version.strip())
+    if not m:
+        return (1, (), (0, 0), -1, (1, 0), version)  # unparseable: after every release, by name
+    rel, pre, pre_n, post, dev = m.groups()
+    nums = [int(p) for p in rel.split(".")]
+    while len(nums) > 1 and nums[-1] == 0:
+        nums.pop()
+    if pre:
+        pre_key = (_PRE_RANK[pre], int(pre_n))
+    elif dev and post is None:
+        pre_key = (-1, 0)  # X.dev1 comes before X.a1
+    else:
+        pre_key = (3, 0)
+    dev_key = (0, int(dev)) if dev else (1, 0)
+    return (0, tuple(nums), pre_key, int(post) if post else -1, dev_key, "")
+
+
+def _cells(cells: CellsLike) -> tuple[CellResult, ...]:
+    return tuple(cells.cells) if isinstance(cells, Results) else tuple(cells)
+
+
+def _order(values: Sequence[str], value: str) -> int:
+    return values.index(value) if value in values else len(values)
+
+
+def _cell_key(cr: CellResult) -> tuple[Any, ...]:
+    c = cr.cell
+    return (version_key(c.version), _order(EXECUTORS, c.executor), c.executor, c.tp, c.async_on,
+            _order(MODES, c.mode), c.mode, not c.clear_cache)
+
+
+def _sorted(cells: Iterable[CellResult]) -> list[CellResult]:
+    return sorted(cells, key=_cell_key)
+
+
+def _on_off(flag: bool | None) -> str:
+    return "?" if flag is None else ("on" if flag else "off")
+
+
+def _effective(cr: CellResult) -> tuple[str, str]:
+    # (effective async, executor class) for display; '' when the engine never reported.
+    eff = (cr.engine or {}).get("effective")
+    if not isinstance(eff, dict):
+        return "", ""
+    a = eff.get("async_scheduling")
+    shown = _on_off(a)
+    if a is not None and a != cr.cell.async_on:
+        shown += f" (asked {_on_off(cr.cell.async_on)})"
+    return shown, str(eff.get("executor_class") or "?")
+
+
+def _detail(cr: CellResult) -> str:
+    # The summary, plus the reason when the summary does not already say it.
+    if cr.reason and cr.reason not in cr.summary:
+        return f"{cr.summary}: {cr.reason}"
+    return cr.summary
+
+
+def _verdict(req: dict[str, Any]) -> dict[str, Any]:
+    v = req.get("verdict")
+    return v if isinstance(v, dict) else {}
+
+
+def _faulty(req: dict[str, Any]) -> bool:
+    return _verdict(req).get("outcome", "OK") != Outcome.OK.value
+
+
+def _first_post_resume(req: dict[str, Any]) -> str:
+    fpr = _verdict(req).get("first_post_resume")
+    if not isinstance(fpr, dict):
+        return "—"
+    exp, obs = fpr.get("expected"), fpr.get("observed")
+    mark = "" if exp == obs else " ✗"
+    return f"#{fpr.get('index')}: expected {_tok(exp)}, observed {_tok(obs)}{mark}"
+
+
+def _tok(t: Any) -> str:
+    return "none" if t is None else str(t)
+
+
+def _center(req: dict[str, Any]) -> int | None:
+    # Windows centre on the first post-resume token, else the pause, else the fault.
+    v = _verdict(req)
+    fpr = v.get("first_post_resume")
+    if isinstance(fpr, dict) and isinstance(fpr.get("index"), int):
+        return fpr["index"]
+    for key in ("pause_index", "at"):
+        if isinstance(v.get(key), int):
+            return v[key]
+    return None
+
+
+def _window(tokens: Sequence[Any] | None, center: int | None, width: int = WINDOW) -> str:
+    # "… 4 5 6 [7] 8 9 10 …": tokens around ``center``, the centre bracketed.
+    if tokens is None or center is None:
+        return "—"
+    lo, hi = max(0, center - width), min(len(tokens), center + width + 1)
+    parts = [f"[{tokens[i]}]" if i == center else str(tokens[i]) for i in range(lo, hi)]
+    if center >= len(tokens):
+        parts.append(f"[end at {len(tokens)}]")
+    out = " ".join(parts)
+    if lo > 0:
+        out = "… " + out
+    if hi < len(tokens):
+        out += " …"
+    return out
+
+
+# --------------------------------------------------------------------------- workaround verdicts
+
+
+def _is_demo(cr: CellResult) -> bool:
+    return cr.cell.mode == "keep" and cr.cell.clear_cache
+
+
+def _judge_pair(
+    version: str, executor: str, on: CellResult | None, off: CellResult | None
+) -> WorkaroundVerdict:
+    ids = tuple(c.id for c in (on, off) if c is not None)
+
+    def verdict(status: WorkaroundStatus, evidence: str) -> WorkaroundVerdict:
+        return WorkaroundVerdict(version, status, evidence, ids, executor)
+
+    def infra(cr: CellResult, side: str) -> WorkaroundVerdict:
+        return verdict(WorkaroundStatus.UNKNOWN,
+                       f"{side} cell {cr.id} is {cr.outcome.value}: {cr.reason or cr.summary}")
+
+    if off is not None and off.outcome.is_token_fault:
+        if on is None:
+            on_text = "not run"
+        elif on.outcome is Outcome.OK:
+            on_text = "OK"
+        elif on.outcome.is_token_fault:
+            on_text = on.summary
+        else:
+            on_text = f"{on.outcome.value}: {on.reason or on.summary}"
+        return verdict(WorkaroundStatus.BROKEN,
+                       f"{off.summary} of cell {off.id} even with async off; async on: {on_text}")
+    if off is None:
+        assert on is not None
+        return verdict(WorkaroundStatus.UNKNOWN,
+                       f"no async-off keep-mode clear_cache=True cell to compare with {on.id}")
+    if off.outcome in INFRA:
+        return infra(off, "async-off")
+    if on is None:
+        return verdict(WorkaroundStatus.UNKNOWN,
+                       f"no async-on keep-mode clear_cache=True cell to compare with {off.id}")
+    if on.outcome in INFRA:
+        return infra(on, "async-on")
+    if on.outcome.is_token_fault:
+        return verdict(WorkaroundStatus.NEEDED, f"{on.summary} of cell {on.id}; async off: OK")
+    return verdict(WorkaroundStatus.REMOVABLE, "no token loss with async on or off")
+
+
+def _pair_rank(v: WorkaroundVerdict, executor: str, tp: int) -> tuple[Any, ...]:
+    return (v.status is WorkaroundStatus.UNKNOWN, len(v.cell_ids) < 2, executor != "mp", tp != 1,
+            _order(EXECUTORS, executor), executor, tp)
+
+
+def workaround_verdicts(cells: CellsLike) -> tuple[WorkaroundVerdict, ...]:
+    """Per vLLM version (sorted numerically), is ``async_scheduling=False`` needed against vllm#42043?
+
+    Compares the keep-mode clear_cache=True cells with async on and off of one
+    executor (and tensor-parallel size).  Among executors, a conclusive pair
+    wins over an inconclusive one; then ``mp``, then tp=1, then matrix order.
+    A later result for the same cell id replaces an earlier one.
+    """
+    crs = _cells(cells)
+    versions = sorted({c.cell.version for c in crs}, key=version_key)
+    out: list[WorkaroundVerdict] = []
+    for version in versions:
+        pairs: dict[tuple[str, int], dict[bool, CellResult]] = {}
+        for cr in crs:
+            if cr.cell.version == version and _is_demo(cr):
+                pairs.setdefault((cr.cell.executor, cr.cell.tp), {})[cr.cell.async_on] = cr
+        if not pairs:
+            out.append(WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN,
+                                         "no keep-mode clear_cache=True cells"))
+            continue
+        judged = [
+            (_judge_pair(version, ex, p.get(True), p.get(False)), ex, tp) for (ex, tp), p in pairs.items()
+        ]
+        out.append(min(judged, key=lambda t: _pair_rank(*t))[0])
+    return tuple(out)
+
+
+def _paragraph_parts(cells: CellsLike) -> list[tuple[str, str | None]]:
+    # The verdict paragraph as (text, rich style) segments.
+    verdicts = workaround_verdicts(cells)
+    parts: list[tuple[str, str | None]] = [(f"{WORKAROUND} workaround for {ISSUE}: ", None)]
+    if not verdicts:
+        parts.append(("no cells to judge.", None))
+        return parts
+    for i, v in enumerate(verdicts):
+        if i:
+            parts.append((", ", None))
+        parts.append((v.status.value, STATUS_STYLES[v.status]))
+        parts.append((f" on {v.version} ({v.evidence})", None))
+    parts.append((".", None))
+    return parts
+
+
+def verdict_paragraph(cells: CellsLike) -> str:
+    """One paragraph: the workaround's status on every vLLM version, with the evidence."""
+    return "".join(text for text, _ in _paragraph_parts(cells))
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _md(value: Any) -> str:
+    # A Markdown table cell: pipes escaped, newlines flattened.
+    return " ".join(str(value).split("\n")).replace("|", "\\|")
+
+
+def _md_row(values: Iterable[Any]) -> str:
+    return "| " + " | ".join(_md(v) for v in values) + " |"
+
+
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    return [_md_row(header), "|" + "|".join("---" for _ in header) + "|", *(_md_row(r) for r in rows)]
+
+
+def _meta_lines(results: Results) -> list[str]:
+    meta = results.meta or {}
+    lines = []
+    for key in ("created", "platform", "host", "versions"):
+        value = meta.get(key)
+        if value is None or value == "":
+            continue
+        if isinstance(value, list | tuple):
+            value = ", ".join(str(v) for v in value)
+        lines.append(f"- {key}: {value}")
+    engines = sorted({
+        (str(e.get("vllm_version")), str(e.get("torch_version")), str(e.get("device_name")))
+        for e in (c.engine for c in results.cells) if isinstance(e, dict) and e.get("vllm_version")
+    }, key=lambda t: version_key(t[0]))
+    for vllm, torch, device in engines:
+        lines.append(f"- engine: vLLM {vllm}, torch {torch}, device {device}")
+    lines.append(f"- cells: {len(results.cells)}")
+    return lines
+
+
+def _cell_row(cr: CellResult) -> list[Any]:
+    c = cr.cell
+    eff_async, eff_exec = _effective(cr)
+    tp = f" tp{c.tp}" if c.tp != 1 else ""
+    return [f"`{cr.id}`", c.version, c.executor + tp, _on_off(c.async_on), c.mode, str(c.clear_cache).lower(),
+            f"**{cr.outcome.value}**" if cr.outcome is not Outcome.OK else cr.outcome.value, _detail(cr),
+            eff_async, eff_exec]
+
+
+def _details(cr: CellResult) -> list[str]:
+    lines = [f"### `{cr.id}`", "", cr.summary]
+    if cr.counts:
+        lines[-1] += " — " + ", ".join(f"{k}: {n}" for k, n in cr.counts.items())
+    lines.append("")
+    rows = []
+    for req in cr.requests:
+        v = _verdict(req)
+        center = _center(req)
+        submit = req.get("submit")
+        rows.append([
+            req.get("rid", "?"),
+            "/".join(str(s) for s in submit) if isinstance(submit, list) else submit,
+            v.get("label", "?"),
+            _tok(v.get("pause_index")),
+            _first_post_resume(req),
+            _window(req.get("observed"), center),
+            _window(req.get("reference"), center),
+        ])
+    header = ["request", "submit", "verdict", "pause index", "first post-resume token", "observed",
+              "reference"]
+    lines += _md_table(header, rows)
+    lines.append("")
+    return lines
+
+
+def markdown(results: Results) -> str:
+    """The Markdown report: meta, workaround verdict, one table row per cell, token-fault details."""
+    cells = _sorted(results.cells)
+    lines = [f"# vllm-repro: {ISSUE} (first token after a keep-mode pause)", ""]
+    lines += _meta_lines(results)
+    lines += ["", "## Workaround verdict", "", verdict_paragraph(cells), "", "## Cells", ""]
+    header = ["cell", "vLLM", "executor", "async", "mode", "clear_cache", "outcome", "summary / reason",
+              "effective async", "executor class"]
+    lines += _md_table(header, (_cell_row(c) for c in cells))
+    faulty = [c for c in cells if c.outcome.is_token_fault]
+    if faulty:
+        lines += ["", "## Token faults", "",
+                  "Token windows are centred on the first post-resume token (bracketed), else the pause.", ""]
+        for cr in faulty:
+            lines += _details(cr)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# --------------------------------------------------------------------------- JUnit XML
+
+_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _x(value: Any) -> str:
+    # Text safe for XML 1.0: control characters dropped.
+    return _XML_BAD.sub("", str(value))
+
+
+def _fault_lines(cr: CellResult) -> list[str]:
+    lines = []
+    for req in cr.requests:
+        if not _faulty(req):
+            continue
+        v = _verdict(req)
+        line = f"{req.get('rid', '?')}: {v.get('label', '?')}"
+        if v.get("detail"):
+            line += f" ({v['detail']})"
+        line += f"; first post-resume token {_first_post_resume(req)}"
+        line += f"; pause index {_tok(v.get('pause_index'))}"
+        center = _center(req)
+        line += (f"; observed {_window(req.get('observed'), center)}"
+                 f"; reference {_window(req.get('reference'), center)}")
+        lines.append(line)
+    return lines
+
+
+def junit_xml(results: Results) -> str:
+    """JUnit XML, one testcase per cell: token faults fail, ERROR/TIMEOUT error, UNSUPPORTED is skipped."""
+    cells = _sorted(results.cells)
+    counts = {"failures": 0, "errors": 0, "skipped": 0}
+    total = 0.0
+    suite = ET.Element("testsuite", name="vllm-repro")
+    meta = results.meta or {}
+    if meta.get("host"):
+        suite.set("hostname", _x(meta["host"]))
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="workaround_verdict", value=_x(verdict_paragraph(cells)))
+    for v in workaround_verdicts(cells):
+        ET.SubElement(props, "property", name=f"workaround.{v.version}", value=v.status.value)
+    for key in ("created", "platform"):
+        if meta.get(key) is not None:
+            ET.SubElement(props, "property", name=key, value=_x(meta[key]))
+    for cr in cells:
+        duration = cr.duration_s or 0.0
+        total += duration
+        case = ET.SubElement(suite, "testcase", classname=f"vllm-repro.{cr.cell.version}", name=cr.id,
+                             time=f"{duration:.3f}")
+        if cr.outcome is Outcome.UNSUPPORTED:
+            counts["skipped"] += 1
+            ET.SubElement(case, "skipped", message=_x(cr.reason or cr.summary))
+        elif cr.outcome in (Outcome.ERROR, Outcome.TIMEOUT):
+            counts["errors"] += 1
+            el = ET.SubElement(case, "error", message=_x(cr.reason or cr.summary), type=cr.outcome.value)
+            el.text = _x(_detail(cr))
+        elif cr.outcome.is_token_fault:
+            counts["failures"] += 1
+            el = ET.SubElement(case, "failure", message=_x(cr.summary), type=cr.outcome.value)
+            el.text = _x("\n".join([cr.summary, *_fault_lines(cr)]))
+    suite.set("tests", str(len(cells)))
+    for key, n in counts.items():
+        suite.set(key, str(n))
+    suite.set("time", f"{total:.3f}")
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+# --------------------------------------------------------------------------- terminal
+
+
+def terminal_table(results_or_cells: CellsLike) -> Table:
+    """A rich table of the cells with the outcome coloured (OK green, token faults red, infra magenta)."""
+    table = Table(title=f"vllm-repro: {ISSUE}", show_lines=False)
+    for name, kw in (("cell", {"no_wrap": True}), ("outcome", {"no_wrap": True}), ("summary / reason", {}),
+                     ("effective", {"no_wrap": True}), ("time", {"justify": "right"})):
+        table.add_column(name, **kw)  # type: ignore[arg-type]
+    for cr in _sorted(_cells(results_or_cells)):
+        style = OUTCOME_STYLES.get(cr.outcome, "")
+        eff_async, eff_exec = _effective(cr)
+        eff = f"async {eff_async}, {eff_exec}" if eff_async or eff_exec else ""
+        duration = f"{cr.duration_s:.1f}s" if cr.duration_s is not None else ""
+        # Text objects keep "[...]" in reasons from being read as rich markup.
+        table.add_row(Text(cr.id), Text(cr.outcome.value, style=style), Text(_detail(cr)), Text(eff),
+                      Text(duration))
+    return table
+
+
+def render_terminal(results: CellsLike, console: Console) -> None:
+    """Print the cell table and the workaround verdict paragraph."""
+    console.print(terminal_table(results))
+    paragraph = Text()
+    for text, style in _paragraph_parts(results):
+        paragraph.append(text, style=style or "")
+    console.print(paragraph)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_reports(results: Results, out_dir: Path) -> ReportPaths:
+    """Write results.json, results.md and junit.xml into ``out_dir`` (each atomically)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = ReportPaths(out_dir / "results.json", out_dir / "results.md", out_dir / "junit.xml")
+    _write_atomic(paths.json, json.dumps(results.to_dict(), indent=2) + "\n")
+    _write_atomic(paths.markdown, markdown(results))
+    _write_atomic(paths.junit, junit_xml(results))
+    return paths

@@ -1,0 +1,274 @@
+"""Run one engine config in its own process group and turn its events into cell results.
+
+The engine runs ``python -m repro.cell`` inside the vLLM env, started with
+``start_new_session=True`` so the engine core and worker processes it spawns
+share one process group that is killed when the run ends, however it ends.  A
+crash is ERROR and a hang TIMEOUT for exactly the cells of that engine whose
+scenario had not reported yet; cells already reported keep their results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.envs import VllmEnv
+from harness.matrix import Cell, EngineKey
+from harness.oracle import Outcome, cell_verdict
+from harness.results import CellResult, infra_result, judged_result
+
+REPRO_PKG = Path(__file__).resolve().parent.parent / "repro"
+SPEC_SCHEMA_VERSION = 1  # must match repro.cell.SCHEMA_VERSION
+
+EventHook = Callable[[EngineKey, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    platform: str
+    work_dir: Path  # per-engine spec, event log and engine log go under work_dir/engines/
+    model_cache: Path
+    engine_timeout: float = 900.0  # whole engine process: start-up plus every scenario
+    scenario_timeout: float = 120.0  # any single wait inside a scenario
+    kv_cache_gib: int = 1
+    model_params: dict[str, Any] = field(default_factory=dict)
+    scenario_params: dict[str, Any] = field(default_factory=dict)
+    gpu_memory_utilization: float | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def stage_repro(dst: Path) -> Path:
+    """Copy the ``repro`` package and a dist-info declaring its vLLM plugin into ``dst``.
+
+    ``dst`` goes on PYTHONPATH of the engine process (and so of every process
+    vLLM spawns): ``importlib.metadata`` finds the dist-info there, and vLLM
+    loads ``repro.shim:register`` as a ``vllm.general_plugins`` entry point.
+    Nothing is installed into the cached vLLM env.
+    """
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(REPRO_PKG, dst / "repro", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    info = dst / "vllm_repro_plugin-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-repro-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nrepro_shim = repro.shim:register\n")
+    return dst
+
+
+def scenario_seed(scenario_id: str) -> int:
+    # Stable across runs and processes (unlike hash()).
+    return sum((i + 1) * ord(c) for i, c in enumerate(scenario_id)) % 10_000
+
+
+def engine_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> dict[str, Any]:
+    """The JSON spec ``repro.cell`` reads for this engine and its cells."""
+    return {
+        "schema_version": SPEC_SCHEMA_VERSION,
+        "engine_id": engine.id,
+        "engine": {
+            "executor": engine.executor,
+            "async_scheduling": engine.async_on,
+            "tensor_parallel_size": engine.tp,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        },
+        "model": {"kind": "bigram-cycle", "params": cfg.model_params},
+        "model_cache": str(cfg.model_cache),
+        "scenario_timeout": cfg.scenario_timeout,
+        "scenarios": [
+            {
+                "id": c.scenario_id,
+                "scenario": c.mode,
+                "params": {**cfg.scenario_params, "clear_cache": c.clear_cache},
+                "seed": scenario_seed(c.scenario_id),
+            }
+            for c in cells
+        ],
+    }
+
+
+def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(
+        PYTHONPATH=str(pythonpath),
+        PYTHONUNBUFFERED="1",
+        VLLM_REPRO_CPU_ASYNC="1" if (cfg.platform == "cpu" and engine.async_on) else "0",
+        # No flashinfer wheel in our envs; its sampler is not needed for greedy.
+        VLLM_USE_FLASHINFER_SAMPLER="0",
+    )
+    if cfg.platform == "cpu":
+        # Without it vLLM's CPU backend reserves most of the machine's RAM.
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+    if engine.executor in ("ray-v1", "ray-v2"):
+        env["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"] = "1" if engine.executor == "ray-v2" else "0"
+    env.update(cfg.extra_env)
+    return env
+
+
+def kill_group(pgid: int, grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is still in ``pgid``."""
+    for pid in _pids_in_group(pgid):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            return True
+    return False
+
+
+def _pids_in_group(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                pids.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
+
+
+class _EventTail:
+    """Reads complete new lines from the engine's event file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+        self.buf = ""
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self.pos)
+            chunk = f.read()
+            self.pos = f.tell()
+        self.buf += chunk
+        *lines, self.buf = self.buf.split("\n")
+        out = []
+        for line in lines:
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    out.append({"event": "corrupt", "line": line[:200]})
+        return out
+
+
+def _engine_info(ev: dict[str, Any]) -> dict[str, Any]:
+    keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
+            "requested", "effective", "startup_s", "probe")
+    return {k: ev.get(k) for k in keep}
+
+
+def _tail(path: Path, n: int = 8) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(ln.strip()[:200] for ln in lines[-n:])
+
+
+def run_engine(
+    env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_event: EventHook | None = None
+) -> list[CellResult]:
+    """Start one engine for ``cells`` and return one result per cell, whatever happens to the engine."""
+    wd = cfg.work_dir / "engines" / engine.id
+    if wd.exists():
+        shutil.rmtree(wd)
+    wd.mkdir(parents=True)
+    stage = stage_repro(wd / "pkg")
+    spec_path, events_path, log_path = wd / "spec.json", wd / "events.jsonl", wd / "engine.log"
+    spec_path.write_text(json.dumps(engine_spec(engine, cells, cfg), indent=2))
+    by_scenario = {c.scenario_id: c for c in cells}
+    results: dict[str, CellResult] = {}
+    engine_info: dict[str, Any] | None = None
+    fatal: str | None = None
+    tail = _EventTail(events_path)
+    t0 = time.monotonic()
+    timed_out = False
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(
+            [str(env.python), "-m", "repro.cell", str(spec_path), str(events_path)],
+            cwd=wd, env=engine_env(engine, cfg, stage), stdout=logf, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    finished = True
+                except subprocess.TimeoutExpired:
+                    finished = False
+                for ev in tail.read():
+                    kind = ev.get("event")
+                    if kind == "engine":
+                        engine_info = _engine_info(ev)
+                    elif kind == "scenario" and ev.get("id") in by_scenario:
+                        cell = by_scenario[ev["id"]]
+                        results[ev["id"]] = _scenario_result(cell, ev, engine_info)
+                    elif kind == "fatal":
+                        fatal = ev.get("reason")
+                    if on_event is not None:
+                        on_event(engine, ev)
+                if finished:
+                    break
+                if time.monotonic() - t0 > cfg.engine_timeout:
+                    timed_out = True
+                    break
+        finally:
+            # Whatever happened, nothing of this engine outlives the run.
+            kill_group(proc.pid)
+            proc.wait()
+    rc = proc.returncode
+    out = []
+    for c in cells:
+        if c.scenario_id in results:
+            out.append(results[c.scenario_id])
+        elif timed_out:
+            out.append(infra_result(c, Outcome.TIMEOUT,
+                                    f"engine {engine.id} exceeded its {cfg.engine_timeout:.0f}s limit "
+                                    f"before this scenario finished; log: {log_path}", engine_info))
+        else:
+            why = fatal or f"engine process exited with code {rc}"
+            out.append(infra_result(c, Outcome.ERROR,
+                                    f"{why} before this scenario reported; last log lines: {_tail(log_path)}",
+                                    engine_info))
+    return out
+
+
+def _scenario_result(cell: Cell, ev: dict[str, Any], engine_info: dict[str, Any] | None) -> CellResult:
+    status = ev.get("status")
+    if status == "ran":
+        verdict = cell_verdict(ev["records"])
+        return judged_result(cell, verdict, ev["records"], engine_info, ev.get("duration_s"))
+    if status == "unsupported":
+        return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), engine_info)
+    if status == "timeout":
+        return infra_result(cell, Outcome.TIMEOUT, ev.get("reason", "timeout"), engine_info)
+    return infra_result(cell, Outcome.ERROR, ev.get("reason", f"scenario status {status!r}"), engine_info)

