@@ -192,7 +192,7 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         console.print(f"[yellow]interrupted; results of finished cells are in {jsonl}[/]")
         return 130
     paths = write_reports(results, reports)
-    render_terminal(results, Console())
+    render_terminal(results, _stdout_console())
     console.print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
     outcomes = [c.outcome.value for c in results.cells]
     if any(o in ("ERROR", "TIMEOUT") for o in outcomes):
@@ -202,17 +202,22 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _stdout_console():  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    # Logs and CI consoles are not terminals: rich would squeeze the table to 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=170)
+
+
 def _colour(outcome: str) -> str:
     return {"OK": "green", "UNSUPPORTED": "yellow", "ERROR": "magenta", "TIMEOUT": "magenta"}.get(outcome, "red")
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from harness.report import render_terminal, write_reports
 
     results = read_results(args.results)
-    render_terminal(results, Console())
+    render_terminal(results, _stdout_console())
     if args.out:
         paths = write_reports(results, args.out)
         print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")

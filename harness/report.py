@@ -459,7 +459,16 @@ def terminal_table(results_or_cells: CellsLike) -> Table:
     for name, kw in (("cell", {"no_wrap": True}), ("outcome", {"no_wrap": True}), ("summary / reason", {}),
                      ("effective", {"no_wrap": True}), ("time", {"justify": "right"})):
         table.add_column(name, **kw)  # type: ignore[arg-type]
-    for cr in _sorted(_cells(results_or_cells)):
+    cells = _sorted(_cells(results_or_cells))
+    # Cells the platform cannot run (no engine was asked) fold into one row per
+    # reason; the Markdown and JUnit reports still list each of them.
+    folded: dict[str, list[CellResult]] = {}
+    for cr in cells:
+        if cr.outcome is Outcome.UNSUPPORTED and cr.engine is None:
+            folded.setdefault(cr.reason or cr.summary, []).append(cr)
+    for cr in cells:
+        if cr.outcome is Outcome.UNSUPPORTED and cr.engine is None:
+            continue
         style = OUTCOME_STYLES.get(cr.outcome, "")
         eff_async, eff_exec = _effective(cr)
         eff = f"async {eff_async}, {eff_exec}" if eff_async or eff_exec else ""
@@ -467,6 +476,11 @@ def terminal_table(results_or_cells: CellsLike) -> Table:
         # Text objects keep "[...]" in reasons from being read as rich markup.
         table.add_row(Text(cr.id), Text(cr.outcome.value, style=style), Text(_detail(cr)), Text(eff),
                       Text(duration))
+    for reason, group in folded.items():
+        executors = ",".join(dict.fromkeys(c.cell.executor for c in group))
+        label = f"{len(group)} cells ({executors})"
+        table.add_row(Text(label), Text("UNSUPPORTED", style=OUTCOME_STYLES[Outcome.UNSUPPORTED]), Text(reason),
+                      Text(""), Text(""))
     return table
 
 

@@ -61,7 +61,7 @@ class CellResult:
 
 def infra_result(cell: Cell, outcome: Outcome, reason: str, engine: dict[str, Any] | None = None) -> CellResult:
     """A cell that did not produce token streams: UNSUPPORTED, ERROR or TIMEOUT, with its reason."""
-    return CellResult(cell, outcome, f"{outcome.value}: {reason}", reason=reason, engine=engine)
+    return CellResult(cell, outcome, reason, reason=reason, engine=engine)
 
 
 def judged_result(
