@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -185,12 +186,17 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         elif p.kind in ("env", "engine-start"):
             console.print(f"[cyan]{escape(p.message)}[/]")
 
+    # SIGTERM takes the same path as Ctrl-C: the runner's cleanup kills the
+    # running engine's process group before the CLI exits.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
                              on_progress=on_progress, argv=argv)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; results of finished cells are in {jsonl}[/]")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     paths = write_reports(results, reports)
     render_terminal(results, _stdout_console())
     console.print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
@@ -200,6 +206,10 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     if args.strict and any(c.outcome.is_token_fault for c in results.cells):
         return 1
     return 0
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _stdout_console():  # type: ignore[no-untyped-def]
