@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import subprocess
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from harness.envs import EnvRecipe, IndexConfig
@@ -68,7 +68,8 @@ def commits_from_repo(repo: Path, span: str) -> list[Commit]:
         except OSError as exc:
             raise BadInput(f"cannot run git in {repo}: {exc.strerror}") from exc
         if proc.returncode:
-            raise BadInput(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip().splitlines()[-1:]}")
+            reason = " ".join(proc.stderr.strip().splitlines()[:2]) or f"exit code {proc.returncode}"
+            raise BadInput(f"git {' '.join(args)} failed in {repo}: {reason}")
         return proc.stdout
 
     fmt = "--format=%H %cI"
@@ -92,11 +93,16 @@ def commit_recipe(
     """The env recipe that installs ``package`` from the commit's own wheel index."""
     try:
         url = template.format(commit=commit.sha, variant=variant)
-    except (KeyError, IndexError) as exc:
+    except (KeyError, IndexError, ValueError, AttributeError) as exc:
         raise BadInput(f"bad --wheel-index {template!r}: use the fields {{commit}} and {{variant}}") from exc
     as_of = base.resolve_as_of
     if as_of == "release":
-        as_of = (commit.date + timedelta(days=7)).strftime("%Y-%m-%dT%H:%M:%SZ") if commit.date else "none"
+        if commit.date is None:
+            as_of = "none"
+        else:
+            # git's %cI keeps the committer's offset: convert to UTC before writing "Z".
+            when = commit.date if commit.date.tzinfo else commit.date.replace(tzinfo=UTC)
+            as_of = (when.astimezone(UTC) + timedelta(days=7)).strftime("%Y-%m-%dT%H:%M:%SZ")
     index = replace(base, extra_index_urls=(url, *base.extra_index_urls), resolve_as_of=as_of)
     return EnvRecipe(package, label, platform, python, index, requirement=package)
 

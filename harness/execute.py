@@ -14,6 +14,7 @@ from typing import Any
 from harness import __version__
 from harness.envs import EnvRecipe, IndexConfig, VllmEnv, ensure_env, package_for
 from harness.errors import EnvBuildError
+from harness.known_bugs import annotate, load_known_bugs
 from harness.matrix import Cell, EngineKey, MatrixPlan
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result
@@ -61,7 +62,10 @@ def run_matrix(
     started = datetime.now().astimezone()
     done: list[CellResult] = []
 
+    bugs = load_known_bugs()
+
     def record(res: CellResult) -> None:
+        res = annotate(res, bugs)
         log.append(res)
         done.append(res)
         say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
                 Outcome(c["expect"])
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
                                  cells))
-        except (KeyError, InvalidSpecifier, ValueError) as exc:
+        except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
             raise BadInput(f"{where}: bug #{i + 1} is malformed ({exc!r})") from exc
     return tuple(bugs)
 
@@ -129,3 +129,10 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
         return Check("as expected", exp, f"{result.summary}, as expected from {exp.bug}")
     shown = "; ".join(problems[:4]) or f"got {result.summary}"
     return Check("UNEXPECTED", exp, f"expected {exp.label} from {exp.bug} in requests running at pause: {shown}")
+
+
+def annotate(result: CellResult, bugs: tuple[KnownBug, ...]) -> CellResult:
+    """``result`` with its known-bug comparison attached (``CellResult.expectation``)."""
+    c = check(result, bugs)
+    return replace(result, expectation={"status": c.status, "expected": c.expected.label, "bug": c.expected.bug,
+                                        "message": c.message})

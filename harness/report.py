@@ -231,6 +231,8 @@ def judge_pair(
             on_text = f"{on.outcome.value}: {on.reason or on.summary}"
         return verdict(WorkaroundStatus.BROKEN,
                        f"{off.summary} of cell {off.id} even with {with_}; {without}: {on_text}")
+    if off is None and on is None:
+        return verdict(WorkaroundStatus.UNKNOWN, "neither cell was run")
     if off is None:
         assert on is not None
         return verdict(WorkaroundStatus.UNKNOWN,
@@ -342,7 +344,21 @@ def _cell_row(cr: CellResult) -> list[Any]:
     tp = f" tp{c.tp}" if c.tp != 1 else ""
     return [f"`{cr.id}`", c.version, c.executor + tp, _on_off(c.async_on), c.mode, str(c.clear_cache).lower(),
             f"**{cr.outcome.value}**" if cr.outcome is not Outcome.OK else cr.outcome.value, _detail(cr),
-            eff_async, eff_exec]
+            _expectation(cr, markdown=True), eff_async, eff_exec]
+
+
+def _expectation(cr: CellResult, markdown: bool = False) -> str:
+    # "as expected" / "UNEXPECTED (expected LOSS(1) from vllm#42043)" from the known-bug table.
+    e = cr.expectation or {}
+    status = e.get("status")
+    if not status:
+        return ""
+    if status == "UNEXPECTED":
+        text = f"UNEXPECTED (expected {e.get('expected')}" + (f" from {e['bug']})" if e.get("bug") else ")")
+        return f"**{text}**" if markdown else text
+    if status == "as expected" and e.get("bug"):
+        return f"as expected ({e['bug']})"
+    return str(status)
 
 
 def _details(cr: CellResult) -> list[str]:
@@ -378,7 +394,7 @@ def markdown(results: Results) -> str:
     lines += _meta_lines(results)
     lines += ["", "## Workaround verdict", "", verdict_paragraph(cells), "", "## Cells", ""]
     header = ["cell", "vLLM", "executor", "async", "mode", "clear_cache", "outcome", "summary / reason",
-              "effective async", "executor class"]
+              "known bugs", "effective async", "executor class"]
     lines += _md_table(header, (_cell_row(c) for c in cells))
     faulty = [c for c in cells if c.outcome.is_token_fault]
     if faulty:
@@ -464,7 +480,7 @@ def terminal_table(results_or_cells: CellsLike) -> Table:
     """A rich table of the cells with the outcome coloured (OK green, token faults red, infra magenta)."""
     table = Table(title=f"vllm-repro: {ISSUE}", show_lines=False)
     for name, kw in (("cell", {"no_wrap": True}), ("outcome", {"no_wrap": True}), ("summary / reason", {}),
-                     ("effective", {"no_wrap": True}), ("time", {"justify": "right"})):
+                     ("known bugs", {}), ("effective", {"no_wrap": True}), ("time", {"justify": "right"})):
         table.add_column(name, **kw)  # type: ignore[arg-type]
     cells = _sorted(_cells(results_or_cells))
     # Cells the platform cannot run (no engine was asked) fold into one row per
@@ -481,13 +497,15 @@ def terminal_table(results_or_cells: CellsLike) -> Table:
         eff = f"async {eff_async}, {eff_exec}" if eff_async or eff_exec else ""
         duration = f"{cr.duration_s:.1f}s" if cr.duration_s is not None else ""
         # Text objects keep "[...]" in reasons from being read as rich markup.
-        table.add_row(Text(cr.id), Text(cr.outcome.value, style=style), Text(_detail(cr)), Text(eff),
+        exp = _expectation(cr)
+        table.add_row(Text(cr.id), Text(cr.outcome.value, style=style), Text(_detail(cr)),
+                      Text(exp, style="bold red" if exp.startswith("UNEXPECTED") else "dim"), Text(eff),
                       Text(duration))
     for reason, group in folded.items():
         executors = ",".join(dict.fromkeys(c.cell.executor for c in group))
         label = f"{len(group)} cells ({executors})"
         table.add_row(Text(label), Text("UNSUPPORTED", style=OUTCOME_STYLES[Outcome.UNSUPPORTED]), Text(reason),
-                      Text(""), Text(""))
+                      Text(""), Text(""), Text(""))
     return table
 
 

@@ -27,6 +27,9 @@ class CellResult:
     requests: tuple[dict[str, Any], ...] = ()
     engine: dict[str, Any] | None = None  # versions, device, requested/effective settings
     duration_s: float | None = None
+    # Comparison with the known-bug table: {"status": "as expected"|"UNEXPECTED"|"not run",
+    # "expected": "LOSS(1)", "bug": "vllm#42043", "message": ...}
+    expectation: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -43,6 +46,7 @@ class CellResult:
             "requests": list(self.requests),
             "engine": self.engine,
             "duration_s": self.duration_s,
+            "expectation": self.expectation,
         }
 
     @classmethod
@@ -56,6 +60,7 @@ class CellResult:
             requests=tuple(d.get("requests") or ()),
             engine=d.get("engine"),
             duration_s=d.get("duration_s"),
+            expectation=d.get("expectation"),
         )
 
 

@@ -52,7 +52,9 @@ class Workaround:
         return self._label(without), self._label(self.applied)
 
 
-def _check_cell(where: str, table: dict[str, Any], required: bool) -> None:
+def _check_cell(where: str, table: Any, required: bool) -> None:
+    if not isinstance(table, dict):
+        raise BadInput(f"{where}: cell settings must be a TOML table, got {table!r}")
     for key, value in table.items():
         if key not in _CELL_FIELDS:
             raise BadInput(f"{where}: unknown cell key {key!r}; valid: {', '.join(_CELL_FIELDS)}")

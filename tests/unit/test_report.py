@@ -258,7 +258,7 @@ def _md_cell_rows(md: str) -> dict[str, str]:
         m = re.match(r"^\| `([^`]+)` \|", line)
         if m:
             cols = re.split(r"(?<!\\)\|", line)[1:-1]
-            assert len(cols) == 10, line
+            assert len(cols) == 11, line
             out[m.group(1)] = cols[6].strip().strip("*")
     return out
 

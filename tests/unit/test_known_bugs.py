@@ -1,0 +1,277 @@
+"""Tests of harness.known_bugs: the shipped table, expectation() and check() on realistic cell results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from packaging.specifiers import SpecifierSet
+
+from harness.errors import BadInput
+from harness.known_bugs import Expectation, KnownBug, check, expectation, load_known_bugs
+from harness.matrix import EXECUTORS, MODES, Cell
+from harness.oracle import Outcome, cell_verdict
+from harness.results import CellResult, infra_result, judged_result
+
+pytestmark = pytest.mark.unit
+
+MAX_TOKENS = 24
+PAUSE_AT = 6
+RUNNING = 8
+LATE = 2
+
+
+@pytest.fixture(scope="module")
+def bugs() -> tuple[KnownBug, ...]:
+    return load_known_bugs()
+
+
+def cell(version: str = "0.21.0", async_on: bool = True, mode: str = "keep", clear: bool = True,
+         executor: str = "mp") -> Cell:
+    return Cell(version, executor, async_on, mode, clear)
+
+
+def _records(c: Cell, lose: dict[int, int]) -> list[dict[str, Any]]:
+    # RUNNING requests paused at PAUSE_AT, LATE ones submitted during the pause; ``lose`` maps a request
+    # index to the tokens it loses (running: at the pause index; late: at index 0).
+    out = []
+    for i in range(RUNNING + LATE):
+        ref = [100 * (i + 1) + j for j in range(MAX_TOKENS)]
+        running = i < RUNNING
+        k = lose.get(i, 0)
+        at = PAUSE_AT if running else 0
+        obs = ref[:at] + ref[at + k:] if k else list(ref)
+        out.append({
+            "rid": f"{'r' if running else 'x'}{i:02d}",
+            "submit": "start" if running else ["during", 0],
+            "prompt": [i],
+            "max_tokens": MAX_TOKENS,
+            "observed": obs,
+            "reference": ref,
+            "reference_matches_model": True,
+            "finish_reason": "length",
+            "error": None,
+            "pauses": [{"k": 0, "mode": c.mode, "clear_cache": c.clear_cache, "client_tokens": PAUSE_AT,
+                        "engine_tokens": PAUSE_AT, "frozen": c.mode == "keep"}] if running else [],
+            "timings": {},
+        })
+    return out
+
+
+def ran(c: Cell, lose: dict[int, int] | None = None) -> CellResult:
+    recs = _records(c, lose or {})
+    return judged_result(c, cell_verdict(recs), recs, None, 1.0)
+
+
+ALL_RUNNING_LOSE_1 = dict.fromkeys(range(RUNNING), 1)
+
+
+# --------------------------------------------------------------------------- the shipped table
+
+
+def test_shipped_table(bugs: tuple[KnownBug, ...]) -> None:
+    (bug,) = [b for b in bugs if b.id == "vllm#42043"]
+    assert bug.affected == SpecifierSet(">=0.17.0, <0.22.0")
+    assert bug.fix == "vllm#42117"
+    assert bug.fixed_in == "0.22.0"
+    assert bug.cells == ({"async_scheduling": True, "mode": "keep", "clear_cache": True, "expect": "LOSS", "k": 1},)
+
+
+@pytest.mark.parametrize(
+    ("c", "expected"),
+    [
+        (cell("0.21.0"), Expectation(Outcome.LOSS, 1, "vllm#42043")),
+        (cell("0.17.0"), Expectation(Outcome.LOSS, 1, "vllm#42043")),
+        (cell("0.21.1"), Expectation(Outcome.LOSS, 1, "vllm#42043")),
+        (cell("0.21.0", executor="ray-v2"), Expectation(Outcome.LOSS, 1, "vllm#42043")),
+        (cell("0.16.0"), Expectation(Outcome.OK)),
+        (cell("0.22.0"), Expectation(Outcome.OK)),
+        (cell("0.32.0"), Expectation(Outcome.OK)),
+        (cell("0.9.0"), Expectation(Outcome.OK)),
+        (cell("0.21.0", async_on=False), Expectation(Outcome.OK)),
+        (cell("0.21.0", clear=False), Expectation(Outcome.OK)),
+        (cell("0.21.0", mode="wait"), Expectation(Outcome.OK)),
+        (cell("0.21.0", mode="abort"), Expectation(Outcome.OK)),
+        (cell("1a2b3c4d5e6f"), Expectation(Outcome.OK)),  # a commit label is no version
+    ],
+)
+def test_expectation_shipped(bugs: tuple[KnownBug, ...], c: Cell, expected: Expectation) -> None:
+    assert expectation(c, bugs) == expected
+
+
+def test_expectation_label() -> None:
+    assert Expectation(Outcome.LOSS, 1, "b").label == "LOSS(1)"
+    assert Expectation(Outcome.DIVERGED).label == "DIVERGED"
+    assert Expectation(Outcome.OK).label == "OK"
+
+
+@settings(max_examples=200, deadline=None)
+@given(minor=st.integers(0, 40), patch=st.integers(0, 3), executor=st.sampled_from(EXECUTORS),
+       async_on=st.booleans(), mode=st.sampled_from(MODES), clear=st.booleans())
+def test_expectation_rule(minor: int, patch: int, executor: str, async_on: bool, mode: str, clear: bool) -> None:
+    bugs = load_known_bugs()
+    exp = expectation(Cell(f"0.{minor}.{patch}", executor, async_on, mode, clear), bugs)
+    affected = 17 <= minor < 22 and async_on and mode == "keep" and clear
+    assert exp == (Expectation(Outcome.LOSS, 1, "vllm#42043") if affected else Expectation(Outcome.OK))
+
+
+# --------------------------------------------------------------------------- custom tables
+
+CUSTOM = """
+[[bug]]
+id = "ray-only"
+affected = ">=0.10"
+[[bug.cells]]
+executor = "ray-v2"
+mode = "wait"
+expect = "DIVERGED"
+
+[[bug]]
+id = "mp-or-uni"
+affected = ">=0.10, <0.30"
+[[bug.cells]]
+executors = ["mp", "uni"]
+mode = "wait"
+expect = "DUPLICATE"
+k = 2
+"""
+
+
+def _table(tmp_path: Path, text: str) -> tuple[KnownBug, ...]:
+    p = tmp_path / "bugs.toml"
+    p.write_text(text)
+    return load_known_bugs(p)
+
+
+def test_executor_filtering(tmp_path: Path) -> None:
+    bugs = _table(tmp_path, CUSTOM)
+    assert expectation(cell("0.20.0", mode="wait", executor="ray-v2"), bugs) == Expectation(Outcome.DIVERGED,
+                                                                                            None, "ray-only")
+    for ex in ("mp", "uni"):
+        assert expectation(cell("0.20.0", mode="wait", executor=ex), bugs) == Expectation(Outcome.DUPLICATE, 2,
+                                                                                          "mp-or-uni")
+    assert expectation(cell("0.20.0", mode="wait", executor="ray-v1"), bugs) == Expectation(Outcome.OK)
+    # Outside mp-or-uni's range; ray-only still applies.
+    assert expectation(cell("0.31.0", mode="wait", executor="mp"), bugs) == Expectation(Outcome.OK)
+    assert expectation(cell("0.31.0", mode="wait", executor="ray-v2"), bugs).bug == "ray-only"
+    # The mode key still has to match.
+    assert expectation(cell("0.20.0", mode="keep", executor="ray-v2"), bugs) == Expectation(Outcome.OK)
+
+
+def test_empty_table_expects_ok(tmp_path: Path) -> None:
+    bugs = _table(tmp_path, "# no bugs\n")
+    assert bugs == ()
+    assert expectation(cell("0.21.0"), bugs) == Expectation(Outcome.OK)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[[bug]\n", "invalid TOML"),
+        ('[[bug]]\naffected = ">=1"\n', "KeyError('id')"),
+        ('[[bug]]\nid = "x"\n', "KeyError('affected')"),
+        ('[[bug]]\nid = "x"\naffected = "banana"\n', "banana"),
+        ('[[bug]]\nid = "x"\naffected = ">=1"\n[[bug.cells]]\nexpect = "LOST"\n', "'LOST' is not a valid Outcome"),
+        ('[[bug]]\nid = "x"\naffected = ">=1"\n[[bug.cells]]\nmode = "keep"\n', "KeyError('expect')"),
+        ('[[bug]]\nid = "x"\naffected = ">=1"\n[[bug.cells]]\nasync = true\nexpect = "LOSS"\n',
+         "unknown cell keys ['async']"),
+    ],
+)
+def test_malformed_tables(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(BadInput) as exc:
+        _table(tmp_path, text)
+    assert str(exc.value).startswith(str(tmp_path / "bugs.toml"))
+    assert needle in str(exc.value)
+
+
+def test_malformed_table_names_the_bug(tmp_path: Path) -> None:
+    text = '[[bug]]\nid = "ok"\naffected = ">=1"\n[[bug]]\nid = "x"\naffected = "nope"\n'
+    with pytest.raises(BadInput, match="bug #2 is malformed"):
+        _table(tmp_path, text)
+
+
+def test_missing_table_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="cannot read known-bug table"):
+        load_known_bugs(tmp_path / "nope.toml")
+
+
+def test_malformed_affected_type(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="malformed"):
+        _table(tmp_path, '[[bug]]\nid = "x"\naffected = 5\n')
+
+
+# --------------------------------------------------------------------------- check
+
+
+def test_check_loss_as_expected(bugs: tuple[KnownBug, ...]) -> None:
+    cr = ran(cell("0.21.0"), ALL_RUNNING_LOSE_1)
+    assert cr.summary == f"LOSS(1) in {RUNNING}/{RUNNING + LATE} requests ({RUNNING}/{RUNNING} running at pause)"
+    ch = check(cr, bugs)
+    assert ch.status == "as expected"
+    assert ch.expected == Expectation(Outcome.LOSS, 1, "vllm#42043")
+    assert "vllm#42043" in ch.message
+
+
+@pytest.mark.parametrize("c", [cell("0.32.0"), cell("0.21.0", async_on=False), cell("0.21.0", mode="wait"),
+                               cell("0.21.0", clear=False), cell("0.16.0")])
+def test_check_ok_as_expected(bugs: tuple[KnownBug, ...], c: Cell) -> None:
+    ch = check(ran(c), bugs)
+    assert ch.status == "as expected"
+    assert ch.expected == Expectation(Outcome.OK)
+
+
+def test_check_unexpected_when_the_loss_disappears(bugs: tuple[KnownBug, ...]) -> None:
+    ch = check(ran(cell("0.21.0")), bugs)
+    assert ch.status == "UNEXPECTED"
+    assert "expected LOSS(1) from vllm#42043" in ch.message
+    assert "r00: expected LOSS(1), got OK" in ch.message
+
+
+def test_check_unexpected_when_only_some_running_requests_lose(bugs: tuple[KnownBug, ...]) -> None:
+    ch = check(ran(cell("0.21.0"), {0: 1, 1: 1, 2: 1}), bugs)
+    assert ch.status == "UNEXPECTED"
+    assert "r03: expected LOSS(1), got OK" in ch.message
+
+
+def test_check_unexpected_loss_of_two(bugs: tuple[KnownBug, ...]) -> None:
+    cr = ran(cell("0.21.0"), dict.fromkeys(range(RUNNING), 2))
+    assert cr.outcome is Outcome.LOSS
+    ch = check(cr, bugs)
+    assert ch.status == "UNEXPECTED"
+    assert f"r00: expected LOSS(1), got LOSS(2 at {PAUSE_AT})" in ch.message
+
+
+def test_check_unexpected_when_a_late_request_loses(bugs: tuple[KnownBug, ...]) -> None:
+    late = RUNNING  # the first request submitted during the pause
+    cr = ran(cell("0.21.0"), {**ALL_RUNNING_LOSE_1, late: 1})
+    assert cr.outcome is Outcome.LOSS
+    ch = check(cr, bugs)
+    assert ch.status == "UNEXPECTED"
+    assert f"x{late:02d}: expected OK, got LOSS(1 at 0)" in ch.message
+
+
+def test_check_unexpected_loss_on_a_fixed_version(bugs: tuple[KnownBug, ...]) -> None:
+    cr = ran(cell("0.32.0"), ALL_RUNNING_LOSE_1)
+    ch = check(cr, bugs)
+    assert ch.status == "UNEXPECTED"
+    assert ch.expected == Expectation(Outcome.OK)
+    assert ch.message == f"expected OK, got {cr.summary}"
+
+
+@pytest.mark.parametrize("c", [cell("0.21.0", async_on=False), cell("0.21.0", clear=False),
+                               cell("0.21.0", mode="wait")])
+def test_check_unexpected_loss_where_no_bug_applies(bugs: tuple[KnownBug, ...], c: Cell) -> None:
+    assert check(ran(c, {0: 1}), bugs).status == "UNEXPECTED"
+
+
+@pytest.mark.parametrize("outcome", [Outcome.UNSUPPORTED, Outcome.ERROR, Outcome.TIMEOUT, Outcome.BUILD_FAILED])
+@pytest.mark.parametrize("version", ["0.21.0", "0.32.0"])
+def test_check_not_run(bugs: tuple[KnownBug, ...], outcome: Outcome, version: str) -> None:
+    c = cell(version)
+    ch = check(infra_result(c, outcome, "the reason"), bugs)
+    assert ch.status == "not run"
+    assert ch.message == f"{outcome.value}: the reason"
+    assert ch.expected == expectation(c, bugs)
