@@ -176,6 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(wc, reports="reports/workarounds")
     _add_index_options(wc)
 
+    pl = sub.add_parser("plan", help="replay a pause schedule (e.g. a Hypothesis falsifying example) on engines",
+                        description="Run one JSON pause schedule ({\"requests\": [...], \"pauses\": [...]}, as "
+                        "printed by a failing property test) on each selected version and async setting, and print "
+                        "every request's verdict against its no-pause reference.")
+    pl.add_argument("plan_file", type=Path, metavar="PLAN.json")
+    _add_version_options(pl)
+    pl.add_argument("--async", dest="async_", metavar="ASYNC", help="on, off or both (default: on)")
+    pl.add_argument("--executor", default="mp", help="executor (default mp)")
+    _add_run_options(pl, reports="reports/plan")
+    _add_index_options(pl)
+
     r = sub.add_parser("report", help="render reports from a results file (results.json or results.jsonl)")
     r.add_argument("results", type=Path)
     r.add_argument("--out", type=Path, default=None, help="also write JSON/Markdown/JUnit into this folder")
@@ -454,6 +465,59 @@ def cmd_workarounds(args: argparse.Namespace, argv: list[str]) -> int:
     return 1 if (needed and args.require_removable) else 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from harness.matrix import EngineKey
+    from harness.oracle import cell_verdict, fit_losses, preempted_at_keep_clear
+    from harness.session import EngineSession, SessionDead
+
+    try:
+        plan = json.loads(args.plan_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"cannot read plan {args.plan_file}: {exc}") from exc
+    if not isinstance(plan, dict) or "requests" not in plan:
+        raise BadInput(f"{args.plan_file}: not a plan (expected {{\"requests\": [...], \"pauses\": [...]}})")
+    platform = _platform(args.platform)
+    if args.executor not in EXECUTORS:
+        raise BadInput(f"unknown executor {args.executor!r}; valid choices: {', '.join(EXECUTORS)}")
+    cache = args.cache_dir or default_cache_dir()
+    cfg = _run_config(args, platform, cache)
+    index = _index(args)
+    versions, prebuilt = _versions(args, platform, index.index_url)
+    asyncs = parse_bools("async setting", args.async_, ON_OFF, (True,))
+    python = args.python or f"{sys.version_info.major}.{sys.version_info.minor}"
+    worst = 0
+    for v in versions:
+        env = prebuilt.get(v) or ensure_env(EnvRecipe(package_for(platform), v, platform, python, index), cache)
+        for a in asyncs:
+            key = EngineKey(v, args.executor, a)
+            session = EngineSession(env, key, cfg)
+            try:
+                session.start()
+                ev = session.run({"id": "plan", "scenario": "plan", "params": plan, "seed": 0})
+            except SessionDead as exc:
+                print(f"{key.id}: {exc}")
+                worst = 1
+                continue
+            finally:
+                session.close()
+            if ev.get("status") != "ran":
+                print(f"{key.id}: {str(ev.get('status')).upper()}: {ev.get('reason')}")
+                worst = 1
+                continue
+            verdict = cell_verdict(ev["records"])
+            print(f"{key.id}: {verdict.summary}")
+            for rv, rec in zip(verdict.requests, ev["records"], strict=True):
+                points = preempted_at_keep_clear(rec)
+                fit = fit_losses(rec["reference"], rec["observed"], rec["max_tokens"], points)
+                pauses = ", ".join(f"{p['mode']}@{p['client_tokens']}" for p in rec.get("pauses") or [])
+                print(f"  {rv.rid}: {rv.verdict.label}; pauses [{pauses}]; finish {rec.get('finish_reason')}; "
+                      f"preempted by keep+clear pauses at {points}; "
+                      f"stream = reference minus #42043-style losses there: {fit is not None}")
+    return worst
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.report import render_terminal, write_reports
 
@@ -516,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bisect(args, argv)
         if args.command == "workarounds":
             return cmd_workarounds(args, argv)
+        if args.command == "plan":
+            return cmd_plan(args)
         if args.command == "envs":
             return cmd_envs(args)
     except ReproError as exc:

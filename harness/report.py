@@ -416,9 +416,14 @@ def _x(value: Any) -> str:
 
 
 def _fault_lines(cr: CellResult) -> list[str]:
+    return request_lines(cr, only_faulty=True)
+
+
+def request_lines(cr: CellResult, only_faulty: bool = False) -> list[str]:
+    """One line per request: verdict, first post-resume token expected/observed, streams around the pause."""
     lines = []
     for req in cr.requests:
-        if not _faulty(req):
+        if only_faulty and not _faulty(req):
             continue
         v = _verdict(req)
         line = f"{req.get('rid', '?')}: {v.get('label', '?')}"

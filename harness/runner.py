@@ -81,7 +81,7 @@ def engine_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> d
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
         },
         "model": {"kind": "bigram-cycle", "params": cfg.model_params},
-        "model_cache": str(cfg.model_cache),
+        "model_cache": str(cfg.model_cache.resolve()),
         "scenario_timeout": cfg.scenario_timeout,
         "scenarios": [
             {
@@ -153,7 +153,7 @@ def _pids_in_group(pgid: int) -> list[int]:
     return pids
 
 
-class _EventTail:
+class EventTail:
     """Reads complete new lines from the engine's event file."""
 
     def __init__(self, path: Path) -> None:
@@ -186,7 +186,7 @@ def _engine_info(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: ev.get(k) for k in keep}
 
 
-def _tail(path: Path, n: int = 8) -> str:
+def log_tail(path: Path, n: int = 8) -> str:
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
     except OSError:
@@ -198,7 +198,8 @@ def run_engine(
     env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_event: EventHook | None = None
 ) -> list[CellResult]:
     """Start one engine for ``cells`` and return one result per cell, whatever happens to the engine."""
-    wd = cfg.work_dir / "engines" / engine.id
+    # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
+    wd = (cfg.work_dir / "engines" / engine.id).resolve()
     if wd.exists():
         shutil.rmtree(wd)
     wd.mkdir(parents=True)
@@ -209,7 +210,7 @@ def run_engine(
     results: dict[str, CellResult] = {}
     engine_info: dict[str, Any] | None = None
     fatal: str | None = None
-    tail = _EventTail(events_path)
+    tail = EventTail(events_path)
     t0 = time.monotonic()
     timed_out = False
     with open(log_path, "wb") as logf:
@@ -257,7 +258,7 @@ def run_engine(
         else:
             why = fatal or f"engine process exited with code {rc}"
             out.append(infra_result(c, Outcome.ERROR,
-                                    f"{why} before this scenario reported; last log lines: {_tail(log_path)}",
+                                    f"{why} before this scenario reported; last log lines: {log_tail(log_path)}",
                                     engine_info))
     return out
 

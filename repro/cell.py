@@ -222,24 +222,51 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
         emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
              unsupported_reason=reason)
         for sc in scenarios:
-            if reason is not None:
-                emit("scenario", id=sc["id"], status="unsupported", reason=reason)
-                continue
-            try:
-                result = await _run_scenario(llm, sc, perm, timeout)
-                after = await _probe(llm)
-                emit("scenario", id=sc["id"], status="ran", **result, probe_after=after)
-            except ScenarioUnsupported as exc:
-                emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
-            except ScenarioTimeout as exc:
-                emit("scenario", id=sc["id"], status="timeout", reason=str(exc))
-            except Exception as exc:
-                emit("scenario", id=sc["id"], status="error",
-                     reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-                if getattr(llm, "errored", False):
-                    raise RuntimeError("engine is dead; the remaining scenarios cannot run") from exc
+            await _one(llm, sc, perm, timeout, reason, emit)
+        if spec.get("interactive"):
+            # Session mode (pytest, Hypothesis): more scenarios arrive as JSON
+            # lines on stdin, one result event each, until EOF or {"op": "stop"}.
+            loop = asyncio.get_running_loop()
+            while True:
+                line = await loop.run_in_executor(None, sys.stdin.readline)
+                if not line or not line.strip():
+                    if not line:
+                        break
+                    continue
+                sc = json.loads(line)
+                if sc.get("op") == "stop":
+                    break
+                await _one(llm, sc, perm, float(sc.get("timeout", timeout)), reason, emit)
     finally:
         llm.shutdown()
+
+
+async def _one(llm: Any, sc: dict[str, Any], perm: list[int], timeout: float, unsupported: str | None,
+               emit: Emitter) -> None:
+    """Run one scenario and emit its result event; only a dead engine propagates."""
+    if unsupported is not None:
+        emit("scenario", id=sc["id"], status="unsupported", reason=unsupported)
+        return
+    try:
+        result = await _run_scenario(llm, sc, perm, timeout)
+        after = await _probe(llm)
+        emit("scenario", id=sc["id"], status="ran", **result, probe_after=after)
+    except ScenarioUnsupported as exc:
+        emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
+    except ScenarioTimeout as exc:
+        # A timeout usually strikes while paused: resume so the next scenario
+        # does not inherit a paused engine (its requests were cancelled).
+        recovered = True
+        try:
+            await asyncio.wait_for(llm.resume_generation(), timeout)
+        except Exception:
+            recovered = False
+        emit("scenario", id=sc["id"], status="timeout", reason=str(exc), engine_recovered=recovered)
+    except Exception as exc:
+        emit("scenario", id=sc["id"], status="error",
+             reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        if getattr(llm, "errored", False):
+            raise RuntimeError("engine is dead; the remaining scenarios cannot run") from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,9 +83,12 @@ def _engine_probe(self: Any) -> dict[str, Any]:
 def _request_progress(self: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for rid, req in self.scheduler.requests.items():
+        status = getattr(req, "status", None)
         out[rid] = {
             "num_output_tokens": len(req.output_token_ids),
-            "status": str(getattr(req, "status", "")),
+            # RequestStatus is an IntEnum: str() would give a number.
+            "status": getattr(status, "name", str(status)),
+            "num_preemptions": getattr(req, "num_preemptions", None),
             "discard_latest_async_tokens": bool(getattr(req, "discard_latest_async_tokens", False)),
         }
     return out

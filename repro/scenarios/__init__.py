@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from repro.scenarios import abort, keep, wait
+from repro.scenarios import abort, keep, plan, wait
 from repro.scenarios.base import Plan
 
 SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "keep": keep.build,
     "wait": wait.build,
     "abort": abort.build,
+    "plan": plan.build,
 }

@@ -153,20 +153,20 @@ class _Driver:
     def _phase(self, kind: str, k: int) -> list[str]:
         return [r.rid for r in self.plan.requests if r.submit == (kind, k) or r.submit == [kind, k]]
 
-    async def _engine_progress(self) -> dict[str, int] | None:
+    async def _engine_progress(self) -> dict[str, dict[str, Any]] | None:
         core = getattr(self.llm, "engine_core", None)
         try:
             raw = await core.call_utility_async("repro_request_progress")
         except Exception as exc:
             self.events.append({"t": self._now(), "event": "progress_unavailable", "why": repr(exc)})
             return None
-        by_rid: dict[str, int] = {}
+        by_rid: dict[str, dict[str, Any]] = {}
         for internal, info in raw.items():
             for rid in self.streams:
                 # AsyncLLM appends "-<8 hex>" to the caller's id (0.2x); older
                 # versions keep it as is.
                 if internal == rid or internal.startswith(rid + "-"):
-                    by_rid[rid] = int(info["num_output_tokens"])
+                    by_rid[rid] = info
         return by_rid
 
     async def _pause(self, k: int, p: PauseSpec) -> None:
@@ -184,24 +184,39 @@ class _Driver:
                 self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
             )
         except TimeoutError as exc:
-            raise ScenarioTimeout(f"pause_generation(mode={p.mode!r}) did not return in {self.timeout}s") from exc
+            # Say what the engine still holds: the evidence for a hang report.
+            try:
+                held = await asyncio.wait_for(self._engine_progress(), 10)
+            except Exception:
+                held = None
+            state = {rid: (i.get("status"), i.get("num_output_tokens")) for rid, i in (held or {}).items()}
+            client = {s.spec.rid: (len(s.tokens), s.finish_reason) for s in self.streams.values() if s.submitted}
+            raise ScenarioTimeout(
+                f"pause_generation(mode={p.mode!r}) did not return in {self.timeout}s; engine holds "
+                f"{state or 'nothing (or could not be asked)'}; client streams {client}"
+            ) from exc
         self.events.append({"t": self._now(), "event": "paused", "k": k})
         engine = await self._engine_progress()
 
-        if p.mode == "keep":
-            # Requests stay frozen in the engine: make sure the client holds
-            # every token the engine produced before the pause, so the first
-            # token after resume is exactly stream[pause_index].
-            if engine is not None:
-                targets = {s.spec.rid: engine.get(s.spec.rid) for s in running}
-                await self._wait_until(
-                    f"keep-pause {k}: client to receive the engine's pre-pause tokens",
-                    lambda: all(s.done or t is None or len(s.tokens) >= t
-                                for s, t in ((self.streams[r], t) for r, t in targets.items())),
-                )
+        if engine is not None:
+            # The engine says which requests it still holds (frozen by keep,
+            # or queued and never scheduled under wait/abort): the client must
+            # have every token it produced for them, so the first token after
+            # resume is exactly stream[pause_index].  The others finished or
+            # were aborted: their streams must end.
+            held = {s.spec.rid: engine[s.spec.rid]["num_output_tokens"] for s in running if s.spec.rid in engine}
+            await self._wait_until(
+                f"{p.mode}-pause {k}: client to catch up with the engine",
+                lambda: all(
+                    (len(s.tokens) >= held[s.spec.rid] or s.done) if s.spec.rid in held else s.done
+                    for s in running
+                ),
+            )
+        elif p.mode == "keep":
+            raise ScenarioFailed("engine progress probe unavailable; cannot tell the pause index")
         else:
             # wait: in-flight requests drain to completion; abort: they end
-            # with finish_reason abort.  Either way their streams end now.
+            # with finish_reason abort.
             await self._wait_until(
                 f"{p.mode}-pause {k}: in-flight requests to end",
                 lambda: all(s.done for s in running),
@@ -212,7 +227,11 @@ class _Driver:
                 "mode": p.mode,
                 "clear_cache": p.clear_cache,
                 "client_tokens": len(s.tokens),
-                "engine_tokens": None if engine is None else engine.get(s.spec.rid),
+                "engine_tokens": (engine or {}).get(s.spec.rid, {}).get("num_output_tokens"),
+                # The scheduler's view after the pause: PREEMPTED means the
+                # request was running and was force-preempted by the cache reset.
+                "engine_status": (engine or {}).get(s.spec.rid, {}).get("status"),
+                "engine_preemptions": (engine or {}).get(s.spec.rid, {}).get("num_preemptions"),
                 # Still frozen inside the engine at resume time (keep mode).
                 "frozen": not s.done,
             })

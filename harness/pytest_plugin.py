@@ -1,0 +1,302 @@
+"""pytest plugin: the matrix as test items (``pytest -k post_resume``), engines shared per engine config.
+
+Loaded by ``tests/conftest.py``.  Never imports vllm or torch: engines run in
+their own environments through :class:`harness.session.EngineSession`.
+
+* ``--vllm-versions``, ``--executors``, ``--platform`` choose the cells
+  (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_EXECUTORS`` /
+  ``VLLM_REPRO_PLATFORM``, else the platform's default matrix).
+* A test asking for the ``post_resume_cell`` argument gets one item per cell,
+  id ``vllm0.21.0-mp-async_on-keep-clear``; cells the platform cannot run are
+  skipped with the reason.
+* Items of one engine config share one engine process, started on first use
+  and stopped at the end of the session.  Under pytest-xdist each item is put
+  in the ``xdist_group`` of its engine (use ``--dist loadgroup``) and, on GPU
+  machines, each worker gets its own GPUs from its worker id.
+* Every judged cell is written to the same results files as the CLI
+  (``--repro-reports``, default ``reports/pytest``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import detect_platform
+from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env, index_config_from_env, package_for
+from harness.errors import BadInput, EnvBuildError
+from harness.known_bugs import KnownBug, annotate, load_known_bugs
+from harness.matrix import EXECUTORS, Cell, EngineKey, Selection, parse_choices, parse_versions, unsupported_reason
+from harness.oracle import Outcome, cell_verdict
+from harness.results import CellResult, Results, ResultsLog, infra_result, judged_result, read_results
+from harness.runner import RunConfig, scenario_seed
+from harness.session import EngineSession, SessionDead
+
+RUN_DIR_KEY = "vllm_repro_run_dir"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("vllm-repro")
+    g.addoption("--vllm-versions", default=os.environ.get("VLLM_REPRO_VERSIONS"),
+                help="vLLM versions of the post_resume matrix (list, A..B range, latest); "
+                     "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0 on cuda")
+    g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
+                help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
+    g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),
+                help="cpu or cuda (default: detected)")
+    g.addoption("--known-bugs", type=Path, default=None,
+                help="known-bug table to judge cells against (default: the one shipped with vllm-repro)")
+    g.addoption("--repro-reports", type=Path, default=Path("reports/pytest"),
+                help="where the results JSON/Markdown/JUnit of the post_resume cells go (default reports/pytest)")
+
+
+def _platform(config: pytest.Config) -> str:
+    raw = config.getoption("repro_platform")
+    if raw is None:
+        return detect_platform()
+    if raw not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"unknown --platform {raw!r}; valid choices: cpu, cuda")
+    return raw
+
+
+def matrix_cells(config: pytest.Config) -> list[Cell]:
+    """The cells selected by the command-line options (every mode, async and clear_cache value)."""
+    platform = _platform(config)
+    try:
+        versions = parse_versions(config.getoption("vllm_versions"), platform)
+        executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    return Selection(versions=versions, executors=executors).cells()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "post_resume_cell" in metafunc.fixturenames:
+        cells = matrix_cells(metafunc.config)
+        metafunc.parametrize("post_resume_cell", cells, ids=[c.id for c in cells])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    platform = _platform(config)
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        cell = callspec.params.get("post_resume_cell") if callspec else None
+        if not isinstance(cell, Cell):
+            continue
+        item.add_marker(pytest.mark.cpu_engine if platform == "cpu" else pytest.mark.gpu)
+        if cell.tp > 1:
+            item.add_marker(pytest.mark.multi_gpu)
+        # pytest-xdist --dist loadgroup keeps one engine config on one worker.
+        item.add_marker(pytest.mark.xdist_group(cell.engine.id))
+        reason = unsupported_reason(cell, platform)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"UNSUPPORTED: {reason}"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:  # pytest-xdist hook (controller side)
+    node.workerinput[RUN_DIR_KEY] = str(_run_dir(node.config))
+
+
+def _run_dir(config: pytest.Config) -> Path:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and RUN_DIR_KEY in workerinput:
+        return Path(workerinput[RUN_DIR_KEY])
+    if not hasattr(config, "_repro_run_dir"):
+        base = config.getoption("repro_reports")
+        config._repro_run_dir = base / f".run-{uuid.uuid4().hex[:8]}"  # type: ignore[attr-defined]
+    return config._repro_run_dir  # type: ignore[attr-defined, no-any-return]
+
+
+class EnginePool:
+    """Lazily started engine sessions, one per engine config, for one pytest process."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.platform = _platform(config)
+        self.cache = default_cache_dir()
+        self.index = index_config_from_env()
+        self.run_dir = _run_dir(config)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.worker = worker
+        self.cfg = RunConfig(platform=self.platform, work_dir=self.run_dir / worker,
+                             model_cache=self.cache / "models", engine_timeout=600, scenario_timeout=120,
+                             gpu_memory_utilization=0.05 if self.platform == "cuda" else None)
+        self.sessions: dict[EngineKey, EngineSession | str] = {}
+        self.envs: dict[str, VllmEnv | str] = {}
+        self.bugs: tuple[KnownBug, ...] = load_known_bugs(config.getoption("known_bugs"))
+        self.log = ResultsLog(self.run_dir / f"results.{worker}.jsonl")
+        self.hangs: list[tuple[str, str]] = []
+
+    def _env(self, version: str) -> VllmEnv | str:
+        if version not in self.envs:
+            recipe = EnvRecipe(package_for(self.platform), version, self.platform,
+                               f"{sys.version_info.major}.{sys.version_info.minor}", self.index)
+            try:
+                self.envs[version] = ensure_env(recipe, self.cache)
+            except EnvBuildError as exc:
+                self.envs[version] = str(exc)
+        return self.envs[version]
+
+    def _gpu_env(self, key: EngineKey) -> dict[str, str]:
+        # Disjoint GPU sets per xdist worker: gwN gets GPUs [N*tp, N*tp+tp).
+        if self.platform != "cuda" or not self.worker.startswith("gw"):
+            return {}
+        n = int(self.worker[2:])
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(_gpu_count())]
+        if not ids:
+            return {}
+        chosen = [ids[(n * key.tp + i) % len(ids)] for i in range(key.tp)]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
+
+    def session(self, key: EngineKey) -> EngineSession | str:
+        """The running session for ``key``, or why it could not start."""
+        if key not in self.sessions:
+            env = self._env(key.version)
+            if isinstance(env, str):
+                self.sessions[key] = f"BUILD-FAILED: {env}"
+            else:
+                s = EngineSession(env, key, self.cfg, extra_env=self._gpu_env(key))
+                try:
+                    s.start()
+                    self.sessions[key] = s
+                except SessionDead as exc:
+                    self.sessions[key] = str(exc)
+        return self.sessions[key]
+
+    def run_cell(self, cell: Cell, scenario: dict[str, Any] | None = None) -> CellResult:
+        """Run ``cell``'s scenario (or ``scenario``) on the shared engine; judge and log it."""
+        sc = scenario or {"id": cell.scenario_id, "scenario": cell.mode, "params": {"clear_cache": cell.clear_cache},
+                          "seed": scenario_seed(cell.scenario_id)}
+        s = self.session(cell.engine)
+        if isinstance(s, str):
+            outcome = Outcome.BUILD_FAILED if s.startswith("BUILD-FAILED") else (
+                Outcome.TIMEOUT if s.startswith("TIMEOUT") else Outcome.ERROR)
+            res = infra_result(cell, outcome, s)
+        else:
+            info = _engine_info(s.engine_event or {})
+            try:
+                ev = s.run(sc)
+            except SessionDead as exc:
+                self.sessions[cell.engine] = str(exc)
+                outcome = Outcome.TIMEOUT if str(exc).startswith("TIMEOUT") else Outcome.ERROR
+                res = infra_result(cell, outcome, str(exc), info)
+            else:
+                res = _result(cell, ev, info)
+                if ev.get("status") == "timeout" and not ev.get("engine_recovered"):
+                    # The engine's state is unknown after a timeout: the next
+                    # scenario gets a fresh engine.
+                    s.close()
+                    del self.sessions[cell.engine]
+        res = annotate(res, self.bugs)
+        if scenario is None:
+            self.log.append(res)
+        return res
+
+    def report_hang(self, version: str, plan: dict[str, Any], reason: str) -> None:
+        """Keep a schedule that hung the engine, for ``vllm-repro plan`` and the session summary."""
+        import json
+
+        self.hangs.append((version, reason))
+        path = self.run_dir.parent / "hangs.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps({"version": version, "reason": reason, "plan": plan}) + "\n")
+
+    def close(self) -> None:
+        for s in self.sessions.values():
+            if isinstance(s, EngineSession):
+                s.close()
+
+
+def _gpu_count() -> int:
+    return len([p for p in Path("/dev").glob("nvidia[0-9]*")])
+
+
+def _engine_info(ev: dict[str, Any]) -> dict[str, Any]:
+    keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
+            "requested", "effective", "startup_s", "probe")
+    return {k: ev.get(k) for k in keep}
+
+
+def _result(cell: Cell, ev: dict[str, Any], info: dict[str, Any]) -> CellResult:
+    status = ev.get("status")
+    if status == "ran":
+        return judged_result(cell, cell_verdict(ev["records"]), ev["records"], info, ev.get("duration_s"))
+    outcome = {"unsupported": Outcome.UNSUPPORTED, "timeout": Outcome.TIMEOUT}.get(str(status), Outcome.ERROR)
+    return infra_result(cell, outcome, ev.get("reason", str(status)), info)
+
+
+@pytest.fixture(scope="session")
+def repro_engines(request: pytest.FixtureRequest) -> Iterator[EnginePool]:
+    """Engine sessions shared by every item of this pytest process, stopped at the end."""
+    pool = EnginePool(request.config)
+    request.config._repro_pool = pool  # type: ignore[attr-defined]
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def repro_run_cell(repro_engines: EnginePool) -> Callable[[Cell], CellResult]:
+    return repro_engines.run_cell
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if getattr(config, "workerinput", None) is not None:
+        return  # workers only append; the controller writes the reports
+    run_dir = _run_dir(config)
+    logs = sorted(run_dir.glob("results.*.jsonl")) if run_dir.is_dir() else []
+    cells: list[CellResult] = []
+    for log in logs:
+        cells += read_results(log).cells
+    if not cells:
+        return
+    from harness.report import write_reports
+
+    out = config.getoption("repro_reports")
+    results = Results(tuple(sorted(cells, key=lambda c: c.id)), {"platform": _platform(config), "source": "pytest"})
+    paths = write_reports(results, out)
+    config._repro_report_paths = paths  # type: ignore[attr-defined]
+    config._repro_cells = results.cells  # type: ignore[attr-defined]
+    # Engine logs are kept only when something went wrong with an engine.
+    if not any(c.outcome in (Outcome.ERROR, Outcome.TIMEOUT) for c in cells):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    tr = terminalreporter
+    pool = getattr(config, "_repro_pool", None)
+    if pool is not None and pool.hangs:
+        tr.section("vllm-repro: engine hangs during property tests", yellow=True)
+        for version, reason in pool.hangs:
+            tr.write_line(f"vLLM {version}: {reason[:400]}")
+        tr.write_line(f"plans saved to {pool.run_dir.parent / 'hangs.jsonl'}; replay with vllm-repro plan")
+    cells: tuple[CellResult, ...] = getattr(config, "_repro_cells", ())
+    if not cells:
+        return
+    tr.section("vllm-repro post-resume cells")
+    for c in cells:
+        exp = c.expectation or {}
+        firsts = []
+        for r in c.requests:
+            v = r.get("verdict") or {}
+            f = v.get("first_post_resume")
+            if v.get("running_at_pause") and isinstance(f, dict) and f.get("expected") != f.get("observed"):
+                firsts.append(f"{r['rid']}#{f['index']}: expected {f['expected']}, observed {f['observed']}")
+        line = f"{c.id}: {c.summary} [{exp.get('status', '?')}]"
+        if firsts:
+            line += "; first post-resume token " + "; ".join(firsts[:3]) + (" ..." if len(firsts) > 3 else "")
+        tr.write_line(line)
+    paths = getattr(config, "_repro_report_paths", None)
+    if paths is not None:
+        tr.write_line(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")

@@ -1,0 +1,36 @@
+"""The matrix as a pytest suite: one item per cell, judged against the known-bug table.
+
+``pytest -k post_resume`` runs the default matrix of the platform;
+``-k "keep and async_on"`` etc. select cells by id.  An expected LOSS on
+0.21.0 passes (and says so in the summary); an unexpected outcome fails with
+the first post-resume token expected vs observed and the streams around the
+pause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from harness.matrix import Cell
+from harness.oracle import Outcome
+from harness.report import request_lines
+from harness.results import CellResult
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_post_resume(post_resume_cell: Cell, repro_run_cell: Callable[[Cell], CellResult],
+                     record_property: Callable[[str, object], None]) -> None:
+    result = repro_run_cell(post_resume_cell)
+    exp = result.expectation or {}
+    record_property("outcome", result.summary)
+    record_property("expectation", exp.get("message"))
+    if result.outcome is Outcome.UNSUPPORTED:
+        pytest.skip(f"UNSUPPORTED: {result.reason}")
+    if result.outcome.is_infra:
+        pytest.fail(f"{result.id}: {result.outcome.value}: {result.reason}", pytrace=False)
+    if exp.get("status") != "as expected":
+        lines = "\n  ".join(request_lines(result))
+        pytest.fail(f"{result.id}: {exp.get('message')}\n  {lines}", pytrace=False)
