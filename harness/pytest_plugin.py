@@ -83,6 +83,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("post_resume_cell", cells, ids=[c.id for c in cells])
 
 
+# tryfirst: pytest-xdist turns xdist_group markers into scheduling groups in
+# its own collection hook, which must see ours.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     platform = _platform(config)
     for item in items:
