@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -280,17 +282,9 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         elif p.kind in ("env", "engine-start"):
             console.print(f"[cyan]{escape(p.message)}[/]")
 
-    # SIGTERM takes the same path as Ctrl-C: the runner's cleanup kills the
-    # running engine's process group before the CLI exits.
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    with _interruptible(console, f"results of finished cells are in {jsonl}"):
         results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
                              on_progress=on_progress, argv=argv, prebuilt=prebuilt)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted; results of finished cells are in {jsonl}[/]")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     paths = write_reports(results, reports)
     render_terminal(results, _stdout_console())
     console.print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
@@ -304,6 +298,24 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM during a run; ``main`` exits 130 after the runner's cleanup."""
+
+
+@contextlib.contextmanager
+def _interruptible(console: object, where: str) -> Iterator[None]:
+    # SIGTERM takes the same path as Ctrl-C: the runner's cleanup kills the
+    # running engine's process group before the CLI exits.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        console.print(f"[yellow]interrupted; {where}[/]")  # type: ignore[attr-defined]
+        raise Interrupted(where) from exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _stdout_console():  # type: ignore[no-untyped-def]
@@ -383,15 +395,9 @@ def cmd_bisect(args: argparse.Namespace, argv: list[str]) -> int:
         console.print(f"  probe {p.step}: {p.candidate} -> [{colour}]{p.result.verdict.value}[/] "
                       f"({escape(p.result.detail)})")
 
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    with _interruptible(console, f"probes so far are in {jsonl}"):
         run = run_bisect(candidates, template, args.find, cfg, index, cache, ResultsLog(jsonl), python=python,
                          on_probe=on_probe, prebuilt=prebuilt, recipe_for=recipe_for, noun=noun)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted; probes so far are in {jsonl}[/]")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     doc = {**run.to_dict(), "argv": argv}
     (reports / "bisect.json").write_text(json.dumps(doc, indent=2) + "\n")
     for w in doc["warnings"]:
@@ -441,16 +447,10 @@ def cmd_workarounds(args: argparse.Namespace, argv: list[str]) -> int:
     console = Console(stderr=True)
     console.print(f"[bold]workarounds check[/]: {len(ledger)} workaround(s) x {len(versions)} version(s): "
                   f"{len(plan.engines)} engine(s)")
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    with _interruptible(console, f"results of finished cells are in {jsonl}"):
         results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python, argv=argv,
                              prebuilt=prebuilt,
                              on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None)
-    except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted; results of finished cells are in {jsonl}[/]")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     write_reports(results, reports)
     needed = False
     for w in ledger:
@@ -587,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     except ReproError as exc:
         print(f"vllm-repro: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted:
+        return 130
     return 2
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ from harness.errors import BadInput
 from harness.matrix import Cell
 from harness.oracle import Outcome
 from harness.results import CellResult
+from harness.tomlfile import load_table
 
 _CELL_KEYS = {"async_scheduling", "mode", "clear_cache", "executor", "executors"}
 
@@ -51,19 +50,7 @@ class Check:
 
 def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
     """Parse the known-bug TOML (default: the table shipped with vllm-repro)."""
-    if path is None:
-        text = resources.files("harness").joinpath("known_bugs.toml").read_text(encoding="utf-8")
-        where = "harness/known_bugs.toml"
-    else:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise BadInput(f"cannot read known-bug table {path}: {exc.strerror}") from exc
-        where = str(path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"{where}: invalid TOML ({exc})") from exc
+    data, where = load_table(path, "known_bugs.toml", "known-bug table")
     bugs = []
     for i, b in enumerate(data.get("bug", [])):
         try:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +10,7 @@ from harness.errors import BadInput
 from harness.matrix import EXECUTORS, MODES, Cell
 from harness.report import WorkaroundStatus, WorkaroundVerdict, judge_pair, version_key
 from harness.results import CellResult
+from harness.tomlfile import load_table
 
 _CELL_FIELDS = {"executor": str, "async_scheduling": bool, "mode": str, "clear_cache": bool}
 
@@ -72,17 +71,7 @@ def _check_cell(where: str, table: Any, required: bool) -> None:
 
 def load_ledger(path: Path | None = None) -> tuple[Workaround, ...]:
     """Parse the ledger (default: the ``workarounds.toml`` shipped with vllm-repro)."""
-    if path is None:
-        text, where = resources.files("harness").joinpath("workarounds.toml").read_text("utf-8"), "workarounds.toml"
-    else:
-        try:
-            text, where = path.read_text("utf-8"), str(path)
-        except OSError as exc:
-            raise BadInput(f"cannot read workaround ledger {path}: {exc.strerror}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"{where}: invalid TOML ({exc})") from exc
+    data, where = load_table(path, "workarounds.toml", "workaround ledger")
     out = []
     for i, w in enumerate(data.get("workaround", [])):
         here = f"{where}: workaround #{i + 1} ({w.get('id', '?')})"

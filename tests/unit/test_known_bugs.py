@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
+from synthetic import request_record
 
 from harness.errors import BadInput
 from harness.known_bugs import Expectation, KnownBug, check, expectation, load_known_bugs
@@ -44,20 +45,10 @@ def _records(c: Cell, lose: dict[int, int]) -> list[dict[str, Any]]:
         k = lose.get(i, 0)
         at = PAUSE_AT if running else 0
         obs = ref[:at] + ref[at + k:] if k else list(ref)
-        out.append({
-            "rid": f"{'r' if running else 'x'}{i:02d}",
-            "submit": "start" if running else ["during", 0],
-            "prompt": [i],
-            "max_tokens": MAX_TOKENS,
-            "observed": obs,
-            "reference": ref,
-            "reference_matches_model": True,
-            "finish_reason": "length",
-            "error": None,
-            "pauses": [{"k": 0, "mode": c.mode, "clear_cache": c.clear_cache, "client_tokens": PAUSE_AT,
-                        "engine_tokens": PAUSE_AT, "frozen": c.mode == "keep"}] if running else [],
-            "timings": {},
-        })
+        out.append(request_record(
+            f"{'r' if running else 'x'}{i:02d}", obs, ref, running=running, mode=c.mode,
+            clear_cache=c.clear_cache, pause_at=PAUSE_AT, max_tokens=MAX_TOKENS, prompt=[i],
+        ))
     return out
 
 

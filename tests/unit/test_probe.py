@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synthetic import request_record
 
 import harness.probe as probe_mod
 from harness.bisect import ProbeRecord, Verdict
@@ -76,24 +77,11 @@ def records(cell: Cell, fault: str = "ok", k: int = 1) -> list[dict[str, Any]]:
             elif fault == "error" and i == 0:
                 error = "RuntimeError: engine core died"
                 obs = ref[:PAUSE_AT]
-        pauses = (
-            [{"k": 0, "mode": cell.mode, "clear_cache": cell.clear_cache, "client_tokens": PAUSE_AT,
-              "engine_tokens": PAUSE_AT, "frozen": cell.mode == "keep"}]
-            if running else []
-        )
-        out.append({
-            "rid": f"{'r' if running else 'x'}{i:02d}",
-            "submit": "start" if running else ["during", 0],
-            "prompt": [i, i + 1, i + 2],
-            "max_tokens": MAX_TOKENS,
-            "observed": obs,
-            "reference": ref,
-            "reference_matches_model": True,
-            "finish_reason": "length",
-            "error": error,
-            "pauses": pauses,
-            "timings": {"submit": 0.0, "first_token": 0.1, "finish": 1.0},
-        })
+        out.append(request_record(
+            f"{'r' if running else 'x'}{i:02d}", obs, ref, running=running, mode=cell.mode,
+            clear_cache=cell.clear_cache, pause_at=PAUSE_AT, max_tokens=MAX_TOKENS, prompt=[i, i + 1, i + 2],
+            error=error, timings={"submit": 0.0, "first_token": 0.1, "finish": 1.0},
+        ))
     return out
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from synthetic import request_record
 
 from harness.matrix import Cell
 from harness.oracle import Outcome, cell_verdict
@@ -50,24 +51,11 @@ def _records(cell: Cell, lose: int = 0, at: int = PAUSE_AT) -> list[dict[str, An
         if running and i < lose:
             rest = MAX_TOKENS - at - 1
             obs = ref[:at] + ref[at + 1 : at + 1 + rest]
-        pauses = (
-            [{"k": 0, "mode": cell.mode, "clear_cache": cell.clear_cache, "client_tokens": at,
-              "engine_tokens": at, "frozen": cell.mode == "keep"}]
-            if running else []
-        )
-        records.append({
-            "rid": f"{sid}-{'r' if running else 'x'}{i if running else i - RUNNING:02d}",
-            "submit": "start" if running else ["during", 0],
-            "prompt": [i, i + 1, i + 2],
-            "max_tokens": MAX_TOKENS,
-            "observed": obs,
-            "reference": ref,
-            "reference_matches_model": True,
-            "finish_reason": "length",
-            "error": None,
-            "pauses": pauses,
-            "timings": {"submit": 0.0, "first_token": 0.1, "finish": 1.0},
-        })
+        records.append(request_record(
+            f"{sid}-{'r' if running else 'x'}{i if running else i - RUNNING:02d}", obs, ref, running=running,
+            mode=cell.mode, clear_cache=cell.clear_cache, pause_at=at, max_tokens=MAX_TOKENS,
+            prompt=[i, i + 1, i + 2], timings={"submit": 0.0, "first_token": 0.1, "finish": 1.0},
+        ))
     return records
 
 

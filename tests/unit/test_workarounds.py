@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic import request_record
 
 from harness.errors import BadInput
 from harness.matrix import Cell
@@ -37,20 +38,10 @@ def _records(cell: Cell, lose: int) -> list[dict[str, Any]]:
         ref = [100 * (i + 1) + j for j in range(MAX_TOKENS)]
         running = i < RUNNING
         obs = ref[:PAUSE_AT] + ref[PAUSE_AT + 1:] if running and i < lose else list(ref)
-        out.append({
-            "rid": f"{'r' if running else 'x'}{i:02d}",
-            "submit": "start" if running else ["during", 0],
-            "prompt": [i],
-            "max_tokens": MAX_TOKENS,
-            "observed": obs,
-            "reference": ref,
-            "reference_matches_model": True,
-            "finish_reason": "length",
-            "error": None,
-            "pauses": [{"k": 0, "mode": cell.mode, "clear_cache": cell.clear_cache, "client_tokens": PAUSE_AT,
-                        "engine_tokens": PAUSE_AT, "frozen": cell.mode == "keep"}] if running else [],
-            "timings": {},
-        })
+        out.append(request_record(
+            f"{'r' if running else 'x'}{i:02d}", obs, ref, running=running, mode=cell.mode,
+            clear_cache=cell.clear_cache, pause_at=PAUSE_AT, max_tokens=MAX_TOKENS, prompt=[i],
+        ))
     return out
 
 
