@@ -312,6 +312,10 @@ def _build_steps(uv: str, recipe: EnvRecipe, path: Path, logf: Any, t0: float) -
     base = [uv, "pip", "install", "--python", py, req, *recipe.index.uv_args()]
     if as_of:
         base += ["--exclude-newer", as_of]
+        if recipe.requirement is not None:
+            # A per-commit wheel index has no upload dates: the cutoff is for
+            # the dependencies, never for the package under test.
+            base += ["--exclude-newer-package", f"{recipe.package}=false"]
     ovfile = path / "repro-overrides.txt"
     torch_override = None
 
