@@ -276,6 +276,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def first_post_resume_tokens(c: CellResult) -> list[str]:
+    """``rid#i: expected X, observed Y`` for every request with a post-resume token (mismatches first).
+
+    Frozen requests: the token at their pause index; requests submitted during
+    the pause or after resume: their token 0.
+    """
+    rows = []
+    for r in c.requests:
+        v = r.get("verdict") or {}
+        f = v.get("first_post_resume")
+        if isinstance(f, dict):
+            bad = f.get("expected") != f.get("observed")
+            rows.append((not bad, f"{r['rid']}#{f['index']}: expected {f['expected']}, observed {f['observed']}"))
+    return [text for _, text in sorted(rows, key=lambda t: t[0])]
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     tr = terminalreporter
     pool = getattr(config, "_repro_pool", None)
@@ -290,13 +306,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr.section("vllm-repro post-resume cells")
     for c in cells:
         exp = c.expectation or {}
-        firsts = []
-        for r in c.requests:
-            v = r.get("verdict") or {}
-            f = v.get("first_post_resume")
-            if v.get("running_at_pause") and isinstance(f, dict) and f.get("expected") != f.get("observed"):
-                firsts.append(f"{r['rid']}#{f['index']}: expected {f['expected']}, observed {f['observed']}")
         line = f"{c.id}: {c.summary} [{exp.get('status', '?')}]"
+        firsts = first_post_resume_tokens(c)
         if firsts:
             line += "; first post-resume token " + "; ".join(firsts[:3]) + (" ..." if len(firsts) > 3 else "")
         tr.write_line(line)

@@ -15,6 +15,7 @@ import pytest
 
 from harness.matrix import Cell
 from harness.oracle import Outcome
+from harness.pytest_plugin import first_post_resume_tokens
 from harness.report import request_lines
 from harness.results import CellResult
 
@@ -27,6 +28,7 @@ def test_post_resume(post_resume_cell: Cell, repro_run_cell: Callable[[Cell], Ce
     exp = result.expectation or {}
     record_property("outcome", result.summary)
     record_property("expectation", exp.get("message"))
+    record_property("first_post_resume", "; ".join(first_post_resume_tokens(result)))
     if result.outcome is Outcome.UNSUPPORTED:
         pytest.skip(f"UNSUPPORTED: {result.reason}")
     if result.outcome.is_infra:
