@@ -20,6 +20,7 @@ their own environments through :class:`harness.session.EngineSession`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -40,6 +41,10 @@ from harness.runner import RunConfig, scenario_seed
 from harness.session import EngineSession, SessionDead
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
+_CELL_ID = re.compile(
+    rf"\[(?P<engine>vllm[^\]]+?-(?:{'|'.join(EXECUTORS)})-async_(?:on|off))"
+    rf"-(?:keep|wait|abort)-(?:clear|noclear)(?:-(?P<tp>tp\d+))?\]$"
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,29 +83,52 @@ def matrix_cells(config: pytest.Config) -> list[Cell]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "post_resume_cell" in metafunc.fixturenames:
-        cells = matrix_cells(metafunc.config)
-        metafunc.parametrize("post_resume_cell", cells, ids=[c.id for c in cells])
-
-
-# tryfirst: pytest-xdist turns xdist_group markers into scheduling groups in
-# its own collection hook, which must see ours.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    platform = _platform(config)
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        cell = callspec.params.get("post_resume_cell") if callspec else None
-        if not isinstance(cell, Cell):
-            continue
-        item.add_marker(pytest.mark.cpu_engine if platform == "cpu" else pytest.mark.gpu)
+    if "post_resume_cell" not in metafunc.fixturenames:
+        return
+    platform = _platform(metafunc.config)
+    params = []
+    for cell in matrix_cells(metafunc.config):
+        # Marks go on the parameters, so they exist before any collection hook:
+        # pytest-xdist's --dist loadgroup reads xdist_group in its own hook,
+        # whose order relative to a plugin's is not guaranteed (seen: pytest
+        # 9.2 ran it first, and the groups were lost).
+        marks = [pytest.mark.cpu_engine if platform == "cpu" else pytest.mark.gpu,
+                 pytest.mark.xdist_group(cell.engine.id)]
         if cell.tp > 1:
-            item.add_marker(pytest.mark.multi_gpu)
-        # pytest-xdist --dist loadgroup keeps one engine config on one worker.
-        item.add_marker(pytest.mark.xdist_group(cell.engine.id))
+            marks.append(pytest.mark.multi_gpu)
         reason = unsupported_reason(cell, platform)
         if reason:
-            item.add_marker(pytest.mark.skip(reason=f"UNSUPPORTED: {reason}"))
+            marks.append(pytest.mark.skip(reason=f"UNSUPPORTED: {reason}"))
+        params.append(pytest.param(cell, id=cell.id, marks=marks))
+    metafunc.parametrize("post_resume_cell", params)
+
+
+def engine_scope(nodeid: str) -> str:
+    """The scheduling unit of a test id: its engine config for post_resume cells, else the test itself."""
+    m = _CELL_ID.search(nodeid)
+    if m is None:
+        return nodeid
+    # vllm0.21.0-ray-v2-async_on-keep-clear[-tp2] -> vllm0.21.0-ray-v2-async_on[-tp2]
+    return m.group("engine") + (f"-{m.group('tp')}" if m.group("tp") else "")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup``: schedule post_resume items by engine config (one engine start per config).
+
+    xdist's own loadgroup relies on renaming items from their xdist_group
+    marker, which pytest 9.2 no longer honours (both workers then started
+    every engine); grouping here works from the test id alone.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return engine_scope(nodeid.split("@", 1)[0])
+
+    return EngineScheduling(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)
