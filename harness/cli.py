@@ -258,10 +258,7 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         clear_caches=parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
     )
     plan = plan_matrix(sel, platform)
-    reports: Path = args.reports
-    reports.mkdir(parents=True, exist_ok=True)
-    jsonl = reports / "results.jsonl"
-    jsonl.unlink(missing_ok=True)
+    reports, jsonl = _fresh_log(args.reports, "results.jsonl")
     console = Console(stderr=True)
     n_cells = len(plan.cells)
     console.print(f"[bold]vllm-repro[/] {n_cells} cells on {platform}: {len(plan.engines)} engine(s) to start, "
@@ -294,6 +291,14 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     if args.strict and any(c.outcome.is_token_fault for c in results.cells):
         return 1
     return 0
+
+
+def _fresh_log(reports: Path, name: str) -> tuple[Path, Path]:
+    """The reports folder (created) and an emptied JSONL log in it, appended to as results come."""
+    reports.mkdir(parents=True, exist_ok=True)
+    log = reports / name
+    log.unlink(missing_ok=True)
+    return reports, log
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -382,10 +387,7 @@ def cmd_bisect(args: argparse.Namespace, argv: list[str]) -> int:
         versions, prebuilt = _versions(args, platform, index.index_url)
         candidates = list(versions)
 
-    reports: Path = args.reports
-    reports.mkdir(parents=True, exist_ok=True)
-    jsonl = reports / "probes.jsonl"
-    jsonl.unlink(missing_ok=True)
+    reports, jsonl = _fresh_log(args.reports, "probes.jsonl")
     console = Console(stderr=True)
     console.print(f"[bold]bisect[/] --find {args.find} over {len(candidates)} {noun}s "
                   f"({candidates[0]} .. {candidates[-1]}), cell: {template.label}")
@@ -440,10 +442,7 @@ def cmd_workarounds(args: argparse.Namespace, argv: list[str]) -> int:
     versions, prebuilt = _versions(args, platform, index.index_url)
     cells = [c for w in ledger for v in versions for c in w.cells(v)]
     plan = plan_cells(cells, platform)
-    reports: Path = args.reports
-    reports.mkdir(parents=True, exist_ok=True)
-    jsonl = reports / "results.jsonl"
-    jsonl.unlink(missing_ok=True)
+    reports, jsonl = _fresh_log(args.reports, "results.jsonl")
     console = Console(stderr=True)
     console.print(f"[bold]workarounds check[/]: {len(ledger)} workaround(s) x {len(versions)} version(s): "
                   f"{len(plan.engines)} engine(s)")
