@@ -35,9 +35,9 @@ from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env, inde
 from harness.errors import BadInput, EnvBuildError
 from harness.known_bugs import KnownBug, annotate, load_known_bugs
 from harness.matrix import EXECUTORS, Cell, EngineKey, Selection, parse_choices, parse_versions, unsupported_reason
-from harness.oracle import Outcome, cell_verdict
-from harness.results import CellResult, Results, ResultsLog, infra_result, judged_result, read_results
-from harness.runner import RunConfig, scenario_seed
+from harness.oracle import Outcome
+from harness.results import CellResult, Results, ResultsLog, infra_result, read_results
+from harness.runner import RunConfig, engine_info, scenario_result, scenario_seed
 from harness.session import EngineSession, SessionDead
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
@@ -212,7 +212,7 @@ class EnginePool:
                 Outcome.TIMEOUT if s.startswith("TIMEOUT") else Outcome.ERROR)
             res = infra_result(cell, outcome, s)
         else:
-            info = _engine_info(s.engine_event or {})
+            info = engine_info(s.engine_event or {})
             try:
                 ev = s.run(sc)
             except SessionDead as exc:
@@ -220,7 +220,7 @@ class EnginePool:
                 outcome = Outcome.TIMEOUT if str(exc).startswith("TIMEOUT") else Outcome.ERROR
                 res = infra_result(cell, outcome, str(exc), info)
             else:
-                res = _result(cell, ev, info)
+                res = scenario_result(cell, ev, info)
                 if ev.get("status") == "timeout" and not ev.get("engine_recovered"):
                     # The engine's state is unknown after a timeout: the next
                     # scenario gets a fresh engine.
@@ -249,20 +249,6 @@ class EnginePool:
 
 def _gpu_count() -> int:
     return len([p for p in Path("/dev").glob("nvidia[0-9]*")])
-
-
-def _engine_info(ev: dict[str, Any]) -> dict[str, Any]:
-    keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-            "requested", "effective", "startup_s", "probe")
-    return {k: ev.get(k) for k in keep}
-
-
-def _result(cell: Cell, ev: dict[str, Any], info: dict[str, Any]) -> CellResult:
-    status = ev.get("status")
-    if status == "ran":
-        return judged_result(cell, cell_verdict(ev["records"]), ev["records"], info, ev.get("duration_s"))
-    outcome = {"unsupported": Outcome.UNSUPPORTED, "timeout": Outcome.TIMEOUT}.get(str(status), Outcome.ERROR)
-    return infra_result(cell, outcome, ev.get("reason", str(status)), info)
 
 
 @pytest.fixture(scope="session")

@@ -180,7 +180,8 @@ class EventTail:
         return out
 
 
-def _engine_info(ev: dict[str, Any]) -> dict[str, Any]:
+def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
+    """The facts of an ``engine`` event kept in every cell result."""
     keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
             "requested", "effective", "startup_s", "probe")
     return {k: ev.get(k) for k in keep}
@@ -208,7 +209,7 @@ def run_engine(
     spec_path.write_text(json.dumps(engine_spec(engine, cells, cfg), indent=2))
     by_scenario = {c.scenario_id: c for c in cells}
     results: dict[str, CellResult] = {}
-    engine_info: dict[str, Any] | None = None
+    info: dict[str, Any] | None = None
     fatal: str | None = None
     tail = EventTail(events_path)
     t0 = time.monotonic()
@@ -229,10 +230,10 @@ def run_engine(
                 for ev in tail.read():
                     kind = ev.get("event")
                     if kind == "engine":
-                        engine_info = _engine_info(ev)
+                        info = engine_info(ev)
                     elif kind == "scenario" and ev.get("id") in by_scenario:
                         cell = by_scenario[ev["id"]]
-                        results[ev["id"]] = _scenario_result(cell, ev, engine_info)
+                        results[ev["id"]] = scenario_result(cell, ev, info)
                     elif kind == "fatal":
                         fatal = ev.get("reason")
                     if on_event is not None:
@@ -254,22 +255,23 @@ def run_engine(
         elif timed_out:
             out.append(infra_result(c, Outcome.TIMEOUT,
                                     f"engine {engine.id} exceeded its {cfg.engine_timeout:.0f}s limit "
-                                    f"before this scenario finished; log: {log_path}", engine_info))
+                                    f"before this scenario finished; log: {log_path}", info))
         else:
             why = fatal or f"engine process exited with code {rc}"
             out.append(infra_result(c, Outcome.ERROR,
                                     f"{why} before this scenario reported; last log lines: {log_tail(log_path)}",
-                                    engine_info))
+                                    info))
     return out
 
 
-def _scenario_result(cell: Cell, ev: dict[str, Any], engine_info: dict[str, Any] | None) -> CellResult:
+def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None) -> CellResult:
+    """A ``scenario`` event judged into a cell result (infrastructure outcomes keep their reason)."""
     status = ev.get("status")
     if status == "ran":
         verdict = cell_verdict(ev["records"])
-        return judged_result(cell, verdict, ev["records"], engine_info, ev.get("duration_s"))
+        return judged_result(cell, verdict, ev["records"], info, ev.get("duration_s"))
     if status == "unsupported":
-        return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), engine_info)
+        return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), info)
     if status == "timeout":
-        return infra_result(cell, Outcome.TIMEOUT, ev.get("reason", "timeout"), engine_info)
-    return infra_result(cell, Outcome.ERROR, ev.get("reason", f"scenario status {status!r}"), engine_info)
+        return infra_result(cell, Outcome.TIMEOUT, ev.get("reason", "timeout"), info)
+    return infra_result(cell, Outcome.ERROR, ev.get("reason", f"scenario status {status!r}"), info)
