@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import signal
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -27,19 +29,25 @@ from harness.envs import (
     prune_envs,
 )
 from harness.errors import BadInput, EnvBuildError, ReproError
+from harness.faults import FAULTS, parse_inject, sensitivity_failures
+from harness.gpus import visible_gpus
 from harness.matrix import (
     EXECUTORS,
     MODES,
     ON_OFF,
     PLATFORMS,
+    SCENARIOS,
     TRUE_FALSE,
     Selection,
     parse_bools,
     parse_choices,
+    parse_tps,
     parse_versions,
-    plan_matrix,
+    plan_cells,
 )
-from harness.results import ResultsLog, read_results
+from harness.oracle import Outcome
+from harness.results import Results, ResultsLog, read_results
+from harness.resume import RUN_FILE, resume_state, rewrite_log, run_record
 from harness.runner import RunConfig
 from harness.versions import INSTALLED
 
@@ -134,8 +142,24 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--async", dest="async_", metavar="ASYNC", help="async scheduling: on, off or both (default)")
     m.add_argument("--mode", help=f"pause modes: {','.join(MODES)} or all (default: all)")
     m.add_argument("--clear-cache", help="clear_cache: true, false or both (default)")
+    m.add_argument("--tp", help="tensor-parallel sizes, e.g. 1,2 (default: 1 on cpu; 1,2 on cuda, where TP=2 cells "
+                                "are UNSUPPORTED unless 2 GPUs are visible)")
+    m.add_argument("--scenario", help=f"scenarios: {','.join(SCENARIOS)} or all (default: all); weight-sync is "
+                                      "the RLHF flow (keep pause, swap weights, resume), keep mode only")
+    m.add_argument("--weight-transfer", default="auto", choices=("auto", "reload", "nccl"),
+                   help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on another GPU "
+                        "sends them), auto = nccl on cuda with 2+ GPUs, else reload")
     _add_run_options(m, reports="reports")
     m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
+    m.add_argument("--inject", action="append", metavar="FAULT",
+                   help=f"deliberately inject a fault ({', '.join(FAULTS)}); vllm#42043 re-introduces the bug into "
+                        "a fixed vLLM as a sensitivity self-test: exit 1 unless every cell it covers shows it. "
+                        "Every report of such a run says so")
+    m.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run every cell N times on its engine; a cell whose runs disagree is FLAKY (default 1)")
+    m.add_argument("--resume", action="store_true",
+                   help="continue the run in --reports: keep its finished cells, run the missing, ERROR and TIMEOUT "
+                        "ones (the selection and settings must match)")
     _add_index_options(m)
 
     bs = sub.add_parser(
@@ -247,7 +271,16 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
 
     platform = _platform(args.platform)
     cache = args.cache_dir or default_cache_dir()
-    cfg = _run_config(args, platform, cache)
+    inject = parse_inject(args.inject)
+    if args.repeat < 1:
+        raise BadInput(f"--repeat must be at least 1, got {args.repeat}")
+    n_gpus = len(visible_gpus()) if platform == "cuda" else None
+    transfer = args.weight_transfer
+    if transfer == "auto":
+        transfer = "nccl" if platform == "cuda" and (n_gpus or 0) >= 2 else "reload"
+    elif transfer == "nccl" and platform != "cuda":
+        raise BadInput("--weight-transfer nccl needs CUDA GPUs; use reload (or auto) on cpu")
+    cfg = replace(_run_config(args, platform, cache), inject=inject, repeat=args.repeat, weight_transfer=transfer)
     index = _index(args)
     versions, prebuilt = _versions(args, platform, index.index_url)
     sel = Selection(
@@ -256,13 +289,29 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         asyncs=parse_bools("async setting", args.async_, ON_OFF, (False, True)),
         modes=parse_choices("mode", args.mode, MODES, MODES),
         clear_caches=parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
+        tps=parse_tps(args.tp, platform),
+        scenarios=parse_choices("scenario", args.scenario, SCENARIOS, SCENARIOS),
     )
-    plan = plan_matrix(sel, platform)
-    reports, jsonl = _fresh_log(args.reports, "results.jsonl")
     console = Console(stderr=True)
-    n_cells = len(plan.cells)
+    run_doc = run_record(sel, cfg, platform)
+    if args.resume:
+        kept = resume_state(args.reports, run_doc)
+        reports, jsonl = args.reports, args.reports / "results.jsonl"
+        rewrite_log(jsonl, kept)
+        console.print(f"[bold]resuming[/] {args.reports}: {len(kept)} finished cell(s) kept")
+    else:
+        kept = []
+        reports, jsonl = _fresh_log(args.reports, "results.jsonl")
+    (reports / RUN_FILE).write_text(json.dumps(run_doc, indent=2) + "\n")
+    done_ids = {r.id for r in kept}
+    plan = plan_cells([c for c in sel.cells() if c.id not in done_ids], platform, n_gpus)
+    if inject:
+        console.print(f"[bold red]FAULT INJECTION[/]: {', '.join(f'{f} ({FAULTS[f]})' for f in inject)}; the "
+                      "results of this run do not describe upstream vLLM")
+    n_cells = len(plan.cells) + len(kept)
     console.print(f"[bold]vllm-repro[/] {n_cells} cells on {platform}: {len(plan.engines)} engine(s) to start, "
                   f"{len(plan.unsupported)} unsupported; results stream to {jsonl}")
+    counter = {"done": len(kept)}
     counter = {"done": 0}
 
     def on_progress(p: Progress) -> None:
@@ -282,15 +331,30 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     with _interruptible(console, f"results of finished cells are in {jsonl}"):
         results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
                              on_progress=on_progress, argv=argv, prebuilt=prebuilt)
+    if kept:
+        order = {c.id: i for i, c in enumerate(sel.cells())}
+        merged = sorted([*kept, *results.cells], key=lambda r: order.get(r.id, len(order)))
+        results = Results(tuple(merged), {**results.meta, "resumed": {"kept": len(kept)},
+                                          "engine_starts": results.meta.get("engine_starts")})
     paths = write_reports(results, reports)
     render_terminal(results, _stdout_console())
     console.print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
+    rc = 0
+    if inject:
+        failures = sensitivity_failures(results)
+        if failures:
+            console.print("[bold red]SENSITIVITY SELF-TEST FAILED[/]: the injected bug was not seen where it must be:")
+            for f in failures:
+                console.print(f"  {escape(f)}")
+            rc = 1
+        elif "vllm#42043" in inject:
+            console.print("[bold green]sensitivity self-test passed[/]: every cell the injected bug covers shows it")
     outcomes = [c.outcome.value for c in results.cells]
     if any(o in ("ERROR", "TIMEOUT", "BUILD-FAILED") for o in outcomes):
         return 1
-    if args.strict and any(c.outcome.is_token_fault for c in results.cells):
+    if args.strict and any(c.outcome.is_token_fault or c.outcome is Outcome.FLAKY for c in results.cells):
         return 1
-    return 0
+    return rc
 
 
 def _fresh_log(reports: Path, name: str) -> tuple[Path, Path]:
@@ -417,7 +481,6 @@ def cmd_workarounds(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.console import Console
 
     from harness.execute import run_matrix
-    from harness.matrix import plan_cells
     from harness.report import write_reports
     from harness.workarounds import judge, load_ledger
 

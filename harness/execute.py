@@ -14,6 +14,7 @@ from typing import Any
 from harness import __version__
 from harness.envs import EnvRecipe, IndexConfig, VllmEnv, ensure_env, package_for
 from harness.errors import EnvBuildError
+from harness.faults import bugs_with_injection
 from harness.known_bugs import annotate, load_known_bugs
 from harness.matrix import Cell, EngineKey, MatrixPlan
 from harness.oracle import Outcome
@@ -62,7 +63,8 @@ def run_matrix(
     started = datetime.now().astimezone()
     done: list[CellResult] = []
 
-    bugs = load_known_bugs()
+    # With --inject the injected bug covers every version: its cells must show it (the self-test).
+    bugs = bugs_with_injection(cfg.inject) if cfg.inject else load_known_bugs()
 
     def record(res: CellResult) -> None:
         res = annotate(res, bugs)
@@ -103,6 +105,8 @@ def run_matrix(
         "argv": argv or [],
         "envs": envs,
         "engine_starts": len(plan.engines),
+        "inject": list(cfg.inject),
+        "repeat": cfg.repeat,
     }
     return Results(tuple(sorted(done, key=lambda r: order.get(r.id, 0))), meta)
 
@@ -137,5 +141,4 @@ def _run_versions(
                 if on_event is not None:
                     on_event(k, ev)
 
-            for res in run_engine(env, key, cells, cfg, on_event=relay):
-                record(res)
+            run_engine(env, key, cells, cfg, on_event=relay, on_result=record)

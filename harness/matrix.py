@@ -15,6 +15,11 @@ from harness.versions import Fetch, resolve_versions
 
 EXECUTORS = ("mp", "uni", "ray-v1", "ray-v2")
 MODES = ("keep", "wait", "abort")
+# "pause": pause in a mode, resume, check every token.  "weight-sync": the RLHF
+# flow of upstream's examples/rl/rlhf_async_new_apis.py (keep pause, swap the
+# weights to a second bigram-cycle checkpoint, resume); keep mode only.
+SCENARIOS = ("pause", "weight-sync")
+SCENARIO_MODES = {"pause": MODES, "weight-sync": ("keep",)}
 PLATFORMS = ("cpu", "cuda")
 ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
@@ -45,6 +50,7 @@ class Cell:
     mode: str
     clear_cache: bool
     tp: int = 1
+    scenario: str = "pause"
 
     @property
     def engine(self) -> EngineKey:
@@ -52,15 +58,22 @@ class Cell:
 
     @property
     def scenario_id(self) -> str:
-        return f"{self.mode}-{'clear' if self.clear_cache else 'noclear'}"
+        base = f"{self.mode}-{'clear' if self.clear_cache else 'noclear'}"
+        return base if self.scenario == "pause" else f"{self.scenario.replace('-', '_')}-{base}"
 
     @property
     def id(self) -> str:
         tp = f"-tp{self.tp}" if self.tp != 1 else ""
+        extra = "" if self.scenario == "pause" else f"-{self.scenario.replace('-', '_')}"
         return (
             f"vllm{self.version}-{self.executor}-async_{'on' if self.async_on else 'off'}"
-            f"-{self.mode}-{'clear' if self.clear_cache else 'noclear'}{tp}"
+            f"-{self.mode}-{'clear' if self.clear_cache else 'noclear'}{tp}{extra}"
         )
+
+    @property
+    def config_id(self) -> str:
+        """The id without the version: one row of a history heat-map or a comparison."""
+        return self.id.split("-", 1)[1]
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -70,6 +83,7 @@ class Cell:
             "mode": self.mode,
             "clear_cache": self.clear_cache,
             "tp": self.tp,
+            "scenario": self.scenario,
         }
 
     @classmethod
@@ -81,6 +95,7 @@ class Cell:
             mode=str(d["mode"]),
             clear_cache=bool(d["clear_cache"]),
             tp=int(d.get("tp", 1)),  # type: ignore[arg-type]
+            scenario=str(d.get("scenario", "pause")),
         )
 
 
@@ -92,16 +107,19 @@ class Selection:
     modes: tuple[str, ...] = MODES
     clear_caches: tuple[bool, ...] = (True, False)
     tps: tuple[int, ...] = (1,)
+    scenarios: tuple[str, ...] = ("pause",)
 
     def cells(self) -> list[Cell]:
         return [
-            Cell(v, e, a, m, c, t)
+            Cell(v, e, a, m, c, t, s)
             for v in self.versions
             for e in self.executors
             for a in self.asyncs
-            for m in self.modes
-            for c in self.clear_caches
             for t in self.tps
+            for s in self.scenarios
+            for m in self.modes
+            if m in SCENARIO_MODES[s]
+            for c in self.clear_caches
         ]
 
 
@@ -117,8 +135,17 @@ class MatrixPlan:
         return [c for _, cs in self.engines for c in cs] + [c for c, _ in self.unsupported]
 
 
-def unsupported_reason(cell: Cell, platform: str) -> str | None:
-    """Why ``platform`` cannot run ``cell`` as labelled, or None if it can."""
+def unsupported_reason(cell: Cell, platform: str, n_gpus: int | None = None) -> str | None:
+    """Why ``platform`` cannot run ``cell`` as labelled, or None if it can.
+
+    ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check).
+    """
+    if cell.scenario not in SCENARIOS:
+        return f"unknown scenario {cell.scenario!r}"
+    if cell.mode not in SCENARIO_MODES[cell.scenario]:
+        return f"the {cell.scenario} scenario pauses in {'/'.join(SCENARIO_MODES[cell.scenario])} mode only"
+    if platform == "cuda" and n_gpus is not None and cell.tp > n_gpus:
+        return f"tensor_parallel_size={cell.tp} needs {cell.tp} GPUs, {n_gpus} visible"
     if platform == "cpu":
         if cell.executor in ("ray-v1", "ray-v2"):
             return "Ray executors do not run on vLLM's CPU platform"
@@ -136,19 +163,19 @@ def unsupported_reason(cell: Cell, platform: str) -> str | None:
     return None
 
 
-def plan_matrix(selection: Selection, platform: str) -> MatrixPlan:
+def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) -> MatrixPlan:
     """Split the selection into engines to start and unsupported cells."""
-    return plan_cells(selection.cells(), platform)
+    return plan_cells(selection.cells(), platform, n_gpus)
 
 
-def plan_cells(cells: list[Cell], platform: str) -> MatrixPlan:
+def plan_cells(cells: list[Cell], platform: str, n_gpus: int | None = None) -> MatrixPlan:
     """Like :func:`plan_matrix` for an explicit list of cells (duplicates dropped)."""
     if platform not in PLATFORMS:
         raise bad_choice("platform", platform, PLATFORMS)
     groups: dict[EngineKey, list[Cell]] = {}
     unsupported: list[tuple[Cell, str]] = []
     for cell in dict.fromkeys(cells):
-        reason = unsupported_reason(cell, platform)
+        reason = unsupported_reason(cell, platform, n_gpus)
         if reason:
             unsupported.append((cell, reason))
         else:
@@ -193,6 +220,20 @@ def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: t
     if not out:
         raise BadInput(f"empty {what}; valid choices: {', '.join((*mapping, 'both'))}")
     return tuple(dict.fromkeys(out))
+
+
+def parse_tps(raw: str | None, platform: str) -> tuple[int, ...]:
+    """``--tp 1,2``: tensor-parallel sizes (default 1 on cpu, 1 and 2 on cuda)."""
+    if raw is None:
+        return (1, 2) if platform == "cuda" else (1,)
+    out: list[int] = []
+    for it in _split(raw):
+        if not it.isdigit() or int(it) < 1:
+            raise BadInput(f"invalid tensor-parallel size {it!r} in --tp {raw!r}; use positive integers like 1,2")
+        out.append(int(it))
+    if not out:
+        raise BadInput("empty --tp; use positive integers like 1,2")
+    return tuple(sorted(set(out)))
 
 
 def parse_versions(

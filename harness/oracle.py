@@ -31,6 +31,7 @@ class Outcome(enum.Enum):
     TIMEOUT = "TIMEOUT"
     UNSUPPORTED = "UNSUPPORTED"
     BUILD_FAILED = "BUILD-FAILED"  # the vLLM environment could not be built
+    FLAKY = "FLAKY"  # --repeat N: the runs of one cell disagree (fractions in CellResult.repeats)
 
     @property
     def rank(self) -> int:
@@ -53,10 +54,11 @@ _RANK = {
     Outcome.DUPLICATE: 2,
     Outcome.LOSS: 3,
     Outcome.DIVERGED: 4,
-    Outcome.UNSUPPORTED: 5,
-    Outcome.BUILD_FAILED: 6,
-    Outcome.ERROR: 7,
-    Outcome.TIMEOUT: 8,
+    Outcome.FLAKY: 5,
+    Outcome.UNSUPPORTED: 6,
+    Outcome.BUILD_FAILED: 7,
+    Outcome.ERROR: 8,
+    Outcome.TIMEOUT: 9,
 }
 
 

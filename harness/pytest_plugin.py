@@ -33,17 +33,27 @@ import pytest
 from harness.cli import detect_platform
 from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env, index_config_from_env, package_for
 from harness.errors import BadInput, EnvBuildError
+from harness.gpus import GpuLease, GpuLeaseError, lease_gpus, visible_gpus
 from harness.known_bugs import KnownBug, annotate, load_known_bugs
-from harness.matrix import EXECUTORS, Cell, EngineKey, Selection, parse_choices, parse_versions, unsupported_reason
+from harness.matrix import (
+    EXECUTORS,
+    SCENARIOS,
+    Cell,
+    EngineKey,
+    Selection,
+    parse_choices,
+    parse_versions,
+    unsupported_reason,
+)
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result, read_results
-from harness.runner import RunConfig, engine_info, scenario_result, scenario_seed
+from harness.runner import RunConfig, engine_info, scenario_entry, scenario_result
 from harness.session import EngineSession, SessionDead
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
 _CELL_ID = re.compile(
     rf"\[(?P<engine>vllm[^\]]+?-(?:{'|'.join(EXECUTORS)})-async_(?:on|off))"
-    rf"-(?:keep|wait|abort)-(?:clear|noclear)(?:-(?P<tp>tp\d+))?\]$"
+    rf"-(?:keep|wait|abort)-(?:clear|noclear)(?:-(?P<tp>tp\d+))?(?:-[a-z_]+)?\]$"
 )
 
 
@@ -79,7 +89,10 @@ def matrix_cells(config: pytest.Config) -> list[Cell]:
         executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
-    return Selection(versions=versions, executors=executors).cells()
+    # TP=2 only where two GPUs are visible (the cells are generated anyway and
+    # skip as UNSUPPORTED with the reason when fewer are).
+    tps = (1, 2) if platform == "cuda" else (1,)
+    return Selection(versions=versions, executors=executors, tps=tps, scenarios=SCENARIOS).cells()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -96,7 +109,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                  pytest.mark.xdist_group(cell.engine.id)]
         if cell.tp > 1:
             marks.append(pytest.mark.multi_gpu)
-        reason = unsupported_reason(cell, platform)
+        reason = unsupported_reason(cell, platform, len(visible_gpus()) if platform == "cuda" else None)
         if reason:
             marks.append(pytest.mark.skip(reason=f"UNSUPPORTED: {reason}"))
         params.append(pytest.param(cell, id=cell.id, marks=marks))
@@ -164,6 +177,7 @@ class EnginePool:
         self.bugs: tuple[KnownBug, ...] = load_known_bugs(config.getoption("known_bugs"))
         self.log = ResultsLog(self.run_dir / f"results.{worker}.jsonl")
         self.hangs: list[tuple[str, str]] = []
+        self.leases: dict[EngineKey, GpuLease] = {}
 
     def _env(self, version: str) -> VllmEnv | str:
         if version not in self.envs:
@@ -175,17 +189,23 @@ class EnginePool:
                 self.envs[version] = str(exc)
         return self.envs[version]
 
-    def _gpu_env(self, key: EngineKey) -> dict[str, str]:
-        # Disjoint GPU sets per xdist worker: gwN gets GPUs [N*tp, N*tp+tp).
-        if self.platform != "cuda" or not self.worker.startswith("gw"):
-            return {}
-        n = int(self.worker[2:])
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(_gpu_count())]
-        if not ids:
-            return {}
-        chosen = [ids[(n * key.tp + i) % len(ids)] for i in range(key.tp)]
-        return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
+    def _lease(self, key: EngineKey) -> GpuLease | None:
+        # Disjoint GPU sets across xdist workers: per-GPU file locks shared by
+        # every worker of this run; a TP=2 engine holds two.  This worker's
+        # other engines are stopped first (their items ran: items are grouped
+        # by engine), so a worker never waits on GPUs it holds itself.
+        if self.platform != "cuda":
+            return None
+        for other, s in list(self.sessions.items()):
+            if other != key and isinstance(s, EngineSession):
+                s.close()
+                del self.sessions[other]  # started again should a later item need it
+                lease = self.leases.pop(other, None)
+                if lease:
+                    lease.release()
+        lease = lease_gpus(key.tp, self.run_dir / "gpu-locks", visible_gpus(), timeout=self.cfg.engine_timeout)
+        self.leases[key] = lease
+        return lease
 
     def session(self, key: EngineKey) -> EngineSession | str:
         """The running session for ``key``, or why it could not start."""
@@ -194,7 +214,12 @@ class EnginePool:
             if isinstance(env, str):
                 self.sessions[key] = f"BUILD-FAILED: {env}"
             else:
-                s = EngineSession(env, key, self.cfg, extra_env=self._gpu_env(key))
+                try:
+                    lease = self._lease(key)
+                except GpuLeaseError as exc:
+                    self.sessions[key] = f"ERROR: {exc}"
+                    return self.sessions[key]
+                s = EngineSession(env, key, self.cfg, extra_env=lease.env if lease else None)
                 try:
                     s.start()
                     self.sessions[key] = s
@@ -204,8 +229,7 @@ class EnginePool:
 
     def run_cell(self, cell: Cell, scenario: dict[str, Any] | None = None) -> CellResult:
         """Run ``cell``'s scenario (or ``scenario``) on the shared engine; judge and log it."""
-        sc = scenario or {"id": cell.scenario_id, "scenario": cell.mode, "params": {"clear_cache": cell.clear_cache},
-                          "seed": scenario_seed(cell.scenario_id)}
+        sc = scenario or scenario_entry(cell, self.cfg)
         s = self.session(cell.engine)
         if isinstance(s, str):
             outcome = Outcome.BUILD_FAILED if s.startswith("BUILD-FAILED") else (
@@ -245,10 +269,8 @@ class EnginePool:
         for s in self.sessions.values():
             if isinstance(s, EngineSession):
                 s.close()
-
-
-def _gpu_count() -> int:
-    return len([p for p in Path("/dev").glob("nvidia[0-9]*")])
+        for lease in self.leases.values():
+            lease.release()
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ OUTCOME_STYLES = {
     Outcome.ERROR: "magenta",
     Outcome.TIMEOUT: "magenta",
     Outcome.BUILD_FAILED: "magenta",
+    Outcome.FLAKY: "bold magenta",
 }
 
 

@@ -30,6 +30,8 @@ class CellResult:
     # Comparison with the known-bug table: {"status": "as expected"|"UNEXPECTED"|"not run",
     # "expected": "LOSS(1)", "bug": "vllm#42043", "message": ...}
     expectation: dict[str, Any] | None = None
+    # --repeat N: {"n": N, "outcomes": {"OK": 4, "LOSS": 1}, "fractions": {...}, "runs": [summary, ...]}
+    repeats: dict[str, Any] | None = None
 
     @property
     def id(self) -> str:
@@ -47,6 +49,7 @@ class CellResult:
             "engine": self.engine,
             "duration_s": self.duration_s,
             "expectation": self.expectation,
+            "repeats": self.repeats,
         }
 
     @classmethod
@@ -61,6 +64,7 @@ class CellResult:
             engine=d.get("engine"),
             duration_s=d.get("duration_s"),
             expectation=d.get("expectation"),
+            repeats=d.get("repeats"),
         )
 
 

@@ -44,6 +44,11 @@ class RunConfig:
     scenario_params: dict[str, Any] = field(default_factory=dict)
     gpu_memory_utilization: float | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Faults re-introduced on purpose (``--inject vllm#42043``): the sensitivity
+    # self-test.  Empty unless the user asked; every report states it.
+    inject: tuple[str, ...] = ()
+    repeat: int = 1  # runs of every cell's scenario on its engine (--repeat)
+    weight_transfer: str = "reload"  # weight-sync scenario: "reload" (in place) or "nccl" (trainer process)
 
 
 def stage_repro(dst: Path) -> Path:
@@ -83,16 +88,26 @@ def engine_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> d
         "model": {"kind": "bigram-cycle", "params": cfg.model_params},
         "model_cache": str(cfg.model_cache.resolve()),
         "scenario_timeout": cfg.scenario_timeout,
-        "scenarios": [
-            {
-                "id": c.scenario_id,
-                "scenario": c.mode,
-                "params": {**cfg.scenario_params, "clear_cache": c.clear_cache},
-                "seed": scenario_seed(c.scenario_id),
-            }
-            for c in cells
-        ],
+        "scenarios": [scenario_entry(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells],
     }
+
+
+def repeat_id(scenario_id: str, rep: int) -> str:
+    """Scenario id of run ``rep`` (1-based) of a cell: the first run keeps the plain id."""
+    return scenario_id if rep == 1 else f"{scenario_id}#{rep}"
+
+
+def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
+    """The spec entry ``repro.cell`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
+    params: dict[str, Any] = {**cfg.scenario_params, "clear_cache": cell.clear_cache}
+    if cell.scenario == "pause":
+        name = cell.mode
+    else:
+        name = cell.scenario.replace("-", "_")
+        params.update(mode=cell.mode, weight_transfer=cfg.weight_transfer)
+    # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
+    return {"id": repeat_id(cell.scenario_id, rep), "scenario": name, "params": params,
+            "seed": scenario_seed(cell.scenario_id)}
 
 
 def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path) -> dict[str, str]:
@@ -109,6 +124,8 @@ def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path) -> dict[str,
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
     if engine.executor in ("ray-v1", "ray-v2"):
         env["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"] = "1" if engine.executor == "ray-v2" else "0"
+    # Never inherited: a fault is injected only when this run asked for it.
+    env["VLLM_REPRO_INJECT"] = ",".join(cfg.inject)
     env.update(cfg.extra_env)
     return env
 
@@ -195,10 +212,21 @@ def log_tail(path: Path, n: int = 8) -> str:
     return " | ".join(ln.strip()[:200] for ln in lines[-n:])
 
 
+ResultHook = Callable[[CellResult], None]
+
+
 def run_engine(
-    env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_event: EventHook | None = None
+    env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_event: EventHook | None = None,
+    on_result: ResultHook | None = None,
 ) -> list[CellResult]:
-    """Start one engine for ``cells`` and return one result per cell, whatever happens to the engine."""
+    """Start one engine for ``cells`` and return one result per cell, whatever happens to the engine.
+
+    ``on_result`` gets each cell's result as soon as it is known (all its
+    ``cfg.repeat`` runs folded into one), so a caller can log it before the
+    engine's other scenarios finish.
+    """
+    from harness.repeat import aggregate
+
     # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
     wd = (cfg.work_dir / "engines" / engine.id).resolve()
     if wd.exists():
@@ -207,13 +235,21 @@ def run_engine(
     stage = stage_repro(wd / "pkg")
     spec_path, events_path, log_path = wd / "spec.json", wd / "events.jsonl", wd / "engine.log"
     spec_path.write_text(json.dumps(engine_spec(engine, cells, cfg), indent=2))
-    by_scenario = {c.scenario_id: c for c in cells}
-    results: dict[str, CellResult] = {}
+    by_scenario = {repeat_id(c.scenario_id, rep): c for c in cells for rep in range(1, cfg.repeat + 1)}
+    runs: dict[Cell, list[CellResult]] = {c: [] for c in cells}
+    results: dict[Cell, CellResult] = {}
     info: dict[str, Any] | None = None
     fatal: str | None = None
+    refused: str | None = None  # the engine cannot run these cells as labelled (e.g. injection not applied)
     tail = EventTail(events_path)
     t0 = time.monotonic()
     timed_out = False
+
+    def done(cell: CellResult) -> None:
+        results[cell.cell] = cell
+        if on_result is not None:
+            on_result(cell)
+
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(
             [str(env.python), "-m", "repro.cell", str(spec_path), str(events_path)],
@@ -231,9 +267,14 @@ def run_engine(
                     kind = ev.get("event")
                     if kind == "engine":
                         info = engine_info(ev)
-                    elif kind == "scenario" and ev.get("id") in by_scenario:
+                        refused = injection_problem(info, cfg.inject)
+                        if refused:
+                            finished = True  # nothing this engine reports can count
+                    elif kind == "scenario" and ev.get("id") in by_scenario and not refused:
                         cell = by_scenario[ev["id"]]
-                        results[ev["id"]] = scenario_result(cell, ev, info)
+                        runs[cell].append(scenario_result(cell, ev, info))
+                        if len(runs[cell]) == cfg.repeat:
+                            done(aggregate(runs[cell]))
                     elif kind == "fatal":
                         fatal = ev.get("reason")
                     if on_event is not None:
@@ -248,20 +289,43 @@ def run_engine(
             kill_group(proc.pid)
             proc.wait()
     rc = proc.returncode
-    out = []
     for c in cells:
-        if c.scenario_id in results:
-            out.append(results[c.scenario_id])
+        if c in results:
+            continue
+        if refused:
+            res = infra_result(c, Outcome.UNSUPPORTED, refused, info)
         elif timed_out:
-            out.append(infra_result(c, Outcome.TIMEOUT,
-                                    f"engine {engine.id} exceeded its {cfg.engine_timeout:.0f}s limit "
-                                    f"before this scenario finished; log: {log_path}", info))
+            res = infra_result(c, Outcome.TIMEOUT,
+                               f"engine {engine.id} exceeded its {cfg.engine_timeout:.0f}s limit "
+                               f"before this scenario finished; log: {log_path}", info)
         else:
             why = fatal or f"engine process exited with code {rc}"
-            out.append(infra_result(c, Outcome.ERROR,
-                                    f"{why} before this scenario reported; last log lines: {log_tail(log_path)}",
-                                    info))
-    return out
+            res = infra_result(c, Outcome.ERROR,
+                               f"{why} before this scenario reported; last log lines: {log_tail(log_path)}", info)
+        if runs[c]:
+            # Some repeats ran: keep them, the missing runs count as this outcome.
+            res = aggregate([*runs[c], *[res] * (cfg.repeat - len(runs[c]))])
+        done(res)
+    return [results[c] for c in cells]
+
+
+def injection_problem(info: dict[str, Any] | None, requested: tuple[str, ...]) -> str | None:
+    """Why an engine's cells cannot count when faults were injected on request, or None.
+
+    The engine core must report every requested fault as applied; a version
+    whose code the injector does not recognise is not silently run un-injected.
+    """
+    if not requested:
+        return None
+    inj = ((info or {}).get("probe") or {}).get("inject")
+    if not isinstance(inj, dict):
+        return f"fault injection {','.join(requested)} requested but the engine did not report it applied"
+    applied = inj.get("applied") or {}
+    missing = [f for f in requested if f not in applied]
+    if missing:
+        why = inj.get("error") or inj.get("reasons") or "no reason given"
+        return f"fault injection {','.join(missing)} could not be applied on this vLLM: {why}"
+    return None
 
 
 def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None) -> CellResult:

@@ -244,3 +244,31 @@ def test_parse_versions_rejects(raw: str) -> None:
 def test_parse_versions_message_names_the_bad_value() -> None:
     with pytest.raises(BadInput, match=r"'latest!'"):
         parse_versions("0.21.0,latest!", "cpu")
+
+
+def test_tp_parsing_and_defaults() -> None:
+    from harness.matrix import parse_tps
+
+    assert parse_tps(None, "cpu") == (1,)
+    assert parse_tps(None, "cuda") == (1, 2)
+    assert parse_tps("2,1,2", "cuda") == (1, 2)
+    for bad in ("0", "x", ","):
+        with pytest.raises(BadInput):
+            parse_tps(bad, "cuda")
+
+
+def test_weight_sync_cells_are_keep_mode_only() -> None:
+    sel = Selection(versions=("0.21.0",), asyncs=(True,), scenarios=("pause", "weight-sync"))
+    ws = [c for c in sel.cells() if c.scenario == "weight-sync"]
+    assert {c.mode for c in ws} == {"keep"} and len(ws) == 2
+    bad = Cell("0.21.0", "mp", True, "wait", True, scenario="weight-sync")
+    assert "keep mode only" in (unsupported_reason(bad, "cpu") or "")
+
+
+def test_tp2_needs_two_visible_gpus() -> None:
+    c = Cell("0.21.0", "mp", True, "keep", True, tp=2)
+    assert unsupported_reason(c, "cuda", n_gpus=1) == "tensor_parallel_size=2 needs 2 GPUs, 1 visible"
+    assert unsupported_reason(c, "cuda", n_gpus=2) is None
+    plan = plan_matrix(Selection(versions=("0.21.0",), executors=("mp",), tps=(1, 2)), "cuda", n_gpus=1)
+    assert all(c.tp == 1 for _, cs in plan.engines for c in cs)
+    assert all(c.tp == 2 for c, _ in plan.unsupported)

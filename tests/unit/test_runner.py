@@ -106,3 +106,74 @@ def test_staged_plugin_is_discoverable_as_a_vllm_entry_point(tmp_path: Path) -> 
         sys.path.remove(str(stage))
     assert [ep.value for ep in eps] == ["repro.shim:register"]
     assert not os.path.exists(stage / "repro" / "__pycache__")
+
+
+def _record(rid: str, observed: list[int]) -> dict:
+    return {"rid": rid, "submit": "start", "prompt": [5, 6], "max_tokens": 4, "observed": observed,
+            "reference": [1, 2, 3, 4, 5, 6], "finish_reason": "length", "error": None, "timings": {},
+            "pauses": [{"k": 0, "mode": "keep", "clear_cache": True, "client_tokens": 2, "engine_tokens": 2,
+                        "frozen": True}],
+            "reference_matches_model": True}
+
+
+def test_repeats_are_scenarios_of_the_same_engine_and_fold_into_flaky(tmp_path: Path) -> None:
+    cell = CELLS[0]
+    lines = [json.dumps({"event": "scenario", "id": sid, "status": "ran", "records": [_record("r0", obs)]})
+             for sid, obs in (("keep-clear", [1, 2, 3, 4]), ("keep-clear#2", [1, 2, 4, 5]),
+                              ("keep-clear#3", [1, 2, 3, 4]))]
+    body = "cat >> \"$OUT\" <<'JSON'\n" + "\n".join(lines) + "\nJSON\n"
+    env = fake_env(tmp_path, body)
+    streamed: list = []
+    conf = cfg(tmp_path, repeat=3)
+    assert [s["id"] for s in engine_spec(ENGINE, (cell,), conf)["scenarios"]] == [
+        "keep-clear", "keep-clear#2", "keep-clear#3"]
+    (res,) = run_engine(env, ENGINE, (cell,), conf, on_result=streamed.append)
+    assert streamed == [res]
+    assert res.outcome is Outcome.FLAKY
+    assert res.repeats is not None and res.repeats["outcomes"] == {"OK": 2, "LOSS": 1}
+    assert res.summary.startswith("FLAKY: OK 2/3, LOSS 1/3")
+
+
+def test_missing_repeats_count_as_the_engine_failure(tmp_path: Path) -> None:
+    line = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran", "records": [_record("r0", [1, 2, 3, 4])]})
+    env = fake_env(tmp_path, f"cat >> \"$OUT\" <<'JSON'\n{line}\nJSON\nexit 3\n")
+    (res,) = run_engine(env, ENGINE, (CELLS[0],), cfg(tmp_path, repeat=2))
+    assert res.outcome is Outcome.FLAKY
+    assert res.repeats is not None and res.repeats["outcomes"] == {"OK": 1, "ERROR": 1}
+
+
+def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_path: Path) -> None:
+    line = json.dumps({"event": "engine", "probe": {"inject": {"requested": ["vllm#42043"], "applied": {},
+                                                               "error": "unknown scheduler shape"}}})
+    ran = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran", "records": [_record("r0", [1, 2, 3, 4])]})
+    env = fake_env(tmp_path, f"cat >> \"$OUT\" <<'JSON'\n{line}\n{ran}\nJSON\n")
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path, inject=("vllm#42043",)))
+    assert all(r.outcome is Outcome.UNSUPPORTED for r in results)
+    assert all("unknown scheduler shape" in (r.reason or "") for r in results)
+
+
+def test_injection_problem_needs_every_requested_fault_applied() -> None:
+    from harness.runner import injection_problem
+
+    assert injection_problem(None, ()) is None
+    assert "did not report" in (injection_problem({"probe": {}}, ("vllm#42043",)) or "")
+    ok = {"probe": {"inject": {"applied": {"vllm#42043": "Scheduler.reset_prefix_cache"}}}}
+    assert injection_problem(ok, ("vllm#42043",)) is None
+    assert "hang#pause" in (injection_problem(ok, ("vllm#42043", "hang#pause")) or "")
+
+
+def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.runner import engine_env
+
+    monkeypatch.setenv("VLLM_REPRO_INJECT", "vllm#42043")  # leaked from a caller's shell: must not count
+    assert engine_env(ENGINE, cfg(tmp_path), tmp_path)["VLLM_REPRO_INJECT"] == ""
+    assert engine_env(ENGINE, cfg(tmp_path, inject=("vllm#42043",)), tmp_path)["VLLM_REPRO_INJECT"] == "vllm#42043"
+
+
+def test_weight_sync_cells_name_their_scenario_and_transfer(tmp_path: Path) -> None:
+    from harness.runner import scenario_entry
+
+    c = Cell("0.21.0", "mp", True, "keep", True, scenario="weight-sync")
+    e = scenario_entry(c, cfg(tmp_path, weight_transfer="nccl"))
+    assert e["id"] == "weight_sync-keep-clear" and e["scenario"] == "weight_sync"
+    assert e["params"]["weight_transfer"] == "nccl" and e["params"]["mode"] == "keep"

@@ -1,0 +1,78 @@
+"""Faults the harness can inject on purpose (``--inject``), and the sensitivity self-test they feed.
+
+``vllm#42043`` re-introduces the #42043 behaviour (keep pause + clear_cache
+marks every frozen request to discard a frame that is not in flight) into a
+vLLM where PR #42117 fixed it; the engine-side patch is ``repro/inject.py``.
+A nightly runs it to prove the oracle still sees the bug after upstream code
+has moved on: every cell the injected bug covers must come out exactly as the
+known-bug table says it does on an affected release.
+
+``hang#pause`` makes ``pause_generation`` never return; it exists for the
+reliability tests (a hang must become TIMEOUT, the run goes on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from packaging.specifiers import SpecifierSet
+
+from harness.errors import BadInput, bad_choice
+from harness.known_bugs import KnownBug, annotate, load_known_bugs
+from harness.results import CellResult, Results
+
+FAULTS: dict[str, str] = {
+    "vllm#42043": "re-introduce vLLM #42043: a keep pause with clear_cache discards one output frame per "
+                  "running request (the sensitivity self-test)",
+    "hang#pause": "make pause_generation never return (reliability tests: a hang must become TIMEOUT)",
+}
+INJECTED_SUFFIX = " (injected)"
+
+
+def parse_inject(values: list[str] | None) -> tuple[str, ...]:
+    """``--inject`` values (repeatable, comma-separated) as validated fault ids."""
+    out: list[str] = []
+    for raw in values or []:
+        for item in (p.strip() for p in raw.split(",")):
+            if not item:
+                raise BadInput(f"empty --inject value in {raw!r}; valid faults: {', '.join(FAULTS)}")
+            if item not in FAULTS:
+                raise bad_choice("fault to inject", item, tuple(FAULTS))
+            out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
+def bugs_with_injection(inject: tuple[str, ...], bugs: tuple[KnownBug, ...] | None = None) -> tuple[KnownBug, ...]:
+    """The known-bug table plus, for every injected bug, that bug on every version (checked first)."""
+    table = bugs if bugs is not None else load_known_bugs()
+    injected = [replace(b, id=b.id + INJECTED_SUFFIX, affected=SpecifierSet()) for b in table if b.id in inject]
+    return (*injected, *table)
+
+
+def annotate_injected(result: CellResult, inject: tuple[str, ...], bugs: tuple[KnownBug, ...]) -> CellResult:
+    """``result`` judged against the table with ``inject`` applied (see :func:`bugs_with_injection`)."""
+    return annotate(result, bugs_with_injection(inject, bugs))
+
+
+def sensitivity_failures(results: Results) -> list[str]:
+    """Cells an injected bug covers that did not show it exactly (empty: the harness still sees the bug).
+
+    A run that injected a bug but has no cell that bug covers fails too:
+    the self-test would otherwise pass vacuously.
+    """
+    inject = tuple(f for f in (results.meta.get("inject") or []) if f != "hang#pause")
+    if not inject:
+        return []
+    failures: list[str] = []
+    covered = 0
+    for cr in results.cells:
+        exp = cr.expectation or {}
+        if not str(exp.get("bug") or "").endswith(INJECTED_SUFFIX):
+            continue
+        covered += 1
+        if exp.get("status") != "as expected":
+            failures.append(f"{cr.id}: {exp.get('message') or cr.summary}")
+    if covered == 0:
+        failures.append(f"no cell of this run is covered by the injected bug(s) {', '.join(inject)} "
+                        "(select async on, mode keep, clear_cache true)")
+    return failures

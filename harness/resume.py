@@ -1,0 +1,88 @@
+"""``matrix --resume``: what a run was asked to do (``run.json``) and which of its cells are finished."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from harness import __version__
+from harness.errors import BadInput, ResultsFileError
+from harness.matrix import Selection
+from harness.oracle import Outcome
+from harness.results import LINE_SCHEMA, SCHEMA_VERSION, CellResult, read_results
+from harness.runner import RunConfig
+
+RUN_FILE = "run.json"
+RUN_SCHEMA = "vllm-repro/run"
+# Outcomes a resumed run keeps; the others (ERROR, TIMEOUT, BUILD-FAILED) are run again.
+KEEP = frozenset(o for o in Outcome if not o.is_infra) | {Outcome.UNSUPPORTED}
+
+
+def run_record(sel: Selection, cfg: RunConfig, platform: str) -> dict[str, Any]:
+    """The settings that decide a run's cells and verdicts; a resumed run must match them."""
+    return {
+        "schema": RUN_SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "platform": platform,
+        "cells": [c.id for c in sel.cells()],
+        "settings": {
+            "scenario_params": cfg.scenario_params,
+            "model_params": cfg.model_params,
+            "inject": list(cfg.inject),
+            "repeat": cfg.repeat,
+            "weight_transfer": cfg.weight_transfer,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        },
+    }
+
+
+def resume_state(reports: Path, current: dict[str, Any]) -> list[CellResult]:
+    """Finished cells of the run in ``reports`` that a resumed run keeps, after checking it is the same run."""
+    run_path = reports / RUN_FILE
+    try:
+        previous = json.loads(run_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInput(f"nothing to resume in {reports}: no {RUN_FILE} (run without --resume first)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResultsFileError(f"{run_path}: unreadable run record ({exc})") from exc
+    if not isinstance(previous, dict) or previous.get("schema") != RUN_SCHEMA:
+        raise ResultsFileError(f"{run_path}: not a {RUN_SCHEMA} document")
+    if previous.get("schema_version") != SCHEMA_VERSION:
+        raise ResultsFileError(f"{run_path}: schema_version {previous.get('schema_version')!r} is not supported "
+                               f"(this vllm-repro reads {SCHEMA_VERSION})")
+    diffs = [k for k in ("platform", "cells", "settings") if previous.get(k) != current.get(k)]
+    if diffs:
+        raise BadInput(f"--resume: the run in {reports} was started with different {', '.join(diffs)}; "
+                       "repeat its exact options, or start a new run without --resume")
+    log = reports / "results.jsonl"
+    if not log.exists():
+        return []
+    _drop_torn_tail(log)
+    wanted = set(current["cells"])
+    kept: dict[str, CellResult] = {}
+    for r in read_results(log).cells:
+        if r.id in wanted and r.outcome in KEEP:
+            kept[r.id] = r
+    return list(kept.values())
+
+
+def _drop_torn_tail(log: Path) -> None:
+    # A kill can land mid-write: a last line without its newline is an
+    # unfinished record, not a result.  Every complete line was fsync'd.
+    data = log.read_bytes()
+    if data and not data.endswith(b"\n"):
+        log.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def rewrite_log(log: Path, kept: list[CellResult]) -> None:
+    """Replace ``log`` (atomically) by the kept cells, so re-run cells do not appear twice."""
+    tmp = log.with_suffix(".jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in kept:
+            f.write(json.dumps({"schema": LINE_SCHEMA, "schema_version": SCHEMA_VERSION, **r.to_dict()}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, log)

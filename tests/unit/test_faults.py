@@ -1,0 +1,75 @@
+"""``--inject``: fault ids, the injected bug in the known-bug table, and the sensitivity self-test."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import BadInput
+from harness.faults import annotate_injected, bugs_with_injection, parse_inject, sensitivity_failures
+from harness.known_bugs import load_known_bugs
+from harness.matrix import Cell
+from harness.oracle import Outcome
+from harness.results import CellResult, Results
+from tests.unit.synthetic import request_record
+
+pytestmark = pytest.mark.unit
+
+REF = list(range(10, 40))
+
+
+def test_parse_inject_validates_and_dedups() -> None:
+    assert parse_inject(None) == ()
+    assert parse_inject(["vllm#42043", "vllm#42043,hang#pause"]) == ("vllm#42043", "hang#pause")
+    with pytest.raises(BadInput, match="valid choices: vllm#42043, hang#pause"):
+        parse_inject(["vllm#4204"])
+    with pytest.raises(BadInput):
+        parse_inject(["vllm#42043,"])
+
+
+def test_injected_bug_covers_fixed_versions_only_when_injected() -> None:
+    table = load_known_bugs()
+    cell = Cell("0.32.0", "mp", True, "keep", True)
+    injected = bugs_with_injection(("vllm#42043",), table)
+    assert injected[0].id == "vllm#42043 (injected)" and injected[0].affected.contains("0.32.0")
+    assert bugs_with_injection((), table) == table
+    loss = CellResult(cell, Outcome.LOSS, "LOSS(1) in 1/1", requests=(_judged(running=True, lost=True),))
+    assert annotate_injected(loss, ("vllm#42043",), table).expectation["status"] == "as expected"  # type: ignore[index]
+
+
+def _judged(running: bool, lost: bool) -> dict:
+    from harness.oracle import classify_request
+
+    obs = REF[:6] + REF[7:20] if lost else REF[:19]
+    rec = request_record("r0", obs, REF, running=running, max_tokens=19)
+    return {**rec, "verdict": classify_request(rec).to_dict()}
+
+
+def _results(*cells: CellResult, inject: list[str]) -> Results:
+    bugs = load_known_bugs()
+    return Results(tuple(annotate_injected(c, tuple(inject), bugs) for c in cells), {"inject": inject})
+
+
+def test_self_test_passes_when_the_injected_cell_loses_one_token() -> None:
+    cell = Cell("0.32.0", "mp", True, "keep", True)
+    res = _results(CellResult(cell, Outcome.LOSS, "LOSS(1)", requests=(_judged(True, True),)), inject=["vllm#42043"])
+    assert sensitivity_failures(res) == []
+
+
+def test_self_test_fails_loudly_when_the_oracle_sees_nothing() -> None:
+    cell = Cell("0.32.0", "mp", True, "keep", True)
+    res = _results(CellResult(cell, Outcome.OK, "OK 1/1", requests=(_judged(True, False),)), inject=["vllm#42043"])
+    (failure,) = sensitivity_failures(res)
+    assert cell.id in failure and "expected LOSS(1)" in failure
+
+
+def test_self_test_fails_when_the_injected_cell_could_not_run() -> None:
+    cell = Cell("0.32.0", "mp", True, "keep", True)
+    res = _results(CellResult(cell, Outcome.UNSUPPORTED, "injection not applied"), inject=["vllm#42043"])
+    assert sensitivity_failures(res)
+
+
+def test_self_test_is_not_vacuous() -> None:
+    cell = Cell("0.32.0", "mp", False, "keep", True)  # async off: the injected bug covers no cell
+    res = _results(CellResult(cell, Outcome.OK, "OK", requests=(_judged(True, False),)), inject=["vllm#42043"])
+    assert "no cell of this run is covered" in sensitivity_failures(res)[0]
+    assert sensitivity_failures(_results(CellResult(cell, Outcome.OK, "OK"), inject=[])) == []
