@@ -319,9 +319,21 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]
     return [_md_row(header), "|" + "|".join("---" for _ in header) + "|", *(_md_row(r) for r in rows)]
 
 
+def injection_banner(results: Results) -> str | None:
+    """The warning every report of a fault-injection run carries (None for a normal run)."""
+    inject = (results.meta or {}).get("inject") or []
+    if not inject:
+        return None
+    return (f"FAULT INJECTED on purpose: {', '.join(inject)}. This run re-introduced the fault into vLLM at run "
+            "time (vllm-repro --inject); its token losses and workaround verdicts describe the self-test, "
+            "not upstream vLLM.")
+
+
 def _meta_lines(results: Results) -> list[str]:
     meta = results.meta or {}
     lines = []
+    if (meta.get("repeat") or 1) > 1:
+        lines.append(f"- repeat: every cell ran {meta['repeat']} times on its engine; FLAKY = runs disagree")
     for key in ("created", "platform", "host", "versions"):
         value = meta.get(key)
         if value is None or value == "":
@@ -392,12 +404,15 @@ def markdown(results: Results) -> str:
     """The Markdown report: meta, workaround verdict, one table row per cell, token-fault details."""
     cells = _sorted(results.cells)
     lines = [f"# vllm-repro: {ISSUE} (first token after a keep-mode pause)", ""]
+    banner = injection_banner(results)
+    if banner:
+        lines += [f"> **{banner}**", ""]
     lines += _meta_lines(results)
     lines += ["", "## Workaround verdict", "", verdict_paragraph(cells), "", "## Cells", ""]
     header = ["cell", "vLLM", "executor", "async", "mode", "clear_cache", "outcome", "summary / reason",
               "known bugs", "effective async", "executor class"]
     lines += _md_table(header, (_cell_row(c) for c in cells))
-    faulty = [c for c in cells if c.outcome.is_token_fault]
+    faulty = [c for c in cells if c.outcome.is_token_fault or c.outcome is Outcome.FLAKY]
     if faulty:
         lines += ["", "## Token faults", "",
                   "Token windows are centred on the first post-resume token (bracketed), else the pause.", ""]
@@ -455,6 +470,9 @@ def junit_xml(results: Results) -> str:
     for key in ("created", "platform"):
         if meta.get(key) is not None:
             ET.SubElement(props, "property", name=key, value=_x(meta[key]))
+    banner = injection_banner(results)
+    if banner:
+        ET.SubElement(props, "property", name="inject", value=_x(banner))
     for cr in cells:
         duration = cr.duration_s or 0.0
         total += duration
@@ -467,7 +485,7 @@ def junit_xml(results: Results) -> str:
             counts["errors"] += 1
             el = ET.SubElement(case, "error", message=_x(cr.reason or cr.summary), type=cr.outcome.value)
             el.text = _x(_detail(cr))
-        elif cr.outcome.is_token_fault:
+        elif cr.outcome.is_token_fault or cr.outcome is Outcome.FLAKY:
             counts["failures"] += 1
             el = ET.SubElement(case, "failure", message=_x(cr.summary), type=cr.outcome.value)
             el.text = _x("\n".join([cr.summary, *_fault_lines(cr)]))
@@ -517,6 +535,9 @@ def terminal_table(results_or_cells: CellsLike) -> Table:
 
 def render_terminal(results: CellsLike, console: Console) -> None:
     """Print the cell table and the workaround verdict paragraph."""
+    banner = injection_banner(results) if isinstance(results, Results) else None
+    if banner:
+        console.print(Text(banner, style="bold red"))
     console.print(terminal_table(results))
     paragraph = Text()
     for text, style in _paragraph_parts(results):

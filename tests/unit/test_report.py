@@ -432,3 +432,28 @@ def test_write_reports_replaces_existing(results: Results, tmp_path: Path) -> No
     paths = write_reports(Results((ran("0.32.0", True),)), tmp_path)
     assert [c.id for c in read_results(paths.json).cells] == ["vllm0.32.0-mp-async_on-keep-clear"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["junit.xml", "results.json", "results.md"]
+
+
+def test_every_report_of_an_injected_run_says_so() -> None:
+    from harness.matrix import Cell
+    from harness.oracle import Outcome
+    from harness.report import junit_xml, markdown
+    from harness.results import CellResult, Results
+
+    cells = (CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.LOSS, "LOSS(1) in 8/10"),)
+    plain = Results(cells, {"inject": []})
+    injected = Results(cells, {"inject": ["vllm#42043"]})
+    assert "FAULT INJECTED" not in markdown(plain) and "FAULT INJECTED" not in junit_xml(plain)
+    assert "FAULT INJECTED on purpose: vllm#42043" in markdown(injected).split("## Cells")[0]
+    assert 'name="inject"' in junit_xml(injected)
+
+
+def test_flaky_cells_fail_in_junit() -> None:
+    from harness.matrix import Cell
+    from harness.oracle import Outcome
+    from harness.report import junit_xml
+    from harness.results import CellResult, Results
+
+    res = Results((CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5"),),
+                  {"repeat": 5})
+    assert 'failures="1"' in junit_xml(res) and "FLAKY: OK 4/5" in junit_xml(res)
