@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--scenario", help=f"scenarios: {','.join(SCENARIOS)} or all (default: all); weight-sync is "
                                       "the RLHF flow (keep pause, swap weights, resume), keep mode only")
     m.add_argument("--weight-transfer", default="auto", choices=("auto", "reload", "nccl"),
-                   help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on another GPU "
-                        "sends them), auto = nccl on cuda with 2+ GPUs, else reload")
+                   help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on a GPU the "
+                        "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")
     _add_run_options(m, reports="reports")
     m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
     m.add_argument("--inject", action="append", metavar="FAULT",
@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("results", type=Path)
     r.add_argument("--out", type=Path, default=None, help="also write JSON/Markdown/JUnit into this folder")
 
+    _add_history_and_compare_parsers(sub)
+
     e = sub.add_parser("envs", help="list, build or prune cached vLLM environments")
     esub = e.add_subparsers(dest="envs_command", required=True, metavar="ACTION")
     esub.add_parser("list", help="list cached environments with size and last use").add_argument(
@@ -275,12 +277,10 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     if args.repeat < 1:
         raise BadInput(f"--repeat must be at least 1, got {args.repeat}")
     n_gpus = len(visible_gpus()) if platform == "cuda" else None
-    transfer = args.weight_transfer
-    if transfer == "auto":
-        transfer = "nccl" if platform == "cuda" and (n_gpus or 0) >= 2 else "reload"
-    elif transfer == "nccl" and platform != "cuda":
+    if args.weight_transfer == "nccl" and platform != "cuda":
         raise BadInput("--weight-transfer nccl needs CUDA GPUs; use reload (or auto) on cpu")
-    cfg = replace(_run_config(args, platform, cache), inject=inject, repeat=args.repeat, weight_transfer=transfer)
+    cfg = replace(_run_config(args, platform, cache), inject=inject, repeat=args.repeat,
+                  weight_transfer=args.weight_transfer, n_gpus=n_gpus or 0)
     index = _index(args)
     versions, prebuilt = _versions(args, platform, index.index_url)
     sel = Selection(
@@ -628,6 +628,83 @@ def cmd_envs(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+DEFAULT_HISTORY = Path("reports/history.jsonl")
+
+
+
+def _csv(raw: str | None) -> tuple[str, ...]:
+    return tuple(p.strip() for p in (raw or "").split(",") if p.strip())
+
+
+def _add_history_and_compare_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    h = sub.add_parser("history", help="results over time: add a run, show outcomes per cell and version, plot them")
+    hsub = h.add_subparsers(dest="history_command", required=True, metavar="ACTION")
+    ha = hsub.add_parser("add", help="append a run (results.json or results.jsonl) to the history file",
+                         description="Append one run to the append-only history (JSONL, schema-versioned). A run "
+                         "already in the history (same cells; its results.jsonl log counts as the same run) is "
+                         "not added again. A corrupt history or report is refused (exit 2), naming file and line.")
+    ha.add_argument("report", type=Path, metavar="REPORT.json")
+    hs = hsub.add_parser("show", help="per cell config and vLLM version: latest outcome and outcomes over time")
+    hp = hsub.add_parser("plot", help="PNG heat-map of cell configs x versions coloured by the latest outcome "
+                                      "(needs matplotlib: pip install 'vllm-repro[plot]')")
+    for p in (ha, hs, hp):
+        p.add_argument("--history", type=Path, default=DEFAULT_HISTORY,
+                       help=f"history file (default {DEFAULT_HISTORY})")
+    for p in (hs, hp):
+        p.add_argument("--cells", help="comma-separated fnmatch patterns on the cell config or id, "
+                                       "e.g. 'mp-async_on-keep-*'")
+        p.add_argument("--versions", help="comma-separated version labels (default: all)")
+        p.add_argument("--platform", choices=PLATFORMS, help="only runs of this platform")
+        p.add_argument("--hide-unsupported", action="store_true",
+                       help="leave out cell configs that are UNSUPPORTED on every version")
+    hs.add_argument("--exclude-injected", action="store_true", help="leave out runs that used --inject")
+    hp.add_argument("--include-injected", action="store_true",
+                    help="also plot runs that used --inject, in rows of their own (default: left out)")
+    hp.add_argument("--out", type=Path, default=Path("reports/history.png"), help="PNG to write")
+
+    c = sub.add_parser("compare", help="compare two results reports cell by cell (e.g. the CPU and GPU tiers)",
+                       description="For every cell both reports ran (a verdict, not UNSUPPORTED/ERROR/TIMEOUT/"
+                       "BUILD-FAILED), say whether outcome, label and affected requests agree; list cells only one "
+                       "side ran. Exit code: 0 when every cell both ran agrees, 1 otherwise (also when no cell ran "
+                       "on both), 2 on bad input.")
+    c.add_argument("a", type=Path, metavar="A.json")
+    c.add_argument("b", type=Path, metavar="B.json")
+    c.add_argument("--markdown", type=Path, help="also write the comparison as Markdown (to commit)")
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from harness import history
+
+    if args.history_command == "add":
+        print(history.add_run(args.history, args.report).message)
+        return 0
+    hist = history.read_history(args.history)
+    sel = {"platform": args.platform, "cells": _csv(args.cells), "versions": _csv(args.versions),
+           "hide_unsupported": args.hide_unsupported}
+    if args.history_command == "show":
+        history.render_history(history.show(hist, include_injected=not args.exclude_injected, **sel),
+                               _stdout_console())
+        return 0
+    layout = history.plot(hist, args.out, include_injected=args.include_injected, **sel)
+    left = f"; {layout.excluded_injected_runs} run(s) with fault injection left out" \
+        if layout.excluded_injected_runs else ""
+    print(f"wrote {layout.path}: {len(layout.rows)} cell configs x {len(layout.versions)} versions, "
+          f"{layout.runs} run(s){left}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness.compare import compare, markdown, render_terminal
+
+    cmp = compare(read_results(args.a), read_results(args.b), str(args.a), str(args.b))
+    render_terminal(cmp, _stdout_console())
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown(cmp), encoding="utf-8")
+        print(f"wrote {args.markdown}")
+    return cmp.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``vllm-repro`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -646,6 +723,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "envs":
             return cmd_envs(args)
+        if args.command == "history":
+            return cmd_history(args)
+        if args.command == "compare":
+            return cmd_compare(args)
     except ReproError as exc:
         print(f"vllm-repro: error: {exc}", file=sys.stderr)
         return 2

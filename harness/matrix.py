@@ -144,6 +144,9 @@ def unsupported_reason(cell: Cell, platform: str, n_gpus: int | None = None) -> 
         return f"unknown scenario {cell.scenario!r}"
     if cell.mode not in SCENARIO_MODES[cell.scenario]:
         return f"the {cell.scenario} scenario pauses in {'/'.join(SCENARIO_MODES[cell.scenario])} mode only"
+    if cell.executor == "uni" and cell.tp > 1:
+        # UniProcExecutor drives one worker inside the engine-core process.
+        return "the uni executor runs a single worker: tensor_parallel_size > 1 needs mp or Ray"
     if platform == "cuda" and n_gpus is not None and cell.tp > n_gpus:
         return f"tensor_parallel_size={cell.tp} needs {cell.tp} GPUs, {n_gpus} visible"
     if platform == "cpu":

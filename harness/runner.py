@@ -48,7 +48,10 @@ class RunConfig:
     # self-test.  Empty unless the user asked; every report states it.
     inject: tuple[str, ...] = ()
     repeat: int = 1  # runs of every cell's scenario on its engine (--repeat)
-    weight_transfer: str = "reload"  # weight-sync scenario: "reload" (in place) or "nccl" (trainer process)
+    # weight-sync scenario: "reload" (in place), "nccl" (a trainer process on a
+    # GPU the engine does not use sends the weights), "auto" (nccl when such a GPU exists)
+    weight_transfer: str = "reload"
+    n_gpus: int = 0  # GPUs visible to engines (cuda)
 
 
 def stage_repro(dst: Path) -> Path:
@@ -97,6 +100,13 @@ def repeat_id(scenario_id: str, rep: int) -> str:
     return scenario_id if rep == 1 else f"{scenario_id}#{rep}"
 
 
+def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
+    """How a weight-sync cell swaps weights: ``auto`` means NCCL when a GPU is left over for the trainer."""
+    if cfg.weight_transfer != "auto":
+        return cfg.weight_transfer
+    return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
+
+
 def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
     """The spec entry ``repro.cell`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
     params: dict[str, Any] = {**cfg.scenario_params, "clear_cache": cell.clear_cache}
@@ -104,7 +114,7 @@ def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
         name = cell.mode
     else:
         name = cell.scenario.replace("-", "_")
-        params.update(mode=cell.mode, weight_transfer=cfg.weight_transfer)
+        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
     return {"id": repeat_id(cell.scenario_id, rep), "scenario": name, "params": params,
             "seed": scenario_seed(cell.scenario_id)}

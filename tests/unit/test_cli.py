@@ -22,6 +22,11 @@ pytestmark = pytest.mark.unit
         (["matrix", "--platform", "tpu"], ["'tpu'", "cpu", "cuda"]),
         (["matrix", "--versions", "latest!"], ["'latest!'", "0.21.0"]),
         (["matrix", "--pause-after", "60", "--max-tokens", "48"], ["--pause-after 60", "--max-tokens 48"]),
+        (["matrix", "--inject", "vllm#1"], ["'vllm#1'", "vllm#42043"]),
+        (["matrix", "--scenario", "rlhf"], ["'rlhf'", "pause", "weight-sync"]),
+        (["matrix", "--tp", "0"], ["'0'", "--tp"]),
+        (["matrix", "--repeat", "0"], ["--repeat", "at least 1"]),
+        (["matrix", "--platform", "cpu", "--weight-transfer", "nccl"], ["nccl", "reload"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_choices(
@@ -60,3 +65,42 @@ def test_report_on_corrupt_file_is_a_clear_error(tmp_path, capsys: pytest.Captur
     future.write_text('{"schema": "vllm-repro/results", "schema_version": 99, "cells": []}')
     assert main(["report", str(future)]) == 2
     assert "schema_version 99" in capsys.readouterr().err
+
+
+def _bad_files(tmp_path):  # type: ignore[no-untyped-def]
+    import json
+
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"schema": "vllm-repro/results", "cells": [')
+    future = tmp_path / "future.json"
+    future.write_text(json.dumps({"schema": "vllm-repro/results", "schema_version": 99, "cells": []}))
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text('{"schema": "vllm-repro/cell", "schema_version": 1, "id"\n')
+    return {"corrupt": (corrupt, "corrupt JSON"), "future": (future, "schema_version 99"),
+            "torn": (torn, "torn.jsonl:1")}
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "future", "torn"])
+@pytest.mark.parametrize("command", ["report", "history-add", "compare"])
+def test_bad_results_files_are_one_clear_error(kind: str, command: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path, words = _bad_files(tmp_path)[kind]
+    argv = {"report": ["report", str(path)],
+            "history-add": ["history", "add", str(path), "--history", str(tmp_path / "h.jsonl")],
+            "compare": ["compare", str(path), str(path)]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and words in err, err
+    assert not (tmp_path / "h.jsonl").exists() or (tmp_path / "h.jsonl").read_text() == ""
+
+
+@pytest.mark.parametrize("content", ['{"schema": "vllm-repro/history", "schema_version": 1, "run', "not json\n",
+                                     '{"schema": "vllm-repro/history", "schema_version": 7}\n'])
+def test_bad_history_files_are_one_clear_error(content: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    hist = tmp_path / "history.jsonl"
+    hist.write_text(content)
+    before = hist.read_text()
+    assert main(["history", "show", "--history", str(hist)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(hist) in err, err
+    assert main(["history", "plot", "--history", str(hist), "--out", str(tmp_path / "h.png")]) == 2
+    assert hist.read_text() == before and not (tmp_path / "h.png").exists()

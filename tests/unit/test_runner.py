@@ -32,7 +32,8 @@ def fake_env(tmp_path: Path, body: str) -> VllmEnv:
 
 
 def cfg(tmp_path: Path, **kw: object) -> RunConfig:
-    return RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "models", **kw)  # type: ignore[arg-type]
+    kw.setdefault("platform", "cpu")
+    return RunConfig(work_dir=tmp_path / "work", model_cache=tmp_path / "models", **kw)  # type: ignore[arg-type]
 
 
 def test_hang_becomes_timeout_and_kills_the_whole_group(tmp_path: Path) -> None:
@@ -135,7 +136,8 @@ def test_repeats_are_scenarios_of_the_same_engine_and_fold_into_flaky(tmp_path: 
 
 
 def test_missing_repeats_count_as_the_engine_failure(tmp_path: Path) -> None:
-    line = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran", "records": [_record("r0", [1, 2, 3, 4])]})
+    line = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran",
+                       "records": [_record("r0", [1, 2, 3, 4])]})
     env = fake_env(tmp_path, f"cat >> \"$OUT\" <<'JSON'\n{line}\nJSON\nexit 3\n")
     (res,) = run_engine(env, ENGINE, (CELLS[0],), cfg(tmp_path, repeat=2))
     assert res.outcome is Outcome.FLAKY
@@ -145,7 +147,8 @@ def test_missing_repeats_count_as_the_engine_failure(tmp_path: Path) -> None:
 def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_path: Path) -> None:
     line = json.dumps({"event": "engine", "probe": {"inject": {"requested": ["vllm#42043"], "applied": {},
                                                                "error": "unknown scheduler shape"}}})
-    ran = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran", "records": [_record("r0", [1, 2, 3, 4])]})
+    ran = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran",
+                      "records": [_record("r0", [1, 2, 3, 4])]})
     env = fake_env(tmp_path, f"cat >> \"$OUT\" <<'JSON'\n{line}\n{ran}\nJSON\n")
     results = run_engine(env, ENGINE, CELLS, cfg(tmp_path, inject=("vllm#42043",)))
     assert all(r.outcome is Outcome.UNSUPPORTED for r in results)
@@ -177,3 +180,8 @@ def test_weight_sync_cells_name_their_scenario_and_transfer(tmp_path: Path) -> N
     e = scenario_entry(c, cfg(tmp_path, weight_transfer="nccl"))
     assert e["id"] == "weight_sync-keep-clear" and e["scenario"] == "weight_sync"
     assert e["params"]["weight_transfer"] == "nccl" and e["params"]["mode"] == "keep"
+    auto = {"platform": "cuda", "weight_transfer": "auto"}
+    assert scenario_entry(c, cfg(tmp_path, **auto, n_gpus=2))["params"]["weight_transfer"] == "nccl"
+    assert scenario_entry(c, cfg(tmp_path, **auto, n_gpus=1))["params"]["weight_transfer"] == "reload"
+    tp2 = Cell("0.21.0", "mp", True, "keep", True, tp=2, scenario="weight-sync")
+    assert scenario_entry(tp2, cfg(tmp_path, **auto, n_gpus=2))["params"]["weight_transfer"] == "reload"
