@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")
     _add_run_options(m, reports="reports")
     m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
+    m.add_argument("--fail-on-unexpected", action="store_true",
+                   help="exit 1 when any cell differs from the known-bug table (UNEXPECTED): a new loss, or a "
+                        "known bug gone; for nightlies, where the known loss on old releases is expected")
     m.add_argument("--inject", action="append", metavar="FAULT",
                    help=f"deliberately inject a fault ({', '.join(FAULTS)}); vllm#42043 re-introduces the bug into "
                         "a fixed vLLM as a sensitivity self-test: exit 1 unless every cell it covers shows it. "
@@ -353,6 +356,11 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     if any(o in ("ERROR", "TIMEOUT", "BUILD-FAILED") for o in outcomes):
         return 1
     if args.strict and any(c.outcome.is_token_fault or c.outcome is Outcome.FLAKY for c in results.cells):
+        return 1
+    unexpected = [c for c in results.cells if (c.expectation or {}).get("status") == "UNEXPECTED"]
+    if args.fail_on_unexpected and unexpected:
+        console.print(f"[bold red]{len(unexpected)} cell(s) differ from the known-bug table[/]: "
+                      + ", ".join(c.id for c in unexpected[:8]))
         return 1
     return rc
 
