@@ -27,6 +27,7 @@ from harness.envs import (
     list_envs,
     package_for,
     prune_envs,
+    wheelhouse_recipe,
 )
 from harness.errors import BadInput, EnvBuildError, ReproError
 from harness.faults import FAULTS, parse_inject, sensitivity_failures
@@ -83,6 +84,23 @@ def _add_version_options(p: argparse.ArgumentParser, required: bool = False) -> 
     p.add_argument("--pre", action="store_true", help="let ranges and latest include pre-releases")
     p.add_argument("--installed-python", type=Path, default=Path(sys.executable),
                    help="interpreter whose vLLM '--versions installed' means (default: this one)")
+
+
+def _add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("air-gapped installs")
+    g.add_argument("--wheelhouse", type=Path, default=None,
+                   help="install vLLM from this wheelhouse folder (see `vllm-repro wheelhouse`), no network: onto "
+                        "--base-python, which already holds torch")
+    g.add_argument("--base-python", default=None,
+                   help="with --wheelhouse: the interpreter holding torch (default: the one running vllm-repro)")
+
+
+def _wheelhouse_recipes(args: argparse.Namespace, platform: str):  # type: ignore[no-untyped-def]
+    """``recipe_for`` of run_matrix when --wheelhouse is given (else None: envs from the index)."""
+    if not getattr(args, "wheelhouse", None):
+        return None
+    folder, base = args.wheelhouse, args.base_python
+    return lambda version: wheelhouse_recipe(version, folder, base, platform)
 
 
 def _add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
@@ -150,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on a GPU the "
                         "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")
     _add_run_options(m, reports="reports")
+    _add_wheelhouse_options(m)
     m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
     m.add_argument("--fail-on-unexpected", action="store_true",
                    help="exit 1 when any cell differs from the known-bug table (UNEXPECTED): a new loss, or a "
@@ -222,6 +241,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_history_and_compare_parsers(sub)
 
+    wh = sub.add_parser("wheelhouse", help="download vLLM, Ray and every dependency a target lacks (air-gapped "
+                                           "GPU nodes)",
+                        description="Resolve vLLM X + Ray for the target Python and platform, prefer the versions "
+                        "the target already has (--exclude-installed: its `pip list --format=freeze`), and download "
+                        "every other wheel into --dest with a manifest (wheelhouse.json). `envs build --wheelhouse "
+                        "DIR` and `matrix --wheelhouse DIR` then install from it without network.")
+    wh.add_argument("--vllm", required=True, help="vLLM versions, comma-separated (0.21.0,0.22.0)")
+    wh.add_argument("--platform", required=True, help="target platform tag, e.g. manylinux_2_28_x86_64")
+    wh.add_argument("--exclude-installed", type=Path, metavar="FILE",
+                    help="the target's `pip list --format=freeze`: packages it has are not downloaded when they fit")
+    wh.add_argument("--dest", type=Path, default=Path("wheelhouse"), help="wheelhouse folder (default ./wheelhouse)")
+    wh.add_argument("--exclude", action="append", default=None, metavar="PATTERN",
+                    help="leave out packages matching this glob, repeatable (default: flashinfer-*; the runner sets "
+                         "VLLM_USE_FLASHINFER_SAMPLER=0)")
+    wh.add_argument("--with", dest="extra", action="append", default=None, metavar="REQ",
+                    help="extra requirement, repeatable (default: ray)")
+    _add_index_options(wh)
+
     e = sub.add_parser("envs", help="list, build or prune cached vLLM environments")
     esub = e.add_subparsers(dest="envs_command", required=True, metavar="ACTION")
     esub.add_parser("list", help="list cached environments with size and last use").add_argument(
@@ -230,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_version_options(b)
     b.add_argument("--platform", default=None)
     b.add_argument("--jobs", type=int, default=2, help="environments built at once (default 2)")
+    _add_wheelhouse_options(b)
     _add_index_options(b)
     pr = esub.add_parser("prune", help="remove incomplete, old or least recently used environments")
     pr.add_argument("--cache-dir", type=Path)
@@ -285,6 +323,10 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = replace(_run_config(args, platform, cache), inject=inject, repeat=args.repeat,
                   weight_transfer=args.weight_transfer, n_gpus=n_gpus or 0)
     index = _index(args)
+    if args.wheelhouse:
+        from harness.wheelhouse import load_manifest
+
+        load_manifest(args.wheelhouse)  # a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
     versions, prebuilt = _versions(args, platform, index.index_url)
     sel = Selection(
         versions=versions,
@@ -333,7 +375,8 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
 
     with _interruptible(console, f"results of finished cells are in {jsonl}"):
         results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
-                             on_progress=on_progress, argv=argv, prebuilt=prebuilt)
+                             on_progress=on_progress, argv=argv, prebuilt=prebuilt,
+                             recipe_for=_wheelhouse_recipes(args, platform))
     if kept:
         order = {c.id: i for i, c in enumerate(sel.cells())}
         merged = sorted([*kept, *results.cells], key=lambda r: order.get(r.id, len(order)))
@@ -621,7 +664,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
     index = _index(args)
     python = args.python or f"{sys.version_info.major}.{sys.version_info.minor}"
     versions = [v for v in parse_versions(args.versions, platform, index.index_url, args.pre) if v != INSTALLED]
-    recipes = [EnvRecipe(package_for(platform), v, platform, python, index) for v in versions]
+    recipes = ([wheelhouse_recipe(v, args.wheelhouse, args.base_python, platform) for v in versions]
+               if args.wheelhouse else [EnvRecipe(package_for(platform), v, platform, python, index) for v in versions])
     failed = 0
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(ensure_env, r, cache, print) for r in recipes]
@@ -634,6 +678,25 @@ def cmd_envs(args: argparse.Namespace) -> int:
                 continue
             print(f"{env.path}: vllm {env.status['vllm_version']}, torch {env.status['torch_version']}")
     return 1 if failed else 0
+
+
+def cmd_wheelhouse(args: argparse.Namespace) -> int:
+    from harness.wheelhouse import DEFAULT_EXCLUDE, DEFAULT_EXTRA, build_wheelhouse
+
+    if not args.python:
+        raise BadInput("wheelhouse needs --python: the target's Python version, e.g. --python 3.12")
+    versions = [v.strip() for v in args.vllm.split(",") if v.strip()]
+    if not versions:
+        raise BadInput(f"--vllm {args.vllm!r} names no version; e.g. --vllm 0.21.0,0.22.0")
+    rep = build_wheelhouse(args.dest, versions, args.python, args.platform, args.exclude_installed,
+                           exclude=tuple(args.exclude) if args.exclude is not None else DEFAULT_EXCLUDE,
+                           extra=tuple(args.extra) if args.extra is not None else DEFAULT_EXTRA,
+                           index=_index(args), log=print)
+    for v, e in rep.manifest.versions.items():
+        print(f"{v}: {len(e.wheels)} wheels, {e.bytes / 2**20:.1f} MiB; replaces installed "
+              f"{[d['name'] for d in e.replaces_installed] or 'nothing'}; excluded "
+              f"{[d['name'] for d in e.excluded] or 'nothing'}")
+    return 0
 
 
 DEFAULT_HISTORY = Path("reports/history.jsonl")
@@ -733,6 +796,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_envs(args)
         if args.command == "history":
             return cmd_history(args)
+        if args.command == "wheelhouse":
+            return cmd_wheelhouse(args)
         if args.command == "compare":
             return cmd_compare(args)
     except ReproError as exc:

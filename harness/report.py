@@ -200,7 +200,7 @@ def _window(tokens: Sequence[Any] | None, center: int | None, width: int = WINDO
 
 
 def _is_demo(cr: CellResult) -> bool:
-    return cr.cell.mode == "keep" and cr.cell.clear_cache
+    return cr.cell.mode == "keep" and cr.cell.clear_cache and cr.cell.scenario == "pause"
 
 
 def judge_pair(

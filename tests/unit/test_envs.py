@@ -278,3 +278,17 @@ def test_prune_rule(specs: list[tuple[str, int, int]], older_than: int | None, c
             valid_fresh = {n for n, (k, u, _) in info.items()
                            if k == "valid" and (older_than is None or NOW - u <= older_than * DAY)}
             assert left == valid_fresh
+
+
+def test_wheelhouse_recipe_key_is_manifest_and_base_python() -> None:
+    from harness.envs import WheelhouseSource
+
+    src = WheelhouseSource("/tmp/wh", "a" * 64, "/opt/torch/.venv/bin/python3")
+    r = EnvRecipe("vllm", "0.21.0", "cuda", "3.12", wheelhouse=src)
+    assert r.to_dict()["wheelhouse"] == {"manifest_sha256": "a" * 64, "base_python": "/opt/torch/.venv/bin/python3"}
+    # The folder may move without invalidating the env; new wheels or another interpreter do.
+    assert replace(r, wheelhouse=replace(src, path="/elsewhere")).hash == r.hash
+    assert replace(r, wheelhouse=replace(src, manifest_sha256="b" * 64)).hash != r.hash
+    assert replace(r, wheelhouse=replace(src, base_python="/usr/bin/python3")).hash != r.hash
+    assert replace(r, wheelhouse=None).hash != r.hash
+    assert "wheelhouse" not in replace(r, wheelhouse=None).to_dict()
