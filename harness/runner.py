@@ -327,7 +327,9 @@ def injection_problem(info: dict[str, Any] | None, requested: tuple[str, ...]) -
     """
     if not requested:
         return None
-    inj = ((info or {}).get("probe") or {}).get("inject")
+    probe = (info or {}).get("probe") or {}
+    # The engine core's probe carries it (the scheduler lives there).
+    inj = (probe.get("core") or {}).get("inject", probe.get("inject"))
     if not isinstance(inj, dict):
         return f"fault injection {','.join(requested)} requested but the engine did not report it applied"
     applied = inj.get("applied") or {}

@@ -145,8 +145,8 @@ def test_missing_repeats_count_as_the_engine_failure(tmp_path: Path) -> None:
 
 
 def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_path: Path) -> None:
-    line = json.dumps({"event": "engine", "probe": {"inject": {"requested": ["vllm#42043"], "applied": {},
-                                                               "error": "unknown scheduler shape"}}})
+    line = json.dumps({"event": "engine", "probe": {"core": {"inject": {
+        "requested": ["vllm#42043"], "applied": {}, "error": "unknown scheduler shape"}}}})
     ran = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran",
                       "records": [_record("r0", [1, 2, 3, 4])]})
     env = fake_env(tmp_path, f"cat >> \"$OUT\" <<'JSON'\n{line}\n{ran}\nJSON\n")
@@ -160,7 +160,7 @@ def test_injection_problem_needs_every_requested_fault_applied() -> None:
 
     assert injection_problem(None, ()) is None
     assert "did not report" in (injection_problem({"probe": {}}, ("vllm#42043",)) or "")
-    ok = {"probe": {"inject": {"applied": {"vllm#42043": "Scheduler.reset_prefix_cache"}}}}
+    ok = {"probe": {"core": {"inject": {"applied": {"vllm#42043": "Scheduler.reset_prefix_cache"}}}}}
     assert injection_problem(ok, ("vllm#42043",)) is None
     assert "hang#pause" in (injection_problem(ok, ("vllm#42043", "hang#pause")) or "")
 
