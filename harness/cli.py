@@ -235,9 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(pl, reports="reports/plan")
     _add_index_options(pl)
 
-    r = sub.add_parser("report", help="render reports from a results file (results.json or results.jsonl)")
-    r.add_argument("results", type=Path)
+    r = sub.add_parser("report", help="render reports from results files (results.json or results.jsonl); several "
+                                      "files are merged cell by cell (a later file wins)")
+    r.add_argument("results", type=Path, nargs="+")
     r.add_argument("--out", type=Path, default=None, help="also write JSON/Markdown/JUnit into this folder")
+    r.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                   help="add a fact to the report's header, e.g. device='2x NVIDIA H200', driver=580.159.04")
 
     _add_history_and_compare_parsers(sub)
 
@@ -633,8 +636,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.report import render_terminal, write_reports
+    from harness.results import merge_results
 
-    results = read_results(args.results)
+    extra: dict[str, str] = {}
+    for item in args.meta:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"--meta {item!r} is not KEY=VALUE; e.g. --meta driver=580.159.04")
+        extra[key.strip()] = value
+    results = merge_results([(p, read_results(p)) for p in args.results], extra)
     render_terminal(results, _stdout_console())
     if args.out:
         paths = write_reports(results, args.out)

@@ -334,7 +334,7 @@ def _meta_lines(results: Results) -> list[str]:
     lines = []
     if (meta.get("repeat") or 1) > 1:
         lines.append(f"- repeat: every cell ran {meta['repeat']} times on its engine; FLAKY = runs disagree")
-    for key in ("created", "platform", "host", "versions"):
+    for key in ("created", "platform", "host", "versions", "device", "driver", "note"):
         value = meta.get(key)
         if value is None or value == "":
             continue

@@ -109,6 +109,34 @@ class ResultsLog:
             os.fsync(f.fileno())
 
 
+def merge_results(parts: list[tuple[Path, Results]], extra: dict[str, Any] | None = None) -> Results:
+    """One Results from several files (partial runs of one matrix): cells by id, a later file wins.
+
+    A single file keeps its meta; merged files keep each one's meta under
+    ``sources`` and the common facts (platform, tool version, inject) only when
+    every file agrees on them.
+    """
+    if len(parts) == 1:
+        _, res = parts[0]
+        return Results(res.cells, {**res.meta, **(extra or {})})
+    cells: dict[str, CellResult] = {}
+    for _, res in parts:
+        for c in res.cells:
+            cells.pop(c.id, None)
+            cells[c.id] = c
+    meta: dict[str, Any] = {"merged_from": len(parts)}
+    for key in ("platform", "tool_version", "inject", "repeat"):
+        values = {json.dumps(r.meta.get(key), sort_keys=True) for _, r in parts if key in r.meta}
+        if len(values) == 1 and all(key in r.meta for _, r in parts):
+            meta[key] = parts[0][1].meta[key]
+    created = sorted(str(r.meta["created"]) for _, r in parts if r.meta.get("created"))
+    if created:
+        meta["created"] = created[0]
+    meta["sources"] = [{"path": str(p), **{k: r.meta.get(k) for k in ("created", "argv", "host", "engine_starts")
+                                           if k in r.meta}, "cells": len(r.cells)} for p, r in parts]
+    return Results(tuple(cells.values()), {**meta, **(extra or {})})
+
+
 def _check_schema(obj: Any, schema: str, where: str) -> None:
     if not isinstance(obj, dict) or obj.get("schema") != schema:
         raise ResultsFileError(f"{where}: not a {schema} document")

@@ -104,3 +104,25 @@ def test_bad_history_files_are_one_clear_error(content: str, tmp_path, capsys) -
     assert len(err.splitlines()) == 1 and str(hist) in err, err
     assert main(["history", "plot", "--history", str(hist), "--out", str(tmp_path / "h.png")]) == 2
     assert hist.read_text() == before and not (tmp_path / "h.png").exists()
+
+
+def test_report_merges_partial_runs_later_file_wins(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from harness.matrix import Cell
+    from harness.oracle import Outcome
+    from harness.results import CellResult, Results, ResultsLog, read_results
+
+    a, b = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
+    first = tmp_path / "one.jsonl"
+    ResultsLog(first).append(CellResult(a, Outcome.TIMEOUT, "hang"))
+    second = tmp_path / "two.json"
+    second.write_text(json.dumps(Results((CellResult(a, Outcome.LOSS, "LOSS(1) in 8/10"),
+                                          CellResult(b, Outcome.OK, "OK 10/10")),
+                                         {"platform": "cuda", "created": "2026-11-30T10:00:00+00:00"}).to_dict()))
+    assert main(["report", str(first), str(second), "--out", str(tmp_path / "out"), "--meta", "driver=580"]) == 0
+    merged = read_results(tmp_path / "out" / "results.json")
+    assert {c.id: c.outcome for c in merged.cells} == {a.id: Outcome.LOSS, b.id: Outcome.OK}
+    assert merged.meta["driver"] == "580" and len(merged.meta["sources"]) == 2
+    assert "- driver: 580" in (tmp_path / "out" / "results.md").read_text()
+    assert main(["report", str(first), "--meta", "novalue"]) == 2
