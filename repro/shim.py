@@ -18,6 +18,9 @@ What it does:
   calls of the async output path into no-ops, so the AsyncScheduler code that
   vLLM #42043 lives in runs on a laptop CPU.  The probes report whether that
   path really ran, so a cell never claims async it did not get.
+* Only with ``VLLM_REPRO_INJECT`` set (``--inject``): deliberate fault
+  injection, see ``repro/inject.py``; the engine probe's ``inject`` section
+  says what was patched, or why not.
 
 Written to tolerate vLLM 0.16-0.32: every hook is looked up by name and a
 missing one is recorded, not raised.
@@ -32,6 +35,8 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from repro import inject
 
 ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
 
@@ -56,6 +61,9 @@ def register() -> None:
     STATE["registered"] = True
     STATE["pid"] = os.getpid()
     _install_probes()
+    # Deliberate fault injection (--inject, repro/inject.py); raises on an unknown id so
+    # the engine fails to start rather than run un-injected.
+    inject.activate(os.environ.get(inject.ENV_INJECT), _after_import)
     if os.environ.get(ENV_CPU_ASYNC) == "1":
         STATE["cpu_async_requested"] = True
         _install_cpu_async()
@@ -77,6 +85,7 @@ def _engine_probe(self: Any) -> dict[str, Any]:
         "executor_class": _qualname(getattr(self, "model_executor", None)),
         "async_scheduling": sched_cfg.async_scheduling,
         "shim": dict(STATE),
+        "inject": inject.probe(self.scheduler),
     }
 
 
