@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from repro.models import BigramCycleSpec, build_checkpoint, expected_continuation, load_perm
-from repro.scenarios import SCENARIOS
+from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import (
+    EngineContext,
     Plan,
     ScenarioTimeout,
     ScenarioUnsupported,
@@ -77,7 +78,34 @@ def _device_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _engine_args(spec: dict[str, Any], model_dir: Path) -> Any:
+def needs_nccl_weight_transfer(spec: dict[str, Any]) -> bool:
+    """Whether a scenario of ``spec`` syncs weights over NCCL (the engine must be started for it)."""
+    return any(
+        sc.get("scenario") == "weight_sync" and (sc.get("params") or {}).get("weight_transfer") == "nccl"
+        for sc in spec.get("scenarios", [])
+    )
+
+
+def _weight_transfer_config(spec: dict[str, Any]) -> Any:
+    """WeightTransferConfig(backend="nccl") where a scenario needs it and this vLLM/platform has it, else None.
+
+    Set only then: upstream's example starts the engine with it, and the
+    worker builds its NCCL transfer engine from it at start-up.  Where it is
+    missing the scenario itself reports UNSUPPORTED with the reason.
+    """
+    if not needs_nccl_weight_transfer(spec):
+        return None
+    try:
+        import torch
+        from vllm.config import WeightTransferConfig
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return WeightTransferConfig(backend="nccl")
+
+
+def _engine_args(spec: dict[str, Any], model_dir: Path, weight_transfer: Any = None) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     eng = spec["engine"]
@@ -99,6 +127,9 @@ def _engine_args(spec: dict[str, Any], model_dir: Path) -> Any:
     }
     if eng.get("gpu_memory_utilization") is not None:
         kwargs["gpu_memory_utilization"] = eng["gpu_memory_utilization"]
+    if weight_transfer is not None:
+        # vLLM versions with WeightTransferConfig take it as an engine argument.
+        kwargs["weight_transfer_config"] = weight_transfer
     kwargs.update(eng.get("extra", {}))
     return AsyncEngineArgs(**kwargs)
 
@@ -162,8 +193,12 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
     return SCENARIOS[name](sc["id"], sc.get("params", {}), vocab, int(sc.get("seed", 0)))
 
 
-async def _run_scenario(llm: Any, sc: dict[str, Any], perm: list[int], timeout: float) -> dict[str, Any]:
-    plan = _build_plan(sc, len(perm))
+async def _run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
+    perm = ctx.perm
+    plan = _build_plan(sc, len(perm))  # validates the parameters of every scenario
+    if sc["scenario"] in RUNNERS:
+        # Scenarios that change the engine (weight sync) drive it themselves.
+        return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)
     t0 = time.monotonic()
     refs = await run_reference(llm, plan, timeout, sc["id"])
     records, events = await run_plan(llm, plan, timeout)
@@ -214,7 +249,12 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
             emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
         return
     t0 = time.monotonic()
-    llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir))
+    llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
+    ctx = EngineContext(
+        model_spec=mspec, model_dir=model_dir, perm=perm, model_cache=Path(spec["model_cache"]),
+        work_dir=Path.cwd(), tensor_parallel_size=int(spec["engine"].get("tensor_parallel_size", 1)),
+        start_engine=lambda d: AsyncLLM.from_engine_args(_engine_args(spec, d)),
+    )
     try:
         startup = round(time.monotonic() - t0, 3)
         probe = await _probe(llm)
@@ -222,7 +262,7 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
         emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
              unsupported_reason=reason)
         for sc in scenarios:
-            await _one(llm, sc, perm, timeout, reason, emit)
+            await _one(llm, sc, ctx, timeout, reason, emit)
         if spec.get("interactive"):
             # Session mode (pytest, Hypothesis): more scenarios arrive as JSON
             # lines on stdin, one result event each, until EOF or {"op": "stop"}.
@@ -236,19 +276,19 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
                 sc = json.loads(line)
                 if sc.get("op") == "stop":
                     break
-                await _one(llm, sc, perm, float(sc.get("timeout", timeout)), reason, emit)
+                await _one(llm, sc, ctx, float(sc.get("timeout", timeout)), reason, emit)
     finally:
         llm.shutdown()
 
 
-async def _one(llm: Any, sc: dict[str, Any], perm: list[int], timeout: float, unsupported: str | None,
+async def _one(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, unsupported: str | None,
                emit: Emitter) -> None:
     """Run one scenario and emit its result event; only a dead engine propagates."""
     if unsupported is not None:
         emit("scenario", id=sc["id"], status="unsupported", reason=unsupported)
         return
     try:
-        result = await _run_scenario(llm, sc, perm, timeout)
+        result = await _run_scenario(llm, sc, ctx, timeout)
         after = await _probe(llm)
         emit("scenario", id=sc["id"], status="ran", **result, probe_after=after)
     except ScenarioUnsupported as exc:

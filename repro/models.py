@@ -21,7 +21,7 @@ import json
 import os
 import random
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,47 @@ def expected_continuation(perm: list[int], last_prompt_token: int, n: int) -> li
         tok = perm[tok]
         out.append(tok)
     return out
+
+
+# How far swap_partner looks for a seed; a random pair of cycles differs at every
+# token with probability about 1/e, so a handful of seeds always suffices.
+_PARTNER_SEARCH = 1000
+
+
+def swap_partner(spec: BigramCycleSpec) -> BigramCycleSpec:
+    """Checkpoint B of a weight-sync run whose checkpoint A is ``spec``.
+
+    Same architecture and sizes (so vLLM can load it in place), the first seed
+    after ``spec.seed`` whose cycle differs from A's at *every* token: whatever
+    token a request holds when the weights are swapped, its next token tells
+    which weights produced it.
+    """
+    perm_a = cycle_permutation(spec.vocab_size, spec.seed)
+    for seed in range(spec.seed + 1, spec.seed + 1 + _PARTNER_SEARCH):
+        perm_b = cycle_permutation(spec.vocab_size, seed)
+        if all(a != b for a, b in zip(perm_a, perm_b, strict=True)):
+            return replace(spec, seed=seed)
+    raise ValueError(
+        f"no seed in {spec.seed + 1}..{spec.seed + _PARTNER_SEARCH} gives a cycle that differs from seed "
+        f"{spec.seed}'s at every token (vocab_size={spec.vocab_size}); use a larger vocab_size"
+    )
+
+
+def swapped_continuation(perm_a: list[int], perm_b: list[int], last_prompt_token: int, n_a: int, n: int) -> list[int]:
+    """Greedy stream of ``n`` tokens when the weights change from A to B after ``n_a`` of them.
+
+    The first ``n_a`` tokens walk ``perm_a`` from the prompt's last token; the
+    rest walk ``perm_b`` from the last token produced so far, so token ``n_a``
+    is ``perm_b[last pre-swap token]`` (``perm_b[last_prompt_token]`` when
+    ``n_a`` is 0).
+    """
+    if len(perm_a) != len(perm_b):
+        raise ValueError(f"permutations of different vocabularies: {len(perm_a)} and {len(perm_b)} tokens")
+    if n_a < 0:
+        raise ValueError(f"n_a={n_a}: must be >= 0")
+    head = expected_continuation(perm_a, last_prompt_token, min(n_a, n))
+    last = head[-1] if head else last_prompt_token
+    return head + expected_continuation(perm_b, last, n - len(head))
 
 
 def _config(spec: BigramCycleSpec) -> dict[str, Any]:
@@ -184,6 +225,24 @@ def write_safetensors(path: Path, tensors: dict[str, Any]) -> None:
         f.write(raw)
         for b in blobs:
             f.write(b)
+
+
+# safetensors dtype -> torch dtype attribute name (what vLLM's weight transfer takes).
+_TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def safetensors_manifest(path: Path) -> list[tuple[str, str, list[int]]]:
+    """(name, torch dtype name, shape) of every tensor in a safetensors file, sorted by name; reads the header only."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    out = []
+    for name in sorted(k for k in header if k != "__metadata__"):
+        meta = header[name]
+        if meta["dtype"] not in _TORCH_DTYPES:
+            raise ValueError(f"{path}: tensor {name} has dtype {meta['dtype']}; known: {sorted(_TORCH_DTYPES)}")
+        out.append((name, _TORCH_DTYPES[meta["dtype"]], list(meta["shape"])))
+    return out
 
 
 def read_safetensors(path: Path) -> dict[str, Any]:

@@ -15,11 +15,16 @@ the pause (asked of the engine core, not guessed with a sleep).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from repro.models import BigramCycleSpec
 
 PAUSE_MODES = ("keep", "wait", "abort")
 
@@ -36,11 +41,17 @@ class ScenarioTimeout(ScenarioFailed):
     """The engine did not reach an expected state within the scenario timeout."""
 
 
+# Run while the engine is paused, after the client holds every pre-pause token
+# and before resume (e.g. a weight update); returns facts for the event log.
+PauseAction = Callable[[], Awaitable[dict[str, Any]]]
+
+
 @dataclass(frozen=True)
 class PauseSpec:
     mode: str
     clear_cache: bool
     after_tokens: int  # pause once every running request has this many tokens
+    action: PauseAction | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,21 @@ class RequestSpec:
 class Plan:
     requests: list[RequestSpec]
     pauses: list[PauseSpec]
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What a scenario that changes the engine (weight sync) knows about it beyond the AsyncLLM."""
+
+    model_spec: BigramCycleSpec  # the checkpoint the engine started with (A)
+    model_dir: Path
+    perm: list[int]
+    model_cache: Path
+    work_dir: Path  # where side logs (e.g. the weight trainer's) go
+    tensor_parallel_size: int
+    # A new AsyncLLM with this engine's arguments but another checkpoint
+    # (the caller shuts it down).
+    start_engine: Callable[[Path], Any]
 
 
 def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -235,10 +261,26 @@ class _Driver:
                 # Still frozen inside the engine at resume time (keep mode).
                 "frozen": not s.done,
             })
+        if p.action is not None:
+            await self._act(k, p.action)
         self._submit(self._phase("during", k))
         self.events.append({"t": self._now(), "event": "resume", "k": k})
         await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
         self._submit(self._phase("after", k))
+
+    async def _act(self, k: int, action: PauseAction) -> None:
+        t0 = self._now()
+        try:
+            info = await asyncio.wait_for(action(), self.timeout)
+        except BaseException as exc:
+            # Leave no paused engine behind: later scenarios of this engine
+            # would hang on it.  The action's own error is what gets reported.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+            if isinstance(exc, TimeoutError):
+                raise ScenarioTimeout(f"the action of pause {k} did not finish in {self.timeout}s") from exc
+            raise
+        self.events.append({"t": self._now(), "event": "pause_action", "k": k, "started": t0, **info})
 
     async def run(self) -> list[dict[str, Any]]:
         try:
@@ -304,19 +346,19 @@ async def run_plan(llm: Any, plan: Plan, timeout: float) -> tuple[list[dict[str,
 REFERENCE_MARGIN = 8
 
 
+async def run_unpaused(llm: Any, requests: list[RequestSpec], timeout: float, what: str) -> list[list[int]]:
+    """Greedy streams of ``requests``, all submitted at once and never paused, in the order given."""
+    sp_cls, kind = _vllm_api()
+    driver = _Driver(llm, Plan(requests=list(requests), pauses=[]), timeout, sp_cls, kind)
+    records = await driver.run()
+    for rec in records:
+        if rec["error"]:
+            raise ScenarioFailed(f"{what} request {rec['rid']} failed: {rec['error']}")
+    return [rec["observed"] for rec in records]
+
+
 async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[str, list[int]]:
     """Greedy streams of every request in ``plan`` on the same engine, with no pause."""
-    sp_cls, kind = _vllm_api()
-    ref_plan = Plan(
-        requests=[RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN)
-                  for r in plan.requests],
-        pauses=[],
-    )
-    driver = _Driver(llm, ref_plan, timeout, sp_cls, kind)
-    records = await driver.run()
-    out: dict[str, list[int]] = {}
-    for orig, rec in zip(plan.requests, records, strict=True):
-        if rec["error"]:
-            raise ScenarioFailed(f"reference run of {orig.rid} failed: {rec['error']}")
-        out[orig.rid] = rec["observed"]
-    return out
+    reqs = [RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN) for r in plan.requests]
+    streams = await run_unpaused(llm, reqs, timeout, "reference")
+    return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}

@@ -30,6 +30,9 @@ from repro.models import (
     expected_continuation,
     load_perm,
     read_safetensors,
+    safetensors_manifest,
+    swap_partner,
+    swapped_continuation,
     write_safetensors,
 )
 from repro.scenarios.base import make_prompts
@@ -373,3 +376,68 @@ def test_make_prompts_are_distinct_and_avoid_special_tokens() -> None:
 def test_spec_rejects_values_vllm_or_numpy_would_choke_on(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         BigramCycleSpec(**kwargs)
+
+
+# --------------------------------------------------------------------------- weight-sync partner (checkpoint B)
+
+
+@FAST
+@given(st.integers(8, 600), st.integers(0, 2**16))
+def test_swap_partner_is_the_first_later_seed_whose_cycle_differs_everywhere(v: int, seed: int) -> None:
+    spec = BigramCycleSpec(vocab_size=v, seed=seed)
+    b = swap_partner(spec)
+    assert b == BigramCycleSpec(vocab_size=v, seed=b.seed)  # same shape: loadable in place of A
+    pa, pb = cycle_permutation(v, seed), cycle_permutation(v, b.seed)
+    assert all(x != y for x, y in zip(pa, pb, strict=True))
+    for s in range(seed + 1, b.seed):  # and no earlier seed would do
+        assert any(x == y for x, y in zip(pa, cycle_permutation(v, s), strict=True))
+    assert b.key() != spec.key()
+    assert swap_partner(spec) == b
+
+
+def test_swap_partner_of_the_default_checkpoint(tmp_path: Path) -> None:
+    a = BigramCycleSpec()
+    b = swap_partner(a)
+    assert (b.seed, b.vocab_size, b.hidden_size) == (1, a.vocab_size, a.hidden_size)
+    da, db = build_checkpoint(a, tmp_path), build_checkpoint(b, tmp_path)
+    assert da != db
+    assert all(x != y for x, y in zip(load_perm(da), load_perm(db), strict=True))
+
+
+@FAST
+@given(st.integers(8, 200), st.integers(0, 2**16), st.data())
+def test_swapped_continuation_walks_a_then_b(v: int, seed: int, data: st.DataObject) -> None:
+    pa, pb = cycle_permutation(v, seed), cycle_permutation(v, seed + 1)
+    start = data.draw(st.integers(0, v - 1))
+    n = data.draw(st.integers(0, 60))
+    n_a = data.draw(st.integers(0, 70))
+    out = swapped_continuation(pa, pb, start, n_a, n)
+    assert len(out) == n
+    k = min(n_a, n)
+    assert out[:k] == expected_continuation(pa, start, k)
+    assert out[k:] == expected_continuation(pb, out[k - 1] if k else start, n - k)
+    assert swapped_continuation(pa, pb, start, 0, n) == expected_continuation(pb, start, n)
+    assert swapped_continuation(pa, pb, start, n, n) == expected_continuation(pa, start, n)
+
+
+def test_swapped_continuation_rejects_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="different vocabularies: 8 and 9"):
+        swapped_continuation(cycle_permutation(8, 0), cycle_permutation(9, 0), 1, 2, 4)
+    with pytest.raises(ValueError, match="n_a=-1"):
+        swapped_continuation(cycle_permutation(8, 0), cycle_permutation(8, 1), 1, -1, 4)
+
+
+def test_manifest_lists_every_tensor_of_the_checkpoint_in_name_order(built: dict[str, Path]) -> None:
+    path = built["gqa-2layers"] / "model.safetensors"
+    manifest = safetensors_manifest(path)
+    tensors = read_safetensors(path)
+    assert [m[0] for m in manifest] == sorted(tensors)
+    assert all(dtype == "float32" and shape == list(tensors[name].shape) for name, dtype, shape in manifest)
+
+
+def test_manifest_refuses_a_dtype_it_cannot_name(tmp_path: Path) -> None:
+    raw = json.dumps({"x": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}).encode()
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(8))
+    with pytest.raises(ValueError, match="tensor x has dtype I64"):
+        safetensors_manifest(path)
