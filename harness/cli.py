@@ -169,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")
     _add_run_options(m, reports="reports")
     _add_wheelhouse_options(m)
+    m.add_argument("--cluster", metavar="ray[:ADDRESS]", default=None,
+                   help="run each engine config as a Ray task: 'ray' starts a local Ray for the run; 'ray:auto' or "
+                        "'ray:HOST:PORT' (GCS address; run vllm-repro on a node of the cluster) joins one. Each task "
+                        "asks for 1 CPU and TP GPUs and builds its vLLM env on its node. Needs "
+                        "pip install 'vllm-repro[cluster]'")
     m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
     m.add_argument("--fail-on-unexpected", action="store_true",
                    help="exit 1 when any cell differs from the known-bug table (UNEXPECTED): a new loss, or a "
@@ -317,6 +322,11 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
 
     platform = _platform(args.platform)
     cache = args.cache_dir or default_cache_dir()
+    target = None
+    if args.cluster:
+        from harness.cluster import parse_cluster
+
+        target = parse_cluster(args.cluster)
     inject = parse_inject(args.inject)
     if args.repeat < 1:
         raise BadInput(f"--repeat must be at least 1, got {args.repeat}")
@@ -352,7 +362,8 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         reports, jsonl = _fresh_log(args.reports, "results.jsonl")
     (reports / RUN_FILE).write_text(json.dumps(run_doc, indent=2) + "\n")
     done_ids = {r.id for r in kept}
-    plan = plan_cells([c for c in sel.cells() if c.id not in done_ids], platform, n_gpus)
+    # On a cluster GPUs are per node: TP cells are not judged by the driver's own GPUs.
+    plan = plan_cells([c for c in sel.cells() if c.id not in done_ids], platform, None if target else n_gpus)
     if inject:
         console.print(f"[bold red]FAULT INJECTION[/]: {', '.join(f'{f} ({FAULTS[f]})' for f in inject)}; the "
                       "results of this run do not describe upstream vLLM")
@@ -377,9 +388,16 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
             console.print(f"[cyan]{escape(p.message)}[/]")
 
     with _interruptible(console, f"results of finished cells are in {jsonl}"):
-        results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
-                             on_progress=on_progress, argv=argv, prebuilt=prebuilt,
-                             recipe_for=_wheelhouse_recipes(args, platform))
+        if target is not None:
+            from harness.cluster import run_matrix_on_cluster
+
+            results = run_matrix_on_cluster(plan, cfg, index, cache, ResultsLog(jsonl), target.address,
+                                            python=args.python, on_progress=on_progress, argv=argv,
+                                            prebuilt=prebuilt, recipe_for=_wheelhouse_recipes(args, platform))
+        else:
+            results = run_matrix(plan, cfg, index, cache, ResultsLog(jsonl), python=args.python,
+                                 on_progress=on_progress, argv=argv, prebuilt=prebuilt,
+                                 recipe_for=_wheelhouse_recipes(args, platform))
     if kept:
         order = {c.id: i for i, c in enumerate(sel.cells())}
         merged = sorted([*kept, *results.cells], key=lambda r: order.get(r.id, len(order)))
