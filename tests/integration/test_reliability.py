@@ -21,7 +21,7 @@ from harness.results import read_results
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = ["--versions", "0.32.0", "--executor", "mp", "--mode", "keep", "--clear-cache", "true",
+BASE = ["--versions", "0.32.0", "--executor", "mp", "--clear-cache", "true",
         "--scenario", "pause", "--engine-timeout", "600"]
 
 
@@ -71,7 +71,7 @@ def _lines(path: Path) -> list[dict]:
 
 def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    args = [*BASE, "--async", "off,on", "--reports", str(reports)]
+    args = [*BASE, "--mode", "keep", "--async", "off,on", "--reports", str(reports)]
     proc = _cli(args)
     log = reports / "results.jsonl"
     second = reports / "engines" / "vllm0.32.0-mp-async_on" / "events.jsonl"
@@ -98,3 +98,22 @@ def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path:
     bad = _cli([*args, "--resume", "--max-tokens", "64"])
     out, _ = bad.communicate(timeout=60)
     assert bad.returncode == 2 and "different settings" in out
+
+
+def test_a_pause_that_never_returns_is_a_timeout_and_leaves_nothing(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    # hang#pause: the engine core pauses but never acknowledges it (repro/inject.py).
+    proc = _cli([*BASE[:-2], "--engine-timeout", "400", "--async", "on", "--mode", "keep,wait",
+                 "--inject", "hang#pause", "--scenario-timeout", "15", "--reports", str(reports)])
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out[-3000:]
+    res = read_results(reports / "results.json")
+    outcomes = {c.id: (c.outcome.value, c.reason or "") for c in res.cells}
+    assert set(outcomes) == {"vllm0.32.0-mp-async_on-keep-clear", "vllm0.32.0-mp-async_on-wait-clear"}
+    for cid, (outcome, reason) in outcomes.items():
+        assert outcome == "TIMEOUT", (cid, outcome, reason)
+        assert reason, cid
+    core = next(c.engine for c in res.cells if c.engine)
+    assert "hang#pause" in core["probe"]["core"]["inject"]["applied"]
+    assert "FAULT INJECTED" in (reports / "results.md").read_text()
+    assert _processes_of(reports) == [], "a hung engine outlived the run"
