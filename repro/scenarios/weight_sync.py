@@ -495,6 +495,7 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
         rec["reference_matches_model"] = a_ok
         last = ref[n_a - 1] if 0 < n_a <= len(ref) else rec["prompt"][-1]
         rec["weight_sync"] = {
+            "transfer": summary.get("transfer"),  # kept per request: the harness stores records, not the summary
             "swap_index": n_a,
             "last_pre_swap_token": last,
             "expected_first_post_swap": ref[n_a] if n_a < len(ref) else None,
