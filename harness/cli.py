@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--weight-transfer", default="auto", choices=("auto", "reload", "nccl"),
                    help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on a GPU the "
                         "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")
+    m.add_argument("--weight-sync-fresh-check", action="store_true",
+                   help="weight-sync: also replay prompt + pre-pause tokens on a fresh engine loaded with B, as "
+                        "upstream's example does (one more engine start per weight-sync cell)")
     _add_run_options(m, reports="reports")
     _add_wheelhouse_options(m)
     m.add_argument("--cluster", metavar="ray[:ADDRESS]", default=None,
@@ -334,7 +337,8 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     if args.weight_transfer == "nccl" and platform != "cuda":
         raise BadInput("--weight-transfer nccl needs CUDA GPUs; use reload (or auto) on cpu")
     cfg = replace(_run_config(args, platform, cache), inject=inject, repeat=args.repeat,
-                  weight_transfer=args.weight_transfer, n_gpus=n_gpus or 0)
+                  weight_transfer=args.weight_transfer, n_gpus=n_gpus or 0,
+                  weight_sync_fresh_check=args.weight_sync_fresh_check)
     index = _index(args)
     if args.wheelhouse:
         from harness.wheelhouse import load_manifest

@@ -34,6 +34,7 @@ def run_record(sel: Selection, cfg: RunConfig, platform: str) -> dict[str, Any]:
             "inject": list(cfg.inject),
             "repeat": cfg.repeat,
             "weight_transfer": cfg.weight_transfer,
+            "weight_sync_fresh_check": cfg.weight_sync_fresh_check,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
         },
     }

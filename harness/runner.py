@@ -52,6 +52,9 @@ class RunConfig:
     # GPU the engine does not use sends the weights), "auto" (nccl when such a GPU exists)
     weight_transfer: str = "reload"
     n_gpus: int = 0  # GPUs visible to engines (cuda)
+    # weight-sync: also check the post-swap streams on a fresh engine loaded with B, as upstream's
+    # example does (costs an engine start per weight-sync cell; on a GPU the two share its memory)
+    weight_sync_fresh_check: bool = False
 
 
 def stage_repro(dst: Path) -> Path:
@@ -115,6 +118,8 @@ def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
     else:
         name = cell.scenario.replace("-", "_")
         params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
+        if cfg.weight_sync_fresh_check:
+            params["fresh_engine_check"] = True
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
     return {"id": repeat_id(cell.scenario_id, rep), "scenario": name, "params": params,
             "seed": scenario_seed(cell.scenario_id)}

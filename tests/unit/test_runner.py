@@ -183,5 +183,9 @@ def test_weight_sync_cells_name_their_scenario_and_transfer(tmp_path: Path) -> N
     auto = {"platform": "cuda", "weight_transfer": "auto"}
     assert scenario_entry(c, cfg(tmp_path, **auto, n_gpus=2))["params"]["weight_transfer"] == "nccl"
     assert scenario_entry(c, cfg(tmp_path, **auto, n_gpus=1))["params"]["weight_transfer"] == "reload"
+    assert "fresh_engine_check" not in e["params"]
+    assert scenario_entry(c, cfg(tmp_path, weight_sync_fresh_check=True))["params"]["fresh_engine_check"] is True
+    plain = scenario_entry(Cell("0.21.0", "mp", True, "keep", True), cfg(tmp_path, weight_sync_fresh_check=True))
+    assert "fresh_engine_check" not in plain["params"], "pause scenarios do not take it"
     tp2 = Cell("0.21.0", "mp", True, "keep", True, tp=2, scenario="weight-sync")
     assert scenario_entry(tp2, cfg(tmp_path, **auto, n_gpus=2))["params"]["weight_transfer"] == "reload"
