@@ -50,10 +50,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness import __version__
 from harness.envs import EnvRecipe, IndexConfig, VllmEnv, default_cache_dir, ensure_env, package_for
 from harness.errors import BadInput, EnvBuildError, ReproError
-from harness.execute import Progress, ProgressHook
+from harness.execute import Progress, ProgressHook, run_meta
 from harness.faults import bugs_with_injection
 from harness.known_bugs import annotate, load_known_bugs
 from harness.matrix import Cell, EngineKey, MatrixPlan
@@ -454,19 +453,8 @@ def run_matrix_on_cluster(
                     on_event, cluster, envs)
 
     order = {c.id: i for i, c in enumerate(plan.cells)}
-    meta = {
-        "tool_version": __version__,
-        "created": started.isoformat(timespec="seconds"),
-        "finished": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "platform": cfg.platform,
-        "host": {"machine": _platform.machine(), "node": _platform.node(), "python": _platform.python_version()},
-        "argv": argv or [],
-        "envs": envs,
-        "engine_starts": len(cluster["tasks"]),  # engines submitted (none for an unplaceable config)
-        "inject": list(cfg.inject),
-        "repeat": cfg.repeat,
-        "cluster": cluster,
-    }
+    # engine_starts: engines submitted (none for an unplaceable config)
+    meta = {**run_meta(cfg, started, argv, envs, len(cluster["tasks"])), "cluster": cluster}
     return Results(tuple(sorted(done.values(), key=lambda r: order.get(r.id, 0))), meta)
 
 

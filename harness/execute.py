@@ -96,7 +96,15 @@ def run_matrix(
         pool.shutdown(wait=True)
 
     order = {c.id: i for i, c in enumerate(plan.cells)}
-    meta = {
+    meta = run_meta(cfg, started, argv, envs, len(plan.engines))
+    return Results(tuple(sorted(done, key=lambda r: order.get(r.id, 0))), meta)
+
+
+def run_meta(
+    cfg: RunConfig, started: datetime, argv: list[str] | None, envs: dict[str, Any], engine_starts: int
+) -> dict[str, Any]:
+    """The ``meta`` of a run's Results (what ran where, with which settings)."""
+    return {
         "tool_version": __version__,
         "created": started.isoformat(timespec="seconds"),
         "finished": datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -104,11 +112,10 @@ def run_matrix(
         "host": {"machine": _platform.machine(), "node": _platform.node(), "python": _platform.python_version()},
         "argv": argv or [],
         "envs": envs,
-        "engine_starts": len(plan.engines),
+        "engine_starts": engine_starts,
         "inject": list(cfg.inject),
         "repeat": cfg.repeat,
     }
-    return Results(tuple(sorted(done, key=lambda r: order.get(r.id, 0))), meta)
 
 
 def _run_versions(
