@@ -64,8 +64,20 @@ def test_self_test_fails_loudly_when_the_oracle_sees_nothing() -> None:
 
 def test_self_test_fails_when_the_injected_cell_could_not_run() -> None:
     cell = Cell("0.32.0", "mp", True, "keep", True)
-    res = _results(CellResult(cell, Outcome.UNSUPPORTED, "injection not applied"), inject=["vllm#42043"])
-    assert sensitivity_failures(res)
+    engine = {"vllm_version": "0.32.0", "probe": {}}
+    refused = CellResult(cell, Outcome.UNSUPPORTED, "injection not applied", engine=engine)
+    assert sensitivity_failures(_results(refused, inject=["vllm#42043"]))
+    timeout = CellResult(cell, Outcome.TIMEOUT, "hang", engine=engine)
+    assert sensitivity_failures(_results(timeout, inject=["vllm#42043"]))
+
+
+def test_self_test_ignores_cells_the_platform_cannot_run() -> None:
+    ran = CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.LOSS, "LOSS(1)",
+                     requests=(_judged(True, True),))
+    ray = CellResult(Cell("0.32.0", "ray-v2", True, "keep", True), Outcome.UNSUPPORTED,
+                     "Ray executors do not run on vLLM's CPU platform")
+    assert sensitivity_failures(_results(ran, ray, inject=["vllm#42043"])) == []
+    assert "no cell" in sensitivity_failures(_results(ray, inject=["vllm#42043"]))[0]
 
 
 def test_self_test_is_not_vacuous() -> None:
