@@ -126,3 +126,67 @@ def test_report_merges_partial_runs_later_file_wins(tmp_path, capsys) -> None:  
     assert merged.meta["driver"] == "580" and len(merged.meta["sources"]) == 2
     assert "- driver: 580" in (tmp_path / "out" / "results.md").read_text()
     assert main(["report", str(first), "--meta", "novalue"]) == 2
+
+
+def _fake_run(outcome_for):  # type: ignore[no-untyped-def]
+    """A run_matrix stand-in: judges every planned cell with ``outcome_for(cell)`` (no engine)."""
+    from harness.execute import run_meta
+    from harness.faults import annotate_injected
+    from harness.known_bugs import load_known_bugs
+    from harness.results import CellResult, Results, infra_result
+
+    def run(plan, cfg, index, cache, log, **kw):  # type: ignore[no-untyped-def]
+        from datetime import datetime
+
+        from harness.oracle import Outcome
+
+        cells = [infra_result(c, Outcome.UNSUPPORTED, r) for c, r in plan.unsupported]
+        for _, cs in plan.engines:
+            for c in cs:
+                outcome, reqs = outcome_for(c)
+                cells.append(CellResult(c, outcome, outcome.value, requests=reqs, engine={"vllm_version": c.version}))
+        cells = [annotate_injected(c, cfg.inject, load_known_bugs()) for c in cells]
+        for c in cells:
+            log.append(c)
+        return Results(tuple(cells), run_meta(cfg, datetime.now(), [], {}, len(plan.engines)))
+
+    return run
+
+
+@pytest.mark.parametrize(("lost", "rc"), [(True, 0), (False, 1)])
+def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import harness.execute
+    from harness.oracle import Outcome, classify_request
+    from tests.unit.synthetic import request_record
+
+    ref = list(range(10, 40))
+    obs = ref[:6] + ref[7:20] if lost else ref[:19]
+    rec = request_record("r0", obs, ref, running=True, max_tokens=19)
+    judged = ({**rec, "verdict": classify_request(rec).to_dict()},)
+
+    def outcome_for(cell):  # type: ignore[no-untyped-def]
+        covered = cell.async_on and cell.clear_cache
+        return (Outcome.LOSS if covered and lost else Outcome.OK), (judged if covered else ())
+
+    monkeypatch.setattr(harness.execute, "run_matrix", _fake_run(outcome_for))
+    argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--inject", "vllm#42043", "--async", "on",
+            "--mode", "keep", "--scenario", "pause", "--reports", str(tmp_path)]
+    assert main(argv) == rc
+    err = capsys.readouterr().err
+    assert ("SENSITIVITY SELF-TEST FAILED" in err) is (not lost)
+    assert "FAULT INJECTED" in (tmp_path / "results.md").read_text()
+
+
+def test_fail_on_unexpected(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import harness.execute
+    from harness.oracle import Outcome
+
+    # 0.32.0 cells all OK except one surprise LOSS: exit 0 normally, 1 with --fail-on-unexpected.
+    def outcome_for(cell):  # type: ignore[no-untyped-def]
+        return (Outcome.LOSS if cell.mode == "wait" else Outcome.OK), ()
+
+    monkeypatch.setattr(harness.execute, "run_matrix", _fake_run(outcome_for))
+    argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--async", "on", "--scenario", "pause",
+            "--executor", "mp"]
+    assert main([*argv, "--reports", str(tmp_path / "a")]) == 0
+    assert main([*argv, "--reports", str(tmp_path / "b"), "--fail-on-unexpected"]) == 1
