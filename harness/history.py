@@ -5,7 +5,7 @@ One line per run (one results report)::
     {"schema": "vllm-repro/history", "schema_version": 1, "run_id": "…", "cells_digest": "…", "added": "2026-…",
      "source": "…",
      "meta": {"platform": "cpu", "created": "…", "inject": [...], "devices": [...], …},
-     "cells": [{"id", "version", "executor", "async", "mode", "clear_cache", "tp", "outcome", "label",
+     "cells": [{"id", "version", "executor", "async", "mode", "clear_cache", "tp", "scenario", "outcome", "label",
                 "summary", "reason", "expectation", "expected", "vllm_version", "device", "inject"}, …]}
 
 Outcomes are kept as strings, so a history written by a newer vllm-repro (e.g. FLAKY from ``--repeat``) still
@@ -165,13 +165,15 @@ class HistoryCell:
     vllm_version: str | None = None  # what the engine reported (orders commit labels)
     device: str | None = None
     inject: tuple[str, ...] = ()
+    scenario: str = "pause"
 
     @property
     def config(self) -> str:
         """The cell without its version, e.g. ``mp-async_on-keep-clear``: a heat-map row."""
         tp = f"-tp{self.tp}" if self.tp != 1 else ""
+        extra = "" if self.scenario == "pause" else f"-{self.scenario.replace('-', '_')}"
         return (f"{self.executor}-async_{'on' if self.async_on else 'off'}-{self.mode}-"
-                f"{'clear' if self.clear_cache else 'noclear'}{tp}")
+                f"{'clear' if self.clear_cache else 'noclear'}{tp}{extra}")
 
     @classmethod
     def from_result(cls, cr: CellResult, run_inject: tuple[str, ...]) -> HistoryCell:
@@ -180,7 +182,7 @@ class HistoryCell:
         engine = cr.engine if isinstance(cr.engine, dict) else {}
         return cls(
             id=cr.id, version=c.version, executor=c.executor, async_on=c.async_on, mode=c.mode,
-            clear_cache=c.clear_cache, tp=c.tp, outcome=cr.outcome.value,
+            clear_cache=c.clear_cache, tp=c.tp, scenario=c.scenario, outcome=cr.outcome.value,
             label=cell_label(cr.outcome.value, cr.summary), summary=cr.summary,
             # Infrastructure results repeat their reason as the summary: stored once.
             reason=cr.reason if cr.reason != cr.summary else None,
@@ -191,7 +193,8 @@ class HistoryCell:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "version": self.version, "executor": self.executor, "async": self.async_on,
-                "mode": self.mode, "clear_cache": self.clear_cache, "tp": self.tp, "outcome": self.outcome,
+                "mode": self.mode, "clear_cache": self.clear_cache, "tp": self.tp, "scenario": self.scenario,
+                "outcome": self.outcome,
                 "label": self.label, "summary": self.summary, "reason": self.reason,
                 "expectation": self.expectation, "expected": self.expected, "vllm_version": self.vllm_version,
                 "device": self.device, "inject": list(self.inject)}
@@ -208,7 +211,8 @@ class HistoryCell:
         summary = str(d.get("summary") or outcome)
         return cls(
             id=str(d["id"]), version=str(d["version"]), executor=str(d["executor"]), async_on=bool(d["async"]),
-            mode=str(d["mode"]), clear_cache=bool(d["clear_cache"]), tp=int(d.get("tp", 1)), outcome=outcome,
+            mode=str(d["mode"]), clear_cache=bool(d["clear_cache"]), tp=int(d.get("tp", 1)),
+            scenario=str(d.get("scenario", "pause")), outcome=outcome,
             label=str(d.get("label") or cell_label(outcome, summary)), summary=summary, reason=d.get("reason"),
             expectation=d.get("expectation"), expected=d.get("expected"), vllm_version=d.get("vllm_version"),
             device=d.get("device"), inject=inject_ids(d.get("inject")),
@@ -536,12 +540,13 @@ def version_order(labels: Iterable[str], hints: dict[str, str] | None = None) ->
 
 
 def _row_key(row: Row) -> tuple[Any, ...]:
-    m = re.match(r"^(.*)-async_(on|off)-([^-]+)-(clear|noclear)(?:-tp(\d+))?$", row.config)
+    m = re.match(r"^(.*)-async_(on|off)-([^-]+)-(clear|noclear)(?:-tp(\d+))?(?:-([a-z_]+))?$", row.config)
     if not m:
         return (row.inject, row.platform, 1, row.config)
-    ex, a, mode, clear, tp = m.groups()
+    ex, a, mode, clear, tp, scenario = m.groups()
     return (row.inject, row.platform, 0, EXECUTORS.index(ex) if ex in EXECUTORS else len(EXECUTORS), ex,
-            int(tp or 1), a == "on", MODES.index(mode) if mode in MODES else len(MODES), mode, clear != "clear")
+            int(tp or 1), a == "on", scenario or "", MODES.index(mode) if mode in MODES else len(MODES), mode,
+            clear != "clear")
 
 
 def _matches(cell: HistoryCell, patterns: Sequence[str]) -> bool:

@@ -363,3 +363,17 @@ def test_plot_without_matplotlib_says_how_to_install(hist: Path, tmp_path: Path,
         plot(read_history(hist), tmp_path / "x.png")
     assert isinstance(err.value, ReproError)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_weight_sync_cells_are_rows_of_their_own(tmp_path: Path) -> None:
+    from dataclasses import replace as dc_replace
+
+    pause = ran("0.21.0", lose=1)
+    wsync = dc_replace(ran("0.21.0"), cell=dc_replace(pause.cell, scenario="weight-sync"))
+    hist = tmp_path / "h.jsonl"
+    add_run(hist, write(report((pause, wsync), "2026-11-30T10:00:00+00:00"), tmp_path / "r.json"))
+    view = show(read_history(hist))
+    configs = sorted({s.row.config for s in view.series})
+    assert configs == [KEEP_CLEAR_ON, KEEP_CLEAR_ON + "-weight_sync"]
+    assert {s.row.config: s.latest.label for s in view.series} == {
+        KEEP_CLEAR_ON: "LOSS(1)", KEEP_CLEAR_ON + "-weight_sync": "OK"}
