@@ -155,9 +155,10 @@ def _fake_run(outcome_for):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(("lost", "rc"), [(True, 0), (False, 1)])
 def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from synthetic import request_record
+
     import harness.execute
     from harness.oracle import Outcome, classify_request
-    from tests.unit.synthetic import request_record
 
     ref = list(range(10, 40))
     obs = ref[:6] + ref[7:20] if lost else ref[:19]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from synthetic import request_record
 
 from harness.errors import BadInput
 from harness.faults import annotate_injected, bugs_with_injection, parse_inject, sensitivity_failures
@@ -10,7 +11,6 @@ from harness.known_bugs import load_known_bugs
 from harness.matrix import Cell
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
-from tests.unit.synthetic import request_record
 
 pytestmark = pytest.mark.unit
 
