@@ -48,7 +48,7 @@ from harness.matrix import (
 )
 from harness.oracle import Outcome
 from harness.results import Results, ResultsLog, read_results
-from harness.resume import RUN_FILE, resume_state, rewrite_log, run_record
+from harness.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
 from harness.runner import RunConfig
 from harness.versions import INSTALLED
 
@@ -149,12 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("matrix", help="run the matrix and write JSON, Markdown and JUnit reports",
-                       description="Run the selected cells. One engine starts per (version, executor, async) "
-                       "config; every pause mode and clear_cache value runs as a scenario of that engine. "
-                       "Cells the platform cannot run are reported UNSUPPORTED with the reason. Exit code: "
-                       "0 when every runnable cell produced a verdict (token loss included: that is a "
-                       "finding), 1 when any cell is ERROR or TIMEOUT (or, with --strict, has a token "
-                       "fault), 2 on bad input.")
+                       description="Run the selected cells. One engine starts per (version, executor, async, "
+                       "TP) config; every pause mode, clear_cache value and scenario runs as a scenario of that "
+                       "engine. Cells the platform cannot run are reported UNSUPPORTED with the reason. Exit code: "
+                       "0 when every runnable cell produced a verdict (token loss included: that is a finding), 1 "
+                       "when any cell is ERROR, TIMEOUT or BUILD-FAILED, or with --strict has a token fault or is "
+                       "FLAKY, or with --fail-on-unexpected differs from the known-bug table, or with --inject "
+                       "vllm#42043 the sensitivity self-test failed; 2 on bad input; 130 on Ctrl-C.")
     _add_version_options(m)
     m.add_argument("--executor", help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
     m.add_argument("--async", dest="async_", metavar="ASYNC", help="async scheduling: on, off or both (default)")
@@ -360,6 +361,7 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         kept = resume_state(args.reports, run_doc)
         reports, jsonl = args.reports, args.reports / "results.jsonl"
         rewrite_log(jsonl, kept)
+        keep_engine_logs(reports)
         console.print(f"[bold]resuming[/] {args.reports}: {len(kept)} finished cell(s) kept")
     else:
         kept = []
@@ -375,7 +377,6 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     console.print(f"[bold]vllm-repro[/] {n_cells} cells on {platform}: {len(plan.engines)} engine(s) to start, "
                   f"{len(plan.unsupported)} unsupported; results stream to {jsonl}")
     counter = {"done": len(kept)}
-    counter = {"done": 0}
 
     def on_progress(p: Progress) -> None:
         if p.kind == "cell" and p.cell is not None:

@@ -189,20 +189,26 @@ class EnginePool:
                 self.envs[version] = str(exc)
         return self.envs[version]
 
+    def _release(self, key: EngineKey) -> None:
+        lease = self.leases.pop(key, None)
+        if lease is not None:
+            lease.release()
+
     def _lease(self, key: EngineKey) -> GpuLease | None:
         # Disjoint GPU sets across xdist workers: per-GPU file locks shared by
         # every worker of this run; a TP=2 engine holds two.  This worker's
         # other engines are stopped first (their items ran: items are grouped
-        # by engine), so a worker never waits on GPUs it holds itself.
+        # by engine), so a worker never waits on GPUs it holds itself; so is
+        # the lease of any engine that failed, died or is starting again.
         if self.platform != "cuda":
             return None
         for other, s in list(self.sessions.items()):
             if other != key and isinstance(s, EngineSession):
                 s.close()
                 del self.sessions[other]  # started again should a later item need it
-                lease = self.leases.pop(other, None)
-                if lease:
-                    lease.release()
+        for other in list(self.leases):
+            if not isinstance(self.sessions.get(other), EngineSession):
+                self.leases.pop(other).release()
         lease = lease_gpus(key.tp, self.run_dir / "gpu-locks", visible_gpus(), timeout=self.cfg.engine_timeout)
         self.leases[key] = lease
         return lease
@@ -225,6 +231,7 @@ class EnginePool:
                     self.sessions[key] = s
                 except SessionDead as exc:
                     self.sessions[key] = str(exc)
+                    self._release(key)
         return self.sessions[key]
 
     def run_cell(self, cell: Cell, scenario: dict[str, Any] | None = None) -> CellResult:
@@ -241,6 +248,7 @@ class EnginePool:
                 ev = s.run(sc)
             except SessionDead as exc:
                 self.sessions[cell.engine] = str(exc)
+                self._release(cell.engine)
                 outcome = Outcome.TIMEOUT if str(exc).startswith("TIMEOUT") else Outcome.ERROR
                 res = infra_result(cell, outcome, str(exc), info)
             else:
@@ -250,6 +258,7 @@ class EnginePool:
                     # scenario gets a fresh engine.
                     s.close()
                     del self.sessions[cell.engine]
+                    self._release(cell.engine)
         res = annotate(res, self.bugs)
         if scenario is None:
             self.log.append(res)

@@ -12,8 +12,12 @@ from harness.results import CellResult
 def aggregate(runs: list[CellResult]) -> CellResult:
     """One result for the runs of a cell: their common outcome, or FLAKY with the fraction of each outcome.
 
-    The requests shown are those of the first run with the worst outcome, so a
-    FLAKY cell still names the lost tokens of a failing run.
+    FLAKY means the verdicts of runs disagree.  A run that produced no verdict
+    (ERROR, TIMEOUT, BUILD-FAILED, UNSUPPORTED) makes the cell that outcome
+    (the worst such), so infrastructure failures are never hidden as FLAKY and
+    a resumed run re-runs the cell.  The requests shown are those of the first
+    run with the worst outcome, so a FLAKY cell still names the lost tokens of
+    a failing run.
     """
     if not runs:
         raise ValueError("aggregate() needs at least one run")
@@ -32,6 +36,9 @@ def aggregate(runs: list[CellResult]) -> CellResult:
         return replace(worst, summary=f"{worst.summary} ({n}/{n} runs)" if n > 1 else worst.summary,
                        repeats=repeats if n > 1 else None)
     split = ", ".join(f"{k} {v}/{n}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    if worst.outcome.is_infra:
+        return replace(worst, summary=f"{worst.outcome.value} in {counts[worst.outcome.value]}/{n} runs "
+                                      f"({split}): {worst.reason or worst.summary}", repeats=repeats)
     return replace(worst, outcome=Outcome.FLAKY, summary=f"FLAKY: {split}",
                    reason=f"runs disagree: {'; '.join(f'#{i}: {s}' for i, s in enumerate(repeats['runs'], 1))}",
                    repeats=repeats)

@@ -203,6 +203,9 @@ def _is_demo(cr: CellResult) -> bool:
     return cr.cell.mode == "keep" and cr.cell.clear_cache and cr.cell.scenario == "pause"
 
 
+_VALUES = {o.value for o in Outcome}
+
+
 def judge_pair(
     version: str, executor: str, on: CellResult | None, off: CellResult | None,
     without: str = "async on", with_: str = "async off",
@@ -217,16 +220,24 @@ def judge_pair(
     def verdict(status: WorkaroundStatus, evidence: str) -> WorkaroundVerdict:
         return WorkaroundVerdict(version, status, evidence, ids, executor)
 
+    def faulty(cr: CellResult | None) -> bool:
+        # A FLAKY cell lost tokens in some of its runs: that counts as a loss here.
+        if cr is None:
+            return False
+        if cr.outcome is Outcome.FLAKY:
+            return any(Outcome(o).is_token_fault for o in (cr.repeats or {}).get("outcomes", {}) if o in _VALUES)
+        return cr.outcome.is_token_fault
+
     def infra(cr: CellResult, side: str) -> WorkaroundVerdict:
         return verdict(WorkaroundStatus.UNKNOWN,
                        f"{side.replace(' ', '-')} cell {cr.id} is {cr.outcome.value}: {cr.reason or cr.summary}")
 
-    if off is not None and off.outcome.is_token_fault:
+    if off is not None and faulty(off):
         if on is None:
             on_text = "not run"
         elif on.outcome is Outcome.OK:
             on_text = "OK"
-        elif on.outcome.is_token_fault:
+        elif faulty(on):
             on_text = on.summary
         else:
             on_text = f"{on.outcome.value}: {on.reason or on.summary}"
@@ -245,8 +256,11 @@ def judge_pair(
                        f"no {without.replace(' ', '-')} keep-mode clear_cache=True cell to compare with {off.id}")
     if on.outcome in INFRA:
         return infra(on, without)
-    if on.outcome.is_token_fault:
+    if faulty(on):
         return verdict(WorkaroundStatus.NEEDED, f"{on.summary} of cell {on.id}; {with_}: OK")
+    if Outcome.FLAKY in (on.outcome, off.outcome):
+        flaky = on if on.outcome is Outcome.FLAKY else off
+        return verdict(WorkaroundStatus.UNKNOWN, f"cell {flaky.id} is {flaky.summary}")
     return verdict(WorkaroundStatus.REMOVABLE, f"no token loss with {without} or {with_}")
 
 
@@ -321,7 +335,14 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]
 
 def injection_banner(results: Results) -> str | None:
     """The warning every report of a fault-injection run carries (None for a normal run)."""
-    inject = (results.meta or {}).get("inject") or []
+    inject = list((results.meta or {}).get("inject") or [])
+    # Also from the cells: a results.jsonl has no meta, and merged reports may mix runs.
+    for cr in results.cells:
+        probe = ((cr.engine or {}).get("probe") or {}) if isinstance(cr.engine, dict) else {}
+        requested = ((probe.get("core") or {}).get("inject") or {}).get("requested") or []
+        bug = str((cr.expectation or {}).get("bug") or "")
+        found = list(requested) + ([bug.removesuffix(" (injected)")] if bug.endswith(" (injected)") else [])
+        inject += [f for f in found if f not in inject]
     if not inject:
         return None
     return (f"FAULT INJECTED on purpose: {', '.join(inject)}. This run re-introduced the fault into vLLM at run "

@@ -87,3 +87,16 @@ def rewrite_log(log: Path, kept: list[CellResult]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, log)
+
+
+def keep_engine_logs(reports: Path) -> Path | None:
+    """Move the interrupted run's ``engines/`` aside (``engines.prev-N``): the kept cells' logs stay readable."""
+    engines = reports / "engines"
+    if not engines.is_dir():
+        return None
+    n = 1
+    while (reports / f"engines.prev-{n}").exists():
+        n += 1
+    dest = reports / f"engines.prev-{n}"
+    engines.rename(dest)
+    return dest

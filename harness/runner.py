@@ -259,6 +259,8 @@ def run_engine(
     tail = EventTail(events_path)
     t0 = time.monotonic()
     timed_out = False
+    # --repeat N runs every scenario N times on this engine: its budget grows with it.
+    limit = cfg.engine_timeout * max(1, cfg.repeat)
 
     def done(cell: CellResult) -> None:
         results[cell.cell] = cell
@@ -296,7 +298,7 @@ def run_engine(
                         on_event(engine, ev)
                 if finished:
                     break
-                if time.monotonic() - t0 > cfg.engine_timeout:
+                if time.monotonic() - t0 > limit:
                     timed_out = True
                     break
         finally:
@@ -311,7 +313,7 @@ def run_engine(
             res = infra_result(c, Outcome.UNSUPPORTED, refused, info)
         elif timed_out:
             res = infra_result(c, Outcome.TIMEOUT,
-                               f"engine {engine.id} exceeded its {cfg.engine_timeout:.0f}s limit "
+                               f"engine {engine.id} exceeded its {limit:.0f}s limit "
                                f"before this scenario finished; log: {log_path}", info)
         else:
             why = fatal or f"engine process exited with code {rc}"

@@ -44,7 +44,7 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from harness.errors import BadInput, EnvBuildError, ReproError
+from harness.errors import BadInput, EnvBuildError
 
 SCHEMA_VERSION = 1
 MANIFEST = "wheelhouse.json"
@@ -71,7 +71,7 @@ _PY_RE = re.compile(r"^3\.\d{1,2}$")
 Log = Callable[[str], None]
 
 
-class WheelhouseError(ReproError):
+class WheelhouseError(EnvBuildError):
     """A wheelhouse folder or its manifest is missing, incomplete or corrupt."""
 
 

@@ -260,7 +260,7 @@ GH_BREAKS = [
     ("--versions ${{ matrix.versions }}", "--versions ${{ matrix.version }}", "matrix.version }} names no matrix key"),
     ("--platform cpu --versions latest --executor mp", "--platform gpu --versions latest --executor mp",
      "unknown platform 'gpu'"),
-    ("--clear-cache true --inject", "--clear-cache yes --inject", "'yes'"),
+    ("--clear-cache true --scenario pause --inject", "--clear-cache yes --scenario pause --inject", "'yes'"),
     ("vllm-repro history add", "vllm-repro histroy add", "'histroy'"),
     ("run: nvidia-smi", "run: nvidia-smii", "unknown program 'nvidia-smii'"),
     ("'.[plot]'", "'.[plots]'", "extra 'plots'"),

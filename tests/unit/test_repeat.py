@@ -23,8 +23,12 @@ def run(outcome: Outcome) -> CellResult:
 @given(st.lists(st.sampled_from(list(Outcome)), min_size=1, max_size=8))
 def test_flaky_exactly_when_runs_disagree(outcomes: list[Outcome]) -> None:
     res = aggregate([run(o) for o in outcomes])
+    infra = [o for o in outcomes if o.is_infra]
     if len(set(outcomes)) == 1:
         assert res.outcome is outcomes[0]
+    elif infra:
+        # Infrastructure failures are never hidden as FLAKY: the worst of them wins.
+        assert res.outcome is max(infra, key=lambda o: o.rank)
     else:
         assert res.outcome is Outcome.FLAKY
     if len(outcomes) > 1:
@@ -46,3 +50,10 @@ def test_flaky_keeps_the_worst_runs_requests() -> None:
 def test_refuses_runs_of_different_cells() -> None:
     with pytest.raises(ValueError):
         aggregate([run(Outcome.OK), CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.OK, "OK")])
+
+
+def test_an_engine_failure_among_repeats_is_not_flaky() -> None:
+    res = aggregate([run(Outcome.OK), run(Outcome.OK), CellResult(CELL, Outcome.ERROR, "boom", reason="core died")])
+    assert res.outcome is Outcome.ERROR
+    assert res.summary == "ERROR in 1/3 runs (OK 2/3, ERROR 1/3): core died"
+    assert res.repeats is not None and res.repeats["outcomes"] == {"OK": 2, "ERROR": 1}

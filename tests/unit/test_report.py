@@ -457,3 +457,42 @@ def test_flaky_cells_fail_in_junit() -> None:
     res = Results((CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5"),),
                   {"repeat": 5})
     assert 'failures="1"' in junit_xml(res) and "FLAKY: OK 4/5" in junit_xml(res)
+
+
+def test_flaky_cells_in_the_workaround_verdict() -> None:
+    from harness.matrix import Cell
+    from harness.oracle import Outcome
+    from harness.report import WorkaroundStatus, judge_pair
+    from harness.results import CellResult
+
+    on_cell, off_cell = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
+    flaky_loss = CellResult(on_cell, Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5",
+                            repeats={"n": 5, "outcomes": {"OK": 4, "LOSS": 1}})
+    ok_off = CellResult(off_cell, Outcome.OK, "OK 10/10")
+    assert judge_pair("0.21.0", "mp", flaky_loss, ok_off).status is WorkaroundStatus.NEEDED
+    flaky_off = CellResult(off_cell, Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5",
+                           repeats={"n": 5, "outcomes": {"OK": 4, "LOSS": 1}})
+    assert judge_pair("0.21.0", "mp", CellResult(on_cell, Outcome.OK, "OK"), flaky_off).status is (
+        WorkaroundStatus.BROKEN)
+    odd = CellResult(on_cell, Outcome.FLAKY, "FLAKY: OK 4/5, DIVERGED 1/5",
+                     repeats={"n": 5, "outcomes": {"OK": 4, "TIMEOUT": 1}})
+    assert judge_pair("0.21.0", "mp", odd, ok_off).status is WorkaroundStatus.UNKNOWN
+
+
+def test_injection_banner_survives_merging_and_jsonl_logs() -> None:
+    from pathlib import Path
+
+    from harness.matrix import Cell
+    from harness.oracle import Outcome
+    from harness.report import injection_banner
+    from harness.results import CellResult, Results, merge_results
+
+    cell = Cell("0.32.0", "mp", True, "keep", True)
+    engine = {"probe": {"core": {"inject": {"requested": ["vllm#42043"], "applied": {"vllm#42043": "x"}}}}}
+    logged = Results((CellResult(cell, Outcome.LOSS, "LOSS(1)", engine=engine),))  # a .jsonl: no meta
+    assert "vllm#42043" in (injection_banner(logged) or "")
+    clean = Results((CellResult(Cell("0.32.0", "mp", False, "keep", True), Outcome.OK, "OK"),), {"inject": []})
+    injected = Results((CellResult(cell, Outcome.LOSS, "LOSS(1)"),), {"inject": ["vllm#42043"]})
+    merged = merge_results([(Path("a.json"), clean), (Path("b.json"), injected)])
+    assert merged.meta["inject"] == ["vllm#42043"] and injection_banner(merged)
+    assert injection_banner(clean) is None

@@ -78,3 +78,15 @@ def test_cell_ids_round_trip_with_scenario_and_tp() -> None:
     assert c.id == "vllm0.21.0-ray-v2-async_on-keep-clear-tp2-weight_sync"
     assert Cell.from_dict(c.to_dict()) == c
     assert c.config_id == "ray-v2-async_on-keep-clear-tp2-weight_sync"
+
+
+def test_engine_logs_of_the_interrupted_run_are_kept(tmp_path: Path) -> None:
+    from harness.resume import keep_engine_logs
+
+    assert keep_engine_logs(tmp_path) is None
+    (tmp_path / "engines" / "e1").mkdir(parents=True)
+    (tmp_path / "engines" / "e1" / "engine.log").write_text("first")
+    assert keep_engine_logs(tmp_path) == tmp_path / "engines.prev-1"
+    (tmp_path / "engines").mkdir()
+    assert keep_engine_logs(tmp_path) == tmp_path / "engines.prev-2"
+    assert (tmp_path / "engines.prev-1" / "e1" / "engine.log").read_text() == "first"
