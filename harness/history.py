@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -37,6 +36,7 @@ from rich.text import Text
 from harness.errors import BadInput, ReproError, ResultsFileError
 from harness.matrix import EXECUTORS, MODES
 from harness.oracle import Outcome
+from harness.report import version_key as report_version_key
 from harness.results import SCHEMA as RESULTS_SCHEMA
 from harness.results import CellResult, Results, read_results
 
@@ -513,19 +513,15 @@ class HistoryView:
         return text
 
 
-def _release(text: str | None) -> Version | None:
-    if not text:
-        return None
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return None
-
-
 def version_key(label: str, hint: str | None = None) -> tuple[Any, ...]:
     """Sort key of a version label; ``hint``: the vLLM version its engine reported (for commit labels)."""
-    v = _release(label) or _release(hint)
-    return (0, v, label) if v is not None else (1, label)
+    key = report_version_key(label)
+    if key[0] == 1 and hint:
+        # Not a release (a commit label): place it by the version its engine reported.
+        hinted = report_version_key(hint)
+        if hinted[0] == 0:
+            return (*hinted[:-1], label)
+    return key
 
 
 def version_order(labels: Iterable[str], hints: dict[str, str] | None = None) -> list[str]:

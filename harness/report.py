@@ -82,7 +82,8 @@ CellsLike = Results | Sequence[CellResult]
 
 # --------------------------------------------------------------------------- helpers
 
-_VERSION_PARTS = re.compile(r"^(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?$")
+# A local segment (+gabc1234, +cpu) does not change the order: ties break by name.
+_VERSION_PARTS = re.compile(r"^(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?(?:\+[\w.]+)?$")
 _PRE_RANK = {"a": 0, "b": 1, "rc": 2}
 
 
@@ -102,7 +103,7 @@ def version_key(version: str) -> tuple[Any, ...]:
     else:
         pre_key = (3, 0)
     dev_key = (0, int(dev)) if dev else (1, 0)
-    return (0, tuple(nums), pre_key, int(post) if post else -1, dev_key, "")
+    return (0, tuple(nums), pre_key, int(post) if post else -1, dev_key, "" if "+" not in version else version)
 
 
 def _cells(cells: CellsLike) -> tuple[CellResult, ...]:
