@@ -52,9 +52,7 @@ from typing import Any
 
 from harness.envs import EnvRecipe, IndexConfig, VllmEnv, default_cache_dir, ensure_env, package_for
 from harness.errors import BadInput, EnvBuildError, ReproError
-from harness.execute import Progress, ProgressHook, run_meta
-from harness.faults import bugs_with_injection
-from harness.known_bugs import annotate, load_known_bugs
+from harness.execute import CellRecorder, Progress, ProgressHook, run_meta
 from harness.matrix import Cell, EngineKey, MatrixPlan
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result
@@ -428,23 +426,10 @@ def run_matrix_on_cluster(
     say: ProgressHook = on_progress or (lambda p: None)
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     started = datetime.now().astimezone()
-    done: dict[str, CellResult] = {}
     # Absolute: a task's working directory is Ray's copy of the packages, not ours.
     cfg = replace(cfg, work_dir=cfg.work_dir.resolve(), model_cache=cfg.model_cache.resolve())
     cache_dir = cache_dir.resolve()
-    # With --inject the injected bug covers every version (the self-test), as in run_matrix.
-    bugs = bugs_with_injection(cfg.inject) if cfg.inject else load_known_bugs()
-
-    def record(res: CellResult) -> None:
-        if res.id in done:
-            return
-        res = annotate(res, bugs)
-        log.append(res)
-        done[res.id] = res
-        say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
-
-    for cell, reason in plan.unsupported:
-        record(infra_result(cell, Outcome.UNSUPPORTED, reason))
+    record = CellRecorder(plan, cfg, log, say)
     cluster: dict[str, Any] = {"backend": "ray", "address": address or "local", "started_local": not address,
                                "nodes": [], "resources": {}, "tasks": {}}
     envs: dict[str, dict[str, Any]] = {}
@@ -452,10 +437,8 @@ def run_matrix_on_cluster(
         _run_on_ray(plan, cfg, index, cache_dir, address or None, python, recipe_for, prebuilt or {}, record, say,
                     on_event, cluster, envs)
 
-    order = {c.id: i for i, c in enumerate(plan.cells)}
     # engine_starts: engines submitted (none for an unplaceable config)
-    meta = {**run_meta(cfg, started, argv, envs, len(cluster["tasks"])), "cluster": cluster}
-    return Results(tuple(sorted(done.values(), key=lambda r: order.get(r.id, 0))), meta)
+    return record.results({**run_meta(cfg, started, argv, envs, len(cluster["tasks"])), "cluster": cluster})
 
 
 def _run_on_ray(

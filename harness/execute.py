@@ -15,7 +15,7 @@ from harness import __version__
 from harness.envs import EnvRecipe, IndexConfig, VllmEnv, ensure_env, package_for
 from harness.errors import EnvBuildError
 from harness.faults import bugs_with_injection
-from harness.known_bugs import annotate, load_known_bugs
+from harness.known_bugs import annotate
 from harness.matrix import Cell, EngineKey, MatrixPlan
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result
@@ -61,19 +61,7 @@ def run_matrix(
     say: ProgressHook = on_progress or (lambda p: None)
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     started = datetime.now().astimezone()
-    done: list[CellResult] = []
-
-    # With --inject the injected bug covers every version: its cells must show it (the self-test).
-    bugs = bugs_with_injection(cfg.inject) if cfg.inject else load_known_bugs()
-
-    def record(res: CellResult) -> None:
-        res = annotate(res, bugs)
-        log.append(res)
-        done.append(res)
-        say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
-
-    for cell, reason in plan.unsupported:
-        record(infra_result(cell, Outcome.UNSUPPORTED, reason))
+    record = CellRecorder(plan, cfg, log, say)
 
     by_version: dict[str, list[tuple[EngineKey, tuple[Cell, ...]]]] = {}
     for key, cells in plan.engines:
@@ -95,9 +83,36 @@ def run_matrix(
             f.cancel()
         pool.shutdown(wait=True)
 
-    order = {c.id: i for i, c in enumerate(plan.cells)}
-    meta = run_meta(cfg, started, argv, envs, len(plan.engines))
-    return Results(tuple(sorted(done, key=lambda r: order.get(r.id, 0))), meta)
+    return record.results(run_meta(cfg, started, argv, envs, len(plan.engines)))
+
+
+class CellRecorder:
+    """Where a run's cell results go: judged against the known-bug table, logged at once, kept once.
+
+    Records the plan's UNSUPPORTED cells on creation.  Shared by the local
+    and the Ray-cluster matrix.
+    """
+
+    def __init__(self, plan: MatrixPlan, cfg: RunConfig, log: ResultsLog, say: ProgressHook) -> None:
+        self.plan, self.log, self.say = plan, log, say
+        # With --inject the injected bug covers every version: its cells must show it (the self-test).
+        self.bugs = bugs_with_injection(cfg.inject)
+        self.done: dict[str, CellResult] = {}
+        for cell, reason in plan.unsupported:
+            self(infra_result(cell, Outcome.UNSUPPORTED, reason))
+
+    def __call__(self, res: CellResult) -> None:
+        if res.id in self.done:  # a Ray task's result can arrive after its ERROR was recorded
+            return
+        res = annotate(res, self.bugs)
+        self.log.append(res)
+        self.done[res.id] = res
+        self.say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
+
+    def results(self, meta: dict[str, Any]) -> Results:
+        """Every recorded cell, in plan order."""
+        order = {c.id: i for i, c in enumerate(self.plan.cells)}
+        return Results(tuple(sorted(self.done.values(), key=lambda r: order.get(r.id, 0))), meta)
 
 
 def run_meta(
