@@ -298,7 +298,7 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
             return VllmEnv(path, recipe, status)
         if path.exists():
             shutil.rmtree(path)
-        status = _build_from_wheelhouse(recipe, path, log) if recipe.wheelhouse else _build(recipe, path, log)
+        status = _build(recipe, path, log)
         return VllmEnv(path, recipe, status)
 
 
@@ -312,18 +312,24 @@ def _run(cmd: list[str], logf: Any, timeout: float) -> subprocess.CompletedProce
 
 
 def _build(recipe: EnvRecipe, path: Path, log: Log) -> dict[str, Any]:
-    uv = uv_bin()
+    uv = None if recipe.wheelhouse else uv_bin()  # a wheelhouse install needs no uv (air-gapped nodes)
     t0 = time.monotonic()
     path.mkdir(parents=True)
     logpath = path.parent / f"{recipe.name}.build.log"
-    log(f"building {recipe.package}=={recipe.version} env ({path})")
+    verb = "installing" if recipe.wheelhouse else "building"
+    source = f"from wheelhouse {recipe.wheelhouse.path} " if recipe.wheelhouse else ""
+    log(f"{verb} {recipe.package}=={recipe.version} env {source}({path})")
     with open(logpath, "w") as logf:
         try:
+            if uv is None:
+                return _wheelhouse_steps(recipe, path, logf, t0)
             return _build_steps(uv, recipe, path, logf, t0)
         except subprocess.TimeoutExpired as exc:
             raise EnvBuildError(
-                f"building {recipe.package}=={recipe.version} timed out after {exc.timeout:.0f}s; log: {logpath}"
+                f"{verb} {recipe.package}=={recipe.version} timed out after {exc.timeout:.0f}s; log: {logpath}"
             ) from exc
+        except WheelhouseError:
+            raise  # names the wheelhouse and the wheel already
         except EnvBuildError as exc:
             raise EnvBuildError(f"{exc}; log: {logpath}") from exc
 
@@ -419,24 +425,6 @@ def wheelhouse_recipe(
         )
     src = WheelhouseSource(str(Path(folder).absolute()), manifest.sha256, base)
     return EnvRecipe(manifest.package, version, platform, py, wheelhouse=src)
-
-
-def _build_from_wheelhouse(recipe: EnvRecipe, path: Path, log: Log) -> dict[str, Any]:
-    t0 = time.monotonic()
-    path.mkdir(parents=True)
-    logpath = path.parent / f"{recipe.name}.build.log"
-    log(f"installing {recipe.package}=={recipe.version} from wheelhouse {recipe.wheelhouse.path} ({path})")
-    with open(logpath, "w") as logf:
-        try:
-            return _wheelhouse_steps(recipe, path, logf, t0)
-        except subprocess.TimeoutExpired as exc:
-            raise EnvBuildError(
-                f"installing {recipe.package}=={recipe.version} timed out after {exc.timeout:.0f}s; log: {logpath}"
-            ) from exc
-        except WheelhouseError:
-            raise
-        except EnvBuildError as exc:
-            raise EnvBuildError(f"{exc}; log: {logpath}") from exc
 
 
 def _wheelhouse_steps(recipe: EnvRecipe, path: Path, logf: Any, t0: float) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from repro.scenarios.base import PauseSpec, Plan, RequestSpec, make_prompts
+from repro.scenarios.base import PauseSpec, Plan, RequestSpec, make_prompts, params_from_dict
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,7 @@ class SinglePauseParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SinglePauseParams:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown scenario parameters {unknown}; valid: {sorted(known)}")
-        return cls(**data)
+        return params_from_dict(cls, data, "scenario parameters")
 
 
 def single_pause_plan(

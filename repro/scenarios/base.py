@@ -20,9 +20,9 @@ import inspect
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from repro.models import BigramCycleSpec
 
@@ -362,3 +362,15 @@ async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[
     reqs = [RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN) for r in plan.requests]
     streams = await run_unpaused(llm, reqs, timeout, "reference")
     return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+
+
+_P = TypeVar("_P")
+
+
+def params_from_dict(cls: type[_P], data: dict[str, Any], what: str) -> _P:
+    """A scenario's parameter dataclass from its spec entry; an unknown key is an error, never ignored."""
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown}; valid: {sorted(known)}")
+    return cls(**data)

@@ -39,7 +39,7 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from repro.scenarios.base import (
     ScenarioFailed,
     ScenarioUnsupported,
     check_pause_api,
+    params_from_dict,
     run_plan,
     run_reference,
     run_unpaused,
@@ -94,11 +95,7 @@ class WeightSyncParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WeightSyncParams:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown weight_sync parameters {unknown}; valid: {sorted(known)}")
-        return cls(**data)
+        return params_from_dict(cls, data, "weight_sync parameters")
 
     def pause_params(self) -> SinglePauseParams:
         return SinglePauseParams(
