@@ -45,6 +45,7 @@ from harness.matrix import (
     parse_tps,
     parse_versions,
     plan_cells,
+    split_list,
 )
 from harness.oracle import Outcome
 from harness.results import Results, ResultsLog, read_results
@@ -718,7 +719,7 @@ def cmd_wheelhouse(args: argparse.Namespace) -> int:
 
     if not args.python:
         raise BadInput("wheelhouse needs --python: the target's Python version, e.g. --python 3.12")
-    versions = [v.strip() for v in args.vllm.split(",") if v.strip()]
+    versions = split_list(args.vllm)
     if not versions:
         raise BadInput(f"--vllm {args.vllm!r} names no version; e.g. --vllm 0.21.0,0.22.0")
     rep = build_wheelhouse(args.dest, versions, args.python, args.platform, args.exclude_installed,
@@ -734,10 +735,6 @@ def cmd_wheelhouse(args: argparse.Namespace) -> int:
 
 DEFAULT_HISTORY = Path("reports/history.jsonl")
 
-
-
-def _csv(raw: str | None) -> tuple[str, ...]:
-    return tuple(p.strip() for p in (raw or "").split(",") if p.strip())
 
 
 def _add_history_and_compare_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -783,8 +780,8 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(history.add_run(args.history, args.report).message)
         return 0
     hist = history.read_history(args.history)
-    sel = {"platform": args.platform, "cells": _csv(args.cells), "versions": _csv(args.versions),
-           "hide_unsupported": args.hide_unsupported}
+    sel = {"platform": args.platform, "cells": tuple(split_list(args.cells)),
+           "versions": tuple(split_list(args.versions)), "hide_unsupported": args.hide_unsupported}
     if args.history_command == "show":
         history.render_history(history.show(hist, include_injected=not args.exclude_injected, **sel),
                                _stdout_console())

@@ -189,15 +189,16 @@ def plan_cells(cells: list[Cell], platform: str, n_gpus: int | None = None) -> M
     )
 
 
-def _split(raw: str) -> list[str]:
-    return [p.strip() for p in raw.split(",") if p.strip()]
+def split_list(raw: str | None) -> list[str]:
+    """``a, b,,c`` -> ``["a", "b", "c"]``: the comma lists of every command-line option."""
+    return [p.strip() for p in (raw or "").split(",") if p.strip()]
 
 
 def parse_choices(what: str, raw: str | None, valid: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
     """Parse ``a,b`` (or ``all``) into validated choices, in canonical order."""
     if raw is None:
         return default
-    items = _split(raw)
+    items = split_list(raw)
     if items == ["all"]:
         return valid
     for it in items:
@@ -212,7 +213,7 @@ def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: t
     """Parse ``on,off`` / ``true,false`` / ``both`` into a tuple of bools."""
     if raw is None:
         return default
-    items = _split(raw)
+    items = split_list(raw)
     if items in (["both"], ["all"]):
         return tuple(dict.fromkeys(mapping.values()))
     out: list[bool] = []
@@ -230,7 +231,7 @@ def parse_tps(raw: str | None, platform: str) -> tuple[int, ...]:
     if raw is None:
         return (1, 2) if platform == "cuda" else (1,)
     out: list[int] = []
-    for it in _split(raw):
+    for it in split_list(raw):
         if not it.isdigit() or int(it) < 1:
             raise BadInput(f"invalid tensor-parallel size {it!r} in --tp {raw!r}; use positive integers like 1,2")
         out.append(int(it))
