@@ -34,6 +34,7 @@ from harness.faults import FAULTS, parse_inject, sensitivity_failures
 from harness.gpus import visible_gpus
 from harness.matrix import (
     EXECUTORS,
+    MODEL_RUNNERS,
     MODES,
     ON_OFF,
     PLATFORMS,
@@ -164,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--clear-cache", help="clear_cache: true, false or both (default)")
     m.add_argument("--tp", help="tensor-parallel sizes, e.g. 1,2 (default: 1 on cpu; 1,2 on cuda, where TP=2 cells "
                                 "are UNSUPPORTED unless 2 GPUs are visible)")
+    m.add_argument("--model-runner", help="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER, set explicitly per "
+                                          "cell): v1, v2 or all (default: v1); v2 is UNSUPPORTED on cpu")
+    m.add_argument("--batch-invariant", help="VLLM_BATCH_INVARIANT: on, off or both (default: off); on is "
+                                             "UNSUPPORTED on cpu")
     m.add_argument("--scenario", help=f"scenarios: {','.join(SCENARIOS)} or all (default: all); weight-sync is "
                                       "the RLHF flow (keep pause, swap weights, resume), keep mode only")
     m.add_argument("--weight-transfer", default="auto", choices=("auto", "reload", "nccl"),
@@ -355,6 +360,8 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         clear_caches=parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
         tps=parse_tps(args.tp, platform),
         scenarios=parse_choices("scenario", args.scenario, SCENARIOS, SCENARIOS),
+        model_runners=parse_choices("model runner", args.model_runner, MODEL_RUNNERS, ("v1",)),
+        batch_invariants=parse_bools("batch-invariant setting", args.batch_invariant, ON_OFF, (False,)),
     )
     console = Console(stderr=True)
     run_doc = run_record(sel, cfg, platform)

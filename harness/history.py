@@ -34,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.errors import BadInput, ReproError, ResultsFileError
-from harness.matrix import EXECUTORS, MODES
+from harness.matrix import EXECUTORS, MODES, cell_config_id
 from harness.oracle import Outcome
 from harness.report import version_key as report_version_key
 from harness.results import SCHEMA as RESULTS_SCHEMA
@@ -166,14 +166,13 @@ class HistoryCell:
     device: str | None = None
     inject: tuple[str, ...] = ()
     scenario: str = "pause"
+    model_runner: str = "v1"
+    batch_invariant: bool = False
 
     @property
     def config(self) -> str:
         """The cell without its version, e.g. ``mp-async_on-keep-clear``: a heat-map row."""
-        tp = f"-tp{self.tp}" if self.tp != 1 else ""
-        extra = "" if self.scenario == "pause" else f"-{self.scenario.replace('-', '_')}"
-        return (f"{self.executor}-async_{'on' if self.async_on else 'off'}-{self.mode}-"
-                f"{'clear' if self.clear_cache else 'noclear'}{tp}{extra}")
+        return cell_config_id(self)
 
     @classmethod
     def from_result(cls, cr: CellResult, run_inject: tuple[str, ...]) -> HistoryCell:
@@ -182,7 +181,8 @@ class HistoryCell:
         engine = cr.engine if isinstance(cr.engine, dict) else {}
         return cls(
             id=cr.id, version=c.version, executor=c.executor, async_on=c.async_on, mode=c.mode,
-            clear_cache=c.clear_cache, tp=c.tp, scenario=c.scenario, outcome=cr.outcome.value,
+            clear_cache=c.clear_cache, tp=c.tp, scenario=c.scenario, model_runner=c.model_runner,
+            batch_invariant=c.batch_invariant, outcome=cr.outcome.value,
             label=cell_label(cr.outcome.value, cr.summary), summary=cr.summary,
             # Infrastructure results repeat their reason as the summary: stored once.
             reason=cr.reason if cr.reason != cr.summary else None,
@@ -194,6 +194,7 @@ class HistoryCell:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "version": self.version, "executor": self.executor, "async": self.async_on,
                 "mode": self.mode, "clear_cache": self.clear_cache, "tp": self.tp, "scenario": self.scenario,
+                "model_runner": self.model_runner, "batch_invariant": self.batch_invariant,
                 "outcome": self.outcome,
                 "label": self.label, "summary": self.summary, "reason": self.reason,
                 "expectation": self.expectation, "expected": self.expected, "vllm_version": self.vllm_version,
@@ -212,7 +213,8 @@ class HistoryCell:
         return cls(
             id=str(d["id"]), version=str(d["version"]), executor=str(d["executor"]), async_on=bool(d["async"]),
             mode=str(d["mode"]), clear_cache=bool(d["clear_cache"]), tp=int(d.get("tp", 1)),
-            scenario=str(d.get("scenario", "pause")), outcome=outcome,
+            scenario=str(d.get("scenario", "pause")), model_runner=str(d.get("model_runner", "v1")),
+            batch_invariant=bool(d.get("batch_invariant", False)), outcome=outcome,
             label=str(d.get("label") or cell_label(outcome, summary)), summary=summary, reason=d.get("reason"),
             expectation=d.get("expectation"), expected=d.get("expected"), vllm_version=d.get("vllm_version"),
             device=d.get("device"), inject=inject_ids(d.get("inject")),

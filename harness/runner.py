@@ -90,6 +90,8 @@ def engine_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> d
             "async_scheduling": engine.async_on,
             "tensor_parallel_size": engine.tp,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "model_runner": engine.model_runner,
+            "batch_invariant": engine.batch_invariant,
         },
         "model": {"kind": "bigram-cycle", "params": cfg.model_params},
         "model_cache": str(cfg.model_cache.resolve()),
@@ -139,6 +141,11 @@ def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path) -> dict[str,
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
     if engine.executor in ("ray-v1", "ray-v2"):
         env["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"] = "1" if engine.executor == "ray-v2" else "0"
+    # Both always explicit: 0.22+ picks the V2 runner by itself for some models
+    # (0.32 by default), and a variable left in the caller's shell must not
+    # change what a cell labelled v1 / not batch-invariant runs.
+    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if engine.model_runner == "v2" else "0"
+    env["VLLM_BATCH_INVARIANT"] = "1" if engine.batch_invariant else "0"
     # Never inherited: a fault is injected only when this run asked for it.
     env["VLLM_REPRO_INJECT"] = ",".join(cfg.inject)
     env.update(cfg.extra_env)

@@ -171,9 +171,19 @@ def effective_settings(requested: dict[str, Any], probe: dict[str, Any]) -> tupl
     else:
         eff_async = None  # inconsistent across processes
     executor_class = (core.get("executor_class") or "").rsplit(".", 1)[-1] or None
-    eff = {"async_scheduling": eff_async, "async_parts": parts, "executor_class": executor_class}
+    runners = {runner_generation(w.get("model_runner_class")) for w in workers}
+    eff_runner = next(iter(runners)) if len(runners) == 1 else None
+    # A worker that never loaded vLLM's batch-invariant module (None) did not switch it on.
+    invariant = [w.get("batch_invariant") is True for w in workers]
+    eff_invariant = (all(invariant) if all(invariant) or not any(invariant) else None) if workers else None
+    eff = {"async_scheduling": eff_async, "async_parts": parts, "executor_class": executor_class,
+           "model_runner": eff_runner,
+           "model_runner_classes": sorted({str(w.get("model_runner_class")) for w in workers}),
+           "batch_invariant": eff_invariant}
     reason = None
     want_exec = EXPECTED_EXECUTOR.get(requested["executor"])
+    want_runner = requested.get("model_runner", "v1")
+    want_invariant = bool(requested.get("batch_invariant", False))
     if executor_class and want_exec and executor_class != want_exec:
         reason = f"asked for executor {requested['executor']} ({want_exec}) but vLLM built {executor_class}"
     elif eff_async is None:
@@ -183,7 +193,26 @@ def effective_settings(requested: dict[str, Any], probe: dict[str, Any]) -> tupl
             f"asked for async_scheduling={requested['async_scheduling']} but it is effectively "
             f"{eff_async} ({parts})"
         )
+    elif eff_runner != "v2" if want_runner == "v2" else "v2" in runners:
+        # Only a confirmed v2 counts as v2; v1 is refused only when a worker is seen running v2.
+        reason = (f"asked for model runner {want_runner} (VLLM_USE_V2_MODEL_RUNNER) but the workers run "
+                  f"{', '.join(eff['model_runner_classes']) or 'an unknown runner (no worker probe)'}")
+    elif want_invariant is not eff_invariant and (want_invariant or workers):
+        reason = (f"asked for VLLM_BATCH_INVARIANT={int(want_invariant)} but the workers' batch-invariant "
+                  f"mode is {'mixed' if eff_invariant is None else eff_invariant}")
     return eff, reason
+
+
+def runner_generation(model_runner_class: str | None) -> str | None:
+    """``v2`` for vLLM's V2 model runners, ``v1`` for the others, None when unknown.
+
+    V2 runners live in packages (``vllm.v1.worker.gpu.model_runner``, 0.32's
+    ``vllm.v1.worker.cpu.model_runner``); V1 in ``gpu_model_runner`` / ``cpu_model_runner``.
+    """
+    if not model_runner_class or model_runner_class == "None":
+        return None
+    module = model_runner_class.rsplit(".", 1)[0]
+    return "v2" if module.startswith(("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")) else "v1"
 
 
 def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
@@ -237,7 +266,9 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
         "model": {"kind": "bigram-cycle", "key": mspec.key(), "path": str(model_dir)},
     }
     requested = {"async_scheduling": bool(spec["engine"]["async_scheduling"]),
-                 "executor": spec["engine"]["executor"]}
+                 "executor": spec["engine"]["executor"],
+                 "model_runner": spec["engine"].get("model_runner", "v1"),
+                 "batch_invariant": bool(spec["engine"].get("batch_invariant", False))}
     try:
         # Decided from the class, before paying for an engine start: versions
         # without keep/wait/abort pause modes cannot run any scenario.
@@ -249,7 +280,17 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
             emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
         return
     t0 = time.monotonic()
-    llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
+    try:
+        llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
+    except Exception as exc:
+        refused = _refused_setting(requested, exc)
+        if refused is None:
+            raise
+        emit("engine", **info, requested=requested, effective=None, probe=None, startup_s=None,
+             unsupported_reason=refused, started=False)
+        for sc in scenarios:
+            emit("scenario", id=sc["id"], status="unsupported", reason=refused)
+        return
     ctx = EngineContext(
         model_spec=mspec, model_dir=model_dir, perm=perm, model_cache=Path(spec["model_cache"]),
         work_dir=Path.cwd(), tensor_parallel_size=int(spec["engine"].get("tensor_parallel_size", 1)),
@@ -279,6 +320,18 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
                 await _one(llm, sc, ctx, float(sc.get("timeout", timeout)), reason, emit)
     finally:
         llm.shutdown()
+
+
+def _refused_setting(requested: dict[str, Any], exc: Exception) -> str | None:
+    """The reason when vLLM's config validation refused the V2 model runner we asked for, else None.
+
+    e.g. 0.22 without Triton: ``ValueError: VLLM_USE_V2_MODEL_RUNNER requires Triton.``  Any other
+    start-up failure stays an error.
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    if requested.get("model_runner") == "v2" and "V2_MODEL_RUNNER" in text:
+        return f"vLLM refused model runner v2: {text.splitlines()[0][:300]}"
+    return None
 
 
 async def _one(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, unsupported: str | None,

@@ -103,6 +103,20 @@ def _request_progress(self: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+# Where vLLM keeps its batch-invariant switch: 0.19-0.31, then 0.32's determinism package.
+BATCH_INVARIANT_MODULES = ("vllm.model_executor.layers.batch_invariant",
+                           "vllm.model_executor.determinism.batch_invariant")
+
+
+def _batch_invariant_mode() -> bool | None:
+    """Whether this process turned batch-invariant mode on; None when vLLM never loaded the module."""
+    for name in BATCH_INVARIANT_MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None and hasattr(mod, "_batch_invariant_MODE"):
+            return bool(mod._batch_invariant_MODE)
+    return None
+
+
 def _worker_probe(self: Any) -> dict[str, Any]:
     runner = getattr(self, "model_runner", None)
     return {
@@ -110,6 +124,7 @@ def _worker_probe(self: Any) -> dict[str, Any]:
         "worker_class": _qualname(self),
         "model_runner_class": _qualname(runner) if runner is not None else None,
         "use_async_scheduling": getattr(runner, "use_async_scheduling", None),
+        "batch_invariant": _batch_invariant_mode(),
         "shim": dict(STATE),
     }
 

@@ -42,6 +42,9 @@ cells = st.builds(
     mode=st.sampled_from(MODES),
     clear_cache=st.booleans(),
     tp=st.integers(1, 8),
+    scenario=st.sampled_from(["pause", "weight-sync"]),
+    model_runner=st.sampled_from(["v1", "v2"]),
+    batch_invariant=st.booleans(),
 )
 selections = st.builds(
     Selection,
@@ -51,6 +54,8 @@ selections = st.builds(
     modes=st.lists(st.sampled_from(MODES), min_size=1, unique=True).map(tuple),
     clear_caches=st.lists(st.booleans(), min_size=1, unique=True).map(tuple),
     tps=st.lists(st.integers(1, 4), min_size=1, max_size=2, unique=True).map(tuple),
+    model_runners=st.lists(st.sampled_from(["v1", "v2"]), min_size=1, unique=True).map(tuple),
+    batch_invariants=st.lists(st.booleans(), min_size=1, unique=True).map(tuple),
 )
 
 
