@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from harness import __version__
 from harness.envs import (
@@ -323,6 +324,23 @@ def _versions(args: argparse.Namespace, platform: str, index_url: str | None) ->
     return versions, prebuilt
 
 
+def matrix_axes(args: argparse.Namespace, platform: str) -> dict[str, tuple[Any, ...]]:
+    """The ``Selection`` fields but versions from ``matrix`` options; BadInput names a bad value and the choices.
+
+    The CI-file checks (tests/unit/ci_files.py) call it too, so a nightly cannot pass a value the CLI refuses.
+    """
+    return {
+        "executors": parse_choices("executor", args.executor, EXECUTORS, EXECUTORS),
+        "asyncs": parse_bools("async setting", args.async_, ON_OFF, (False, True)),
+        "modes": parse_choices("mode", args.mode, MODES, MODES),
+        "clear_caches": parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
+        "tps": parse_tps(args.tp, platform),
+        "scenarios": parse_choices("scenario", args.scenario, SCENARIOS, SCENARIOS),
+        "model_runners": parse_choices("model runner", args.model_runner, MODEL_RUNNERS, ("v1",)),
+        "batch_invariants": parse_bools("batch-invariant setting", args.batch_invariant, ON_OFF, (False,)),
+    }
+
+
 def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -352,17 +370,7 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
 
         load_manifest(args.wheelhouse)  # a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
     versions, prebuilt = _versions(args, platform, index.index_url)
-    sel = Selection(
-        versions=versions,
-        executors=parse_choices("executor", args.executor, EXECUTORS, EXECUTORS),
-        asyncs=parse_bools("async setting", args.async_, ON_OFF, (False, True)),
-        modes=parse_choices("mode", args.mode, MODES, MODES),
-        clear_caches=parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
-        tps=parse_tps(args.tp, platform),
-        scenarios=parse_choices("scenario", args.scenario, SCENARIOS, SCENARIOS),
-        model_runners=parse_choices("model runner", args.model_runner, MODEL_RUNNERS, ("v1",)),
-        batch_invariants=parse_bools("batch-invariant setting", args.batch_invariant, ON_OFF, (False,)),
-    )
+    sel = Selection(versions=versions, **matrix_axes(args, platform))
     console = Console(stderr=True)
     run_doc = run_record(sel, cfg, platform)
     if args.resume:

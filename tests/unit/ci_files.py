@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from harness.cli import build_parser
+from harness.cli import build_parser, matrix_axes
 from harness.errors import BadInput, ReproError
 from harness.faults import parse_inject
 from harness.matrix import EXECUTORS, MODES, ON_OFF, PLATFORMS, TRUE_FALSE, parse_bools, parse_choices, parse_versions
@@ -583,11 +583,21 @@ def _value_problems(args: argparse.Namespace) -> list[str]:
     platform = static("platform")
     if platform is not None and platform not in PLATFORMS:
         problems.append(f"unknown platform {platform!r}; valid choices: {', '.join(PLATFORMS)}")
-    checks = [
+    if args.command == "matrix":
+        # Exactly the CLI's own axis parsing, on the values fixed in the file (a $VAR is left to run time).
+        fixed = argparse.Namespace(**{k: static(k) for k in vars(args)})
+        try:
+            matrix_axes(fixed, platform if platform in PLATFORMS else "cpu")
+        except ReproError as exc:
+            problems.append(str(exc))
+    axes = [] if args.command == "matrix" else [
         ("executor", lambda v: parse_choices("executor", v, EXECUTORS, EXECUTORS)),
         ("mode", lambda v: parse_choices("mode", v, MODES, MODES)),
         ("async_", lambda v: parse_bools("async setting", v, ON_OFF, (False, True))),
         ("clear_cache", lambda v: parse_bools("clear-cache value", v, TRUE_FALSE, (True, False))),
+    ]
+    checks = [
+        *axes,
         ("versions", lambda v: parse_versions(v, platform if platform in PLATFORMS else "cpu",
                                               None, bool(getattr(args, "pre", False)), fetch=_fake_releases)),
     ]

@@ -265,6 +265,7 @@ GH_BREAKS = [
     ("run: nvidia-smi", "run: nvidia-smii", "unknown program 'nvidia-smii'"),
     ("'.[plot]'", "'.[plots]'", "extra 'plots'"),
     ('versions: "0.21.0"', 'versions: "v0.21.0"', "bad vLLM version 'v0.21.0'"),
+    ('engine-axes: "--model-runner v1,v2"', 'engine-axes: "--model-runner v1,v3"', "unknown model runner 'v3'"),
 ]
 
 BK_BREAKS = [
@@ -277,6 +278,8 @@ BK_BREAKS = [
     ("--executor mp", "--executor ray-v3", "'ray-v3'"),
     ("buildkite-agent artifact download", "buildkite-agent artefact download", "unknown buildkite-agent command"),
     ('--installed-python "$$PWD', '--installed-pythn "$$PWD', "--installed-pythn"),
+    ("--versions {{matrix}} --model-runner v1,v2", "--versions {{matrix}} --model-runner 2",
+     "unknown model runner '2'"),
 ]
 
 
