@@ -538,13 +538,15 @@ def version_order(labels: Iterable[str], hints: dict[str, str] | None = None) ->
 
 
 def _row_key(row: Row) -> tuple[Any, ...]:
-    m = re.match(r"^(.*)-async_(on|off)-([^-]+)-(clear|noclear)(?:-tp(\d+))?(?:-([a-z_]+))?$", row.config)
+    # The config id grammar of harness.matrix.cell_config_id.
+    m = re.match(r"^(.*)-async_(on|off)-([^-]+)-(clear|noclear)(?:-tp(\d+))?(?:-mr_(v\d+))?(-batch_invariant)?"
+                 r"(?:-([a-z_]+))?$", row.config)
     if not m:
         return (row.inject, row.platform, 1, row.config)
-    ex, a, mode, clear, tp, scenario = m.groups()
+    ex, a, mode, clear, tp, runner, invariant, scenario = m.groups()
     return (row.inject, row.platform, 0, EXECUTORS.index(ex) if ex in EXECUTORS else len(EXECUTORS), ex,
-            int(tp or 1), a == "on", scenario or "", MODES.index(mode) if mode in MODES else len(MODES), mode,
-            clear != "clear")
+            int(tp or 1), runner or "v1", bool(invariant), a == "on", scenario or "",
+            MODES.index(mode) if mode in MODES else len(MODES), mode, clear != "clear")
 
 
 def _matches(cell: HistoryCell, patterns: Sequence[str]) -> bool:

@@ -148,3 +148,16 @@ def test_workaround_verdict_pairs_within_one_runner() -> None:
     (verdict,) = workaround_verdicts([*_pair("0.21.0", "v2", Outcome.LOSS), _pair("0.21.0", "v1", Outcome.OK)[1]])
     assert verdict.status.name == "NEEDED"
     assert all("mr_v2" in i for i in verdict.cell_ids)
+
+
+def test_history_rows_sort_by_engine_config_then_scenario() -> None:
+    from harness.history import Row, _row_key
+
+    def config(**kw: object) -> str:
+        return Cell("0.21.0", "mp", True, "keep", True, **kw).config_id  # type: ignore[arg-type]
+
+    configs = [config(model_runner="v2", scenario="weight-sync"), config(batch_invariant=True), config(),
+               config(model_runner="v2"), config(scenario="weight-sync"), config(tp=2)]
+    ordered = sorted(configs, key=lambda c: _row_key(Row("cuda", c)))
+    assert ordered == [config(), config(scenario="weight-sync"), config(batch_invariant=True),
+                       config(model_runner="v2"), config(model_runner="v2", scenario="weight-sync"), config(tp=2)]
