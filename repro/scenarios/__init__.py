@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from repro.scenarios import abort, keep, plan, wait, weight_sync
+from repro.scenarios import abort, keep, plan, rlhf_weight_sync, wait
 from repro.scenarios.base import EngineContext, Plan
 
 SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
@@ -18,9 +18,9 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "wait": wait.build,
     "abort": abort.build,
     "plan": plan.build,
-    "weight_sync": weight_sync.build,
+    "weight_sync": rlhf_weight_sync.build,
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
-    "weight_sync": weight_sync.run,
+    "weight_sync": rlhf_weight_sync.run,
 }

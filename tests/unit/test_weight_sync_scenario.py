@@ -1,4 +1,4 @@
-"""The weight-sync scenario (repro.scenarios.weight_sync) without vLLM.
+"""The weight-sync scenario (repro.scenarios.rlhf_weight_sync) without vLLM.
 
 Two layers: the pure reference computation (A's cycle before the swap, B's
 after) judged by the unchanged oracle, and the whole scenario driven against
@@ -32,9 +32,9 @@ from repro.models import (
     load_perm,
     swap_partner,
 )
-from repro.scenarios import RUNNERS, SCENARIOS, weight_sync
+from repro.scenarios import RUNNERS, SCENARIOS, rlhf_weight_sync
 from repro.scenarios.base import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
-from repro.scenarios.weight_sync import (
+from repro.scenarios.rlhf_weight_sync import (
     WeightSyncParams,
     computed_reference,
     cross_check_request,
@@ -152,8 +152,8 @@ def test_params_validate_names_and_choices() -> None:
 
 
 def test_registered_and_planned_like_the_keep_scenario() -> None:
-    assert SCENARIOS["weight_sync"] is weight_sync.build and RUNNERS["weight_sync"] is weight_sync.run
-    plan = weight_sync.build("ws", {"clear_cache": True}, 512, 3)
+    assert SCENARIOS["weight_sync"] is rlhf_weight_sync.build and RUNNERS["weight_sync"] is rlhf_weight_sync.run
+    plan = rlhf_weight_sync.build("ws", {"clear_cache": True}, 512, 3)
     assert len(plan.requests) == 10
     assert [r.submit for r in plan.requests].count("start") == 8
     (pause,) = plan.pauses
@@ -314,7 +314,7 @@ def _ctx(ck: dict[str, Any], tmp_path: Path, start_engine: Any = None) -> Engine
 def _play(llm: FakeLLM, ctx: EngineContext, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(base, "_vllm_api", lambda: (_SP, "DELTA"))
     sc = {"id": "weight_sync-keep-clear", "scenario": "weight_sync", "params": params, "seed": 17}
-    return asyncio.run(weight_sync.run(llm, sc, ctx, timeout=30))
+    return asyncio.run(rlhf_weight_sync.run(llm, sc, ctx, timeout=30))
 
 
 def test_bug_shows_as_loss_1_on_every_request_running_at_the_pause(
@@ -405,10 +405,10 @@ def test_a_failing_swap_resumes_the_engine_and_restores_a(
 
 def test_the_trainer_takes_the_first_visible_gpu_after_the_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
-    assert weight_sync.trainer_gpu_candidates(1) == ["5", "6"]
-    assert weight_sync.trainer_gpu_candidates(2) == ["6"]
+    assert rlhf_weight_sync.trainer_gpu_candidates(1) == ["5", "6"]
+    assert rlhf_weight_sync.trainer_gpu_candidates(2) == ["6"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
-    assert weight_sync.trainer_gpu_candidates(1) == []
+    assert rlhf_weight_sync.trainer_gpu_candidates(1) == []
 
 
 def test_unsupported_transfers_are_refused_before_anything_runs(
@@ -435,15 +435,15 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
 
     proc = subprocess.run([sys.executable, "-m", "repro.weight_trainer"], input="".join(x + "\n" for x in lines),
                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
-    replies = [json.loads(x[len(weight_sync.TRAINER_TAG):]) for x in proc.stdout.splitlines()
-               if x.startswith(weight_sync.TRAINER_TAG)]
+    replies = [json.loads(x[len(rlhf_weight_sync.TRAINER_TAG):]) for x in proc.stdout.splitlines()
+               if x.startswith(rlhf_weight_sync.TRAINER_TAG)]
     return proc.returncode, replies, proc.stderr
 
 
 def test_trainer_replies_with_the_tag_the_scenario_reads_and_stops_on_request() -> None:
     from repro import weight_trainer
 
-    assert weight_trainer.TAG == weight_sync.TRAINER_TAG
+    assert weight_trainer.TAG == rlhf_weight_sync.TRAINER_TAG
     rc, replies, err = _trainer(['{"op": "stop"}', '{"op": "never-read"}'])
     assert (rc, replies) == (0, [{"ok": True}]), err
 
