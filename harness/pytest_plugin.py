@@ -51,9 +51,11 @@ from harness.runner import RunConfig, engine_info, scenario_entry, scenario_resu
 from harness.session import EngineSession, SessionDead
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
+# The id grammar of harness.matrix.cell_config_id: engine axes after mode/clear, then the scenario.
 _CELL_ID = re.compile(
     rf"\[(?P<engine>vllm[^\]]+?-(?:{'|'.join(EXECUTORS)})-async_(?:on|off))"
-    rf"-(?:keep|wait|abort)-(?:clear|noclear)(?:-(?P<tp>tp\d+))?(?:-[a-z_]+)?\]$"
+    rf"-(?:keep|wait|abort)-(?:clear|noclear)(?P<axes>(?:-tp\d+)?(?:-mr_v\d+)?(?:-batch_invariant)?)"
+    rf"(?:-[a-z_]+)?\]$"
 )
 
 
@@ -121,8 +123,9 @@ def engine_scope(nodeid: str) -> str:
     m = _CELL_ID.search(nodeid)
     if m is None:
         return nodeid
-    # vllm0.21.0-ray-v2-async_on-keep-clear[-tp2] -> vllm0.21.0-ray-v2-async_on[-tp2]
-    return m.group("engine") + (f"-{m.group('tp')}" if m.group("tp") else "")
+    # vllm0.21.0-ray-v2-async_on-keep-clear[-tp2][-mr_v2][-batch_invariant][-weight_sync]
+    #   -> vllm0.21.0-ray-v2-async_on[-tp2][-mr_v2][-batch_invariant], i.e. EngineKey.id
+    return m.group("engine") + m.group("axes")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -293,7 +293,9 @@ def workaround_verdicts(cells: CellsLike) -> tuple[WorkaroundVerdict, ...]:
             out.append(WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN,
                                          "no keep-mode clear_cache=True cells"))
             continue
-        judged = [(judge_pair(version, key[0], p.get(True), p.get(False)), key) for key, p in pairs.items()]
+        # The label names the variant axes too (mp-mr_v2), so a verdict from a v2-only run says so.
+        judged = [(judge_pair(version, key[0] + engine_suffix(*key[1:]), p.get(True), p.get(False)), key)
+                  for key, p in pairs.items()]
         out.append(min(judged, key=lambda t: _pair_rank(*t))[0])
     return tuple(out)
 

@@ -178,7 +178,8 @@ def effective_settings(requested: dict[str, Any], probe: dict[str, Any]) -> tupl
     eff_invariant = (all(invariant) if all(invariant) or not any(invariant) else None) if workers else None
     eff = {"async_scheduling": eff_async, "async_parts": parts, "executor_class": executor_class,
            "model_runner": eff_runner,
-           "model_runner_classes": sorted({str(w.get("model_runner_class")) for w in workers}),
+           "model_runner_classes": sorted({str(w["model_runner_class"]) for w in workers
+                                           if w.get("model_runner_class")}),
            "batch_invariant": eff_invariant}
     reason = None
     want_exec = EXPECTED_EXECUTOR.get(requested["executor"])
@@ -193,7 +194,7 @@ def effective_settings(requested: dict[str, Any], probe: dict[str, Any]) -> tupl
             f"asked for async_scheduling={requested['async_scheduling']} but it is effectively "
             f"{eff_async} ({parts})"
         )
-    elif eff_runner != "v2" if want_runner == "v2" else "v2" in runners:
+    elif (eff_runner != "v2") if want_runner == "v2" else ("v2" in runners):
         # Only a confirmed v2 counts as v2; v1 is refused only when a worker is seen running v2.
         reason = (f"asked for model runner {want_runner} (VLLM_USE_V2_MODEL_RUNNER) but the workers run "
                   f"{', '.join(eff['model_runner_classes']) or 'an unknown runner (no worker probe)'}")
@@ -283,7 +284,7 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
     try:
         llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
     except Exception as exc:
-        refused = _refused_setting(requested, exc)
+        refused = refused_setting(requested, exc)
         if refused is None:
             raise
         emit("engine", **info, requested=requested, effective=None, probe=None, startup_s=None,
@@ -322,15 +323,19 @@ async def run_cell(spec: dict[str, Any], emit: Emitter) -> None:
         llm.shutdown()
 
 
-def _refused_setting(requested: dict[str, Any], exc: Exception) -> str | None:
-    """The reason when vLLM's config validation refused the V2 model runner we asked for, else None.
+def refused_setting(requested: dict[str, Any], exc: BaseException) -> str | None:
+    """The reason when vLLM's start-up refused an optional engine setting we asked for, else None.
 
-    e.g. 0.22 without Triton: ``ValueError: VLLM_USE_V2_MODEL_RUNNER requires Triton.``  Any other
-    start-up failure stays an error.
+    e.g. 0.22 without Triton: ``ValueError: VLLM_USE_V2_MODEL_RUNNER requires Triton.``, 0.21's
+    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, or an attention backend refused with
+    ``batch invariance not supported``.  Any other start-up failure stays an error.
     """
     text = f"{type(exc).__name__}: {exc}"
+    first = (text.splitlines() or [text])[0][:300]
     if requested.get("model_runner") == "v2" and "V2_MODEL_RUNNER" in text:
-        return f"vLLM refused model runner v2: {text.splitlines()[0][:300]}"
+        return f"vLLM refused model runner v2: {first}"
+    if requested.get("batch_invariant") and ("batch invariance" in text.lower() or "BATCH_INVARIANT" in text):
+        return f"vLLM refused VLLM_BATCH_INVARIANT=1: {first}"
     return None
 
 

@@ -17,7 +17,7 @@ from harness.oracle import Outcome
 from harness.report import workaround_verdicts
 from harness.results import CellResult
 from harness.runner import RunConfig, engine_env, engine_spec
-from repro.cell import effective_settings, runner_generation
+from repro.cell import effective_settings, refused_setting, runner_generation
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,6 @@ def test_variant_ids_and_engines() -> None:
     c = Cell("0.22.0", "ray-v2", True, "keep", True, tp=2, scenario="weight-sync", model_runner="v2",
              batch_invariant=True)
     assert c.id == "vllm0.22.0-ray-v2-async_on-keep-clear-tp2-mr_v2-batch_invariant-weight_sync"
-    assert c.config_id == c.id.split("-", 1)[1]
     assert c.engine == EngineKey("0.22.0", "ray-v2", True, 2, "v2", True)
     assert c.engine.id == "vllm0.22.0-ray-v2-async_on-tp2-mr_v2-batch_invariant"
     sel = Selection(versions=("0.21.0",), modes=("keep",), asyncs=(True,), model_runners=("v1", "v2"),
@@ -161,3 +160,46 @@ def test_history_rows_sort_by_engine_config_then_scenario() -> None:
     ordered = sorted(configs, key=lambda c: _row_key(Row("cuda", c)))
     assert ordered == [config(), config(scenario="weight-sync"), config(batch_invariant=True),
                        config(model_runner="v2"), config(model_runner="v2", scenario="weight-sync"), config(tp=2)]
+
+
+@pytest.mark.parametrize(
+    ("requested", "message", "expect"),
+    [
+        (_requested("v2"), "VLLM_USE_V2_MODEL_RUNNER requires Triton.", "refused model runner v2"),
+        (_requested("v2"), "VLLM_USE_V2_MODEL_RUNNER does not yet support: ['hybrid']", "refused model runner v2"),
+        (_requested("v1"), "VLLM_USE_V2_MODEL_RUNNER requires Triton.", None),  # not ours to excuse
+        (_requested("v2"), "CUDA out of memory", None),  # any other start-up failure stays an ERROR
+        (_requested(invariant=True), "Selected backend FLASHINFER is not valid: ['batch invariance not supported']",
+         "refused VLLM_BATCH_INVARIANT=1"),
+        (_requested(), "Selected backend FLASHINFER is not valid: ['batch invariance not supported']", None),
+    ],
+)
+def test_refused_setting_only_excuses_what_was_asked_for(requested: dict, message: str, expect: str | None) -> None:
+    reason = refused_setting(requested, ValueError(message))
+    assert (reason is None) if expect is None else (reason is not None and expect in reason and message[:20] in reason)
+
+
+@pytest.mark.parametrize("module", ["vllm.model_executor.layers.batch_invariant",
+                                    "vllm.model_executor.determinism.batch_invariant"])
+def test_worker_probe_reads_batch_invariant_mode(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from repro.shim import BATCH_INVARIANT_MODULES, _batch_invariant_mode
+
+    for name in BATCH_INVARIANT_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert _batch_invariant_mode() is None  # vLLM never loaded it: not switched on
+    fake = types.ModuleType(module)
+    fake._batch_invariant_MODE = False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module, fake)
+    assert _batch_invariant_mode() is False
+    fake._batch_invariant_MODE = True  # type: ignore[attr-defined]
+    assert _batch_invariant_mode() is True
+
+
+def test_workaround_verdict_names_the_variant() -> None:
+    (verdict,) = workaround_verdicts(_pair("0.21.0", "v2", Outcome.LOSS))
+    assert verdict.executor == "mp-mr_v2"
+    (verdict,) = workaround_verdicts(_pair("0.21.0", "v1", Outcome.LOSS))
+    assert verdict.executor == "mp"

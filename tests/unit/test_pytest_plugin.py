@@ -19,6 +19,9 @@ cells = st.builds(
     mode=st.sampled_from(MODES),
     clear_cache=st.booleans(),
     tp=st.sampled_from([1, 2]),
+    scenario=st.sampled_from(["pause", "weight-sync"]),
+    model_runner=st.sampled_from(["v1", "v2"]),
+    batch_invariant=st.booleans(),
 )
 
 
