@@ -366,12 +366,21 @@ def _build_steps(uv: str, recipe: EnvRecipe, path: Path, logf: Any, t0: float) -
             proc = attempt([f"torch=={torch_override}"])
         if proc.returncode:
             raise EnvBuildError(f"uv pip install {req} failed: {_last(proc.stderr)}")
-    smoke = _run(
-        [py, "-c", _SMOKE], logf, 600,
-    )
+    return _smoke_and_record(recipe, path, logf, t0, check_release=False,
+                             torch_override=torch_override, resolved_as_of=as_of)
+
+
+def _smoke_and_record(recipe: EnvRecipe, path: Path, logf: Any, t0: float, check_release: bool,
+                      **facts: Any) -> dict[str, Any]:
+    """Import vllm and torch in the new env, then write its status file (last: its presence makes the env valid)."""
+    smoke = _run([str(path / "bin" / "python"), "-c", _SMOKE], logf, 600)
     if smoke.returncode:
         raise EnvBuildError(f"smoke import of vllm/torch failed: {_last(smoke.stderr)}")
     versions = json.loads(smoke.stdout.strip().splitlines()[-1])
+    if check_release and not _same_release(versions["vllm"], recipe.version):
+        raise EnvBuildError(
+            f"the env imports vllm {versions['vllm']}, not {recipe.version} (the base interpreter's vllm shadows it?)"
+        )
     status = {
         "valid": True,
         "recipe": recipe.to_dict(),
@@ -380,10 +389,8 @@ def _build_steps(uv: str, recipe: EnvRecipe, path: Path, logf: Any, t0: float) -
         "build_s": round(time.monotonic() - t0, 1),
         "vllm_version": versions["vllm"],
         "torch_version": versions["torch"],
-        "torch_override": torch_override,
-        "resolved_as_of": as_of,
+        **facts,
     }
-    # Written last: its presence is what makes the env valid.
     (path / STATUS_FILE).write_text(json.dumps(status, indent=2))
     return status
 
@@ -458,31 +465,13 @@ def _wheelhouse_steps(recipe: EnvRecipe, path: Path, logf: Any, t0: float) -> di
     if proc.returncode:
         raise EnvBuildError(f"pip install --no-index from the wheelhouse failed: {_last(proc.stderr)}")
     install_s = round(time.monotonic() - t0, 1)
-    smoke = _run([str(py), "-c", _SMOKE], logf, 600)
-    if smoke.returncode:
-        raise EnvBuildError(f"smoke import of vllm/torch failed: {_last(smoke.stderr)}")
-    versions = json.loads(smoke.stdout.strip().splitlines()[-1])
-    if not _same_release(versions["vllm"], recipe.version):
-        raise EnvBuildError(
-            f"the env imports vllm {versions['vllm']}, not {recipe.version} (the base interpreter's vllm shadows it?)"
-        )
     entry = manifest.versions[recipe.version]
-    status = {
-        "valid": True,
-        "recipe": recipe.to_dict(),
-        "recipe_hash": recipe.hash,
-        "built_at": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "build_s": round(time.monotonic() - t0, 1),
-        "install_s": install_s,
-        "vllm_version": versions["vllm"],
-        "torch_version": versions["torch"],
-        "torch_override": None,
-        "resolved_as_of": entry.resolved_as_of,
-        "wheelhouse": {"path": src.path, "manifest_sha256": src.manifest_sha256, "base_python": src.base_python,
-                       "wheels": len(wheels), "excluded": [e["name"] for e in entry.excluded]},
-    }
-    (path / STATUS_FILE).write_text(json.dumps(status, indent=2))
-    return status
+    return _smoke_and_record(
+        recipe, path, logf, t0, check_release=True, install_s=install_s, torch_override=None,
+        resolved_as_of=entry.resolved_as_of,
+        wheelhouse={"path": src.path, "manifest_sha256": src.manifest_sha256, "base_python": src.base_python,
+                    "wheels": len(wheels), "excluded": [e["name"] for e in entry.excluded]},
+    )
 
 
 def _same_release(found: str, wanted: str) -> bool:
