@@ -434,28 +434,33 @@ def run_matrix_on_cluster(
                                "nodes": [], "resources": {}, "tasks": {}}
     envs: dict[str, dict[str, Any]] = {}
     if plan.engines:
-        _run_on_ray(plan, cfg, index, cache_dir, address or None, python, recipe_for, prebuilt or {}, record, say,
-                    on_event, cluster, envs)
+        _run_on_ray(_ClusterRun(plan, cfg, index, cache_dir, python, recipe_for, prebuilt or {}, record, say,
+                                on_event, cluster, envs), address or None)
 
     # engine_starts: engines submitted (none for an unplaceable config)
     return record.results({**run_meta(cfg, started, argv, envs, len(cluster["tasks"])), "cluster": cluster})
 
 
-def _run_on_ray(
-    plan: MatrixPlan,
-    cfg: RunConfig,
-    index: IndexConfig,
-    cache_dir: Path,
-    address: str | None,
-    python: str,
-    recipe_for: Callable[[str], EnvRecipe] | None,
-    prebuilt: dict[str, VllmEnv],
-    record: Callable[[CellResult], None],
-    say: ProgressHook,
-    on_event: EventHook | None,
-    cluster: dict[str, Any],
-    envs: dict[str, dict[str, Any]],
-) -> None:
+@dataclass(frozen=True)
+class _ClusterRun:
+    """What one run hands from run_matrix_on_cluster to the Ray driver loop."""
+
+    plan: MatrixPlan
+    cfg: RunConfig
+    index: IndexConfig
+    cache_dir: Path
+    python: str
+    recipe_for: Callable[[str], EnvRecipe] | None
+    prebuilt: dict[str, VllmEnv]
+    record: Callable[[CellResult], None]
+    say: ProgressHook
+    on_event: EventHook | None
+    cluster: dict[str, Any]  # filled in: nodes, resources, tasks
+    envs: dict[str, dict[str, Any]]  # filled in: env facts per version
+
+
+def _run_on_ray(run: _ClusterRun, address: str | None) -> None:
+    cfg, say = run.cfg, run.say
     ray = import_ray()
     if ray.is_initialized():
         raise ClusterError("Ray is already initialised in this process; vllm-repro connects itself: pass the "
@@ -486,8 +491,7 @@ def _run_on_ray(
             if sigterm is not None and threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, sigterm)
         try:
-            _drive(ray, plan, cfg, index, cache_dir, python, recipe_for, prebuilt, record, say, on_event, cluster,
-                   envs, marker, run_id)
+            _drive(ray, run, marker, run_id)
         finally:
             # Disconnects from a cluster we joined; stops the one we started.
             ray.shutdown()
@@ -496,23 +500,10 @@ def _run_on_ray(
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _drive(
-    ray: ModuleType,
-    plan: MatrixPlan,
-    cfg: RunConfig,
-    index: IndexConfig,
-    cache_dir: Path,
-    python: str,
-    recipe_for: Callable[[str], EnvRecipe] | None,
-    prebuilt: dict[str, VllmEnv],
-    record: Callable[[CellResult], None],
-    say: ProgressHook,
-    on_event: EventHook | None,
-    cluster: dict[str, Any],
-    envs: dict[str, dict[str, Any]],
-    marker: Path,
-    run_id: str,
-) -> None:
+def _drive(ray: ModuleType, run: _ClusterRun, marker: Path, run_id: str) -> None:
+    plan, cfg, index, cache_dir, python = run.plan, run.cfg, run.index, run.cache_dir, run.python
+    recipe_for, prebuilt, record, say, on_event = run.recipe_for, run.prebuilt, run.record, run.say, run.on_event
+    cluster, envs = run.cluster, run.envs
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     cluster["ray_version"] = ray.__version__
     cluster["nodes"] = [{"node_id": n.get("NodeID"), "host": n.get("NodeManagerHostname"),
