@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loss_checks import assert_first_post_resume_token_lost
 
 from harness.envs import default_cache_dir, index_config_from_env
 from harness.execute import run_matrix
@@ -57,17 +58,7 @@ def test_first_post_resume_token_lost_on_0_21_only(tmp_path: Path) -> None:
     assert bug.engine["effective"]["executor_class"] == "MultiprocExecutor"
     assert bug.engine["probe"]["core"]["scheduler_class"].endswith("AsyncScheduler")
     assert bug.outcome is Outcome.LOSS, bug.summary
-    running = [r for r in bug.requests if r["verdict"]["running_at_pause"]]
-    late = [r for r in bug.requests if not r["verdict"]["running_at_pause"]]
-    assert len(running) == 8 and late
-    for r in running:
-        i = r["verdict"]["pause_index"]
-        assert r["verdict"]["label"] == f"LOSS(1 at {i})", r["verdict"]
-        # Exactly the first post-resume token is missing; the rest is shifted by one.
-        assert r["verdict"]["first_post_resume"] == {
-            "index": i, "expected": r["reference"][i], "observed": r["reference"][i + 1]}
-        assert r["observed"] == (r["reference"][:i] + r["reference"][i + 1:])[: r["max_tokens"]]
-    assert all(r["verdict"]["outcome"] == "OK" for r in late), "requests not running at pause must be unaffected"
+    assert_first_post_resume_token_lost(bug, running_at_pause=8)
 
     off = _cell(results, "vllm0.21.0-mp-async_off-keep-clear")
     assert off.engine is not None and off.engine["effective"]["async_scheduling"] is False

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loss_checks import assert_first_post_resume_token_lost
 
 from harness.envs import default_cache_dir, index_config_from_env
 from harness.execute import run_matrix
@@ -55,16 +56,7 @@ def test_injected_42043_loses_first_post_resume_token_on_0_32(tmp_path: Path) ->
     assert inject["marked"] == 0 and inject["discarded"] == 0, "nothing may be dropped before a scenario ran"
 
     assert clear.outcome is Outcome.LOSS, clear.summary
-    running = [r for r in clear.requests if r["verdict"]["running_at_pause"]]
-    late = [r for r in clear.requests if not r["verdict"]["running_at_pause"]]
-    assert running and late, "the scenario must have requests running at the pause and requests submitted during it"
-    for r in running:
-        i = r["verdict"]["pause_index"]
-        assert r["verdict"]["label"] == f"LOSS(1 at {i})", r["verdict"]
-        assert r["verdict"]["first_post_resume"] == {
-            "index": i, "expected": r["reference"][i], "observed": r["reference"][i + 1]}
-        assert r["observed"] == (r["reference"][:i] + r["reference"][i + 1:])[: r["max_tokens"]]
-    assert all(r["verdict"]["outcome"] == "OK" for r in late), "requests not running at pause must be unaffected"
+    running = assert_first_post_resume_token_lost(clear)
 
     assert noclear.outcome is Outcome.OK, noclear.summary
     # What the injection did during each scenario, from the engine-core probe taken after it.
