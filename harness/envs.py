@@ -366,7 +366,8 @@ def _build_steps(uv: str, recipe: EnvRecipe, path: Path, logf: Any, t0: float) -
             proc = attempt([f"torch=={torch_override}"])
         if proc.returncode:
             raise EnvBuildError(f"uv pip install {req} failed: {_last(proc.stderr)}")
-    return _smoke_and_record(recipe, path, logf, t0, check_release=False,
+    # A per-commit wheel (requirement set) is labelled by its commit, not its release.
+    return _smoke_and_record(recipe, path, logf, t0, check_release=recipe.requirement is None,
                              torch_override=torch_override, resolved_as_of=as_of)
 
 
