@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.versions import version_key, version_order
 from harness.errors import BadInput
-from harness.history import STYLES, category, cell_label, engine_inject, inject_ids, version_key, version_order
+from harness.history import STYLES, category, cell_label, engine_inject, inject_ids
 from harness.results import CellResult, Results
 
 MAX_TOKEN_ROWS = 10  # first post-resume token rows shown per cell

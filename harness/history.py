@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,10 +33,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.versions import version_order
 from harness.errors import BadInput, ReproError, ResultsFileError
 from harness.matrix import EXECUTORS, MODES, cell_config_id
 from harness.oracle import Outcome
-from harness.report import version_key as report_version_key
 from harness.results import SCHEMA as RESULTS_SCHEMA
 from harness.results import CellResult, Results, read_results
 
@@ -513,28 +513,6 @@ class HistoryView:
         if row.inject:
             text += f" [inject {','.join(row.inject)}]"
         return text
-
-
-def version_key(label: str, hint: str | None = None) -> tuple[Any, ...]:
-    """Sort key of a version label; ``hint``: the vLLM version its engine reported (for commit labels)."""
-    key = report_version_key(label)
-    if key[0] == 1 and hint:
-        # Not a release (a commit label): place it by the version its engine reported.
-        hinted = report_version_key(hint)
-        if hinted[0] == 0:
-            return (*hinted[:-1], label)
-    return key
-
-
-def version_order(labels: Iterable[str], hints: dict[str, str] | None = None) -> list[str]:
-    """Version labels in release order (0.9 < 0.10 < 0.21.0rc1 < 0.21.0).
-
-    A label that is no version (a commit label) sorts by the vLLM version its engine reported (e.g.
-    ``0.21.1.dev40+gabc``, so it lands between the releases around it), and labels with neither after every
-    release, by name.
-    """
-    hints = hints or {}
-    return sorted(set(labels), key=lambda label: version_key(label, hints.get(label)))
 
 
 def _row_key(row: Row) -> tuple[Any, ...]:

@@ -9,13 +9,24 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from harness.core.axes import BY_NAME
+from harness.core.pattern import CellPattern, pattern_from_mapping
 from harness.errors import BadInput
-from harness.matrix import Cell
 from harness.oracle import Outcome
 from harness.results import CellResult
 from harness.tomlfile import load_table
 
-_CELL_KEYS = {"async_scheduling", "mode", "clear_cache", "executor", "executors"}
+# A rule's keys: any axis name (harness.core.axes), "executors" (a list; older tables), expect and k.
+_RULE_KEYS = {"expect", "k"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Cells matching ``pattern`` show ``expect`` (with ``k`` tokens per request for LOSS/DUPLICATE)."""
+
+    pattern: CellPattern
+    expect: Outcome
+    k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -25,7 +36,7 @@ class KnownBug:
     fix: str
     fixed_in: str
     affected: SpecifierSet
-    cells: tuple[dict[str, Any], ...]
+    cells: tuple[Rule, ...]
 
 
 @dataclass(frozen=True)
@@ -55,32 +66,23 @@ def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
     for i, b in enumerate(data.get("bug", [])):
         try:
             affected = SpecifierSet(b["affected"])
-            cells = tuple(b.get("cells", []))
-            for c in cells:
-                unknown = set(c) - _CELL_KEYS - {"expect", "k"}
-                if unknown:
-                    raise BadInput(f"{where}: bug {b.get('id')!r} has unknown cell keys {sorted(unknown)}")
-                Outcome(c["expect"])
+            rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}") for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
-                                 cells))
+                                 rules))
         except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
             raise BadInput(f"{where}: bug #{i + 1} is malformed ({exc!r})") from exc
     return tuple(bugs)
 
 
-def _matches(rule: dict[str, Any], cell: Cell) -> bool:
-    if "async_scheduling" in rule and rule["async_scheduling"] != cell.async_on:
-        return False
-    if "mode" in rule and rule["mode"] != cell.mode:
-        return False
-    if "clear_cache" in rule and rule["clear_cache"] != cell.clear_cache:
-        return False
-    if "executor" in rule and rule["executor"] != cell.executor:
-        return False
-    return not ("executors" in rule and cell.executor not in rule["executors"])
+def _rule(table: dict[str, Any], where: str) -> Rule:
+    unknown = set(table) - set(BY_NAME) - _RULE_KEYS - {"executors"}
+    if unknown:
+        raise BadInput(f"{where} has unknown cell keys {sorted(unknown)}")
+    axes = {("executor" if k == "executors" else k): v for k, v in table.items() if k not in _RULE_KEYS}
+    return Rule(pattern_from_mapping(axes, where), Outcome(table["expect"]), table.get("k"))
 
 
-def expectation(cell: Cell, bugs: tuple[KnownBug, ...]) -> Expectation:
+def expectation(cell: Any, bugs: tuple[KnownBug, ...]) -> Expectation:
     """The outcome ``cell`` should show given the known bugs (OK when none applies)."""
     try:
         version = Version(cell.version)
@@ -90,8 +92,8 @@ def expectation(cell: Cell, bugs: tuple[KnownBug, ...]) -> Expectation:
         if not bug.affected.contains(version, prereleases=True):
             continue
         for rule in bug.cells:
-            if _matches(rule, cell):
-                return Expectation(Outcome(rule["expect"]), rule.get("k"), bug.id)
+            if rule.pattern.matches(cell):
+                return Expectation(rule.expect, rule.k, bug.id)
     return Expectation(Outcome.OK)
 
 

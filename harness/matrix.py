@@ -1,173 +1,70 @@
 """The matrix: axes, cells, what a platform cannot run, and grouping cells into engines.
 
-A cell is (vLLM version, executor, async_scheduling, pause mode, clear_cache,
-tensor-parallel size, scenario, model runner, batch-invariant mode).  Cells
-that differ only in mode, clear_cache and scenario share an engine config, so
-they run as scenarios of one engine: the default CPU matrix of one version
-costs two engine starts (async off, async on).
+A cell is one value per axis of ``harness.core.axes`` (vLLM version, executor,
+async_scheduling, pause mode, clear_cache, tensor-parallel size, scenario, model
+runner, batch-invariant mode, tier).  Cells that differ only in their scenario
+axes (mode, clear_cache, scenario) share an engine config, so they run as
+scenarios of one engine: the default CPU matrix of one version costs two engine
+starts (async off, async on).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field, make_dataclass
+from itertools import product
+from typing import Any
 
+from harness.core.axes import (
+    AXES,
+    EXECUTORS,
+    ID_ORDER,
+    LOOP_ORDER,
+    MODEL_RUNNERS,
+    MODES,
+    ON_OFF,
+    PLATFORMS,
+    SCENARIO_MODES,
+    SCENARIOS,
+    TIERS,
+    TRUE_FALSE,
+)
+from harness.core.cell import Cell, EngineKey
 from harness.errors import BadInput, bad_choice
 from harness.versions import Fetch, resolve_versions
 
-EXECUTORS = ("mp", "uni", "ray-v1", "ray-v2")
-MODES = ("keep", "wait", "abort")
-# "pause": pause in a mode, resume, check every token.  "weight-sync": the RLHF
-# flow of upstream's examples/rl/rlhf_async_new_apis.py (keep pause, swap the
-# weights to a second bigram-cycle checkpoint, resume); keep mode only.
-SCENARIOS = ("pause", "weight-sync")
-SCENARIO_MODES = {"pause": MODES, "weight-sync": ("keep",)}
-PLATFORMS = ("cpu", "cuda")
-# vLLM's GPU model runner: "v1" (vllm.v1.worker.gpu_model_runner) or "v2"
-# (vllm.v1.worker.gpu.model_runner), chosen with VLLM_USE_V2_MODEL_RUNNER.  The
-# scheduler-side bug (#42043) should not care, but 0.22+ picks v2 on its own for
-# some models and 0.32 by default, so the GPU tier can check both.
-MODEL_RUNNERS = ("v1", "v2")
-ON_OFF = {"on": True, "off": False}
-TRUE_FALSE = {"true": True, "false": False}
+__all__ = [
+    "EXECUTORS", "MODEL_RUNNERS", "MODES", "ON_OFF", "PLATFORMS", "SCENARIOS", "SCENARIO_MODES", "TIERS",
+    "TRUE_FALSE", "Cell", "EngineKey",
+]
 
 DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0")}
 
 
-def engine_suffix(tp: int, model_runner: str, batch_invariant: bool) -> str:
-    """The id part of the engine axes beyond executor/async; empty for the defaults (old ids stay valid)."""
-    return (
-        (f"-tp{tp}" if tp != 1 else "")
-        + ("-mr_v2" if model_runner == "v2" else "")
-        + ("-batch_invariant" if batch_invariant else "")
-    )
+def cell_config_id(c: Any) -> str:
+    """``mp-async_on-keep-clear[-tp2][-mr_v2][-batch_invariant][-weight_sync]``: a cell id without its version."""
+    return "-".join(s for a in ID_ORDER[1:] if (s := a.spell(getattr(c, a.attr, a.default))))
 
 
-@dataclass(frozen=True, order=True)
-class EngineKey:
-    """Everything that needs a separate engine process."""
-
-    version: str
-    executor: str
-    async_on: bool
-    tp: int = 1
-    model_runner: str = "v1"
-    batch_invariant: bool = False
-
-    @property
-    def id(self) -> str:
-        suffix = engine_suffix(self.tp, self.model_runner, self.batch_invariant)
-        return f"vllm{self.version}-{self.executor}-async_{'on' if self.async_on else 'off'}{suffix}"
+def _selection_fields() -> list[tuple[str, type, Any]]:
+    return [("versions", tuple, field()),
+            *((a.plural, tuple, field(default=a.selection_default)) for a in AXES if a.plural)]
 
 
-@dataclass(frozen=True, order=True)
-class Cell:
-    version: str
-    executor: str
-    async_on: bool
-    mode: str
-    clear_cache: bool
-    tp: int = 1
-    scenario: str = "pause"
-    model_runner: str = "v1"
-    batch_invariant: bool = False
-
-    @property
-    def engine(self) -> EngineKey:
-        return EngineKey(self.version, self.executor, self.async_on, self.tp, self.model_runner,
-                         self.batch_invariant)
-
-    @property
-    def scenario_id(self) -> str:
-        base = f"{self.mode}-{'clear' if self.clear_cache else 'noclear'}"
-        return base if self.scenario == "pause" else f"{self.scenario.replace('-', '_')}-{base}"
-
-    @property
-    def id(self) -> str:
-        return f"vllm{self.version}-{cell_config_id(self)}"
-
-    @property
-    def config_id(self) -> str:
-        """The id without the version: one row of a history heat-map or a comparison."""
-        return cell_config_id(self)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "version": self.version,
-            "executor": self.executor,
-            "async_scheduling": self.async_on,
-            "mode": self.mode,
-            "clear_cache": self.clear_cache,
-            "tp": self.tp,
-            "scenario": self.scenario,
-            "model_runner": self.model_runner,
-            "batch_invariant": self.batch_invariant,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, object]) -> Cell:
-        return cls(
-            version=str(d["version"]),
-            executor=str(d["executor"]),
-            async_on=bool(d["async_scheduling"]),
-            mode=str(d["mode"]),
-            clear_cache=bool(d["clear_cache"]),
-            tp=int(d.get("tp", 1)),  # type: ignore[arg-type]
-            scenario=str(d.get("scenario", "pause")),
-            model_runner=str(d.get("model_runner", "v1")),
-            batch_invariant=bool(d.get("batch_invariant", False)),
-        )
+class _SelectionMethods:
+    def cells(self) -> list[Any]:
+        """Every cell of the selection, engine axes outermost (cells of one engine are adjacent)."""
+        chosen = [getattr(self, a.plural) if a.plural else self.versions for a in LOOP_ORDER]  # type: ignore[attr-defined]
+        out = []
+        for values in product(*chosen):
+            cell = Cell(**{a.attr: v for a, v in zip(LOOP_ORDER, values, strict=True)})
+            if cell.mode in SCENARIO_MODES.get(cell.scenario, MODES):
+                out.append(cell)
+        return out
 
 
-class _CellAxes(Protocol):
-    executor: str
-    async_on: bool
-    mode: str
-    clear_cache: bool
-    tp: int
-    scenario: str
-    model_runner: str
-    batch_invariant: bool
-
-
-def cell_config_id(c: _CellAxes) -> str:
-    """``mp-async_on-keep-clear[-tp2][-mr_v2][-batch_invariant][-weight_sync]``: a cell id without its version.
-
-    One rule for results and history rows, so a heat-map row and a report row name a config alike.
-    """
-    extra = "" if c.scenario == "pause" else f"-{c.scenario.replace('-', '_')}"
-    return (
-        f"{c.executor}-async_{'on' if c.async_on else 'off'}-{c.mode}-{'clear' if c.clear_cache else 'noclear'}"
-        f"{engine_suffix(c.tp, c.model_runner, c.batch_invariant)}{extra}"
-    )
-
-
-@dataclass(frozen=True)
-class Selection:
-    versions: tuple[str, ...]
-    executors: tuple[str, ...] = ("mp",)
-    asyncs: tuple[bool, ...] = (False, True)
-    modes: tuple[str, ...] = MODES
-    clear_caches: tuple[bool, ...] = (True, False)
-    tps: tuple[int, ...] = (1,)
-    scenarios: tuple[str, ...] = ("pause",)
-    model_runners: tuple[str, ...] = ("v1",)
-    batch_invariants: tuple[bool, ...] = (False,)
-
-    def cells(self) -> list[Cell]:
-        return [
-            Cell(v, e, a, m, c, t, s, r, b)
-            for v in self.versions
-            for e in self.executors
-            for a in self.asyncs
-            for t in self.tps
-            for r in self.model_runners
-            for b in self.batch_invariants
-            for s in self.scenarios
-            for m in self.modes
-            if m in SCENARIO_MODES[s]
-            for c in self.clear_caches
-        ]
+Selection = make_dataclass("Selection", _selection_fields(), bases=(_SelectionMethods,), frozen=True)
+Selection.__doc__ = "The chosen versions and, per axis of harness.core.axes, the chosen values."
+Selection.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -182,11 +79,13 @@ class MatrixPlan:
         return [c for _, cs in self.engines for c in cs] + [c for c, _ in self.unsupported]
 
 
-def unsupported_reason(cell: Cell, platform: str, n_gpus: int | None = None) -> str | None:
+def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> str | None:
     """Why ``platform`` cannot run ``cell`` as labelled, or None if it can.
 
     ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check).
     """
+    if cell.tier != "engine":
+        return f"the {cell.tier} tier is not implemented yet: only engine-tier cells run"
     if cell.scenario not in SCENARIOS:
         return f"unknown scenario {cell.scenario!r}"
     if cell.mode not in SCENARIO_MODES[cell.scenario]:
@@ -293,6 +192,24 @@ def parse_tps(raw: str | None, platform: str) -> tuple[int, ...]:
     if not out:
         raise BadInput("empty --tp; use positive integers like 1,2")
     return tuple(sorted(set(out)))
+
+
+def parse_option(a: Any, raw: str | None, platform: str) -> tuple[Any, ...]:
+    """The values of axis ``a`` chosen by its command-line option (``--executor mp,uni``, ``--async both``)."""
+    if a.kind == "int":
+        return parse_tps(raw, platform)
+    if a.kind == "flag":
+        return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
+    return parse_choices(a.what, raw, a.values, a.values if a.option_all else a.selection_default)
+
+
+def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, tuple[Any, ...]]:
+    """``Selection`` fields but versions from the raw option values, keyed by option name (``clear-cache``).
+
+    BadInput names a bad value and the choices.  The CI-file checks call it (through the CLI's
+    ``matrix_axes``) too, so a nightly cannot pass a value the CLI refuses.
+    """
+    return {a.plural: parse_option(a, options.get(a.option), platform) for a in AXES if a.option}
 
 
 def parse_versions(

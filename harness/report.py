@@ -10,7 +10,6 @@ async-off cells of one executor are compared.
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import re
@@ -24,9 +23,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.matrix import EXECUTORS, MODES, engine_suffix
+from harness.core.versions import version_key
+from harness.matrix import EXECUTORS, MODES
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
+from harness.workarounds import STATUS_STYLES, workaround_verdicts
 
 ISSUE = "vllm#42043"
 WORKAROUND = "async_scheduling=False"
@@ -47,28 +48,6 @@ OUTCOME_STYLES = {
 }
 
 
-class WorkaroundStatus(enum.Enum):
-    NEEDED = "NEEDED"  # token fault with async on, OK with async off
-    REMOVABLE = "REMOVABLE"  # OK with async on and off
-    BROKEN = "BROKEN"  # token fault even with async off
-    UNKNOWN = "UNKNOWN"  # a cell is missing or did not produce token streams
-
-
-STATUS_STYLES = {
-    WorkaroundStatus.NEEDED: "bold red",
-    WorkaroundStatus.REMOVABLE: "green",
-    WorkaroundStatus.BROKEN: "bold magenta",
-    WorkaroundStatus.UNKNOWN: "yellow",
-}
-
-
-@dataclass(frozen=True)
-class WorkaroundVerdict:
-    version: str
-    status: WorkaroundStatus
-    evidence: str  # e.g. "LOSS(1) in 8/10 requests (...) of cell ...; async off: OK"
-    cell_ids: tuple[str, ...] = ()  # the async-on / async-off cells the verdict rests on
-    executor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,30 +60,6 @@ class ReportPaths:
 CellsLike = Results | Sequence[CellResult]
 
 # --------------------------------------------------------------------------- helpers
-
-# A local segment (+gabc1234, +cpu) does not change the order: ties break by name.
-_VERSION_PARTS = re.compile(r"^(\d+(?:\.\d+)*)(?:(a|b|rc)(\d+))?(?:\.post(\d+))?(?:\.dev(\d+))?(?:\+[\w.]+)?$")
-_PRE_RANK = {"a": 0, "b": 1, "rc": 2}
-
-
-def version_key(version: str) -> tuple[Any, ...]:
-    """Sort key ordering release versions numerically (0.9 < 0.21 < 0.32; rc before final)."""
-    m = _VERSION_PARTS.match(version.strip())
-    if not m:
-        return (1, (), (0, 0), -1, (1, 0), version)  # unparseable: after every release, by name
-    rel, pre, pre_n, post, dev = m.groups()
-    nums = [int(p) for p in rel.split(".")]
-    while len(nums) > 1 and nums[-1] == 0:
-        nums.pop()
-    if pre:
-        pre_key = (_PRE_RANK[pre], int(pre_n))
-    elif dev and post is None:
-        pre_key = (-1, 0)  # X.dev1 comes before X.a1
-    else:
-        pre_key = (3, 0)
-    dev_key = (0, int(dev)) if dev else (1, 0)
-    return (0, tuple(nums), pre_key, int(post) if post else -1, dev_key, "" if "+" not in version else version)
-
 
 def _cells(cells: CellsLike) -> tuple[CellResult, ...]:
     return tuple(cells.cells) if isinstance(cells, Results) else tuple(cells)
@@ -200,109 +155,9 @@ def _window(tokens: Sequence[Any] | None, center: int | None, width: int = WINDO
 # --------------------------------------------------------------------------- workaround verdicts
 
 
-def _is_demo(cr: CellResult) -> bool:
-    return cr.cell.mode == "keep" and cr.cell.clear_cache and cr.cell.scenario == "pause"
-
-
-_VALUES = {o.value for o in Outcome}
-
-
-def judge_pair(
-    version: str, executor: str, on: CellResult | None, off: CellResult | None,
-    without: str = "async on", with_: str = "async off",
-) -> WorkaroundVerdict:
-    """Judge a workaround from the cell without it (``on``) and the cell with it (``off``).
-
-    ``without``/``with_`` name the two settings in the evidence text (for
-    vllm#42043: async on / async off).
-    """
-    ids = tuple(c.id for c in (on, off) if c is not None)
-
-    def verdict(status: WorkaroundStatus, evidence: str) -> WorkaroundVerdict:
-        return WorkaroundVerdict(version, status, evidence, ids, executor)
-
-    def faulty(cr: CellResult | None) -> bool:
-        # A FLAKY cell lost tokens in some of its runs: that counts as a loss here.
-        if cr is None:
-            return False
-        if cr.outcome is Outcome.FLAKY:
-            return any(Outcome(o).is_token_fault for o in (cr.repeats or {}).get("outcomes", {}) if o in _VALUES)
-        return cr.outcome.is_token_fault
-
-    def infra(cr: CellResult, side: str) -> WorkaroundVerdict:
-        return verdict(WorkaroundStatus.UNKNOWN,
-                       f"{side.replace(' ', '-')} cell {cr.id} is {cr.outcome.value}: {cr.reason or cr.summary}")
-
-    if off is not None and faulty(off):
-        if on is None:
-            on_text = "not run"
-        elif on.outcome is Outcome.OK:
-            on_text = "OK"
-        elif faulty(on):
-            on_text = on.summary
-        else:
-            on_text = f"{on.outcome.value}: {on.reason or on.summary}"
-        return verdict(WorkaroundStatus.BROKEN,
-                       f"{off.summary} of cell {off.id} even with {with_}; {without}: {on_text}")
-    if off is None and on is None:
-        return verdict(WorkaroundStatus.UNKNOWN, "neither cell was run")
-    if off is None:
-        assert on is not None
-        return verdict(WorkaroundStatus.UNKNOWN,
-                       f"no {with_.replace(' ', '-')} keep-mode clear_cache=True cell to compare with {on.id}")
-    if off.outcome in INFRA:
-        return infra(off, with_)
-    if on is None:
-        return verdict(WorkaroundStatus.UNKNOWN,
-                       f"no {without.replace(' ', '-')} keep-mode clear_cache=True cell to compare with {off.id}")
-    if on.outcome in INFRA:
-        return infra(on, without)
-    if faulty(on):
-        return verdict(WorkaroundStatus.NEEDED, f"{on.summary} of cell {on.id}; {with_}: OK")
-    if Outcome.FLAKY in (on.outcome, off.outcome):
-        flaky = on if on.outcome is Outcome.FLAKY else off
-        return verdict(WorkaroundStatus.UNKNOWN, f"cell {flaky.id} is {flaky.summary}")
-    return verdict(WorkaroundStatus.REMOVABLE, f"no token loss with {without} or {with_}")
-
-
-def _pair_rank(v: WorkaroundVerdict, engine: tuple[str, int, str, bool]) -> tuple[Any, ...]:
-    executor, tp, runner, batch_invariant = engine
-    return (v.status is WorkaroundStatus.UNKNOWN, len(v.cell_ids) < 2, executor != "mp", tp != 1,
-            runner != "v1", batch_invariant, _order(EXECUTORS, executor), engine)
-
-
-def workaround_verdicts(cells: CellsLike) -> tuple[WorkaroundVerdict, ...]:
-    """Per vLLM version (sorted numerically), is ``async_scheduling=False`` needed against vllm#42043?
-
-    Compares the keep-mode clear_cache=True cells with async on and off of one
-    executor (and tensor-parallel size).  Among executors, a conclusive pair
-    wins over an inconclusive one; then ``mp``, then tp=1, then matrix order.
-    A later result for the same cell id replaces an earlier one.
-    """
-    crs = _cells(cells)
-    versions = sorted({c.cell.version for c in crs}, key=version_key)
-    out: list[WorkaroundVerdict] = []
-    for version in versions:
-        # Paired within one engine config but for async (executor, TP, model runner, batch invariance).
-        pairs: dict[tuple[str, int, str, bool], dict[bool, CellResult]] = {}
-        for cr in crs:
-            c = cr.cell
-            if c.version == version and _is_demo(cr):
-                pairs.setdefault((c.executor, c.tp, c.model_runner, c.batch_invariant), {})[c.async_on] = cr
-        if not pairs:
-            out.append(WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN,
-                                         "no keep-mode clear_cache=True cells"))
-            continue
-        # The label names the variant axes too (mp-mr_v2), so a verdict from a v2-only run says so.
-        judged = [(judge_pair(version, key[0] + engine_suffix(*key[1:]), p.get(True), p.get(False)), key)
-                  for key, p in pairs.items()]
-        out.append(min(judged, key=lambda t: _pair_rank(*t))[0])
-    return tuple(out)
-
-
 def _paragraph_parts(cells: CellsLike) -> list[tuple[str, str | None]]:
     # The verdict paragraph as (text, rich style) segments.
-    verdicts = workaround_verdicts(cells)
+    verdicts = workaround_verdicts(_cells(cells))
     parts: list[tuple[str, str | None]] = [(f"{WORKAROUND} workaround for {ISSUE}: ", None)]
     if not verdicts:
         parts.append(("no cells to judge.", None))
@@ -379,7 +234,7 @@ def _meta_lines(results: Results) -> list[str]:
 def _cell_row(cr: CellResult) -> list[Any]:
     c = cr.cell
     eff_async, eff_exec = _effective(cr)
-    axes = engine_suffix(c.tp, c.model_runner, c.batch_invariant).replace("-", " ")
+    axes = "".join(f" {s}" for s in c.variant)
     return [f"`{cr.id}`", c.version, c.executor + axes, _on_off(c.async_on), c.mode, str(c.clear_cache).lower(),
             f"**{cr.outcome.value}**" if cr.outcome is not Outcome.OK else cr.outcome.value, _detail(cr),
             _expectation(cr, markdown=True), eff_async, eff_exec]

@@ -14,9 +14,9 @@ import pytest
 from harness.history import HistoryCell
 from harness.matrix import Cell, EngineKey, Selection, plan_matrix, unsupported_reason
 from harness.oracle import Outcome
-from harness.report import workaround_verdicts
 from harness.results import CellResult
 from harness.runner import RunConfig, engine_env, engine_spec
+from harness.workarounds import workaround_verdicts
 from repro.cell import effective_settings, refused_setting, runner_generation
 
 pytestmark = pytest.mark.unit

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from synthetic import request_record
 
+from harness.core.pattern import parse_pattern
 from harness.errors import BadInput
-from harness.known_bugs import Expectation, KnownBug, check, expectation, load_known_bugs
+from harness.known_bugs import Expectation, KnownBug, Rule, check, expectation, load_known_bugs
 from harness.matrix import EXECUTORS, MODES, Cell
 from harness.oracle import Outcome, cell_verdict
 from harness.results import CellResult, infra_result, judged_result
@@ -68,7 +69,8 @@ def test_shipped_table(bugs: tuple[KnownBug, ...]) -> None:
     assert bug.affected == SpecifierSet(">=0.17.0, <0.22.0")
     assert bug.fix == "vllm#42117"
     assert bug.fixed_in == "0.22.0"
-    assert bug.cells == ({"async_scheduling": True, "mode": "keep", "clear_cache": True, "expect": "LOSS", "k": 1},)
+    pattern = parse_pattern("async_scheduling=on,mode=keep,clear_cache=true")
+    assert bug.cells == (Rule(pattern, Outcome.LOSS, 1),)
 
 
 @pytest.mark.parametrize(

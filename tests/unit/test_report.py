@@ -10,21 +10,20 @@ import pytest
 from rich.console import Console
 from synthetic import request_record
 
+from harness.core.versions import version_key
 from harness.matrix import Cell
 from harness.oracle import Outcome, cell_verdict
 from harness.report import (
     ReportPaths,
-    WorkaroundStatus,
     junit_xml,
     markdown,
     render_terminal,
     terminal_table,
     verdict_paragraph,
-    version_key,
-    workaround_verdicts,
     write_reports,
 )
 from harness.results import CellResult, Results, infra_result, judged_result, read_results
+from harness.workarounds import WorkaroundStatus, workaround_verdicts
 
 pytestmark = pytest.mark.unit
 
@@ -462,8 +461,8 @@ def test_flaky_cells_fail_in_junit() -> None:
 def test_flaky_cells_in_the_workaround_verdict() -> None:
     from harness.matrix import Cell
     from harness.oracle import Outcome
-    from harness.report import WorkaroundStatus, judge_pair
     from harness.results import CellResult
+    from harness.workarounds import WorkaroundStatus, judge_pair
 
     on_cell, off_cell = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
     flaky_loss = CellResult(on_cell, Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5",

@@ -13,9 +13,8 @@ from synthetic import request_record
 from harness.errors import BadInput
 from harness.matrix import Cell
 from harness.oracle import Outcome, cell_verdict
-from harness.report import WorkaroundStatus, WorkaroundVerdict
 from harness.results import CellResult, infra_result, judged_result
-from harness.workarounds import LedgerCheck, Workaround, judge, load_ledger
+from harness.workarounds import LedgerCheck, Workaround, WorkaroundStatus, WorkaroundVerdict, judge, load_ledger
 
 pytestmark = pytest.mark.unit
 
