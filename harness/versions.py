@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from harness.core.versions import version_key
 from harness.envs import DEFAULT_INDEX
 from harness.errors import BadInput
 
@@ -38,11 +39,6 @@ class Release:
 
 
 Fetch = Callable[[str, str | None], list[Release]]
-
-
-def version_key(v: str) -> Version:
-    """PEP 440 ordering key (0.9 < 0.21rc1 < 0.21 < 0.21.post1)."""
-    return Version(v)
 
 
 def fetch_releases(package: str, index_url: str | None) -> list[Release]:

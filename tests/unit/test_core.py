@@ -16,6 +16,7 @@ from harness.core.pattern import parse_pattern, pattern_from_mapping
 from harness.errors import BadInput
 from harness.known_bugs import expectation, load_known_bugs
 from harness.oracle import Outcome
+from harness.workarounds import load_ledger
 
 pytestmark = pytest.mark.unit
 
@@ -143,3 +144,17 @@ def test_known_bug_rule_can_name_a_scenario(tmp_path: Path) -> None:
     assert expectation(hit, bugs).outcome is Outcome.DUPLICATE
     assert expectation(hit.replace(scenario="pause"), bugs).outcome is Outcome.OK
     assert expectation(hit.replace(tp=1), bugs).outcome is Outcome.OK
+
+
+def test_workaround_ledger_can_name_any_axis(tmp_path: Path) -> None:
+    p = tmp_path / "ledger.toml"
+    p.write_text('[[workaround]]\nid = "w"\nissue = "vllm#1"\n[workaround.cell]\nexecutor = "ray-v2"\n'
+                 'async_scheduling = true\nmode = "keep"\nclear_cache = true\ntp = 2\nscenario = "weight-sync"\n'
+                 '[workaround.applied]\nasync_scheduling = false\n')
+    (w,) = load_ledger(p)
+    without, with_ = w.cells("0.21.0")
+    assert without.id == "vllm0.21.0-ray-v2-async_on-keep-clear-tp2-weight_sync"
+    assert with_.id == "vllm0.21.0-ray-v2-async_off-keep-clear-tp2-weight_sync"
+    p.write_text(p.read_text().replace("tp = 2", 'tp = [1, 2]'))
+    with pytest.raises(BadInput, match="one value per cell key"):
+        load_ledger(p)
