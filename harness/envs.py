@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from harness.envbuild.base import EnvBackend, Log, build_env
+from harness.envbuild.base import EnvBackend, build_env
 from harness.envbuild.cache import (
     STATUS_FILE,
     default_cache_dir,
@@ -38,7 +38,7 @@ from harness.envbuild.recipe import (
     default_recipe,
     package_for,
 )
-from harness.envbuild.tools import uv_bin
+from harness.envbuild.tools import Log, uv_bin
 from harness.envbuild.uv import UvBackend
 from harness.envbuild.wheelhouse import WheelhouseBackend, wheelhouse_recipe
 

@@ -35,7 +35,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -45,7 +45,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from harness.envbuild.index import IndexConfig, dependency_cutoff
-from harness.envbuild.tools import last_lines, uv_bin
+from harness.envbuild.tools import Log, last_lines, uv_bin
 from harness.errors import BadInput, EnvBuildError
 
 SCHEMA_VERSION = 1
@@ -69,8 +69,6 @@ LAZY_KERNELS = {
 _PLATFORM_RE = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
 _ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 _PY_RE = re.compile(r"^3\.\d{1,2}$")
-
-Log = Callable[[str], None]
 
 
 class WheelhouseError(EnvBuildError):

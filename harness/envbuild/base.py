@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,12 +22,10 @@ from packaging.version import InvalidVersion, Version
 
 from harness.envbuild.cache import STATUS_FILE, build_log
 from harness.envbuild.recipe import EnvRecipe
-from harness.envbuild.tools import last_lines
+from harness.envbuild.tools import Log, last_lines
 from harness.errors import EnvBuildError
 
 SMOKE = "import json, torch, vllm; print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))"
-
-Log = Callable[[str], None]
 
 
 def smoke_versions(stdout: str) -> dict[str, str]:

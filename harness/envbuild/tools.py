@@ -6,8 +6,11 @@ import contextlib
 import functools
 import shutil
 import threading
+from collections.abc import Callable
 
 from harness.errors import EnvBuildError
+
+Log = Callable[[str], None]  # where progress lines go (print, a rich console, a cluster event)
 
 _UV_LOCK = threading.Lock()
 
