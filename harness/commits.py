@@ -14,10 +14,11 @@ from __future__ import annotations
 import re
 import subprocess
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
-from harness.envs import EnvRecipe, IndexConfig
+from harness.envbuild.index import IndexConfig, as_of_after
+from harness.envbuild.recipe import EnvRecipe, RecipeFor
 from harness.errors import BadInput
 
 DEFAULT_WHEEL_INDEX = "https://wheels.vllm.ai/{commit}/{variant}"
@@ -97,14 +98,19 @@ def commit_recipe(
         raise BadInput(f"bad --wheel-index {template!r}: use the fields {{commit}} and {{variant}}") from exc
     as_of = base.resolve_as_of
     if as_of == "release":
-        if commit.date is None:
-            as_of = "none"
-        else:
-            # git's %cI keeps the committer's offset: convert to UTC before writing "Z".
-            when = commit.date if commit.date.tzinfo else commit.date.replace(tzinfo=UTC)
-            as_of = (when.astimezone(UTC) + timedelta(days=7)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # The commit date stands in for a release's upload date (none known: today's dependencies).
+        as_of = "none" if commit.date is None else as_of_after(commit.date)
     index = replace(base, extra_index_urls=(url, *base.extra_index_urls), resolve_as_of=as_of)
     return EnvRecipe(package, label, platform, python, index, requirement=package)
+
+
+def commit_recipes(
+    commits: list[Commit], template: str, variant: str, package: str, platform: str, python: str,
+    base: IndexConfig,
+) -> RecipeFor:
+    """Label (see ``labels``) -> the recipe of that commit's wheel: the ``recipe_for`` of a commit bisect."""
+    by_label = dict(zip(labels(commits), commits, strict=True))
+    return lambda label: commit_recipe(by_label[label], label, template, variant, package, platform, python, base)
 
 
 def labels(commits: list[Commit]) -> list[str]:

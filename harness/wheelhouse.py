@@ -4,7 +4,7 @@ A wheelhouse is a folder of wheels plus ``wheelhouse.json`` (the manifest):
 for each vLLM version, exactly which wheel files install it on top of an
 interpreter that already holds torch (and whatever else a target machine has
 installed).  ``build_wheelhouse`` runs on a machine with network access;
-``harness.envs`` installs from the result with no network at all.
+``harness.envbuild.wheelhouse`` installs from the result with no network at all.
 
 Resolution (measured on an offline H200 node with torch 2.11.0+cu130):
 
@@ -35,7 +35,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +44,8 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from harness.envbuild.index import IndexConfig, dependency_cutoff
+from harness.envbuild.tools import Log, last_lines, uv_bin
 from harness.errors import BadInput, EnvBuildError
 
 SCHEMA_VERSION = 1
@@ -67,8 +69,6 @@ LAZY_KERNELS = {
 _PLATFORM_RE = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
 _ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 _PY_RE = re.compile(r"^3\.\d{1,2}$")
-
-Log = Callable[[str], None]
 
 
 class WheelhouseError(EnvBuildError):
@@ -352,11 +352,6 @@ def _run(cmd: list[str], timeout: float, log: Log) -> subprocess.CompletedProces
         raise EnvBuildError(f"{cmd[0]} {cmd[1]} timed out after {timeout:.0f}s") from exc
 
 
-def _tail(text: str, n: int = 8) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return " | ".join(lines[-n:]) if lines else "(no output)"
-
-
 def resolve(
     requirements: list[str],
     python: str,
@@ -389,7 +384,9 @@ def resolve(
             cmd += ["--exclude-newer-package", f"{canonicalize_name(i.name)}=false"]
     proc = _run(cmd, 900, log)
     if proc.returncode:
-        raise EnvBuildError(f"resolving {' '.join(requirements)} for {python}/{platform} failed: {_tail(proc.stderr)}")
+        raise EnvBuildError(
+            f"resolving {' '.join(requirements)} for {python}/{platform} failed: {last_lines(proc.stderr, 8)}"
+        )
     return parse_pins(out.read_text())
 
 
@@ -448,7 +445,7 @@ def download(
     finally:
         os.unlink(reqfile)
     if proc.returncode:
-        raise EnvBuildError(f"pip download failed: {_tail(proc.stderr or proc.stdout)}")
+        raise EnvBuildError(f"pip download failed: {last_lines(proc.stderr or proc.stdout, 8)}")
     # Map each pin to its file by the file names pip reported (a folder shared
     # by several downloads may hold other versions of the same project).
     reported = re.findall(r"(?:Saved|File was already downloaded)\s+(\S+\.whl)", proc.stdout)
@@ -466,21 +463,26 @@ def download(
         fname = by_key.get((canon, Version(p.version)))
         if fname is None:
             raise EnvBuildError(
-                f"pip download reported no wheel for {p.name}=={p.version}; output: {_tail(proc.stdout)}"
+                f"pip download reported no wheel for {p.name}=={p.version}; output: {last_lines(proc.stdout, 8)}"
             )
         files[canon] = fname
     return files
 
 
-def _index_args_pip(index_url: str | None, extra: tuple[str, ...], find_links: tuple[str, ...]) -> list[str]:
-    args: list[str] = []
-    if index_url:
-        args += ["--index-url", index_url]
-    for u in extra:
-        args += ["--extra-index-url", u]
-    for f in find_links:
-        args += ["--find-links", f]
-    return args
+@dataclass(frozen=True)
+class _Target:
+    """What every version added to one wheelhouse is resolved and downloaded for."""
+
+    dest: Path
+    python: str
+    platform: str
+    package: str
+    index: IndexConfig
+    installed: dict[str, Installed]
+    installed_list: dict[str, Any]  # the manifest's record of the installed list (path, sha256, packages)
+    exclude: tuple[str, ...]
+    extra: tuple[str, ...]
+    uv: str
 
 
 def build_wheelhouse(
@@ -492,66 +494,72 @@ def build_wheelhouse(
     exclude: tuple[str, ...] = DEFAULT_EXCLUDE,
     extra: tuple[str, ...] = DEFAULT_EXTRA,
     package: str = "vllm",
-    index: Any = None,
+    index: IndexConfig | None = None,
     log: Log = lambda s: None,
 ) -> BuildReport:
     """Resolve and download ``package==V`` + ``extra`` for every V into ``dest``; write/extend its manifest.
 
-    ``index`` is a ``harness.envs.IndexConfig`` (None: PyPI with pip's find-links).
+    ``index`` None: PyPI with pip's find-links.
     Several versions share one folder: wheels are stored once and each version
     lists exactly the files it installs.
     """
-    from harness.envs import IndexConfig, _as_of, uv_bin  # envs imports this module lazily
-
     check_python(python)
     platform_tags(platform)
     if not vllm_versions:
         raise BadInput("no vLLM version given; pass --vllm X[,Y...]")
-    index = index or IndexConfig()
     installed = read_installed(installed_file)
-    installed_sha = sha256_file(Path(installed_file)) if installed_file else None
+    installed_list = {"path": str(installed_file) if installed_file else None,
+                      "sha256": sha256_file(Path(installed_file)) if installed_file else None,
+                      "packages": len(installed)}
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     data = _existing_manifest(dest, python, platform, package)
-    uv = uv_bin()
-    uv_index = index.uv_args()
-    pip_index = _index_args_pip(index.index_url, index.extra_index_urls, index.find_links)
+    target = _Target(dest, python, platform, package, index or IndexConfig(), installed, installed_list,
+                     exclude, extra, uv_bin())
     downloaded: list[str] = []
     for v in vllm_versions:
-        from harness.envs import EnvRecipe
+        downloaded += _add_version(target, v, data, log)
+    _write_manifest(dest, data)
+    return BuildReport(load_manifest(dest), tuple(downloaded))
 
-        as_of = _as_of(EnvRecipe(package, v, "cuda", python, index))
-        requirements = [f"{package}=={v}", *extra]
-        log(f"resolving {' + '.join(requirements)} for cp{python} {platform} (as of {as_of or 'today'})")
-        with tempfile.TemporaryDirectory(prefix="vllm-repro-wh-") as tmp:
-            pins, excluded = resolve_excluding(requirements, python, platform, installed, uv_index, exclude,
-                                               as_of, Path(tmp), log, uv)
-        split = split_resolution(pins, installed)
-        before = {p.name for p in dest.glob("*.whl")}
-        log(f"{v}: {len(pins)} packages resolved, {len(split.kept_installed)} installed on the target, "
-            f"{len(split.download)} to download")
-        files = download(split.download, dest, python, platform, pip_index, log)
-        downloaded += sorted(set(files.values()) - before)
-        for canon, fname in files.items():
-            meta = data["files"].get(fname)
-            p = dest / fname
-            if meta is None or meta["bytes"] != p.stat().st_size:
-                data["files"][fname] = {"name": pins[canon].name, "version": pins[canon].version,
-                                        "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-        # vllm first: a partially copied wheelhouse fails on the big file early.
-        order = sorted(files.values(), key=lambda f: (not f.startswith(package.replace("-", "_") + "-"), f))
-        data["versions"][v] = {
-            "requirements": requirements,
-            "resolved": {pins[c].name: pins[c].version for c in sorted(pins)},
-            "wheels": order,
-            "kept_installed": list(split.kept_installed),
-            "replaces_installed": list(split.replaces_installed),
-            "excluded": excluded,
-            "resolved_as_of": as_of,
-            "installed_list": {"path": str(installed_file) if installed_file else None, "sha256": installed_sha,
-                               "packages": len(installed)},
-            "bytes": sum(data["files"][f]["bytes"] for f in order),
-        }
+
+def _add_version(t: _Target, v: str, data: dict[str, Any], log: Log) -> list[str]:
+    """Resolve and download vLLM ``v`` into the wheelhouse; record it in ``data``; return the files fetched."""
+    as_of = dependency_cutoff(t.index, t.package, v)
+    requirements = [f"{t.package}=={v}", *t.extra]
+    log(f"resolving {' + '.join(requirements)} for cp{t.python} {t.platform} (as of {as_of or 'today'})")
+    with tempfile.TemporaryDirectory(prefix="vllm-repro-wh-") as tmp:
+        pins, excluded = resolve_excluding(requirements, t.python, t.platform, t.installed, t.index.uv_args(),
+                                           t.exclude, as_of, Path(tmp), log, t.uv)
+    split = split_resolution(pins, t.installed)
+    before = {p.name for p in t.dest.glob("*.whl")}
+    log(f"{v}: {len(pins)} packages resolved, {len(split.kept_installed)} installed on the target, "
+        f"{len(split.download)} to download")
+    # pip spells the index options as uv does.
+    files = download(split.download, t.dest, t.python, t.platform, t.index.uv_args(), log)
+    for canon, fname in files.items():
+        meta = data["files"].get(fname)
+        p = t.dest / fname
+        if meta is None or meta["bytes"] != p.stat().st_size:
+            data["files"][fname] = {"name": pins[canon].name, "version": pins[canon].version,
+                                    "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+    # vllm first: a partially copied wheelhouse fails on the big file early.
+    order = sorted(files.values(), key=lambda f: (not f.startswith(t.package.replace("-", "_") + "-"), f))
+    data["versions"][v] = {
+        "requirements": requirements,
+        "resolved": {pins[c].name: pins[c].version for c in sorted(pins)},
+        "wheels": order,
+        "kept_installed": list(split.kept_installed),
+        "replaces_installed": list(split.replaces_installed),
+        "excluded": excluded,
+        "resolved_as_of": as_of,
+        "installed_list": dict(t.installed_list),
+        "bytes": sum(data["files"][f]["bytes"] for f in order),
+    }
+    return sorted(set(files.values()) - before)
+
+
+def _write_manifest(dest: Path, data: dict[str, Any]) -> None:
     # A version rebuilt with other pins leaves files no version lists: forget them.
     used = {f for e in data["versions"].values() for f in e["wheels"]}
     data["files"] = {f: meta for f, meta in sorted(data["files"].items()) if f in used}
@@ -559,7 +567,6 @@ def build_wheelhouse(
     tmpm = dest / (MANIFEST + ".tmp")
     tmpm.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     tmpm.replace(dest / MANIFEST)
-    return BuildReport(load_manifest(dest), tuple(downloaded))
 
 
 def _existing_manifest(dest: Path, python: str, platform: str, package: str) -> dict[str, Any]:

