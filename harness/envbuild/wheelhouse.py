@@ -12,6 +12,8 @@ is made by ``harness.wheelhouse`` (the download side), which this module reads.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,15 +25,20 @@ from harness.envbuild.tools import last_lines
 from harness.errors import BadInput, EnvBuildError
 from harness.wheelhouse import Manifest, WheelhouseError, load_manifest, wheels_for
 
+# The variable naming the interpreter that holds torch, once, for every command (tox passes VLLM_REPRO_*).
+BASE_PYTHON_ENV = "VLLM_REPRO_BASE_PYTHON"
 _BASE_INFO = (
-    "import json, site, sys, sysconfig; print(json.dumps({'python': '%d.%d' % sys.version_info[:2], "
+    "import json, os, site, sys, sysconfig, importlib.util as u; v = '%d.%d' % sys.version_info[:2]; "
+    "c = os.path.join(sys.prefix, 'bin', 'python' + v); "
+    "print(json.dumps({'python': v, 'torch': u.find_spec('torch') is not None, "
+    "'canonical': c if os.path.exists(c) else sys.executable, "
     "'site': [p for p in dict.fromkeys(site.getsitepackages() + [sysconfig.get_paths()['purelib'], "
     "sysconfig.get_paths()['platlib']])]}))"
 )
 
 
 def base_info(base_python: str) -> dict[str, Any]:
-    """The base interpreter's Python version and site-packages folders."""
+    """The base interpreter's Python version, whether it holds torch, its canonical path and site-packages."""
     try:
         proc = subprocess.run([base_python, "-c", _BASE_INFO], capture_output=True, text=True, timeout=120)
     except OSError as exc:
@@ -52,15 +59,57 @@ def wheelhouse_recipe(
     manifest = load_manifest(folder)
     if version not in manifest.versions:
         wheels_for(manifest, version, verify=False)  # raises, naming the versions it has
-    base = str(Path(base_python or sys.executable).absolute())
-    py = base_info(base)["python"]
-    if py != manifest.python:
-        raise BadInput(
-            f"the wheelhouse {folder} is for Python {manifest.python} but {base} is Python {py}; "
-            f"pass --base-python with a Python {manifest.python} interpreter that holds torch"
-        )
+    base = find_base_python(manifest.python, base_python, str(folder))
     src = WheelhouseSource(str(Path(folder).absolute()), manifest.sha256, base)
-    return EnvRecipe(manifest.package, version, platform, py, wheelhouse=src)
+    return EnvRecipe(manifest.package, version, platform, manifest.python, wheelhouse=src)
+
+
+class UnfitBase(BadInput):
+    """An interpreter that cannot be the base of a wheelhouse install; ``why`` says why in a few words."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
+
+
+def find_base_python(python: str, given: str | None = None, folder: str = "the wheelhouse") -> str:
+    """The canonical path of the Python ``python`` interpreter that holds torch: ``given``, else
+    $VLLM_REPRO_BASE_PYTHON, else the first of this interpreter, the one its venv was made from and
+    ``python3`` on PATH that qualifies.  Refused (BadInput naming the fix) before anything is installed.
+
+    Under tox the running interpreter is tox's venv, which has no torch; the interpreter it was made from
+    usually has (on an H200 node the README's commands otherwise gave BUILD-FAILED).  The canonical path
+    (``<prefix>/bin/pythonX.Y``) keys the env cache, so ``envs build`` and ``tox -e repro`` find the same
+    envs whichever spelling of the interpreter each started from.
+    """
+    named = given or os.environ.get(BASE_PYTHON_ENV)
+    if named:
+        return _qualified(str(Path(named).absolute()), python, folder)
+    candidates = [sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3") or "",
+                  shutil.which(f"python{python}") or ""]
+    tried: list[str] = []
+    for cand in dict.fromkeys(c for c in candidates if c):
+        try:
+            return _qualified(cand, python, folder)
+        except UnfitBase as exc:
+            tried.append(f"{cand}: {exc.why}")
+    raise BadInput(f"no Python {python} interpreter holding torch found for {folder} (tried {'; '.join(tried)}); "
+                   f"pass --base-python PATH or set {BASE_PYTHON_ENV}=PATH")
+
+
+def _qualified(base: str, python: str, folder: str) -> str:
+    try:
+        info = base_info(base)
+    except BadInput as exc:
+        raise UnfitBase(str(exc), "does not run") from None
+    if info["python"] != python:
+        raise UnfitBase(f"the wheelhouse {folder} is for Python {python} but {base} is Python {info['python']}; "
+                        f"pass --base-python with a Python {python} interpreter that holds torch",
+                        f"Python {info['python']}")
+    if not info.get("torch"):
+        raise UnfitBase(f"{base} has no torch: a wheelhouse install layers vLLM onto an interpreter that "
+                        f"already holds torch; pass --base-python PATH or set {BASE_PYTHON_ENV}=PATH", "no torch")
+    return str(info["canonical"])
 
 
 class WheelhouseBackend:
