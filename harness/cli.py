@@ -8,7 +8,7 @@ import sys
 
 from harness import __version__
 from harness.commands import COMMANDS
-from harness.commands.base import HANDLER, register
+from harness.commands.base import HANDLER, Command, register
 from harness.commands.context import Context
 from harness.commands.face import Interrupted
 from harness.errors import ReproError
@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``vllm-repro`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    command: Command = getattr(args, HANDLER)
     try:
-        return int(getattr(args, HANDLER).run(Context(args, tuple(argv)), args))
+        return command.run(Context(args, tuple(argv)), args)
     except ReproError as exc:
         print(f"vllm-repro: error: {exc}", file=sys.stderr)
         return 2
