@@ -177,3 +177,20 @@ def test_parse_meta() -> None:
     for bad in ("novalue", "=x"):
         with pytest.raises(BadInput, match="is not KEY=VALUE"):
             parse_meta([bad])
+
+
+def test_sigterm_inside_interruptible_is_an_interrupt_and_the_handler_is_restored() -> None:
+    import io
+    import os
+    import signal
+
+    from rich.console import Console
+
+    from harness.commands.face import Interrupted, interruptible
+
+    before = signal.getsignal(signal.SIGTERM)
+    out = io.StringIO()
+    with pytest.raises(Interrupted), interruptible(Console(file=out), "partial results are in X"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert "interrupted; partial results are in X" in out.getvalue()
+    assert signal.getsignal(signal.SIGTERM) is before
