@@ -1,8 +1,8 @@
 """The set-up every command shares, built once per invocation from the common options.
 
 Each part is computed the first time a command asks for it and then kept: commands have different
-options (``envs list`` has no ``--platform``), and a command asks in the order it validates, so bad
-input is reported in the same order whatever the command.
+options (``envs list`` has no ``--platform``, ``bisect --commits`` resolves no versions), and each
+command asks in the order it has always validated, so the first bad option reported stays the same.
 """
 
 from __future__ import annotations
