@@ -37,7 +37,7 @@ class Candidates:
 
 def commit_candidates(ctx: Context, args: argparse.Namespace) -> Candidates:
     """``--commits``/``--commits-file``: commit labels and the per-commit wheel recipes."""
-    from harness.commits import DEFAULT_WHEEL_INDEX, commit_recipe, commits_from_repo, labels, parse_commit_file
+    from harness.commits import DEFAULT_WHEEL_INDEX, commit_recipes, commits_from_repo, labels, parse_commit_file
 
     if args.versions:
         raise BadInput("give either --versions or --commits/--commits-file, not both")
@@ -48,17 +48,11 @@ def commit_candidates(ctx: Context, args: argparse.Namespace) -> Candidates:
             raise BadInput("--commits OLD..NEW needs --vllm-repo PATH (a local vLLM checkout), "
                            "or list them with --commits-file")
         commits = commits_from_repo(args.vllm_repo, args.commits)
-    candidates = labels(commits)
-    by_label = dict(zip(candidates, commits, strict=True))
-    template_url = args.wheel_index or DEFAULT_WHEEL_INDEX
-    platform, python, index = ctx.platform, ctx.python, ctx.index
+    platform = ctx.platform
     variant = args.variant or ("cpu" if platform == "cpu" else "cu130")
-    package = args.package or package_for(platform)
-
-    def recipe_for(label: str) -> EnvRecipe:
-        return commit_recipe(by_label[label], label, template_url, variant, package, platform, python, index)
-
-    return Candidates(candidates, "commit", recipe_for)
+    recipes = commit_recipes(commits, args.wheel_index or DEFAULT_WHEEL_INDEX, variant,
+                             args.package or package_for(platform), platform, ctx.python, ctx.index)
+    return Candidates(labels(commits), "commit", recipes)
 
 
 def bisect_candidates(ctx: Context, args: argparse.Namespace) -> Candidates:

@@ -15,14 +15,13 @@ from functools import cached_property
 from pathlib import Path
 
 from harness.envs import (
-    EnvRecipe,
     IndexConfig,
+    RecipeFor,
     VllmEnv,
     default_cache_dir,
     index_config_from_env,
     installed_env,
-    package_for,
-    wheelhouse_recipe,
+    recipe_factory,
 )
 from harness.errors import BadInput
 from harness.matrix import parse_versions
@@ -89,11 +88,11 @@ class Context:
         """The env standing in for ``installed`` (nothing is built for it), by version."""
         return dict(self._resolved[1])
 
-    def recipe(self, version: str) -> EnvRecipe:
+    @cached_property
+    def recipe(self) -> RecipeFor:
         """How the env of a release is built: from ``--wheelhouse`` when given, else from the index."""
-        if getattr(self.args, "wheelhouse", None):
-            return wheelhouse_recipe(version, self.args.wheelhouse, self.args.base_python, self.platform)
-        return EnvRecipe(package_for(self.platform), version, self.platform, self.python, self.index)
+        return recipe_factory(self.platform, self.python, self.index, getattr(self.args, "wheelhouse", None),
+                              getattr(self.args, "base_python", None))
 
 
 def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:

