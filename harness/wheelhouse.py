@@ -52,11 +52,11 @@ SCHEMA_VERSION = 1
 MANIFEST = "wheelhouse.json"
 # flashinfer-python pulls flashinfer-cubin (and -jit-cache on some versions):
 # ~300 MB of kernels that vLLM only imports lazily (#42043 needs none of them).
-DEFAULT_EXCLUDE = ("flashinfer-*",)
 DEFAULT_EXTRA = ("ray",)
 # Packages vLLM requires but only imports lazily, on paths this harness's tiny
-# Llama model never takes (checked in the 0.21.0 wheel's sources).  Not
-# excluded by default; ``--exclude`` them to shrink an air-gapped transfer.
+# Llama model never takes (checked in the 0.21.0 wheel's sources; the 0.21.0 and
+# 0.22.0 GPU matrices ran on two H200s from a wheelhouse without them).  Left out
+# by default, each with this reason in the manifest; ``--exclude none`` keeps them.
 LAZY_KERNELS = {
     "flashinfer-*": "imported lazily; the runner sets VLLM_USE_FLASHINFER_SAMPLER=0",
     "tilelang": "imported only by vllm/model_executor/layers/mhc.py (DeepSeek-V4)",
@@ -66,6 +66,7 @@ LAZY_KERNELS = {
     # 0.22.0: humming-kernels[cu13] pulls nvcc + nvvm (~110 MB).
     "humming-kernels": "imported only by get_quantization_config() for quantized checkpoints",
 }
+DEFAULT_EXCLUDE = tuple(LAZY_KERNELS)
 _PLATFORM_RE = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
 _ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
 _PY_RE = re.compile(r"^3\.\d{1,2}$")

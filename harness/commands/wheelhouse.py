@@ -10,6 +10,7 @@ from harness.commands.context import Context
 from harness.commands.options import add_index_options
 from harness.errors import BadInput
 from harness.matrix import split_list
+from harness.wheelhouse import LAZY_KERNELS
 
 
 class WheelhouseCommand(Command):
@@ -29,10 +30,15 @@ class WheelhouseCommand(Command):
         parser.add_argument("--dest", type=Path, default=Path("wheelhouse"),
                             help="wheelhouse folder (default ./wheelhouse)")
         parser.add_argument("--exclude", action="append", default=None, metavar="PATTERN",
-                            help="leave out packages matching this glob, repeatable (default: flashinfer-*; the "
-                                 "runner sets VLLM_USE_FLASHINFER_SAMPLER=0)")
+                            help="leave out packages matching this glob, repeatable (default: the kernel packages "
+                                 "the tiny-model runs never import, each with its reason in the manifest: "
+                                 f"{', '.join(LAZY_KERNELS)}; --exclude none keeps everything)")
         parser.add_argument("--with", dest="extra", action="append", default=None, metavar="REQ",
                             help="extra requirement, repeatable (default: ray)")
+        parser.add_argument("--with-harness", action="store_true",
+                            help="also put vllm-repro itself, tox and their dependencies for the target into "
+                                 "DEST/harness-wheels (install on the node with `python3 -m pip install --no-index "
+                                 "--find-links DEST/harness-wheels vllm-repro tox`)")
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
@@ -44,12 +50,18 @@ class WheelhouseCommand(Command):
         versions = split_list(args.vllm)
         if not versions:
             raise BadInput(f"--vllm {args.vllm!r} names no version; e.g. --vllm 0.21.0,0.22.0")
+        exclude = DEFAULT_EXCLUDE if args.exclude is None else tuple(e for e in args.exclude if e != "none")
         rep = build_wheelhouse(args.dest, versions, args.python, args.platform, args.exclude_installed,
-                               exclude=tuple(args.exclude) if args.exclude is not None else DEFAULT_EXCLUDE,
+                               exclude=exclude,
                                extra=tuple(args.extra) if args.extra is not None else DEFAULT_EXTRA,
                                index=ctx.index, log=print)
         for v, e in rep.manifest.versions.items():
             print(f"{v}: {len(e.wheels)} wheels, {e.bytes / 2**20:.1f} MiB; replaces installed "
                   f"{[d['name'] for d in e.replaces_installed] or 'nothing'}; excluded "
                   f"{[d['name'] for d in e.excluded] or 'nothing'}")
+        if args.with_harness:
+            from harness.bundle import bundle_harness
+
+            b = bundle_harness(args.dest, args.python, args.platform, log=print)
+            print(f"harness: {len(b.wheels)} wheels, {b.bytes / 2**20:.1f} MiB in {b.folder}")
         return 0

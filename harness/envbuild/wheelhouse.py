@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,19 +73,19 @@ class UnfitBase(BadInput):
 
 def find_base_python(python: str, given: str | None = None, folder: str = "the wheelhouse") -> str:
     """The canonical path of the Python ``python`` interpreter that holds torch: ``given``, else
-    $VLLM_REPRO_BASE_PYTHON, else the first of this interpreter, the one its venv was made from and
-    ``python3`` on PATH that qualifies.  Refused (BadInput naming the fix) before anything is installed.
+    $VLLM_REPRO_BASE_PYTHON, else the first of this interpreter, the one its venv was made from and every
+    ``python3``/``pythonX.Y`` on PATH that qualifies.  Refused (BadInput naming the fix) before anything is installed.
 
-    Under tox the running interpreter is tox's venv, which has no torch; the interpreter it was made from
-    usually has (on an H200 node the README's commands otherwise gave BUILD-FAILED).  The canonical path
+    Under tox the running interpreter is tox's venv, which has no torch, and so are the first ``python3``
+    on PATH and the base it was made from; the GPU nodes' torch lives in a venv further along PATH
+    (/opt/torch/.venv/bin on the H200s, where the README's commands otherwise gave BUILD-FAILED).  The canonical path
     (``<prefix>/bin/pythonX.Y``) keys the env cache, so ``envs build`` and ``tox -e repro`` find the same
     envs whichever spelling of the interpreter each started from.
     """
     named = given or os.environ.get(BASE_PYTHON_ENV)
     if named:
         return _qualified(str(Path(named).absolute()), python, folder)
-    candidates = [sys.executable, getattr(sys, "_base_executable", ""), shutil.which("python3") or "",
-                  shutil.which(f"python{python}") or ""]
+    candidates = [sys.executable, getattr(sys, "_base_executable", ""), *_path_pythons(python)]
     tried: list[str] = []
     for cand in dict.fromkeys(c for c in candidates if c):
         try:
@@ -95,6 +94,17 @@ def find_base_python(python: str, given: str | None = None, folder: str = "the w
             tried.append(f"{cand}: {exc.why}")
     raise BadInput(f"no Python {python} interpreter holding torch found for {folder} (tried {'; '.join(tried)}); "
                    f"pass --base-python PATH or set {BASE_PYTHON_ENV}=PATH")
+
+
+def _path_pythons(python: str) -> list[str]:
+    """Every ``python3`` and ``python<python>`` on PATH, in PATH order."""
+    out = []
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        for name in ("python3", f"python{python}"):
+            p = Path(d or ".") / name
+            if p.is_file() and os.access(p, os.X_OK):
+                out.append(str(p.absolute()))
+    return out
 
 
 def _qualified(base: str, python: str, folder: str) -> str:

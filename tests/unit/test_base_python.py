@@ -7,6 +7,7 @@ torch, and every version was BUILD-FAILED; the base must be found, or refused be
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,7 +37,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(whb.BASE_PYTHON_ENV, raising=False)
     monkeypatch.setattr(sys, "executable", "/tox/venv/bin/python")
     monkeypatch.setattr(sys, "_base_executable", "/usr/bin/python3", raising=False)
-    monkeypatch.setattr(whb.shutil, "which", lambda name: None)
+    monkeypatch.setattr(whb, "_path_pythons", lambda python: [])
 
 
 def test_under_tox_the_interpreter_the_venv_was_made_from_is_found(fake: None) -> None:
@@ -73,3 +74,22 @@ def test_nothing_found_names_every_try_and_the_fix(fake: None, monkeypatch: pyte
     assert str(exc.value) == (
         "no Python 3.12 interpreter holding torch found for the wheelhouse (tried /tox/venv/bin/python: no torch; "
         "/opt/py311/bin/python: Python 3.11); pass --base-python PATH or set VLLM_REPRO_BASE_PYTHON=PATH")
+
+
+def test_every_python_on_path_is_a_candidate(fake: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # tox puts its venv first on PATH; the node's torch venv comes later (/opt/torch/.venv/bin on the H200s).
+    monkeypatch.setattr(sys, "_base_executable", "/opt/py311/bin/python", raising=False)
+    monkeypatch.setattr(whb, "_path_pythons", lambda python: ["/tox/venv/bin/python", "/usr/bin/python3"])
+    assert whb.find_base_python("3.12") == "/usr/bin/python3.12"
+
+
+def test_path_pythons_lists_executables_in_path_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    for rel in ("a/python3", "b/python3.12", "b/python3"):
+        (tmp_path / rel).write_text("")
+        (tmp_path / rel).chmod(0o755)
+    (tmp_path / "a" / "python3.12").write_text("")  # not executable: left out
+    monkeypatch.setenv("PATH", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    assert whb._path_pythons("3.12") == [str(tmp_path / "a/python3"), str(tmp_path / "b/python3"),
+                                          str(tmp_path / "b/python3.12")]
