@@ -182,7 +182,7 @@ def expand_github_matrix(matrix: Mapping[str, Any] | None) -> list[dict[str, Any
         if not isinstance(values, list):
             raise BadInput(f"matrix dimension {key!r} must be a list to be checked statically, got {values!r}")
     base = [dict(zip(dims, combo, strict=True)) for combo in itertools.product(*dims.values())] if dims else []
-    base = [c for c in base if not any(ex.items() <= c.items() for ex in matrix.get("exclude") or [])]
+    base = [c for c in base if not any(all(c.get(k) == v for k, v in ex.items()) for ex in matrix.get("exclude") or [])]
     originals = [dict(c) for c in base]
     extra: list[dict[str, Any]] = []
     for inc in matrix.get("include") or []:
