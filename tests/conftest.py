@@ -20,7 +20,9 @@ in ``tests/integration``) are plain modules beside the tests that use them, impo
 ``__init__.py``), so pytest's default ``prepend`` import mode puts each test file's own directory first
 on ``sys.path`` before importing it; that is what makes the bare names importable, under plain
 ``pytest`` and under tox alike.  ``from tests.unit.synthetic import ...`` would need the repository
-root on ``sys.path``, which tox's ``pytest`` does not have (it tests the installed package).
+root on ``sys.path``, which tox's ``pytest`` does not have (it tests the installed package).  The same
+mechanism means test file basenames must be unique across ``tests/unit`` and ``tests/integration``:
+pytest imports both as top-level modules.
 """
 
 from __future__ import annotations
