@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from typing import Any
 
 import pytest
@@ -37,11 +36,6 @@ from harness.pytest_plugin import EnginePool
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
 
-settings.register_profile("ci", max_examples=25, deadline=None, derandomize=False, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-settings.register_profile("nightly", max_examples=150, deadline=None, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-PROFILE = os.environ.get("VLLM_REPRO_HYPOTHESIS_PROFILE", "ci")
 VOCAB = 512  # the default bigram-cycle model
 _ids = itertools.count()
 
@@ -123,7 +117,10 @@ TWO_KEEPS = {
 
 
 @pytest.mark.parametrize(("version", "buggy"), [("0.32.0", False), ("0.21.0", True)], ids=["fixed", "vllm42043"])
-@settings(settings.get_profile(PROFILE))
+# Each example drives real engines for seconds: a quarter of the profile's examples (ci: 25, nightly: 150) and
+# no too-slow health check; function_scoped_fixture stays suppressed as it was before the shared profiles.
+@settings(max_examples=settings().max_examples // 4,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(plan=schedules())
 @example(plan=TWO_KEEPS)
 def test_post_resume_schedules(repro_engines: EnginePool, version: str, buggy: bool, plan: dict[str, Any]) -> None:

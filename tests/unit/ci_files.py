@@ -1,17 +1,17 @@
-"""Static validation of the CI definitions (.github/workflows/nightly.yml, .buildkite/pipeline.yml).
+"""Static checks of the CI files (.github/workflows/nightly.yml, .buildkite/pipeline.yml).
 
-Both files are expanded the way their CI would expand them (GitHub matrix with include/exclude and
-``${{ matrix.* }}``; Buildkite matrix with adjustments, ``{{matrix}}`` and upload-time ``$NAME``
-interpolation), every shell command they run is extracted, and each is checked against what exists here:
-``tox -e NAME`` against tox.ini (and through it the env's own commands, with ``{posargs}`` filled in),
-``vllm-repro ...`` against ``harness.cli.build_parser()`` plus the value parsers the CLI applies later,
-``pip``/``uv`` installs of ``.[extra]`` against pyproject.toml, and everything else against a short list
-of known programs, so a typo in a program name fails too.
+Each file is read with pyyaml and expanded as its CI would (GitHub: matrix with include/exclude,
+``${{ matrix.KEY }}``, steps whose ``if:`` is false for the combination dropped; Buildkite: matrix with
+adjustments, ``{{matrix}}``, the ``$NAME``/``$$`` interpolation of ``buildkite-agent pipeline upload``).
+Each script is split into simple commands with :mod:`shlex`, and each command is checked: ``tox -e ENV``
+against tox.ini (followed into the env's commands with ``{posargs}`` filled in), ``vllm-repro ...``
+against ``harness.cli.build_parser()`` and, for ``matrix``, the CLI's own value parsers
+(``matrix_axes``, versions, ``--inject``), ``.[extra]`` installs against pyproject.toml, and anything
+else against a short list of known programs so that a typo in a program name fails too.
 
-The shell reader understands what the CI files use: quotes, comments, ``\\``-continued lines, ``;``,
-``&&``, ``||``, ``|``, newlines, redirections, ``if``/``then``/``fi``, ``for``/``do``/``done`` and leading
-``NAME=value`` assignments. Command substitutions are not looked into when double-quoted and are refused
-unquoted (so nothing goes unchecked silently); here-documents are refused.
+The shell reading covers what the CI files use (quotes, comments, ``\\``-continued lines, ``;``, ``&&``,
+``||``, ``|``, newlines, redirections, ``if``/``for`` and leading ``NAME=value``); unquoted command
+substitution, subshells and here-documents are refused, so nothing goes unchecked silently.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import configparser
 import contextlib
+import functools
 import io
 import itertools
 import os
 import re
 import shlex
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,33 +37,27 @@ from harness.cli import build_parser
 from harness.commands.matrix import matrix_axes
 from harness.errors import BadInput, ReproError
 from harness.faults import parse_inject
-from harness.matrix import EXECUTORS, MODES, ON_OFF, PLATFORMS, TRUE_FALSE, parse_bools, parse_choices, parse_versions
+from harness.matrix import PLATFORMS, parse_versions
 from harness.versions import Release
 
 # Programs the CI files may call besides tox and vllm-repro; anything else is reported, so that a typo
 # ("vlm-repro", "toxx") cannot pass as "some other tool".
-KNOWN_PROGRAMS = frozenset({
-    "[", "test", "echo", "cat", "cp", "mkdir", "exit", "shopt", "true", "date",
-    "nvidia-smi", "pip", "uv", "buildkite-agent",
-})
-# vllm-repro commands whose --versions/--executor/--mode/... select cells (and are validated like the CLI does).
-RUN_COMMANDS = frozenset({"matrix", "bisect", "plan", "workarounds", "envs"})
+KNOWN_PROGRAMS = frozenset({"[", "test", "echo", "cat", "cp", "mkdir", "exit", "shopt", "true", "date",
+                            "nvidia-smi", "pip", "uv", "buildkite-agent"})
 BUILDKITE_AGENT_COMMANDS = frozenset({"annotate", "artifact", "meta-data", "pipeline"})
-_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-_RESERVED_PREFIX = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{", "}", "time"})
-_RESERVED_SKIP = frozenset({"fi", "done", "esac", "for", "case", "function"})
-_SEPARATORS = frozenset({";", "&", "&&", "||", "|", "(", ")", ";;", "\n"})
-_REDIRECTS = frozenset({"<", ">", ">>", ">&", "&>", "<&", ">|"})
-_OPERATORS = ("&&", "||", ";;", ">>", "<<", ">&", "&>", "<&", ">|", ";", "&", "|", "(", ")", "<", ">")
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+_PREFIX_WORDS = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{", "}", "time"})
+_SKIP_WORDS = frozenset({"fi", "done", "esac", "for", "case", "function"})
+_PUNCTUATION = ";&|()<>\n"
+_ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=.*", re.S)
+# Quoted strings (kept), comments (dropped), and what cannot be read statically (refused), left to right.
+_SHELL_SCAN = re.compile(r"""'[^']*'|"(?:\\[\s\S]|[^"\\])*"|(?:^|(?<=\s))#[^\n]*|`|\$\(|<<""", re.M)
 _GH_EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
-_BK_MATRIX = re.compile(r"\{\{\s*matrix(?:\.([A-Za-z0-9_-]+))?\s*\}\}")
-_CRON_NAMES = {
-    3: ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"],
-    4: ["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
-}
-_CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))
-_CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
+_BK_MATRIX = re.compile(r"\{\{\s*matrix(?:\.([\w-]+))?\s*\}\}")
+_BK_DOLLAR = re.compile(r"\$(\$|\{([A-Za-z_]\w*)[^}]*\}|([A-Za-z_]\w*)|.?)")
+_CRON_FIELDS = (("minute", 0, 59, ()), ("hour", 0, 23, ()), ("day of month", 1, 31, ()),
+                ("month", 1, 12, ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")),
+                ("day of week", 0, 6, ("sun", "mon", "tue", "wed", "thu", "fri", "sat")))
 
 
 @dataclass(frozen=True)
@@ -127,26 +122,19 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 
 def load_tox(tox_ini: Path) -> ToxConfig:
-    """Env names (``[testenv:NAME]`` sections and ``envlist``) and each env's commands from tox.ini."""
+    """Env names (``[testenv:NAME]`` sections and ``envlist``) and each env's command lines."""
     cp = configparser.ConfigParser(interpolation=None, strict=False)
     cp.read_string(tox_ini.read_text())
     envlist = tuple(e for e in re.split(r"[\s,]+", cp.get("tox", "envlist", fallback="")) if e)
-    base = cp.get("testenv", "commands", fallback="") if cp.has_section("testenv") else ""
-    envs: dict[str, tuple[str, ...]] = {}
-    for name in envlist:
-        envs[name] = _tox_command_lines(base)
-    for section in cp.sections():
-        if section.startswith("testenv:"):
-            envs[section.partition(":")[2]] = _tox_command_lines(cp.get(section, "commands", fallback=base))
+    base = cp.get("testenv", "commands", fallback="")
+
+    def lines(raw: str) -> tuple[str, ...]:
+        return tuple(ln.strip() for ln in raw.replace("\\\n", " ").splitlines() if ln.strip()[:1] not in ("", "#"))
+
+    envs = {name: lines(base) for name in envlist}
+    envs |= {s.partition(":")[2]: lines(cp.get(s, "commands", fallback=base))
+             for s in cp.sections() if s.startswith("testenv:")}
     return ToxConfig(root=tox_ini.parent.resolve(), envs=envs, envlist=envlist)
-
-
-def _tox_command_lines(raw: str) -> tuple[str, ...]:
-    text = raw.replace("\\\n", " ")
-    return tuple(line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
-
-
-# ---------------------------------------------------------------------------------------------- cron
 
 
 def cron_problems(expr: str) -> list[str]:
@@ -154,37 +142,22 @@ def cron_problems(expr: str) -> list[str]:
     fields = expr.split()
     if len(fields) != 5:
         return [f"cron {expr!r} has {len(fields)} fields; it needs 5 (minute hour day-of-month month day-of-week)"]
-    problems = []
-    for idx, field in enumerate(fields):
-        lo, hi = _CRON_RANGES[idx]
-        for part in field.split(","):
-            if not _cron_part_ok(part, idx, lo, hi):
-                problems.append(f"cron {expr!r}: bad {_CRON_FIELDS[idx]} field {field!r} (allowed {lo}-{hi})")
-                break
-    return problems
+    return [f"cron {expr!r}: bad {name} field {field!r} (allowed {lo}-{hi})"
+            for field, (name, lo, hi, names) in zip(fields, _CRON_FIELDS, strict=True)
+            if not all(_cron_part_ok(part, lo, hi, names) for part in field.split(","))]
 
 
-def _cron_part_ok(part: str, idx: int, lo: int, hi: int) -> bool:
-    base, _, step = part.partition("/")
-    if step and (not step.isdigit() or int(step) < 1):
+def _cron_part_ok(part: str, lo: int, hi: int, names: Sequence[str]) -> bool:
+    m = re.fullmatch(r"(\*|\w+(?:-\w+)?)(?:/(\d+))?", part)
+    if not m or (m.group(2) is not None and int(m.group(2)) < 1):
         return False
-    if base == "*":
+    if m.group(1) == "*":
         return True
-    bounds = base.split("-")
-    if len(bounds) > 2:
+    try:  # a name counts from the field's lowest value: jan=1, sun=0
+        values = [int(b) if b.isdigit() else names.index(b.lower()) + lo for b in m.group(1).split("-")]
+    except ValueError:
         return False
-    values = []
-    for b in bounds:
-        names = _CRON_NAMES.get(idx, [])
-        if b.lower() in names:
-            values.append(names.index(b.lower()) + (1 if idx == 3 else 0))
-        elif b.isdigit():
-            values.append(int(b))
-        else:
-            return False
-    if any(not lo <= v <= hi for v in values):
-        return False
-    return len(values) == 1 or values[0] <= values[1]
+    return all(lo <= v <= hi for v in values) and values == sorted(values)
 
 
 # ---------------------------------------------------------------------------------------------- GitHub
@@ -193,11 +166,7 @@ def _cron_part_ok(part: str, idx: int, lo: int, hi: int) -> bool:
 def github_triggers(workflow: Mapping[Any, Any]) -> dict[str, Any]:
     """The workflow's ``on:`` as a mapping (YAML 1.1 reads a bare ``on`` key as True)."""
     raw = workflow.get("on", workflow.get(True))
-    if isinstance(raw, str):
-        return {raw: None}
-    if isinstance(raw, list):
-        return dict.fromkeys(raw)
-    return dict(raw or {})
+    return {raw: None} if isinstance(raw, str) else dict.fromkeys(raw) if isinstance(raw, list) else dict(raw or {})
 
 
 def expand_github_matrix(matrix: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -209,117 +178,83 @@ def expand_github_matrix(matrix: Mapping[str, Any] | None) -> list[dict[str, Any
     """
     if not matrix:
         return [{}]
-    if not isinstance(matrix, Mapping):
-        raise BadInput(f"strategy.matrix must be a mapping to be checked statically, got {matrix!r}")
     dims = {k: v for k, v in matrix.items() if k not in ("include", "exclude")}
     for key, values in dims.items():
         if not isinstance(values, list):
             raise BadInput(f"matrix dimension {key!r} must be a list to be checked statically, got {values!r}")
     base = [dict(zip(dims, combo, strict=True)) for combo in itertools.product(*dims.values())] if dims else []
-    for ex in matrix.get("exclude") or []:
-        base = [c for c in base if not all(c.get(k) == v for k, v in ex.items())]
+    base = [c for c in base if not any(all(c.get(k) == v for k, v in ex.items()) for ex in matrix.get("exclude") or [])]
     originals = [dict(c) for c in base]
     extra: list[dict[str, Any]] = []
     for inc in matrix.get("include") or []:
-        matched = False
-        for orig, combo in zip(originals, base, strict=True):
-            if all(k not in orig or orig[k] == v for k, v in inc.items()):
-                combo.update(inc)
-                matched = True
-        if not matched:
-            extra.append(dict(inc))
+        fits = [c for orig, c in zip(originals, base, strict=True) if all(orig.get(k, v) == v for k, v in inc.items())]
+        for combo in fits:
+            combo.update(inc)
+        extra += [] if fits else [dict(inc)]
     return base + extra
 
 
-def _gh_value(expr: str, combo: Mapping[str, Any]) -> Any:
-    m = re.fullmatch(r"matrix\.([A-Za-z0-9_-]+)", expr)
-    if not m:
-        raise KeyError(expr)
-    if m.group(1) not in combo:
-        raise LookupError(f"${{{{ {expr} }}}} names no matrix key (keys: {', '.join(sorted(combo)) or 'none'})")
-    return combo[m.group(1)]
-
-
 def github_substitute(value: Any, combo: Mapping[str, Any], problems: list[str], where: str) -> Any:
-    """``${{ matrix.KEY }}`` replaced by the combination's value; a lone expression keeps its type.
-
-    Other expressions (github.*, steps.*, env.*) are left as they are: they do not change which commands
-    run. A matrix key that does not exist is a problem.
-    """
+    """``${{ matrix.KEY }}`` replaced by the combination's value (a lone expression keeps its type), in
+    strings, lists and mappings. Other expressions (github.*, steps.*) do not change which commands run and
+    are left as they are; a matrix key that does not exist is a problem."""
+    if isinstance(value, Mapping):
+        return {k: github_substitute(v, combo, problems, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return [github_substitute(v, combo, problems, where) for v in value]
     if not isinstance(value, str):
         return value
+
+    def lookup(m: re.Match[str]) -> Any:
+        key = re.fullmatch(r"matrix\.([\w-]+)", m.group(1))
+        if key and key.group(1) in combo:
+            return combo[key.group(1)]
+        if key:
+            problems.append(f"{where}: {m.group(0)} names no matrix key (keys: {', '.join(sorted(combo)) or 'none'})")
+        elif "matrix." in m.group(1):
+            problems.append(f"{where}: cannot evaluate {m.group(0)} statically; use a plain ${{{{ matrix.KEY }}}}")
+        return m.group(0)
+
     lone = _GH_EXPR.fullmatch(value.strip())
     if lone:
-        try:
-            return _gh_value(lone.group(1), combo)
-        except KeyError:
-            return value
-        except LookupError as exc:
-            problems.append(f"{where}: {exc}")
-            return value
-
-    def repl(m: re.Match[str]) -> str:
-        try:
-            v = _gh_value(m.group(1), combo)
-        except KeyError:
-            if "matrix." in m.group(1):
-                problems.append(f"{where}: cannot evaluate {m.group(0)} statically; use a plain ${{{{ matrix.KEY }}}}")
-            return m.group(0)
-        except LookupError as exc:
-            problems.append(f"{where}: {exc}")
-            return m.group(0)
-        return v if isinstance(v, str) else " ".join(map(str, v)) if isinstance(v, list) else str(v)
-
-    return _GH_EXPR.sub(repl, value)
+        return lookup(lone)
+    return _GH_EXPR.sub(lambda m: " ".join(map(str, v)) if isinstance(v := lookup(m), list) else str(v), value)
 
 
 def github_condition(expr: Any, combo: Mapping[str, Any]) -> bool | None:
     """An ``if:`` made of ``&&``-joined status functions and ``matrix.K ==/!= 'v'`` terms; None if other."""
-    if expr is None:
-        return True
-    text = str(expr).strip()
-    m = _GH_EXPR.fullmatch(text)
-    if m:
-        text = m.group(1)
+    text = str(expr).strip() if expr is not None else "always()"
+    text = m.group(1) if (m := _GH_EXPR.fullmatch(text)) else text
     if "||" in text or "(" in text.replace("()", ""):
         return None
     result = True
     for term in (t.strip() for t in text.split("&&")):
         if term in ("always()", "success()", "!cancelled()"):
             continue
-        cmp = re.fullmatch(r"matrix\.([A-Za-z0-9_-]+)\s*(==|!=)\s*'([^']*)'", term)
+        cmp = re.fullmatch(r"matrix\.([\w-]+)\s*(==|!=)\s*'([^']*)'", term)
         if not cmp or cmp.group(1) not in combo:
             return None
-        equal = str(combo[cmp.group(1)]) == cmp.group(3)
-        result = result and (equal if cmp.group(2) == "==" else not equal)
+        result = result and (str(combo[cmp.group(1)]) == cmp.group(3)) == (cmp.group(2) == "==")
     return result
 
 
 def github_jobs(workflow: Mapping[Any, Any], file: str = "nightly.yml") -> tuple[list[Job], list[str]]:
-    """Every (job, matrix combination) with its run scripts substituted; problems found on the way."""
+    """Every (job, matrix combination) with its steps substituted; problems found on the way."""
     problems: list[str] = []
     jobs: list[Job] = []
     for job_id, job in (workflow.get("jobs") or {}).items():
-        try:
-            combos = expand_github_matrix((job.get("strategy") or {}).get("matrix"))
-        except ReproError as exc:
-            problems.append(f"{file}: job {job_id}: {exc}")
-            continue
-        for combo in combos:
+        for combo in expand_github_matrix((job.get("strategy") or {}).get("matrix")):
             label = ", ".join(f"{k}={v}" for k, v in combo.items() if not isinstance(v, list | dict))
             where_job = f"{file}: job {job_id}" + (f" [{label}]" if label else "")
             runs_on = github_substitute(job.get("runs-on"), combo, problems, f"{where_job} runs-on")
-            runner = tuple(runs_on) if isinstance(runs_on, list) else (str(runs_on),)
             scripts: list[Script] = []
-            steps: list[Mapping[str, Any]] = []
-            for n, step in enumerate(job.get("steps") or [], 1):
-                where = f"{where_job}, step {n} ({step.get('name') or step.get('uses') or 'run'})"
-                cond = github_condition(step.get("if"), combo)
-                if cond is False:
-                    continue
-                steps.append({k: github_substitute(v, combo, problems, where) for k, v in step.items()})
-                if "run" in step:
-                    scripts.append(Script(where, str(github_substitute(step["run"], combo, problems, where))))
+            steps: list[dict[str, Any]] = []
+            for n, raw in enumerate(job.get("steps") or [], 1):
+                where = f"{where_job}, step {n} ({raw.get('name') or raw.get('uses') or 'run'})"
+                if github_condition(raw.get("if"), combo) is not False:
+                    steps.append(github_substitute(raw, combo, problems, where))
+                    scripts += [Script(where, str(steps[-1]["run"]))] if "run" in raw else []
+            runner = tuple(runs_on) if isinstance(runs_on, list) else (str(runs_on),)
             jobs.append(Job("github", job_id, combo, runner, tuple(scripts), tuple(steps), job))
     return jobs, problems
 
@@ -329,17 +264,8 @@ def github_jobs(workflow: Mapping[Any, Any], file: str = "nightly.yml") -> tuple
 
 def buildkite_steps(pipeline: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Every step, with ``group`` steps flattened."""
-    out: list[Mapping[str, Any]] = []
-
-    def walk(steps: Sequence[Any]) -> None:
-        for step in steps or []:
-            if isinstance(step, Mapping) and "group" in step:
-                walk(step.get("steps") or [])
-            elif isinstance(step, Mapping):
-                out.append(step)
-
-    walk(pipeline.get("steps") or [])
-    return out
+    steps = [s for s in pipeline.get("steps") or [] if isinstance(s, Mapping)]
+    return [inner for s in steps for inner in (buildkite_steps(s) if "group" in s else [s])]
 
 
 def expand_buildkite_matrix(matrix: Any) -> list[Any]:
@@ -347,23 +273,16 @@ def expand_buildkite_matrix(matrix: Any) -> list[Any]:
 
     ``adjustments`` add combinations (``with`` not in the matrix) or remove them (``skip``).
     """
-    if matrix is None:
-        return [None]
-    if isinstance(matrix, list):
-        return list(matrix)
+    if matrix is None or isinstance(matrix, list):
+        return [None] if matrix is None else list(matrix)
     setup = matrix.get("setup")
-    if isinstance(setup, list):
-        values: list[Any] = list(setup)
-    elif isinstance(setup, Mapping):
-        values = [dict(zip(setup, c, strict=True)) for c in itertools.product(*setup.values())]
-    else:
-        raise BadInput(f"matrix.setup must be a list or a mapping, got {setup!r}")
+    values = list(setup) if isinstance(setup, list) else [
+        dict(zip(setup, c, strict=True)) for c in itertools.product(*setup.values())]
     for adj in matrix.get("adjustments") or []:
-        target = adj.get("with")
         if adj.get("skip"):
-            values = [v for v in values if v != target]
-        elif target not in values:
-            values.append(target)
+            values = [v for v in values if v != adj["with"]]
+        elif adj["with"] not in values:
+            values.append(adj["with"])
     return values
 
 
@@ -371,15 +290,10 @@ def buildkite_interpolate_matrix(text: str, value: Any, problems: list[str], whe
     """``{{matrix}}`` / ``{{matrix.KEY}}`` replaced by the job's matrix value."""
 
     def repl(m: re.Match[str]) -> str:
-        key = m.group(1)
-        if value is None:
-            problems.append(f"{where}: {m.group(0)} in a step without a matrix")
-        elif key is None and not isinstance(value, Mapping):
-            return str(value)
-        elif key is not None and isinstance(value, Mapping) and key in value:
-            return str(value[key])
-        else:
-            problems.append(f"{where}: {m.group(0)} does not match the matrix value {value!r}")
+        key, is_map = m.group(1), isinstance(value, Mapping)
+        if value is not None and (key is None) != is_map and (key is None or key in value):
+            return str(value if key is None else value[key])
+        problems.append(f"{where}: {m.group(0)} does not match the matrix value {value!r}")
         return m.group(0)
 
     return _BK_MATRIX.sub(repl, text)
@@ -392,68 +306,46 @@ def buildkite_upload_interpolate(text: str, top_env: Mapping[str, Any], problems
     top-level env, not by the step's shell: a shell variable written that way is a problem (write
     ``$$NAME``); so is a ``$`` before anything but a name (upload rejects it).
     """
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c != "$":
-            out.append(c)
-            i += 1
-            continue
-        nxt = text[i + 1 : i + 2]
-        if nxt == "$":
-            out.append("$")
-            i += 2
-            continue
-        m = re.match(r"\$\{([A-Za-z_][A-Za-z0-9_]*)[^}]*\}|\$([A-Za-z_][A-Za-z0-9_]*)", text[i:])
-        if not m:
-            problems.append(f"{where}: unescaped '${nxt}' — buildkite-agent pipeline upload interpolates '$'; "
-                            f"write '$${nxt}' for the shell")
-            out.append("$")
-            i += 1
-            continue
-        name = m.group(1) or m.group(2)
-        if name in top_env:
-            out.append(str(top_env[name]))
-        elif name.startswith("BUILDKITE"):
-            out.append(f"<{name}>")
-        else:
+
+    def repl(m: re.Match[str]) -> str:
+        name = m.group(2) or m.group(3)
+        if m.group(1) == "$" or (name and name in top_env):
+            return "$" if m.group(1) == "$" else str(top_env[name])
+        if name and name.startswith("BUILDKITE"):
+            return f"<{name}>"
+        if name:
             problems.append(f"{where}: '{m.group(0)}' is replaced by buildkite-agent pipeline upload (from the "
                             f"uploading agent's environment), not by the step's shell; write '$${m.group(0)[1:]}'")
-            out.append(m.group(0))
-        i += len(m.group(0))
-    return "".join(out)
+        else:
+            problems.append(f"{where}: unescaped '{m.group(0)}' — buildkite-agent pipeline upload interpolates "
+                            f"'$'; write '$${m.group(1)}' for the shell")
+        return m.group(0)
+
+    return _BK_DOLLAR.sub(repl, text)
 
 
 def buildkite_jobs(pipeline: Mapping[str, Any], file: str = "pipeline.yml") -> tuple[list[Job], list[str]]:
     """Every (command step, matrix value) with its commands joined into one script; problems found."""
     problems: list[str] = []
     jobs: list[Job] = []
-    top_env = pipeline.get("env") or {}
     for step in buildkite_steps(pipeline):
         raw = step.get("commands", step.get("command"))
         if raw is None:
             continue
-        lines = [raw] if isinstance(raw, str) else [str(c) for c in raw]
         name = str(step.get("key") or step.get("label") or "step")
-        try:
-            values = expand_buildkite_matrix(step.get("matrix"))
-        except ReproError as exc:
-            problems.append(f"{file}: step {name}: {exc}")
-            continue
-        for value in values:
+        for value in expand_buildkite_matrix(step.get("matrix")):
             where = f"{file}: step {name}" + ("" if value is None else f" [matrix={value}]")
-            text = "\n".join(lines)
-            text = buildkite_upload_interpolate(text, top_env, problems, where)
-            text = buildkite_interpolate_matrix(text, value, problems, where)
+
+            def expand(text: str, where: str = where, value: Any = value) -> str:
+                text = buildkite_upload_interpolate(text, pipeline.get("env") or {}, problems, where)
+                return buildkite_interpolate_matrix(text, value, problems, where)
+
+            script = expand("\n".join([raw] if isinstance(raw, str) else map(str, raw)))
             agents = step.get("agents") or {}
-            if isinstance(agents, Mapping):
-                runner = tuple(f"{k}={buildkite_interpolate_matrix(str(v), value, problems, where)}"
-                               for k, v in agents.items())
-            else:
-                runner = tuple(str(a) for a in agents)
+            runner = tuple(f"{k}={expand(str(v))}" for k, v in agents.items()) if isinstance(agents, Mapping) \
+                else tuple(map(str, agents))
             combo = value if isinstance(value, Mapping) else ({} if value is None else {"matrix": value})
-            jobs.append(Job("buildkite", name, combo, runner, (Script(where, text),), (), step))
+            jobs.append(Job("buildkite", name, combo, runner, (Script(where, script),), (), step))
     return jobs, problems
 
 
@@ -463,101 +355,48 @@ def buildkite_jobs(pipeline: Mapping[str, Any], file: str = "pipeline.yml") -> t
 def shell_commands(script: str) -> list[tuple[str, ...]]:
     """The simple commands of a shell script, as argv tuples (quotes removed, redirections dropped).
 
-    BadInput for constructs whose commands cannot be read statically (unquoted command substitution,
-    here-documents, unterminated quotes).
+    BadInput for what cannot be read statically: unquoted command substitution, subshells,
+    here-documents, unterminated quotes.
     """
+
+    def scan(m: re.Match[str]) -> str:
+        if m.group(0) in ("`", "$(", "<<"):
+            raise BadInput(f"{m.group(0)!r} (command substitution or here-document) at "
+                           f"{m.string[m.start():m.start() + 40]!r} cannot be checked; quote it or "
+                           "move the command onto its own line")
+        return "" if m.group(0).startswith("#") else m.group(0)
+
+    lexer = shlex.shlex(_SHELL_SCAN.sub(scan, script.replace("\\\n", "")), posix=True, punctuation_chars=_PUNCTUATION)
+    lexer.whitespace, lexer.whitespace_split, lexer.commenters = " \t\r", True, ""
+    try:
+        tokens = list(lexer)
+    except ValueError as exc:  # "No closing quotation"
+        raise BadInput(f"{exc} in {script[:60]!r}") from exc
     commands: list[tuple[str, ...]] = []
-    current: list[str] = []
-    tokens = list(_lex(script))
-    i = 0
-    while i < len(tokens):
-        kind, text = tokens[i]
-        if kind == "op" and text in _SEPARATORS:
-            _flush(current, commands)
-            current = []
-        elif kind == "op" and text in _REDIRECTS:
-            i += 1  # the redirection's target is not an argument
-        elif kind == "op":
-            raise BadInput(f"shell operator {text!r} (here-document) is not supported by the CI file checker")
+    words: list[str] = []
+    skip = False  # the word after a redirection is its target, not an argument
+    for tok in tokens:
+        if skip or not set(tok) <= set(_PUNCTUATION):
+            words += [] if skip else [tok]
+            skip = False
+        elif "(" in tok or ")" in tok:
+            raise BadInput(f"subshell {tok!r} in {script[:60]!r} is not supported by the CI file checker")
+        elif "<" in tok or ">" in tok:
+            skip = True
+            if words and words[-1].isdigit():
+                words.pop()  # `2>&1`: the digits are a file descriptor (shlex does not keep adjacency)
         else:
-            current.append(text)
-        i += 1
-    _flush(current, commands)
+            _flush(words, commands)
+            words = []
+    _flush(words, commands)
     return commands
 
 
 def _flush(words: list[str], commands: list[tuple[str, ...]]) -> None:
-    while words and (words[0] in _RESERVED_PREFIX or _ASSIGNMENT.match(words[0])):
+    while words and (words[0] in _PREFIX_WORDS or _ASSIGNMENT.fullmatch(words[0])):
         words = words[1:]
-    if words and words[0] not in _RESERVED_SKIP:
+    if words and words[0] not in _SKIP_WORDS:
         commands.append(tuple(words))
-
-
-def _lex(s: str) -> Iterator[tuple[str, str]]:
-    """("word", text) and ("op", text) tokens of a bash script; newlines are "op" tokens."""
-    word: list[str] = []
-    started = quoted = False
-    i, n = 0, len(s)
-
-    def end() -> Iterator[tuple[str, str]]:
-        nonlocal word, started, quoted
-        if started:
-            yield "word", "".join(word)
-        word, started, quoted = [], False, False
-
-    while i < n:
-        c = s[i]
-        if c == "\\" and s[i + 1 : i + 2] == "\n":
-            i += 2
-        elif c in " \t\r":
-            yield from end()
-            i += 1
-        elif c == "\n":
-            yield from end()
-            yield "op", "\n"
-            i += 1
-        elif c == "#" and not started:
-            while i < n and s[i] != "\n":
-                i += 1
-        elif c == "'":
-            j = s.find("'", i + 1)
-            if j < 0:
-                raise BadInput(f"unterminated single quote in {s[i:i + 40]!r}")
-            word.append(s[i + 1 : j])
-            started = quoted = True
-            i = j + 1
-        elif c == '"':
-            j = i + 1
-            while j < n and s[j] != '"':
-                if s[j] == "\\" and s[j + 1 : j + 2] in ('"', "\\", "$", "`", "\n"):
-                    word.append(s[j + 1] if s[j + 1] != "\n" else "")
-                    j += 2
-                    continue
-                word.append(s[j])
-                j += 1
-            if j >= n:
-                raise BadInput(f"unterminated double quote in {s[i:i + 40]!r}")
-            started = quoted = True
-            i = j + 1
-        elif c == "\\":
-            word.append(s[i + 1 : i + 2])
-            started = True
-            i += 2
-        elif c == "`" or (c == "$" and s[i + 1 : i + 2] == "("):
-            raise BadInput(f"unquoted command substitution at {s[i:i + 40]!r} cannot be checked; "
-                           "quote it or move the command onto its own line")
-        elif c in ";&|()<>":
-            if c in "<>" and started and not quoted and "".join(word).isdigit():
-                word, started = [], False  # `2>&1`: the digits are a file descriptor
-            yield from end()
-            op = next(o for o in _OPERATORS if s.startswith(o, i))
-            yield "op", op
-            i += len(op)
-        else:
-            word.append(c)
-            started = True
-            i += 1
-    yield from end()
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -568,54 +407,32 @@ def _fake_releases(package: str, index_url: str | None) -> list[Release]:
     return [Release(v, tags, ">=3.10", False) for v in ("0.17.0", "0.21.0", "0.22.0", "0.32.0")]
 
 
-def _value_problems(args: argparse.Namespace) -> list[str]:
-    """The checks the CLI applies after argparse (choices, versions syntax, fault ids), offline.
+def _matrix_value_problems(args: argparse.Namespace) -> list[str]:
+    """The checks ``vllm-repro matrix`` applies after argparse (axes, versions, fault ids), offline.
 
-    Only for the commands that run cells: elsewhere (``history show --versions``) the same option names
-    are free-form filters.
+    Values that hold a ``$VAR`` are left to run time. Other commands take the same option names as
+    free-form filters (``history show --versions``), so only ``matrix`` is checked.
     """
-    if args.command not in RUN_COMMANDS:
-        return []
-    def static(name: str) -> Any:
-        v = getattr(args, name, None)
-        return None if v is None or (isinstance(v, str) and "$" in v) else v
-
-    problems: list[str] = []
-    platform = static("platform")
-    if platform is not None and platform not in PLATFORMS:
-        problems.append(f"unknown platform {platform!r}; valid choices: {', '.join(PLATFORMS)}")
-    if args.command == "matrix":
-        # Exactly the CLI's own axis parsing, on the values fixed in the file (a $VAR is left to run time).
-        fixed = argparse.Namespace(**{k: static(k) for k in vars(args)})
-        try:
-            matrix_axes(fixed, platform if platform in PLATFORMS else "cpu")
-        except ReproError as exc:
-            problems.append(str(exc))
-    axes = [] if args.command == "matrix" else [
-        ("executor", lambda v: parse_choices("executor", v, EXECUTORS, EXECUTORS)),
-        ("mode", lambda v: parse_choices("mode", v, MODES, MODES)),
-        ("async_", lambda v: parse_bools("async setting", v, ON_OFF, (False, True))),
-        ("clear_cache", lambda v: parse_bools("clear-cache value", v, TRUE_FALSE, (True, False))),
+    fixed = argparse.Namespace(**{k: None if isinstance(v, str) and "$" in v else v for k, v in vars(args).items()})
+    platform = fixed.platform if fixed.platform in PLATFORMS else "cpu"
+    checks: list[Callable[[], object]] = [
+        lambda: matrix_axes(fixed, platform),
+        lambda: fixed.versions is None or parse_versions(fixed.versions, platform, None, fixed.pre, _fake_releases),
+        lambda: not fixed.inject or parse_inject(list(fixed.inject)),
     ]
-    checks = [
-        *axes,
-        ("versions", lambda v: parse_versions(v, platform if platform in PLATFORMS else "cpu",
-                                              None, bool(getattr(args, "pre", False)), fetch=_fake_releases)),
-    ]
-    for name, check in checks:
-        value = static(name)
-        if isinstance(value, str):
-            try:
-                check(value)
-            except ReproError as exc:
-                problems.append(str(exc))
-    inject = getattr(args, "inject", None)
-    if inject:
+    problems = [] if fixed.platform in (None, *PLATFORMS) else [
+        f"unknown platform {fixed.platform!r}; valid choices: {', '.join(PLATFORMS)}"]
+    for check in checks:
         try:
-            parse_inject([inject] if isinstance(inject, str) else list(inject))
+            check()
         except ReproError as exc:
             problems.append(str(exc))
     return problems
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    return build_parser()  # one parser for every command line: parse_args does not change it
 
 
 def parse_vllm_repro(argv: Sequence[str]) -> tuple[argparse.Namespace | None, str | None]:
@@ -623,60 +440,35 @@ def parse_vllm_repro(argv: Sequence[str]) -> tuple[argparse.Namespace | None, st
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            args = build_parser().parse_args(list(argv))
+            return _parser().parse_args(list(argv)), None
     except SystemExit as exc:
-        if exc.code in (0, None):
-            return None, None  # --help / --version
         lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        return None, lines[-1] if lines else f"argparse exit {exc.code}"
-    return args, None
+        return None, None if exc.code in (0, None) else (lines[-1] if lines else f"argparse exit {exc.code}")
 
 
 def _extras_problems(argv: Sequence[str], root: Path) -> list[str]:
-    wanted = [m.group(1) for a in argv if (m := re.fullmatch(r"\.\[([A-Za-z0-9_,-]+)\]", a))]
-    if not wanted:
-        return []
-    data = tomllib.loads((root / "pyproject.toml").read_text())
-    have = set((data.get("project") or {}).get("optional-dependencies") or {})
+    wanted = [e for a in argv if (m := re.fullmatch(r"\.\[([\w,-]+)\]", a)) for e in m.group(1).split(",")]
+    have = set(tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     return [f"extra {e!r} is not in pyproject.toml's optional-dependencies ({', '.join(sorted(have))})"
-            for group in wanted for e in group.split(",") if e not in have]
+            for e in wanted if e not in have]
 
 
-def _tox_targets(argv: Sequence[str], tox: ToxConfig) -> tuple[list[str], list[str], list[str]]:
-    """(env names, posargs, problems) of a tox command line."""
-    args = list(argv[1:])
-    posargs: list[str] = []
-    if "--" in args:
-        cut = args.index("--")
-        args, posargs = args[:cut], args[cut + 1 :]
-    envs: list[str] = []
-    problems: list[str] = []
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a in ("-e", "--env"):
-            if i + 1 >= len(args):
-                problems.append("tox -e needs an env name")
-                break
-            envs += args[i + 1].split(",")
-            i += 2
-            continue
-        if a.startswith("-e") and len(a) > 2:
-            envs += a[2:].lstrip("=").split(",")
-        i += 1
-    if not envs:
-        envs = list(tox.envlist)
-    return envs, posargs, problems
+def _tox_env_commands(argv: Sequence[str], tox: ToxConfig) -> tuple[list[str], list[tuple[str, tuple[str, ...]]]]:
+    """(undefined envs, (env, vllm-repro command line)s) of ``tox [-e ENVS] [-- POSARGS]``."""
+    args, posargs = (list(argv), []) if "--" not in argv else (list(argv[: argv.index("--")]),
+                                                               list(argv[argv.index("--") + 1 :]))
+    envs = [e for i, a in enumerate(args) if a in ("-e", "--env") and i + 1 < len(args) for e in args[i + 1].split(",")]
+    missing = [e for e in envs or tox.envlist if e not in tox.envs]
+    lines = [(e, _tox_expand(line, posargs, tox.root)) for e in envs or tox.envlist for line in tox.envs.get(e, ())]
+    return missing, [(e, line) for e, line in lines if line and os.path.basename(line[0]) == "vllm-repro"]
 
 
 def _tox_expand(line: str, posargs: Sequence[str], root: Path) -> tuple[str, ...]:
+    """A tox command line with ``{toxinidir}`` and ``{posargs}`` (or ``{posargs:DEFAULT}``) filled in."""
     out: list[str] = []
     for tok in shlex.split(line.replace("{toxinidir}", str(root))):
         m = re.fullmatch(r"\{posargs(?::(.*))?\}", tok)
-        if m:
-            out += list(posargs) if posargs else (shlex.split(m.group(1)) if m.group(1) else [])
-        else:
-            out.append(tok)
+        out += (list(posargs) or shlex.split(m.group(1) or "")) if m else [tok]
     return tuple(out)
 
 
@@ -684,37 +476,25 @@ def check_command(argv: Sequence[str], where: str, tox: ToxConfig) -> tuple[list
     """Problems with one simple command, and the vllm-repro invocations it makes (directly or via tox)."""
     shown = " ".join(shlex.quote(a) for a in argv)
     prog = os.path.basename(argv[0])
-    if prog == "tox" or (_PYTHON.match(prog) and list(argv[1:3]) == ["-m", "tox"]):
-        rest = argv if prog == "tox" else ("tox", *argv[3:])
-        envs, posargs, problems = _tox_targets(rest, tox)
-        problems = [f"{where}: `{shown}`: {p}" for p in problems]
+    if prog == "tox" or (_PYTHON.fullmatch(prog) and list(argv[1:3]) == ["-m", "tox"]):
+        missing, lines = _tox_env_commands(argv[1:] if prog == "tox" else argv[3:], tox)
+        problems = [f"{where}: `{shown}`: tox env {e!r} is not defined in tox.ini (defined: "
+                    f"{', '.join(sorted(tox.envs))})" for e in missing]
         invocations: list[Invocation] = []
-        for env in envs:
-            if env not in tox.envs:
-                problems.append(f"{where}: `{shown}`: tox env {env!r} is not defined in tox.ini "
-                                f"(defined: {', '.join(sorted(tox.envs))})")
-                continue
-            for line in tox.envs[env]:
-                inner = _tox_expand(line, posargs, tox.root)
-                if inner and os.path.basename(inner[0]) == "vllm-repro":
-                    p, inv = check_command(inner, f"{where} (tox env {env})", tox)
-                    problems += p
-                    invocations += inv
+        for env, line in lines:
+            p, inv = check_command(line, f"{where} (tox env {env})", tox)
+            problems, invocations = problems + p, invocations + inv
         return problems, invocations
     if prog == "vllm-repro":
         args, error = parse_vllm_repro(argv[1:])
-        if error:
-            return [f"{where}: `{shown}` does not parse: {error}"], []
-        if args is None:
-            return [], []
-        values = _value_problems(args)
+        if error or args is None:
+            return ([f"{where}: `{shown}` does not parse: {error}"] if error else []), []
+        values = _matrix_value_problems(args) if args.command == "matrix" else []
         return [f"{where}: `{shown}`: {p}" for p in values], [Invocation(where, tuple(argv), args)]
-    if _PYTHON.match(prog) or prog in ("pip", "uv"):
+    if _PYTHON.fullmatch(prog) or prog in ("pip", "uv"):
         return [f"{where}: `{shown}`: {p}" for p in _extras_problems(argv, tox.root)], []
-    if prog == "buildkite-agent":
-        if len(argv) < 2 or argv[1] not in BUILDKITE_AGENT_COMMANDS:
-            return [f"{where}: `{shown}`: unknown buildkite-agent command"], []
-        return [], []
+    if prog == "buildkite-agent" and argv[1:2] and argv[1] not in BUILDKITE_AGENT_COMMANDS:
+        return [f"{where}: `{shown}`: unknown buildkite-agent command"], []
     if prog not in KNOWN_PROGRAMS:
         return [f"{where}: `{shown}`: unknown program {argv[0]!r} (not tox, vllm-repro or one of "
                 f"{', '.join(sorted(KNOWN_PROGRAMS))})"], []
@@ -726,18 +506,16 @@ def check_jobs(jobs: Sequence[Job], tox: ToxConfig, problems: Sequence[str] = ()
     found = list(problems)
     invocations: list[Invocation] = []
     commands: list[tuple[str, tuple[str, ...]]] = []
-    for job in jobs:
-        for script in job.scripts:
-            try:
-                argvs = shell_commands(script.text)
-            except ReproError as exc:
-                found.append(f"{script.where}: {exc}")
-                continue
-            for argv in argvs:
-                commands.append((script.where, argv))
-                p, inv = check_command(argv, script.where, tox)
-                found += p
-                invocations += inv
+    for script in (s for job in jobs for s in job.scripts):
+        try:
+            argvs = shell_commands(script.text)
+        except ReproError as exc:
+            found.append(f"{script.where}: {exc}")
+            continue
+        for argv in argvs:
+            commands.append((script.where, argv))
+            p, inv = check_command(argv, script.where, tox)
+            found, invocations = found + p, invocations + inv
     return Report(tuple(jobs), tuple(dict.fromkeys(found)), tuple(invocations), tuple(commands))
 
 

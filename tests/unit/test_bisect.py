@@ -12,7 +12,7 @@ import re
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.bisect import (
@@ -26,9 +26,7 @@ from harness.bisect import (
 )
 from harness.errors import BadInput, ReproError
 
-pytestmark = pytest.mark.unit
-
-FAST = settings(max_examples=300, deadline=None)
+# Marked per test: `unit` ones are pure and fast; the exhaustive bound check takes ~2 s (`slow`).
 
 G, B, S = Verdict.GOOD, Verdict.BAD, Verdict.SKIP
 STATES = {"fix": (B, G), "regression": (G, B)}  # (old state, new state)
@@ -93,7 +91,7 @@ def spec_bound(n: int) -> int:
 # --------------------------------------------------------------------------- no skips
 
 
-@FAST
+@pytest.mark.unit
 @given(n=st.integers(2, 200), data=st.data(), find=st.sampled_from(["fix", "regression"]))
 def test_monotone_without_skips_finds_boundary_within_bound(n: int, data: st.DataObject, find: str) -> None:
     b = data.draw(st.integers(1, n - 1), label="boundary")
@@ -109,6 +107,7 @@ def test_monotone_without_skips_finds_boundary_within_bound(n: int, data: st.Dat
     assert probe.calls[:2] == [cands[0], cands[-1]]
 
 
+@pytest.mark.slow  # 20k bisects, every boundary up to N=200
 def test_probe_bound_is_exact() -> None:
     # Over every boundary, the worst case equals 2 + ceil(log2(N - 1)) (so the bound is attained), <= ceil(log2 N) + 2.
     for n in range(2, 201):
@@ -145,7 +144,7 @@ def skipped_sequences(draw: st.DrawFn) -> tuple[list[Verdict], int, str]:
     return verdicts, b, find
 
 
-@FAST
+@pytest.mark.unit
 @given(case=skipped_sequences())
 def test_skips_never_give_a_wrong_answer(case: tuple[list[Verdict], int, str]) -> None:
     verdicts, b, find = case
@@ -168,6 +167,7 @@ def test_skips_never_give_a_wrong_answer(case: tuple[list[Verdict], int, str]) -
     assert len(probe.calls) <= n
 
 
+@pytest.mark.unit
 def test_skip_in_middle_tries_neighbours_alternately() -> None:
     # 0..10: BAD up to 6, GOOD from 7; 5 (the first middle) and 6 skipped.
     verdicts = [B, B, B, B, B, S, S, G, G, G, G]
@@ -179,6 +179,7 @@ def test_skip_in_middle_tries_neighbours_alternately() -> None:
     assert res.ambiguous == (cands[5], cands[6])
 
 
+@pytest.mark.unit
 def test_skipped_endpoints_are_stepped_around() -> None:
     verdicts = [S, S, B, B, B, G, G, S]
     details = {"0.0.0": "UNSUPPORTED: no keep-mode pause", "0.1.0": "UNSUPPORTED: no keep-mode pause"}
@@ -189,6 +190,7 @@ def test_skipped_endpoints_are_stepped_around() -> None:
     assert probe.calls[:5] == ["0.0.0", "0.1.0", "0.2.0", "0.7.0", "0.6.0"]
 
 
+@pytest.mark.unit
 def test_regression_with_leading_skips_and_proper_boundary() -> None:
     verdicts = [S, S, G, G, B, B]
     res, _, _ = run(verdicts, find="regression")
@@ -199,6 +201,7 @@ def test_regression_with_leading_skips_and_proper_boundary() -> None:
 # --------------------------------------------------------------------------- endpoint checks
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("verdicts", "find"),
     [
@@ -222,6 +225,7 @@ def test_ill_posed_range_names_both_endpoints(verdicts: list[Verdict], find: str
     assert len(err.probes) == 2  # only the endpoints were probed
 
 
+@pytest.mark.unit
 def test_ill_posed_message_example() -> None:
     details = {"0.20.0": "OK 10/10", "0.32.0": "OK 10/10"}
     cands = ["0.20.0", "0.25.0", "0.32.0"]
@@ -233,6 +237,7 @@ def test_ill_posed_message_example() -> None:
     )
 
 
+@pytest.mark.unit
 def test_all_skip_lists_every_candidate_with_detail() -> None:
     details = {c: f"UNSUPPORTED: reason {c}" for c in names(4)}
     err = raises_bisect([S, S, S, S], "fix", details)
@@ -244,6 +249,7 @@ def test_all_skip_lists_every_candidate_with_detail() -> None:
     assert err.endpoints == ()
 
 
+@pytest.mark.unit
 def test_new_end_all_skipped_raises() -> None:
     err = raises_bisect([B, B, S, S], "fix")
     msg = str(err)
@@ -252,12 +258,14 @@ def test_new_end_all_skipped_raises() -> None:
     assert [r.candidate for r in err.skipped] == ["0.2.0", "0.3.0"]
 
 
+@pytest.mark.unit
 def test_one_runnable_candidate_raises() -> None:
     err = raises_bisect([S, B, S], "fix")
     assert "0.1.0 is BAD" in str(err)
     assert [r.candidate for r in err.skipped] == ["0.0.0", "0.2.0"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("find", ["fix", "regression"])
 def test_leading_skips_then_new_state_is_not_a_boundary(find: str) -> None:
     old, new = STATES[find]
@@ -275,6 +283,7 @@ def test_leading_skips_then_new_state_is_not_a_boundary(find: str) -> None:
     assert [(r.candidate, r.result.verdict) for r in err.endpoints] == [("0.2.0", new), ("0.4.0", new)]
 
 
+@pytest.mark.unit
 def test_regression_first_runnable_bad_example() -> None:
     details = {"0.18.0": "UNSUPPORTED: no keep-mode pause", "0.19.0": "LOSS(1) in 8/10 requests"}
     cands = ["0.18.0", "0.19.0", "0.20.0", "0.21.0"]
@@ -287,6 +296,7 @@ def test_regression_first_runnable_bad_example() -> None:
     assert "the bug is already present in 0.19.0" in msg
 
 
+@pytest.mark.unit
 def test_trailing_skips_after_old_state_is_not_a_boundary() -> None:
     err = raises_bisect([B, B, B, S, S], "fix", {"0.3.0": "UNSUPPORTED: gone"})
     msg = str(err)
@@ -297,6 +307,7 @@ def test_trailing_skips_after_old_state_is_not_a_boundary() -> None:
     assert [r.candidate for r in err.skipped] == ["0.3.0", "0.4.0"]
 
 
+@pytest.mark.unit
 def test_reversed_range_with_skips_is_ill_posed() -> None:
     err = raises_bisect([S, G, B, S], "fix")
     msg = str(err)
@@ -307,22 +318,26 @@ def test_reversed_range_with_skips_is_ill_posed() -> None:
 # --------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.unit
 def test_bad_find_names_choices() -> None:
     with pytest.raises(BadInput, match=r"'sideways'.*fix, regression"):
         bisect(["a", "b"], FakeProbe(["a", "b"], [B, G]), find="sideways")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("cands", [[], ["0.21.0"]])
 def test_too_few_candidates(cands: list[str]) -> None:
     with pytest.raises(BadInput, match=f"got {len(cands)}"):
         bisect(cands, FakeProbe(cands, [B] * len(cands)))
 
 
+@pytest.mark.unit
 def test_duplicate_candidates() -> None:
     with pytest.raises(BadInput, match=re.escape("duplicate candidate '0.21.0'")):
         bisect(["0.20.0", "0.21.0", "0.21.0"], lambda c: ProbeResult(G))
 
 
+@pytest.mark.unit
 def test_string_or_non_string_candidates() -> None:
     with pytest.raises(BadInput, match="'abc'"):
         bisect("abc", lambda c: ProbeResult(G))
@@ -330,6 +345,7 @@ def test_string_or_non_string_candidates() -> None:
         bisect(["0.20.0", 21], lambda c: ProbeResult(G))  # type: ignore[list-item]
 
 
+@pytest.mark.unit
 def test_bad_input_is_checked_before_probing() -> None:
     calls: list[str] = []
     with pytest.raises(BadInput):
@@ -340,12 +356,14 @@ def test_bad_input_is_checked_before_probing() -> None:
 # --------------------------------------------------------------------------- summary
 
 
+@pytest.mark.unit
 def test_summary_fix_example() -> None:
     cands = ["0.21.0", "0.22.0"]
     res, _, _ = run([B, G], details={"0.21.0": "LOSS(1) 8/8", "0.22.0": "OK 10/10"}, cands=cands)
     assert res.summary == "first fixed release: 0.22.0 (0.21.0 BAD: LOSS(1) 8/8; 0.22.0 GOOD: OK 10/10)"
 
 
+@pytest.mark.unit
 def test_summary_regression_and_ambiguous() -> None:
     cands = ["0.20.0", "0.21.0", "0.22.0", "0.23.0"]
     details = {"0.20.0": "OK 10/10", "0.23.0": "LOSS(1) 8/8", "0.21.0": "UNSUPPORTED", "0.22.0": "UNSUPPORTED"}
@@ -356,6 +374,7 @@ def test_summary_regression_and_ambiguous() -> None:
     )
 
 
+@pytest.mark.unit
 def test_summary_noun_and_empty_detail() -> None:
     res = bisect(["abc1", "def2"], lambda c: ProbeResult(B if c == "abc1" else G), noun="commit")
     assert res.summary == "first fixed commit: def2 (abc1 BAD; def2 GOOD)"
@@ -368,6 +387,7 @@ def rec(i: int, v: Verdict, step: int | None = None) -> ProbeRecord:
     return ProbeRecord(index=i, candidate=f"0.{i}.0", result=ProbeResult(v, v.name.lower()), step=step or i + 1)
 
 
+@pytest.mark.unit
 def test_monotone_check_quiet_for_monotone_and_bisect_output() -> None:
     assert monotone_check([rec(0, B), rec(1, S), rec(2, B), rec(3, G), rec(4, G)], find="fix") == []
     assert monotone_check([]) == []
@@ -379,6 +399,7 @@ def test_monotone_check_quiet_for_monotone_and_bisect_output() -> None:
         assert monotone_check(res.probes, find="fix") == []
 
 
+@pytest.mark.unit
 def test_monotone_check_warns_on_reversal() -> None:
     records = [rec(0, B), rec(1, G), rec(2, B), rec(3, G)]
     warnings = monotone_check(records, find="fix")
@@ -392,11 +413,13 @@ def test_monotone_check_warns_on_reversal() -> None:
     assert monotone_check([rec(0, G), rec(1, B)], find="fix")
 
 
+@pytest.mark.unit
 def test_monotone_check_flags_inconsistent_reruns() -> None:
     warnings = monotone_check([rec(0, B), rec(1, B, step=2), rec(1, G, step=5), rec(2, G)])
     assert any("inconsistent" in w and "0.1.0" in w for w in warnings)
 
 
+@pytest.mark.unit
 def test_monotone_check_bad_find() -> None:
     with pytest.raises(BadInput, match="fix, regression"):
         monotone_check([], find="up")

@@ -9,9 +9,10 @@ import pytest
 
 from harness.cli import main
 
-pytestmark = pytest.mark.unit
+# Marked per test: `unit` ones are pure and fast, `integration` ones start a process (`python -m harness.cli`).
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("argv", "must_name"),
     [
@@ -39,6 +40,7 @@ def test_bad_input_exits_2_with_one_line_naming_choices(
         assert word in err
 
 
+@pytest.mark.integration
 def test_console_script_module_exits_2_on_unknown_mode() -> None:
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "matrix", "--mode", "sideways"],
                           capture_output=True, text=True, timeout=60)
@@ -46,6 +48,7 @@ def test_console_script_module_exits_2_on_unknown_mode() -> None:
     assert "keep, wait, abort" in proc.stderr
 
 
+@pytest.mark.unit
 def test_matrix_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["matrix", "--help"])
@@ -56,6 +59,7 @@ def test_matrix_help_documents_every_option(capsys: pytest.CaptureFixture[str]) 
         assert opt in out
 
 
+@pytest.mark.unit
 def test_report_on_corrupt_file_is_a_clear_error(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "results.json"
     bad.write_text("{not json")
@@ -80,6 +84,7 @@ def _bad_files(tmp_path):  # type: ignore[no-untyped-def]
             "torn": (torn, "torn.jsonl:1")}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["corrupt", "future", "torn"])
 @pytest.mark.parametrize("command", ["report", "history-add", "compare"])
 def test_bad_results_files_are_one_clear_error(kind: str, command: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -93,6 +98,7 @@ def test_bad_results_files_are_one_clear_error(kind: str, command: str, tmp_path
     assert not (tmp_path / "h.jsonl").exists() or (tmp_path / "h.jsonl").read_text() == ""
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("content", ['{"schema": "vllm-repro/history", "schema_version": 1, "run', "not json\n",
                                      '{"schema": "vllm-repro/history", "schema_version": 7}\n'])
 def test_bad_history_files_are_one_clear_error(content: str, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -106,6 +112,7 @@ def test_bad_history_files_are_one_clear_error(content: str, tmp_path, capsys) -
     assert hist.read_text() == before and not (tmp_path / "h.png").exists()
 
 
+@pytest.mark.unit
 def test_report_merges_partial_runs_later_file_wins(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import json
 
@@ -153,6 +160,7 @@ def _fake_run(outcome_for):  # type: ignore[no-untyped-def]
     return run
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("lost", "rc"), [(True, 0), (False, 1)])
 def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     from synthetic import request_record
@@ -178,6 +186,7 @@ def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monk
     assert "FAULT INJECTED" in (tmp_path / "results.md").read_text()
 
 
+@pytest.mark.unit
 def test_fail_on_unexpected(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import harness.execute
     from harness.oracle import Outcome

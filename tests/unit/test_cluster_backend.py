@@ -37,9 +37,10 @@ from harness.oracle import Outcome
 from harness.results import CellResult
 from harness.runner import RunConfig, group_alive
 
-pytestmark = pytest.mark.unit
+# Marked per test: `unit` ones are pure and fast, `integration` ones start Python and shell processes.
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("value", "address"), [
     ("ray", None),
     (" ray ", None),
@@ -54,6 +55,7 @@ def test_parse_cluster_accepts_the_documented_forms(value: str, address: str | N
     assert target.label == (address or "local")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("value", "says"), [
     ("dask", "unknown cluster backend"),
     ("dask:host:1", "unknown cluster backend"),
@@ -75,6 +77,7 @@ def test_parse_cluster_rejects_anything_else_naming_value_and_forms(value: str, 
     assert "ray:HOST:PORT" in msg and "ray:auto" in msg
 
 
+@pytest.mark.unit
 def test_missing_ray_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
     with pytest.raises(BadInput) as exc:
@@ -82,6 +85,7 @@ def test_missing_ray_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch)
     assert INSTALL_HINT in str(exc.value)
 
 
+@pytest.mark.unit
 def test_connect_failure_names_token_auth_when_the_cluster_refused_the_token() -> None:
     class AuthenticationError(Exception):
         pass
@@ -101,17 +105,20 @@ def test_connect_failure_names_token_auth_when_the_cluster_refused_the_token() -
     assert connect_failure(None, RuntimeError("no /dev/shm")).startswith("cannot start a local Ray: RuntimeError")
 
 
+@pytest.mark.integration
 def test_harness_cluster_does_not_import_ray() -> None:
     code = "import sys, harness.cluster; sys.exit(1 if 'ray' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
+@pytest.mark.unit
 def test_task_resources_gpus_are_the_tp_size_on_cuda_only() -> None:
     assert task_resources(EngineKey("0.21.0", "mp", True), "cpu") == {"num_cpus": 1.0, "num_gpus": 0.0}
     assert task_resources(EngineKey("0.21.0", "mp", True, tp=2), "cuda") == {"num_cpus": 1.0, "num_gpus": 2.0}
     assert task_resources(EngineKey("0.21.0", "ray-v2", True, tp=4), "cpu")["num_gpus"] == 0.0
 
 
+@pytest.mark.unit
 def test_unplaceable_reason_needs_one_node_with_everything() -> None:
     tp2 = {"num_cpus": 1.0, "num_gpus": 2.0}
     # Two GPUs in the cluster, but never two on one node: Ray would wait forever.
@@ -124,6 +131,7 @@ def test_unplaceable_reason_needs_one_node_with_everything() -> None:
     assert "no alive node" in (unplaceable_reason(cpu, [], "x") or "")
 
 
+@pytest.mark.unit
 def test_engine_environment_drops_what_ray_sets_for_its_worker() -> None:
     worker = {"RAY_RAYLET_PID": "7", "RAY_JOB_ID": "01000000", "RAY_ADDRESS": "10.0.0.5:6379", "SPT_NOENV": "1",
               "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "OMP_NUM_THREADS": "1", "HOME": "/root",
@@ -185,6 +193,7 @@ def _run_fake_worker(tmp_path: Path, register: bool, engine_cwd: Path, mode: str
     return engine_pid, reaper_pid
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("register", "where"), [(True, "elsewhere"), (False, "engines/e")])
 def test_reaper_kills_the_engine_group_when_its_worker_dies(tmp_path: Path, register: bool, where: str) -> None:
     # Registered from the start event (the engine's cwd does not matter), or
@@ -193,6 +202,7 @@ def test_reaper_kills_the_engine_group_when_its_worker_dies(tmp_path: Path, regi
     assert not group_alive(engine_pid), "the engine's process group outlived its dead worker"
 
 
+@pytest.mark.integration
 def test_reaper_spares_the_engine_after_stand_down_and_unrelated_processes(tmp_path: Path) -> None:
     # Not registered and not in the work dir: nothing may be killed on a guess.
     engine_pid, _ = _run_fake_worker(tmp_path, False, tmp_path / "elsewhere")
@@ -232,6 +242,7 @@ def _fake_ray(posted: list[tuple[str, str, Any]], returned: Any = None, error: s
     return ray
 
 
+@pytest.mark.integration
 def test_engine_task_on_a_node_without_the_driver_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The task's side of a remote node: node-local work dir and cache, events streamed, files shipped back."""
     key = EngineKey("9.9.1", "mp", False)
@@ -290,6 +301,7 @@ def test_engine_task_on_a_node_without_the_driver_file_system(tmp_path: Path, mo
     assert envs["9.9.1"]["host"] == out["node"]["host"]
 
 
+@pytest.mark.unit
 def test_a_dead_task_makes_every_cell_error_with_the_ray_error(tmp_path: Path) -> None:
     key = EngineKey("9.9.1", "mp", False)
     cells = (Cell("9.9.1", "mp", False, "keep", True), Cell("9.9.1", "mp", False, "wait", True))

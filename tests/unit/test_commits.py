@@ -24,9 +24,8 @@ from harness.commits import (
 from harness.envs import EnvRecipe, IndexConfig
 from harness.errors import BadInput
 
-pytestmark = pytest.mark.unit
+# Marked per test: `unit` ones are pure and fast, `integration` ones run git on a scratch repository.
 
-FAST = settings(max_examples=80, deadline=None)
 HEX = "0123456789abcdef"
 
 SHA_A = "0123456789abcdef0123456789abcdef01234567"
@@ -42,6 +41,7 @@ def _write(tmp_path: Path, text: str, name: str = "commits.txt") -> Path:
     return p
 
 
+@pytest.mark.unit
 def test_parse_commit_file_comments_blank_lines_and_dates(tmp_path: Path) -> None:
     path = _write(tmp_path, (
         "# vLLM main, oldest first\n"
@@ -61,6 +61,7 @@ def test_parse_commit_file_comments_blank_lines_and_dates(tmp_path: Path) -> Non
     ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("bad_line", "shown"),
     [
@@ -80,6 +81,7 @@ def test_parse_commit_file_bad_sha(tmp_path: Path, bad_line: str, shown: str) ->
     assert "7-40 hex digits" in msg
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad_date", ["15/05/2026", "yesterday", "2026-13-01", "2026-05-15T25:00"])
 def test_parse_commit_file_bad_date(tmp_path: Path, bad_date: str) -> None:
     path = _write(tmp_path, f"{SHA_A} 2026-05-14\n{SHA_B} {bad_date}\n")
@@ -91,6 +93,7 @@ def test_parse_commit_file_bad_date(tmp_path: Path, bad_date: str) -> None:
     assert "ISO 8601" in msg
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("text", "found"), [("", 0), ("# only comments\n\n", 0), (f"# one\n{SHA_A}\n", 1)])
 def test_parse_commit_file_needs_two_commits(tmp_path: Path, text: str, found: int) -> None:
     path = _write(tmp_path, text)
@@ -100,6 +103,7 @@ def test_parse_commit_file_needs_two_commits(tmp_path: Path, text: str, found: i
     assert f"at least two commits, found {found}" in str(exc.value)
 
 
+@pytest.mark.unit
 def test_parse_commit_file_unreadable(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="cannot read commit list"):
         parse_commit_file(tmp_path / "missing.txt")
@@ -111,7 +115,9 @@ _dates = st.none() | st.datetimes(min_value=datetime(2000, 1, 1), max_value=date
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# tmp_path is shared by the examples: harmless, each one rewrites the same file before reading it.
+@pytest.mark.unit
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     commits=st.lists(st.tuples(_shas, _dates), min_size=2, max_size=8),
     noise=st.lists(st.sampled_from(["", "   ", "# comment", "  # indented comment", "#"]), max_size=8),
@@ -174,6 +180,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Repo:
     return Repo(path, shas, [datetime.fromisoformat(d) for d in DATES])
 
 
+@pytest.mark.integration
 def test_commits_from_repo_full_span(repo: Repo) -> None:
     a, d = repo.shas[0], repo.shas[-1]
     got = commits_from_repo(repo.path, f"{a}..{d}")
@@ -182,6 +189,7 @@ def test_commits_from_repo_full_span(repo: Repo) -> None:
     assert [c.date.utcoffset() for c in got if c.date] == [dt.utcoffset() for dt in repo.dates]
 
 
+@pytest.mark.integration
 def test_commits_from_repo_refs_and_subspans(repo: Repo) -> None:
     a, b, c, d = repo.shas
     assert [x.sha for x in commits_from_repo(repo.path, f"{b}..main")] == [b, c, d]
@@ -189,6 +197,7 @@ def test_commits_from_repo_refs_and_subspans(repo: Repo) -> None:
     assert [x.sha for x in commits_from_repo(repo.path, "HEAD~2..HEAD")] == [b, c, d]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("span", ["HEAD", "", "..HEAD", "HEAD..", ".."])
 def test_commits_from_repo_bad_span_form(repo: Repo, span: str) -> None:
     with pytest.raises(BadInput) as exc:
@@ -197,6 +206,7 @@ def test_commits_from_repo_bad_span_form(repo: Repo, span: str) -> None:
     assert "OLD..NEW" in str(exc.value)
 
 
+@pytest.mark.integration
 def test_commits_from_repo_nothing_after_start(repo: Repo) -> None:
     a, _, c, d = repo.shas
     for span in (f"{d}..{d}", f"{c}..{a}"):  # empty, and reversed
@@ -204,6 +214,7 @@ def test_commits_from_repo_nothing_after_start(repo: Repo) -> None:
             commits_from_repo(repo.path, span)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("which", ["start", "end"])
 def test_commits_from_repo_nonexistent_ref(repo: Repo, which: str) -> None:
     span = "no-such-ref..HEAD" if which == "start" else f"{repo.shas[0]}..no-such-ref"
@@ -213,6 +224,7 @@ def test_commits_from_repo_nonexistent_ref(repo: Repo, which: str) -> None:
     assert "failed" in str(exc.value)
 
 
+@pytest.mark.integration
 def test_commits_from_repo_error_carries_gits_reason(repo: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LC_ALL", "C")
     with pytest.raises(BadInput) as exc:
@@ -222,11 +234,13 @@ def test_commits_from_repo_error_carries_gits_reason(repo: Repo, monkeypatch: py
     assert "['" not in msg and '["' not in msg
 
 
+@pytest.mark.integration
 def test_commits_from_repo_not_a_repository(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="failed in"):
         commits_from_repo(tmp_path / "nowhere", "a..b")
 
 
+@pytest.mark.integration
 def test_commits_from_repo_follows_first_parent(tmp_path: Path) -> None:
     # main: A - B ------ M - D;  side: B - S, merged into M.  A..D is A, B, M, D (not S).
     r = tmp_path / "merge"
@@ -253,16 +267,19 @@ def test_commits_from_repo_follows_first_parent(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- labels
 
 
+@pytest.mark.unit
 def test_labels_are_12_hex_digits() -> None:
     commits = [Commit(SHA_A), Commit(SHA_B)]
     assert labels(commits) == [SHA_A[:12], SHA_B[:12]]
 
 
+@pytest.mark.unit
 def test_labels_of_short_shas_are_the_shas() -> None:
     assert labels([Commit("abcdef1"), Commit("abcdef2"), Commit("1234567890")]) == ["abcdef1", "abcdef2",
                                                                                     "1234567890"]
 
 
+@pytest.mark.unit
 def test_labels_grow_when_12_digits_collide() -> None:
     a = "abcdefabcdef" + "1" * 28
     b = "abcdefabcdef" + "2" * 28
@@ -272,6 +289,7 @@ def test_labels_grow_when_12_digits_collide() -> None:
     assert labels([Commit(c), Commit(d)]) == [c, d]
 
 
+@pytest.mark.unit
 def test_labels_duplicate_commits() -> None:
     with pytest.raises(BadInput, match="duplicate"):
         labels([Commit(SHA_A), Commit(SHA_B), Commit(SHA_A)])
@@ -286,7 +304,7 @@ def sha_lists(draw: st.DrawFn) -> list[str]:
     return draw(st.lists(rest.map(lambda s: prefix + s), min_size=2, max_size=6, unique=True))
 
 
-@FAST
+@pytest.mark.unit
 @given(shas=sha_lists())
 def test_labels_rule(shas: list[str]) -> None:
     out = labels([Commit(s) for s in shas])
@@ -312,6 +330,7 @@ def _recipe(commit: Commit = DATED, template: str = DEFAULT_WHEEL_INDEX, variant
                          base or IndexConfig())
 
 
+@pytest.mark.unit
 def test_commit_recipe_default_index() -> None:
     base = IndexConfig(index_url="https://pypi.example/simple", extra_index_urls=("https://extra.example/simple",),
                        find_links=("https://links.example/",))
@@ -325,6 +344,7 @@ def test_commit_recipe_default_index() -> None:
     assert (r.platform, r.python) == ("cpu", "3.11")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("template", "variant", "url"),
     [
@@ -338,6 +358,7 @@ def test_commit_recipe_template_fields(template: str, variant: str, url: str) ->
     assert r.index.extra_index_urls[0] == url
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("template", ["https://w.example/{sha}/{variant}", "https://w.example/{0}",
                                       "https://w.example/{}"])
 def test_commit_recipe_bad_template_field(template: str) -> None:
@@ -347,6 +368,7 @@ def test_commit_recipe_bad_template_field(template: str) -> None:
     assert "{commit}" in str(exc.value) and "{variant}" in str(exc.value)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("template", ["https://w.example/{commit", "https://w.example/{commit.short}",
                                       "https://w.example/}{commit}"])
 def test_commit_recipe_malformed_template(template: str) -> None:
@@ -354,6 +376,7 @@ def test_commit_recipe_malformed_template(template: str) -> None:
         _recipe(template=template)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("date", "as_of"),
     [
@@ -367,18 +390,21 @@ def test_commit_recipe_resolves_as_of_commit_date_plus_7_days(date: datetime | N
     assert _recipe(Commit(SHA_A, date)).index.resolve_as_of == as_of
 
 
+@pytest.mark.unit
 def test_commit_recipe_as_of_is_utc() -> None:
     # git's %cI keeps the committer's offset: 10:00+02:00 is 08:00Z.
     commit = Commit(SHA_A, datetime(2026, 5, 15, 10, 0, tzinfo=timezone(timedelta(hours=2))))
     assert _recipe(commit).index.resolve_as_of == "2026-05-22T08:00:00Z"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("explicit", ["none", "2026-01-01", "2026-01-01T00:00:00Z"])
 def test_commit_recipe_explicit_as_of_passes_through(explicit: str) -> None:
     assert _recipe(base=IndexConfig(resolve_as_of=explicit)).index.resolve_as_of == explicit
     assert _recipe(Commit(SHA_A), base=IndexConfig(resolve_as_of=explicit)).index.resolve_as_of == explicit
 
 
+@pytest.mark.unit
 def test_commit_recipe_env_name_differs_per_commit() -> None:
     ra = _recipe(Commit(SHA_A, datetime(2026, 5, 15)))
     rb = _recipe(Commit(SHA_B, datetime(2026, 5, 15)))

@@ -99,7 +99,6 @@ _recipes = st.builds(EnvRecipe, package=_text, version=_text, platform=st.sample
                      python=st.sampled_from(["3.11", "3.12"]), index=_index, requirement=st.none() | _text)
 
 
-@settings(max_examples=150, deadline=None)
 @given(a=_recipes, b=_recipes)
 def test_recipe_hash_rule(a: EnvRecipe, b: EnvRecipe) -> None:
     # Equal recipes (rebuilt from their fields) hash equally; different ones differently.
@@ -248,7 +247,7 @@ def test_prune_dry_run_removes_nothing(cache: Path) -> None:
     assert sorted(p.name for p in envs.iterdir() if p.is_dir()) == ["small"]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)  # fewer examples: each one creates and prunes env directories on disk
 @given(
     specs=st.lists(
         st.tuples(st.sampled_from(["valid", "incomplete"]), st.integers(0, 60), st.integers(0, 400)),

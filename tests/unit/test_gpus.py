@@ -9,15 +9,17 @@ import pytest
 
 from harness.gpus import GpuLeaseError, lease_gpus, visible_gpus
 
-pytestmark = pytest.mark.unit
+# Marked per test: `unit` ones are pure and fast, `integration` ones fork processes.
 
 
+@pytest.mark.unit
 def test_cuda_visible_devices_wins() -> None:
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 3"}) == ["2", "3"]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
 
 
+@pytest.mark.unit
 def test_leases_are_disjoint_and_tp2_takes_two(tmp_path: Path) -> None:
     a = lease_gpus(1, tmp_path, ["0", "1", "2"], timeout=1)
     b = lease_gpus(2, tmp_path, ["0", "1", "2"], timeout=1)
@@ -36,6 +38,7 @@ def _hold(lock_dir: str, q: mp.Queue, go: mp.Event) -> None:  # type: ignore[typ
     lease.release()
 
 
+@pytest.mark.integration
 def test_leases_are_disjoint_across_processes(tmp_path: Path) -> None:
     ctx = mp.get_context("fork")
     q, go = ctx.Queue(), ctx.Event()
@@ -51,6 +54,7 @@ def test_leases_are_disjoint_across_processes(tmp_path: Path) -> None:
         p.join(10)
 
 
+@pytest.mark.unit
 def test_more_gpus_than_visible_is_refused_at_once(tmp_path: Path) -> None:
     with pytest.raises(GpuLeaseError, match="needs 2 GPUs but only 1 are visible"):
         lease_gpus(2, tmp_path, ["0"], timeout=100)

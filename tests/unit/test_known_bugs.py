@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from synthetic import request_record
@@ -101,7 +101,6 @@ def test_expectation_label() -> None:
     assert Expectation(Outcome.OK).label == "OK"
 
 
-@settings(max_examples=200, deadline=None)
 @given(minor=st.integers(0, 40), patch=st.integers(0, 3), executor=st.sampled_from(EXECUTORS),
        async_on=st.booleans(), mode=st.sampled_from(MODES), clear=st.booleans())
 def test_expectation_rule(minor: int, patch: int, executor: str, async_on: bool, mode: str, clear: bool) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.errors import BadInput, ReproError
@@ -24,8 +24,6 @@ from harness.matrix import (
 )
 
 pytestmark = pytest.mark.unit
-
-FAST = settings(max_examples=100, deadline=None)
 
 versions = st.builds(
     lambda a, b, c, rc: f"{a}.{b}.{c}{rc}",
@@ -77,7 +75,6 @@ def test_engine_key_and_scenario_id() -> None:
     assert c.id == f"{c.engine.id.removesuffix('-tp4')}-{c.scenario_id}-tp4"
 
 
-@FAST
 @given(cells)
 def test_cell_dict_round_trip(cell: Cell) -> None:
     d = cell.to_dict()
@@ -87,7 +84,6 @@ def test_cell_dict_round_trip(cell: Cell) -> None:
     assert parse_versions(cell.version, "cpu") == (cell.version,)
 
 
-@FAST
 @given(cells, cells)
 def test_distinct_cells_have_distinct_ids(a: Cell, b: Cell) -> None:
     assert (a.id == b.id) == (a == b)
@@ -159,7 +155,6 @@ def test_plan_rejects_unknown_platform() -> None:
         plan_matrix(DEFAULT_CPU, "tpu")
 
 
-@FAST
 @given(selections, st.sampled_from(["cpu", "cuda"]))
 def test_plan_partitions_the_selection(sel: Selection, platform: str) -> None:
     plan = plan_matrix(sel, platform)
@@ -197,7 +192,6 @@ def test_parse_choices_valid_inputs() -> None:
         parse_choices("mode", "all,keep", MODES, MODES)
 
 
-@FAST
 @given(st.lists(st.sampled_from(MODES), min_size=1))
 def test_parse_choices_returns_canonical_subset(chosen: list[str]) -> None:
     out = parse_choices("mode", ",".join(chosen), MODES, MODES)

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.oracle import (
@@ -27,8 +27,6 @@ from harness.oracle import (
 from repro.models import cycle_permutation, expected_continuation
 
 pytestmark = pytest.mark.unit
-
-FAST = settings(max_examples=120, deadline=None)
 
 OUT_OF_REFERENCE = 10_000  # every reference token is < 1000
 
@@ -59,7 +57,6 @@ def no_adjacent_repeats(draw: st.DrawFn, length: int) -> list[int]:
 # --------------------------------------------------------------------------- classify_stream
 
 
-@FAST
 @given(cycle_walks())
 def test_unchanged_stream_is_ok(case: tuple[list[int], int, int]) -> None:
     full, n, margin = case
@@ -69,7 +66,6 @@ def test_unchanged_stream_is_ok(case: tuple[list[int], int, int]) -> None:
     assert v.label == "OK"
 
 
-@FAST
 @given(cycle_walks(min_n=5), st.data())
 def test_dropped_tokens_cut_from_reference_are_loss(
     case: tuple[list[int], int, int], data: st.DataObject
@@ -94,7 +90,6 @@ def test_dropped_tokens_cut_from_reference_are_loss(
         assert v.detail == f"expected {ref[i]}, got {ref[i + k]}"
 
 
-@FAST
 @given(cycle_walks(min_n=5), st.data())
 def test_drop_past_the_end_of_a_short_reference_is_invisible(
     case: tuple[list[int], int, int], data: st.DataObject
@@ -116,7 +111,6 @@ def test_drop_past_the_end_of_a_short_reference_is_invisible(
     assert classify_stream(ref, observed, expected_len=len(observed)) == StreamVerdict(Outcome.OK)
 
 
-@FAST
 @given(cycle_walks(min_n=5), st.data())
 def test_real_engine_drop_is_loss_only_if_the_reference_covers_the_resume_point(
     case: tuple[list[int], int, int], data: st.DataObject
@@ -141,7 +135,6 @@ def test_real_engine_drop_is_loss_only_if_the_reference_covers_the_resume_point(
         assert (v.outcome, v.at, v.label) == (Outcome.DIVERGED, i, f"DIVERGED(at {i})")
 
 
-@FAST
 @given(cycle_walks(min_n=2), st.data())
 def test_repeated_tokens_are_duplicate(case: tuple[list[int], int, int], data: st.DataObject) -> None:
     full, n, margin = case
@@ -155,7 +148,6 @@ def test_repeated_tokens_are_duplicate(case: tuple[list[int], int, int], data: s
     assert v.label == f"DUPLICATE({k} at {i})"
 
 
-@FAST
 @given(cycle_walks(), st.data())
 def test_foreign_token_is_diverged(case: tuple[list[int], int, int], data: st.DataObject) -> None:
     full, n, margin = case
@@ -170,7 +162,6 @@ def test_foreign_token_is_diverged(case: tuple[list[int], int, int], data: st.Da
     assert v.detail == f"expected {ref[i]}, got {bad}"
 
 
-@FAST
 @given(cycle_walks(min_n=3), st.data())
 def test_misplaced_reference_token_is_diverged(case: tuple[list[int], int, int], data: st.DataObject) -> None:
     """A single wrong token taken from elsewhere in the reference is not a shift.
@@ -189,7 +180,6 @@ def test_misplaced_reference_token_is_diverged(case: tuple[list[int], int, int],
     assert v.label == f"DIVERGED(at {i})"
 
 
-@FAST
 @given(cycle_walks(), st.data())
 def test_strict_prefix_is_truncated_unless_prefix_ok(
     case: tuple[list[int], int, int], data: st.DataObject
@@ -206,7 +196,6 @@ def test_strict_prefix_is_truncated_unless_prefix_ok(
     assert classify_stream(ref, ref[:m]).outcome is Outcome.OK
 
 
-@FAST
 @given(cycle_walks())
 def test_stream_longer_than_reference_is_diverged(case: tuple[list[int], int, int]) -> None:
     full, n, margin = case
@@ -215,7 +204,6 @@ def test_stream_longer_than_reference_is_diverged(case: tuple[list[int], int, in
     assert (v.outcome, v.at) == (Outcome.DIVERGED, len(ref))
 
 
-@FAST
 @given(st.integers(4, 48), st.sampled_from([0, 8]), st.data())
 def test_single_drop_without_adjacent_repeats_is_loss_1(n: int, margin: int, data: st.DataObject) -> None:
     """References that may be periodic but never repeat a token back to back: a drop of ONE is LOSS(1)."""
@@ -344,7 +332,6 @@ def lossy_keep_record(rid: str, n: int, i: int) -> dict[str, Any]:
     return record(rid, full[:i] + full[i + 1 : n + 1], full[:n], pauses=[pause(i)])
 
 
-@FAST
 @given(st.integers(4, 40), st.data())
 def test_frozen_keep_request_losing_its_pause_token(n: int, data: st.DataObject) -> None:
     i = data.draw(st.integers(0, n - 2), label="i")
@@ -366,7 +353,6 @@ def test_frozen_keep_request_losing_its_last_token_is_diverged_with_an_exact_ref
     assert rv.verdict.label == f"DIVERGED(at {n - 1})"
 
 
-@FAST
 @given(st.integers(2, 40), st.data())
 def test_intact_frozen_keep_request_is_ok(n: int, data: st.DataObject) -> None:
     i = data.draw(st.integers(0, n - 1), label="i")
@@ -376,7 +362,6 @@ def test_intact_frozen_keep_request_is_ok(n: int, data: st.DataObject) -> None:
     assert rv.first_post_resume == {"index": i, "expected": ref[i], "observed": ref[i]}
 
 
-@FAST
 @given(st.integers(2, 40), st.data())
 def test_aborted_request_with_prefix_is_ok(n: int, data: st.DataObject) -> None:
     m = data.draw(st.integers(0, n - 1), label="m")
@@ -513,7 +498,6 @@ def synthetic(rid: str, kind: str, running: bool, n: int = 12, i: int = 4) -> di
     )
 
 
-@FAST
 @given(st.lists(st.tuples(st.sampled_from(KINDS), st.booleans()), min_size=1, max_size=12))
 def test_cell_takes_the_worst_request_outcome(kinds: list[tuple[str, bool]]) -> None:
     records = [synthetic(f"r{j}", kind, running) for j, (kind, running) in enumerate(kinds)]

@@ -15,7 +15,7 @@ from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome
 from harness.runner import RunConfig, engine_spec, group_alive, run_engine, stage_repro
 
-pytestmark = pytest.mark.unit
+# Marked per test: `unit` ones are pure and fast, `integration` ones start a fake engine process.
 
 ENGINE = EngineKey("0.21.0", "mp", True)
 CELLS = (Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", True, "wait", True))
@@ -36,6 +36,7 @@ def cfg(tmp_path: Path, **kw: object) -> RunConfig:
     return RunConfig(work_dir=tmp_path / "work", model_cache=tmp_path / "models", **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.integration
 def test_hang_becomes_timeout_and_kills_the_whole_group(tmp_path: Path) -> None:
     pgids: list[int] = []
     # The fake engine starts a grandchild (like vLLM's engine core) and hangs.
@@ -56,6 +57,7 @@ def test_hang_becomes_timeout_and_kills_the_whole_group(tmp_path: Path) -> None:
     assert not group_alive(pgids[0]), "a process of the engine's group survived the run"
 
 
+@pytest.mark.integration
 def test_crash_after_one_scenario_keeps_it_and_errors_the_rest(tmp_path: Path) -> None:
     record = {
         "rid": "keep-clear-r00", "submit": "start", "prompt": [5, 6], "max_tokens": 4,
@@ -77,6 +79,7 @@ def test_crash_after_one_scenario_keeps_it_and_errors_the_rest(tmp_path: Path) -
     assert "engine core died" in (results[1].reason or "")
 
 
+@pytest.mark.integration
 def test_fatal_event_reason_is_reported(tmp_path: Path) -> None:
     env = fake_env(tmp_path, """
         echo '{"event": "fatal", "reason": "ValueError: no keep mode"}' >> "$OUT"
@@ -87,6 +90,7 @@ def test_fatal_event_reason_is_reported(tmp_path: Path) -> None:
     assert all("ValueError: no keep mode" in (r.reason or "") for r in results)
 
 
+@pytest.mark.unit
 def test_spec_groups_cells_as_scenarios_of_one_engine(tmp_path: Path) -> None:
     spec = engine_spec(ENGINE, CELLS, cfg(tmp_path, scenario_params={"max_tokens": 32}))
     assert spec["engine"]["async_scheduling"] is True
@@ -94,6 +98,7 @@ def test_spec_groups_cells_as_scenarios_of_one_engine(tmp_path: Path) -> None:
     assert all(s["params"] == {"max_tokens": 32, "clear_cache": True} for s in spec["scenarios"])
 
 
+@pytest.mark.unit
 def test_staged_plugin_is_discoverable_as_a_vllm_entry_point(tmp_path: Path) -> None:
     import importlib.metadata as md
     import sys
@@ -117,6 +122,7 @@ def _record(rid: str, observed: list[int]) -> dict:
             "reference_matches_model": True}
 
 
+@pytest.mark.integration
 def test_repeats_are_scenarios_of_the_same_engine_and_fold_into_flaky(tmp_path: Path) -> None:
     cell = CELLS[0]
     lines = [json.dumps({"event": "scenario", "id": sid, "status": "ran", "records": [_record("r0", obs)]})
@@ -135,6 +141,7 @@ def test_repeats_are_scenarios_of_the_same_engine_and_fold_into_flaky(tmp_path: 
     assert res.summary.startswith("FLAKY: OK 2/3, LOSS 1/3")
 
 
+@pytest.mark.integration
 def test_missing_repeats_count_as_the_engine_failure(tmp_path: Path) -> None:
     line = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran",
                        "records": [_record("r0", [1, 2, 3, 4])]})
@@ -144,6 +151,7 @@ def test_missing_repeats_count_as_the_engine_failure(tmp_path: Path) -> None:
     assert res.repeats is not None and res.repeats["outcomes"] == {"OK": 1, "ERROR": 1}
 
 
+@pytest.mark.integration
 def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_path: Path) -> None:
     line = json.dumps({"event": "engine", "probe": {"core": {"inject": {
         "requested": ["vllm#42043"], "applied": {}, "error": "unknown scheduler shape"}}}})
@@ -155,6 +163,7 @@ def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_p
     assert all("unknown scheduler shape" in (r.reason or "") for r in results)
 
 
+@pytest.mark.unit
 def test_injection_problem_needs_every_requested_fault_applied() -> None:
     from harness.runner import injection_problem
 
@@ -165,6 +174,7 @@ def test_injection_problem_needs_every_requested_fault_applied() -> None:
     assert "hang#pause" in (injection_problem(ok, ("vllm#42043", "hang#pause")) or "")
 
 
+@pytest.mark.unit
 def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.runner import engine_env
 
@@ -173,6 +183,7 @@ def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.M
     assert engine_env(ENGINE, cfg(tmp_path, inject=("vllm#42043",)), tmp_path)["VLLM_REPRO_INJECT"] == "vllm#42043"
 
 
+@pytest.mark.unit
 def test_weight_sync_cells_name_their_scenario_and_transfer(tmp_path: Path) -> None:
     from harness.runner import scenario_entry
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import repro.scenarios.base as base
@@ -43,9 +43,7 @@ from repro.scenarios.rlhf_weight_sync import (
     swap_index,
 )
 
-pytestmark = pytest.mark.unit
-
-FAST = settings(max_examples=60, deadline=None)
+# Marked per test: `unit` ones are pure and fast, `integration` ones start the trainer process.
 
 
 # --------------------------------------------------------------------------- the reference
@@ -61,6 +59,7 @@ def _record(prompt: list[int], observed: list[int], *, submit: Any = "start", pa
             "finish_reason": "length", "error": None, "pauses": pauses, "reference_matches_model": True}
 
 
+@pytest.mark.unit
 def test_swap_index_follows_when_each_request_ran() -> None:
     assert swap_index(_record([5], [], pause_at=8)) == 8
     assert swap_index(_record([5], [], pause_at=0)) == 0
@@ -70,7 +69,7 @@ def test_swap_index_follows_when_each_request_ran() -> None:
     assert swap_index(_record([5], [], pause_at=None, max_tokens=24)) == 24 + REFERENCE_MARGIN
 
 
-@FAST
+@pytest.mark.unit
 @given(st.integers(8, 300), st.integers(0, 1000), st.data())
 def test_computed_reference_is_a_then_b_from_the_last_pre_pause_token(v: int, seed: int, data: st.DataObject) -> None:
     pa, pb = cycle_permutation(v, seed), cycle_permutation(v, seed + 1)
@@ -93,6 +92,7 @@ def _streams(v: int = 512, i: int = 8, max_tokens: int = 24) -> tuple[list[int],
     return pa, pb, prompt, ref
 
 
+@pytest.mark.unit
 def test_the_oracle_sees_the_lost_first_post_swap_token_as_loss_1() -> None:
     _, pb, prompt, ref = _streams()
     i, n = 8, 24
@@ -104,6 +104,7 @@ def test_the_oracle_sees_the_lost_first_post_swap_token_as_loss_1() -> None:
     assert v.first_post_resume == {"index": i, "expected": pb[ref[i - 1]], "observed": ref[i + 1]}
 
 
+@pytest.mark.unit
 def test_the_oracle_passes_the_exact_a_then_b_stream_and_catches_a_missed_swap() -> None:
     pa, _, prompt, ref = _streams()
     i, n = 8, 24
@@ -117,6 +118,7 @@ def test_the_oracle_passes_the_exact_a_then_b_stream_and_catches_a_missed_swap()
     assert v.outcome is Outcome.DIVERGED and v.verdict.at == i
 
 
+@pytest.mark.unit
 def test_cross_check_request_is_prompt_plus_pre_swap_tokens() -> None:
     pa, pb, prompt, ref = _streams()
     rec = _record(prompt, [], pause_at=8, max_tokens=24)
@@ -128,6 +130,7 @@ def test_cross_check_request_is_prompt_plus_pre_swap_tokens() -> None:
     assert cross_check_request("y", ended, computed_reference(ended, pa, pb)) is None
 
 
+@pytest.mark.unit
 def test_disagreements_name_both_sequences() -> None:
     assert disagreements([("a", [1, 2, 3], [1, 2, 3])]) == []
     (line,) = disagreements([("a", [1, 2, 3], [1, 2, 3]), ("b", [1, 2, 3], [1, 9, 3])])
@@ -140,6 +143,7 @@ def test_disagreements_name_both_sequences() -> None:
 # --------------------------------------------------------------------------- parameters and plan
 
 
+@pytest.mark.unit
 def test_params_validate_names_and_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown weight_sync parameters \['bogus'\]"):
         WeightSyncParams.from_dict({"bogus": 1})
@@ -151,6 +155,7 @@ def test_params_validate_names_and_choices() -> None:
     assert p.pause_params().clear_cache is False and p.pause_params().max_tokens == 30
 
 
+@pytest.mark.unit
 def test_registered_and_planned_like_the_keep_scenario() -> None:
     assert SCENARIOS["weight_sync"] is rlhf_weight_sync.build and RUNNERS["weight_sync"] is rlhf_weight_sync.run
     plan = rlhf_weight_sync.build("ws", {"clear_cache": True}, 512, 3)
@@ -183,6 +188,7 @@ def _probe(worker: type, runner: type) -> dict[str, str]:
     return {"worker_class": f"{__name__}.{worker.__name__}", "model_runner_class": f"{__name__}.{runner.__name__}"}
 
 
+@pytest.mark.unit
 def test_reload_support_is_read_from_the_classes_the_workers_run() -> None:
     assert reload_unsupported([_probe(ForwardingWorker, RunnerWithPath)]) is None
     assert reload_unsupported([_probe(RunnerWithPath, NoReload)]) is None  # the worker takes it itself
@@ -194,6 +200,7 @@ def test_reload_support_is_read_from_the_classes_the_workers_run() -> None:
     assert "cannot import" in str(reload_unsupported([{"worker_class": "no.such.Mod", "model_runner_class": "x.Y"}]))
 
 
+@pytest.mark.unit
 def test_a_forwarding_runner_is_judged_by_the_v1_runner_it_forwards_to(monkeypatch: pytest.MonkeyPatch) -> None:
     mod = types.ModuleType("vllm.v1.worker.gpu_model_runner")
     mod.GPUModelRunner = RunnerWithoutPath  # type: ignore[attr-defined]
@@ -317,6 +324,7 @@ def _play(llm: FakeLLM, ctx: EngineContext, params: dict[str, Any], monkeypatch:
     return asyncio.run(rlhf_weight_sync.run(llm, sc, ctx, timeout=30))
 
 
+@pytest.mark.unit
 def test_bug_shows_as_loss_1_on_every_request_running_at_the_pause(
     checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -347,6 +355,7 @@ def test_bug_shows_as_loss_1_on_every_request_running_at_the_pause(
     assert action["checkpoint"] == str(checkpoints["b"])
 
 
+@pytest.mark.unit
 def test_fixed_engine_is_ok_and_the_fresh_engine_check_runs(
     checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -366,6 +375,7 @@ def test_fixed_engine_is_ok_and_the_fresh_engine_check_runs(
     assert all(r["weight_sync"]["cross_check_fresh_engine"] for r in out["records"])
 
 
+@pytest.mark.unit
 def test_wrong_weights_are_an_error_with_both_sequences_and_a_is_restored(
     checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -377,6 +387,7 @@ def test_wrong_weights_are_an_error_with_both_sequences_and_a_is_restored(
     assert llm.weights == checkpoints["a"]
 
 
+@pytest.mark.unit
 def test_a_restore_that_does_not_take_is_an_error(
     checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -385,6 +396,7 @@ def test_a_restore_that_does_not_take_is_an_error(
         _play(llm, _ctx(checkpoints, tmp_path), {"clear_cache": True, "max_tokens": 24}, monkeypatch)
 
 
+@pytest.mark.unit
 def test_a_failing_swap_resumes_the_engine_and_restores_a(
     checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -403,6 +415,7 @@ def test_a_failing_swap_resumes_the_engine_and_restores_a(
     assert llm.weights == checkpoints["a"]
 
 
+@pytest.mark.unit
 def test_the_trainer_takes_the_first_visible_gpu_after_the_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
     assert rlhf_weight_sync.trainer_gpu_candidates(1) == ["5", "6"]
@@ -411,6 +424,7 @@ def test_the_trainer_takes_the_first_visible_gpu_after_the_engines(monkeypatch: 
     assert rlhf_weight_sync.trainer_gpu_candidates(1) == []
 
 
+@pytest.mark.unit
 def test_unsupported_transfers_are_refused_before_anything_runs(
     checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -440,6 +454,7 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
     return proc.returncode, replies, proc.stderr
 
 
+@pytest.mark.integration
 def test_trainer_replies_with_the_tag_the_scenario_reads_and_stops_on_request() -> None:
     from repro import weight_trainer
 
@@ -448,6 +463,7 @@ def test_trainer_replies_with_the_tag_the_scenario_reads_and_stops_on_request() 
     assert (rc, replies) == (0, [{"ok": True}]), err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("cmd", "error"), [
     ('{"op": "bogus"}', "unknown op 'bogus'; valid: init, send, stop"),
     ('{"op": "send", "checkpoint": "/x", "names": [], "packed": true}', "send before init"),

@@ -43,7 +43,7 @@ from harness.wheelhouse import (
     wheels_for,
 )
 
-pytestmark = pytest.mark.unit
+# Marked per test: `unit` ones are pure and fast, `integration` ones build real venvs and run pip.
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -51,6 +51,7 @@ PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 # --------------------------------------------------------------------------- pure parts
 
 
+@pytest.mark.unit
 def test_parse_freeze_keeps_local_versions_and_skips_noise() -> None:
     text = "# comment\nTorch==2.11.0+cu130\n\ntyping_inspection==0.4.2\n-e git+https://x/y#egg=z\nfoo @ file:///w/foo.whl\n"
     got = parse_freeze(text)
@@ -60,12 +61,14 @@ def test_parse_freeze_keeps_local_versions_and_skips_noise() -> None:
     assert len(got) == 3
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("line", ["numpy>=1.0", "numpy==not a version"])
 def test_parse_freeze_rejects_non_pins(line: str) -> None:
     with pytest.raises(BadInput, match="line 2"):
         parse_freeze(f"six==1.17.0\n{line}\n")
 
 
+@pytest.mark.unit
 def test_device_freeze_list_parses() -> None:
     # The real list from the H200 node (issue 4), when the brief is present.
     path = Path("/tmp/brief/device-pip-freeze.txt")
@@ -75,6 +78,7 @@ def test_device_freeze_list_parses() -> None:
     assert got["torch"].version is not None and got["transformers"].version == "5.17.0"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("resolved", "installed", "ok"), [
     ("2.11.0", "2.11.0+cu130", True),  # PEP 440: ==2.11.0 matches any local build of it
     ("2.11.0", "2.11.0", True),
@@ -89,6 +93,7 @@ def test_satisfied_by_installed(resolved: str, installed: str | None, ok: bool) 
     assert satisfied_by_installed(resolved, installed) is ok
 
 
+@pytest.mark.unit
 def test_platform_tags_cover_every_older_glibc_and_the_aliases() -> None:
     tags = platform_tags("manylinux_2_39_x86_64")
     assert tags[0] == "manylinux_2_39_x86_64"
@@ -101,6 +106,7 @@ def test_platform_tags_cover_every_older_glibc_and_the_aliases() -> None:
     assert not any("x86_64" in t for t in old)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad", ["linux_x86_64", "manylinux2014_x86_64", "manylinux_2_39", "manylinux_3_1_x86_64",
                                  "manylinux_2_4_x86_64", "musllinux_1_2_x86_64"])
 def test_platform_tags_reject_other_spellings(bad: str) -> None:
@@ -108,10 +114,12 @@ def test_platform_tags_reject_other_spellings(bad: str) -> None:
         platform_tags(bad)
 
 
+@pytest.mark.unit
 def test_uv_python_platform() -> None:
     assert uv_python_platform("manylinux_2_39_x86_64") == "x86_64-manylinux_2_39"
 
 
+@pytest.mark.unit
 def test_pip_download_args_list_every_tag() -> None:
     args = pip_download_args("3.12", "manylinux_2_28_x86_64")
     assert args.count("--platform") == len(platform_tags("manylinux_2_28_x86_64"))
@@ -119,6 +127,7 @@ def test_pip_download_args_list_every_tag() -> None:
     assert args[args.index("--python-version") + 1] == "3.12" and "cp312" in args
 
 
+@pytest.mark.unit
 def test_matches_exclude_uses_canonical_names() -> None:
     pats = ("flashinfer-*", "nvidia-cutlass-dsl*")
     assert matches_exclude("flashinfer_python", pats) == "flashinfer-*"
@@ -128,6 +137,7 @@ def test_matches_exclude_uses_canonical_names() -> None:
     assert matches_exclude("xgrammar", pats) is None
 
 
+@pytest.mark.unit
 def test_split_resolution_keeps_installed_and_flags_replacements() -> None:
     pins = {"torch": Pin("torch", "2.11.0"), "transformers": Pin("transformers", "4.57.6"),
             "xgrammar": Pin("xgrammar", "0.2.1")}
@@ -138,6 +148,7 @@ def test_split_resolution_keeps_installed_and_flags_replacements() -> None:
     assert split.replaces_installed == ({"name": "transformers", "version": "4.57.6", "installed": "5.17.0"},)
 
 
+@pytest.mark.unit
 def test_parse_pins() -> None:
     pins = parse_pins("# header\nnumpy==2.3.5\nmistral-common[image]==1.11.2 ; python_version > '3.9'\n")
     assert pins == {"numpy": Pin("numpy", "2.3.5"), "mistral-common": Pin("mistral-common", "1.11.2")}
@@ -211,6 +222,7 @@ def _build(tmp_path: Path, versions: list[str], **kw: Any) -> wh.BuildReport:
                                index=envs.IndexConfig(resolve_as_of="none"), **kw)
 
 
+@pytest.mark.unit
 def test_build_wheelhouse_manifest(tmp_path: Path, fake_tools: FakeTools) -> None:
     report = _build(tmp_path, ["0.21.0", "0.22.0"])
     m = report.manifest
@@ -238,6 +250,7 @@ def test_build_wheelhouse_manifest(tmp_path: Path, fake_tools: FakeTools) -> Non
     assert wheels_for(m, "0.22.0")[0].name == "vllm-0.22.0-py3-none-any.whl"
 
 
+@pytest.mark.unit
 def test_resolution_prefers_public_installed_versions(tmp_path: Path, fake_tools: FakeTools) -> None:
     _build(tmp_path, ["0.21.0"])
     # Preferences drop the local label: "2.11.0+cu130" is on no index.
@@ -247,6 +260,7 @@ def test_resolution_prefers_public_installed_versions(tmp_path: Path, fake_tools
     assert "--exclude-newer" not in compile_cmd  # resolve_as_of="none"
 
 
+@pytest.mark.unit
 def test_exclude_newer_spares_installed_packages(tmp_path: Path, fake_tools: FakeTools) -> None:
     freeze = tmp_path / "freeze.txt"
     freeze.write_text("torch==2.11.0+cu130\n")
@@ -257,12 +271,14 @@ def test_exclude_newer_spares_installed_packages(tmp_path: Path, fake_tools: Fak
     assert cmd[cmd.index("--exclude-newer-package") + 1] == "torch=false"
 
 
+@pytest.mark.unit
 def test_no_exclusions_downloads_flashinfer(tmp_path: Path, fake_tools: FakeTools) -> None:
     m = _build(tmp_path, ["0.21.0"], exclude=()).manifest
     assert m.versions["0.21.0"].excluded == ()
     assert "flashinfer_python-0.6.8-py3-none-any.whl" in m.versions["0.21.0"].wheels
 
 
+@pytest.mark.unit
 def test_adding_a_version_keeps_the_others(tmp_path: Path, fake_tools: FakeTools) -> None:
     _build(tmp_path, ["0.21.0"])
     report = _build(tmp_path, ["0.22.0"])
@@ -270,12 +286,14 @@ def test_adding_a_version_keeps_the_others(tmp_path: Path, fake_tools: FakeTools
     assert "xgrammar-0.2.1-py3-none-any.whl" not in report.downloaded  # already there
 
 
+@pytest.mark.unit
 def test_wheelhouse_for_another_target_is_refused(tmp_path: Path, fake_tools: FakeTools) -> None:
     _build(tmp_path, ["0.21.0"])
     with pytest.raises(BadInput, match="another --dest"):
         wh.build_wheelhouse(tmp_path / "wh", ["0.22.0"], "3.11", "manylinux_2_39_x86_64", None)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("kw", "match"), [
     ({"python": "312"}, "--python"),
     ({"platform": "manylinux_2_39"}, "platform"),
@@ -288,12 +306,14 @@ def test_build_rejects_bad_input(tmp_path: Path, fake_tools: FakeTools, kw: dict
         wh.build_wheelhouse(**{**args, **kw})
 
 
+@pytest.mark.unit
 def test_download_without_a_reported_wheel_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wh.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
     with pytest.raises(EnvBuildError, match=r"no wheel for numpy==2\.3\.5"):
         wh.download([Pin("numpy", "2.3.5")], tmp_path, "3.12", "manylinux_2_39_x86_64", [], lambda s: None)
 
 
+@pytest.mark.unit
 def test_failed_resolution_names_the_requirements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(wh.subprocess, "run",
                         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "no solution: llguidance>=1.7"))
@@ -342,6 +362,7 @@ def make_wheelhouse(folder: Path, python: str = PY) -> Path:
     return folder
 
 
+@pytest.mark.unit
 def test_load_manifest_errors(tmp_path: Path) -> None:
     with pytest.raises(WheelhouseError, match="does not exist"):
         load_manifest(tmp_path / "nope")
@@ -360,6 +381,7 @@ def test_load_manifest_errors(tmp_path: Path) -> None:
     assert issubclass(WheelhouseError, ReproError)
 
 
+@pytest.mark.unit
 def test_wheels_for_checks_presence_and_hashes(tmp_path: Path) -> None:
     folder = make_wheelhouse(tmp_path / "wh")
     m = load_manifest(folder)
@@ -398,6 +420,7 @@ def base_python(tmp_path: Path) -> Path:
     return base / "bin" / "python"
 
 
+@pytest.mark.integration
 def test_install_from_wheelhouse(tmp_path: Path, base_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # No uv and no network on an air-gapped node: fail loudly if either is touched.
     monkeypatch.setattr(envbuild_uv, "uv_bin", lambda: pytest.fail("uv used for a wheelhouse install"))
@@ -420,6 +443,7 @@ def test_install_from_wheelhouse(tmp_path: Path, base_python: Path, monkeypatch:
     assert again.path == env.path and again.status["built_at"] == env.status["built_at"]
 
 
+@pytest.mark.integration
 def test_install_refuses_a_corrupt_wheel(tmp_path: Path, base_python: Path) -> None:
     folder = make_wheelhouse(tmp_path / "wh")
     recipe = envs.wheelhouse_recipe("0.21.0", folder, str(base_python))
@@ -429,6 +453,7 @@ def test_install_refuses_a_corrupt_wheel(tmp_path: Path, base_python: Path) -> N
     assert not envs.env_status(tmp_path / "cache" / "envs" / recipe.name)
 
 
+@pytest.mark.integration
 def test_install_refuses_a_changed_manifest(tmp_path: Path, base_python: Path) -> None:
     folder = make_wheelhouse(tmp_path / "wh")
     recipe = envs.wheelhouse_recipe("0.21.0", folder, str(base_python))
@@ -439,6 +464,7 @@ def test_install_refuses_a_changed_manifest(tmp_path: Path, base_python: Path) -
         envs.ensure_env(recipe, tmp_path / "cache")
 
 
+@pytest.mark.integration
 def test_recipe_errors(tmp_path: Path, base_python: Path) -> None:
     folder = make_wheelhouse(tmp_path / "wh")
     with pytest.raises(WheelhouseError, match=r"0\.22\.0 is not in the wheelhouse"):
@@ -452,6 +478,7 @@ def test_recipe_errors(tmp_path: Path, base_python: Path) -> None:
         envs.wheelhouse_recipe("0.21.0", folder, str(tmp_path / "no-python"))
 
 
+@pytest.mark.integration
 def test_smoke_failure_is_a_build_error(tmp_path: Path, base_python: Path) -> None:
     folder = tmp_path / "wh"
     make_wheelhouse(folder)

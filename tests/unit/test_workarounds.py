@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from synthetic import request_record
 
@@ -283,7 +283,6 @@ def test_first_removable(w: Workaround, pairs: list[tuple[str, WorkaroundStatus]
     assert _check(w, *pairs).first_removable == first
 
 
-@settings(max_examples=150, deadline=None)
 @given(st.lists(st.sampled_from(list(WorkaroundStatus)), max_size=10))
 def test_first_removable_rule(statuses: list[WorkaroundStatus]) -> None:
     w = load_ledger()[0]
