@@ -7,6 +7,7 @@ vLLM gets the libraries it was released with, not today's.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform as _platform
@@ -48,9 +49,14 @@ class IndexConfig:
 
 def pip_find_links() -> tuple[str, ...]:
     """find-links configured for pip (env var or pip config), which uv would otherwise miss."""
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    return tuple(dict.fromkeys(link for link in (*links, *_pip_config_find_links()) if link))
+
+
+@functools.cache
+def _pip_config_find_links() -> tuple[str, ...]:
+    # One `pip config list` per process (0.3-0.6 s): every command builds an index config.
     links: list[str] = []
-    if os.environ.get("PIP_FIND_LINKS"):
-        links += os.environ["PIP_FIND_LINKS"].split()
     try:
         out = subprocess.run(
             [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
@@ -61,7 +67,7 @@ def pip_find_links() -> tuple[str, ...]:
         key, _, val = line.partition("=")
         if key.strip().endswith("find-links"):
             links += val.strip().strip("'\"").split()
-    return tuple(dict.fromkeys(link for link in links if link))
+    return tuple(links)
 
 
 def index_config_from_env(

