@@ -1,7 +1,8 @@
-"""Run the matrix on a Ray cluster (``--cluster ray[:ADDRESS]``): one Ray task per engine config.
+"""The Ray backend (``--cluster ray[:ADDRESS]``): one Ray task per engine config.
 
-Same contract as :func:`harness.execute.run_matrix`; what changes is where an
-engine runs:
+:class:`RayBackend` is a ``harness.context.Backend``: ``harness.execute``
+runs the same matrix loop on it as on the local backend; what changes is
+where an engine runs:
 
 * Each engine config is one Ray task asking for ``num_cpus=1`` and
   ``num_gpus=tp`` (0 on CPU).  The task builds or reuses the vLLM env *on its
