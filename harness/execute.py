@@ -60,8 +60,7 @@ def run_matrix(
 class CellRecorder:
     """Where a run's cell results go: judged against the known-bug table, logged at once, kept once.
 
-    Records the plan's UNSUPPORTED cells on creation.  Shared by the local
-    and the Ray-cluster matrix.
+    Records the plan's UNSUPPORTED cells on creation.  Every backend records through it.
     """
 
     def __init__(self, plan: MatrixPlan, cfg: RunConfig, log: ResultsLog, say: ProgressHook) -> None:
