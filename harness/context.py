@@ -49,7 +49,7 @@ class RunContext:
     cfg: RunConfig
     index: IndexConfig
     cache_dir: Path
-    log: ResultsLog
+    log: ResultsLog | None = None  # where judged cells go; None where nothing is judged into a log (``plan``)
     python: str = field(default_factory=this_python)
     # Versions whose env must not be built (``--versions installed``, or at the same path on every node).
     prebuilt: Mapping[str, VllmEnv] = field(default_factory=dict)

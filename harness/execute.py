@@ -30,6 +30,8 @@ __all__ = ["CellRecorder", "Progress", "ProgressHook", "execute_plan", "run_matr
 
 def execute_plan(plan: MatrixPlan, ctx: RunContext, backend: Backend | None = None) -> Results:
     """Run every engine of ``plan`` on ``backend`` (default: this machine); every cell gets one result."""
+    if ctx.log is None:
+        raise ValueError("execute_plan needs a results log in its RunContext (ctx.log)")
     started = datetime.now().astimezone()
     record = CellRecorder(plan, ctx.cfg, ctx.log, ctx.say)
     report = (backend or LocalBackend()).run(plan.engines, ctx, record)

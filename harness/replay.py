@@ -7,7 +7,7 @@ started, given the plan as a ``plan`` scenario, and stopped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,14 +47,15 @@ class PlanReplay:
 
 
 def replay_plan(plan: dict[str, Any], versions: Sequence[str], asyncs: Sequence[bool], executor: str,
-                ctx: RunContext) -> list[PlanReplay]:
-    """Run ``plan`` once on every (version, async) engine config of ``executor``, in that order."""
-    out = []
+                ctx: RunContext) -> Iterator[PlanReplay]:
+    """Run ``plan`` once on every (version, async) engine config of ``executor``, in that order.
+
+    Lazily: each replay is yielded as soon as its engine is done, so a caller can show it at once.
+    """
     for v in versions:
         env = ctx.env(v)
         for a in asyncs:
-            out.append(_replay_on(EngineSession(env, EngineKey(v, executor, a), ctx.cfg), plan))
-    return out
+            yield _replay_on(EngineSession(env, EngineKey(v, executor, a), ctx.cfg), plan)
 
 
 def _replay_on(session: EngineSession, plan: dict[str, Any]) -> PlanReplay:

@@ -14,7 +14,6 @@ from harness.context import RunContext
 from harness.envs import EnvRecipe, IndexConfig, VllmEnv
 from harness.oracle import Outcome
 from harness.replay import replay_plan
-from harness.results import ResultsLog
 from harness.runner import RunConfig
 from harness.session import EngineDied
 
@@ -56,7 +55,7 @@ def test_replay_judges_each_engine_and_keeps_failures_typed(tmp_path: Path) -> N
         "0.23.0": _env(tmp_path / "c", "0.23.0", "echo 'engine core died' >&2\nexit 3\n"),
     }
     cfg = RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "models", engine_timeout=30)
-    ctx = RunContext(cfg, IndexConfig(), tmp_path / "cache", ResultsLog(tmp_path / "r.jsonl"), prebuilt=envs)
+    ctx = RunContext(cfg, IndexConfig(), tmp_path / "cache", prebuilt=envs)
 
     judged, refused, died = replay_plan(PLAN, list(envs), [True], "mp", ctx)
 
