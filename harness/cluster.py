@@ -1,7 +1,8 @@
-"""Run the matrix on a Ray cluster (``--cluster ray[:ADDRESS]``): one Ray task per engine config.
+"""The Ray backend (``--cluster ray[:ADDRESS]``): one Ray task per engine config.
 
-Same contract as :func:`harness.execute.run_matrix`; what changes is where an
-engine runs:
+:class:`RayBackend` is a ``harness.context.Backend``: ``harness.execute``
+runs the same matrix loop on it as on the local backend; what changes is
+where an engine runs:
 
 * Each engine config is one Ray task asking for ``num_cpus=1`` and
   ``num_gpus=tp`` (0 on CPU).  The task builds or reuses the vLLM env *on its
@@ -43,16 +44,26 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv, default_cache_dir, ensure_env, package_for
+from harness.context import (
+    BackendReport,
+    CellSink,
+    EngineWork,
+    Progress,
+    ProgressHook,
+    RunContext,
+    env_facts,
+    this_python,
+)
+from harness.envs import EnvRecipe, IndexConfig, VllmEnv, default_cache_dir, ensure_env
 from harness.errors import BadInput, EnvBuildError, ReproError
-from harness.execute import CellRecorder, Progress, ProgressHook, run_meta
+from harness.execute import execute_plan
 from harness.matrix import Cell, EngineKey, MatrixPlan
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result
@@ -328,8 +339,8 @@ def run_engine_job(job: EngineJob, mailbox: Any) -> dict[str, Any]:
         flush()
         return {"node": node, "env": {"error": str(exc), "host": node["host"]},
                 "results": [infra_result(c, Outcome.BUILD_FAILED, reason).to_dict() for c in job.cells]}
-    env_info = {"path": str(env.path), "host": node["host"], **{k: env.status.get(k) for k in
-                ("vllm_version", "torch_version", "torch_override", "resolved_as_of")}}
+    facts = env_facts(env)
+    env_info = {"path": facts.pop("path"), "host": node["host"], **facts}  # the key order of earlier reports
     wd = (cfg.work_dir / "engines" / job.key.id).resolve()
 
     def on_event(_key: EngineKey, ev: dict[str, Any]) -> None:
@@ -414,53 +425,70 @@ def run_matrix_on_cluster(
     recipe_for: Callable[[str], EnvRecipe] | None = None,
     prebuilt: dict[str, VllmEnv] | None = None,
 ) -> Results:
-    """Run every engine of ``plan`` as a Ray task; each cell result is appended to ``log`` as soon as it is known.
+    """``execute_plan`` on a :class:`RayBackend`, for callers not yet building a RunContext (harness/cli.py)."""
+    ctx = RunContext(cfg, index, cache_dir, log, python or this_python(), prebuilt or {}, recipe_for,
+                     argv=tuple(argv or ()), on_progress=on_progress, on_event=on_event)
+    return execute_plan(plan, ctx, RayBackend(address))
+
+
+class RayBackend:
+    """Every engine config of the matrix as a Ray task; results stream back through a mailbox actor.
 
     ``address`` None or "" starts a local Ray for this run (shut down at the
     end); anything else is passed to ``ray.init(address=...)`` ("auto",
-    "HOST:PORT" of the cluster's GCS).  ``prebuilt`` maps versions to envs that
-    exist at the same path on every node (nothing is built for them).  The
-    meta is run_matrix's plus ``cluster``: address, Ray version, nodes,
-    resources and where each engine ran.
+    "HOST:PORT" of the cluster's GCS).  ``ctx.prebuilt`` maps versions to envs
+    that exist at the same path on every node (nothing is built for them).
+    The run's meta gets ``cluster``: address, Ray version, nodes, resources and
+    where each engine ran.
     """
-    say: ProgressHook = on_progress or (lambda p: None)
-    python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
-    started = datetime.now().astimezone()
-    # Absolute: a task's working directory is Ray's copy of the packages, not ours.
-    cfg = replace(cfg, work_dir=cfg.work_dir.resolve(), model_cache=cfg.model_cache.resolve())
-    cache_dir = cache_dir.resolve()
-    record = CellRecorder(plan, cfg, log, say)
-    cluster: dict[str, Any] = {"backend": "ray", "address": address or "local", "started_local": not address,
-                               "nodes": [], "resources": {}, "tasks": {}}
-    envs: dict[str, dict[str, Any]] = {}
-    if plan.engines:
-        _run_on_ray(_ClusterRun(plan, cfg, index, cache_dir, python, recipe_for, prebuilt or {}, record, say,
-                                on_event, cluster, envs), address or None)
 
-    # engine_starts: engines submitted (none for an unplaceable config)
-    return record.results({**run_meta(cfg, started, argv, envs, len(cluster["tasks"])), "cluster": cluster})
+    def __init__(self, address: str | None) -> None:
+        self.address = address or None
+
+    def run(self, engines: Sequence[EngineWork], ctx: RunContext, record: CellSink) -> BackendReport:
+        # Absolute: a task's working directory is Ray's copy of the packages, not ours.
+        cfg = replace(ctx.cfg, work_dir=ctx.cfg.work_dir.resolve(), model_cache=ctx.cfg.model_cache.resolve())
+        run = _RayRun(replace(ctx, cfg=cfg, cache_dir=ctx.cache_dir.resolve()), record,
+                      {"backend": "ray", "address": self.address or "local", "started_local": not self.address,
+                       "nodes": [], "resources": {}, "tasks": {}})
+        if engines:
+            _run_on_ray(run, engines, self.address)
+        # engine_starts: engines submitted (none for an unplaceable config)
+        return BackendReport(run.envs, len(run.cluster["tasks"]), {"cluster": run.cluster})
 
 
-@dataclass(frozen=True)
-class _ClusterRun:
-    """What one run hands from run_matrix_on_cluster to the Ray driver loop."""
+@dataclass
+class _RayRun:
+    """The driver's state of one cluster run, filled in as tasks are submitted and report."""
 
-    plan: MatrixPlan
-    cfg: RunConfig
-    index: IndexConfig
-    cache_dir: Path
-    python: str
-    recipe_for: Callable[[str], EnvRecipe] | None
-    prebuilt: dict[str, VllmEnv]
-    record: Callable[[CellResult], None]
-    say: ProgressHook
-    on_event: EventHook | None
-    cluster: dict[str, Any]  # filled in: nodes, resources, tasks
-    envs: dict[str, dict[str, Any]]  # filled in: env facts per version
+    ctx: RunContext
+    record: CellSink
+    cluster: dict[str, Any]  # meta: address, nodes, resources, tasks
+    envs: dict[str, dict[str, Any]] = field(default_factory=dict)  # env facts per version
+    by_id: dict[str, EngineKey] = field(default_factory=dict)
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # engine id -> node info and pgid, from its messages
+    driver_node: str = ""
+
+    def handle(self, items: list[tuple[str, str, Any]]) -> None:
+        """Messages drained from the mailbox: results are recorded, the rest becomes progress."""
+        for eid, kind, payload in items:
+            key = self.by_id[eid]
+            if kind == "result":
+                self.record(CellResult.from_dict(payload))
+            elif kind == "event":
+                if payload.get("event") == "start" and isinstance(payload.get("pgid"), int):
+                    self.seen.setdefault(eid, {})["pgid"] = payload["pgid"]
+                self.ctx.event(key, payload)
+            elif kind == "node":
+                self.seen.setdefault(eid, {}).update(payload)
+                self.cluster["tasks"][eid].update(payload)
+                self.ctx.say(Progress("engine-start", f"engine {eid} running on {payload['host']}", key))
+            elif kind == "env":
+                self.ctx.say(Progress("env", f"[{eid}] {payload}", key))
 
 
-def _run_on_ray(run: _ClusterRun, address: str | None) -> None:
-    cfg, say = run.cfg, run.say
+def _run_on_ray(run: _RayRun, engines: Sequence[EngineWork], address: str | None) -> None:
+    cfg = run.ctx.cfg
     ray = import_ray()
     if ray.is_initialized():
         raise ClusterError("Ray is already initialised in this process; vllm-repro connects itself: pass the "
@@ -472,26 +500,10 @@ def _run_on_ray(run: _ClusterRun, address: str | None) -> None:
     stage = Path(tempfile.mkdtemp(prefix="vllm-repro-ray-pkg-"))
     try:
         _stage_packages(stage)
-        init: dict[str, Any] = {"runtime_env": {"working_dir": str(stage)}, "logging_level": logging.WARNING,
-                                "log_to_driver": False}
-        if address is None:
-            # A throwaway single-node cluster: no dashboard, a small object store.
-            init.update(object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False)
-        else:
-            init["address"] = address
-        say(Progress("env", f"Ray: {'starting a local cluster' if address is None else f'connecting to {address}'}"))
-        # ray.init installs its own SIGTERM handler; the CLI's (SIGTERM = Ctrl-C,
-        # so the cleanup below runs and the run ends "interrupted") must stay.
-        sigterm = signal.getsignal(signal.SIGTERM)
+        _init_ray(ray, run, stage, address)
         try:
-            ray.init(**init)
-        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
-            raise ClusterError(connect_failure(address, exc)) from exc
-        finally:
-            if sigterm is not None and threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, sigterm)
-        try:
-            _drive(ray, run, marker, run_id)
+            pending = _submit(ray, run, engines, marker, run_id)
+            _collect(ray, run, pending)
         finally:
             # Disconnects from a cluster we joined; stops the one we started.
             ray.shutdown()
@@ -500,75 +512,81 @@ def _run_on_ray(run: _ClusterRun, address: str | None) -> None:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _drive(ray: ModuleType, run: _ClusterRun, marker: Path, run_id: str) -> None:
-    plan, cfg, index, cache_dir, python = run.plan, run.cfg, run.index, run.cache_dir, run.python
-    recipe_for, prebuilt, record, say, on_event = run.recipe_for, run.prebuilt, run.record, run.say, run.on_event
-    cluster, envs = run.cluster, run.envs
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    cluster["ray_version"] = ray.__version__
-    cluster["nodes"] = [{"node_id": n.get("NodeID"), "host": n.get("NodeManagerHostname"),
-                         "address": n.get("NodeManagerAddress"),
-                         "resources": {k: v for k, v in (n.get("Resources") or {}).items()
-                                       if k in ("CPU", "GPU", "memory", "object_store_memory")}} for n in nodes]
-    cluster["resources"] = {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
-    driver_node = ""
-    with contextlib.suppress(Exception):  # unknown node: the mailbox goes wherever Ray puts it
-        driver_node = ray.get_runtime_context().get_node_id()
-    node_resources = [n.get("Resources") or {} for n in nodes]
+def _init_ray(ray: ModuleType, run: _RayRun, stage: Path, address: str | None) -> None:
+    init: dict[str, Any] = {"runtime_env": {"working_dir": str(stage)}, "logging_level": logging.WARNING,
+                            "log_to_driver": False}
+    if address is None:
+        # A throwaway single-node cluster: no dashboard, a small object store.
+        init.update(object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False)
+    else:
+        init["address"] = address
+    doing = "starting a local cluster" if address is None else f"connecting to {address}"
+    run.ctx.say(Progress("env", f"Ray: {doing}"))
+    # ray.init installs its own SIGTERM handler; the CLI's (SIGTERM = Ctrl-C,
+    # so the cleanup below runs and the run ends "interrupted") must stay.
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(**init)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        raise ClusterError(connect_failure(address, exc)) from exc
+    finally:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
 
+
+def _describe_cluster(ray: ModuleType, run: _RayRun) -> list[dict[str, float]]:
+    """Fill in the cluster's meta and the driver's node; the resources of every alive node."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    run.cluster["ray_version"] = ray.__version__
+    run.cluster["nodes"] = [{"node_id": n.get("NodeID"), "host": n.get("NodeManagerHostname"),
+                             "address": n.get("NodeManagerAddress"),
+                             "resources": {k: v for k, v in (n.get("Resources") or {}).items()
+                                           if k in ("CPU", "GPU", "memory", "object_store_memory")}} for n in nodes]
+    run.cluster["resources"] = {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
+    with contextlib.suppress(Exception):  # unknown node: the mailbox goes wherever Ray puts it
+        run.driver_node = ray.get_runtime_context().get_node_id()
+    return [n.get("Resources") or {} for n in nodes]
+
+
+def _submit(ray: ModuleType, run: _RayRun, engines: Sequence[EngineWork], marker: Path,
+            run_id: str) -> tuple[Any, dict[Any, EngineWork]]:
+    """Start the mailbox and one task per placeable engine config: (mailbox, pending task -> its engine)."""
+    ctx = run.ctx
+    node_resources = _describe_cluster(ray, run)
     mailbox_opts: dict[str, Any] = {"num_cpus": 0}
-    if driver_node:
+    if run.driver_node:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # On the driver's node: the mailbox is lost only with the driver's node.
-        mailbox_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(driver_node, soft=True)
+        mailbox_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(run.driver_node, soft=True)
     mailbox = ray.remote(**mailbox_opts)(Mailbox).remote()
     task = ray.remote(run_engine_job)
-    pending: dict[Any, tuple[EngineKey, tuple[Cell, ...]]] = {}
-    by_id: dict[str, EngineKey] = {}
-    seen: dict[str, dict[str, Any]] = {}  # engine id -> node info and engine pgid, from its messages
-    recipe_of: dict[str, EnvRecipe] = {}
-    for key, cells in plan.engines:
-        need = task_resources(key, cfg.platform)
-        why = unplaceable_reason(need, node_resources, str(cluster["address"]))
+    pending: dict[Any, EngineWork] = {}
+    recipes: dict[str, EnvRecipe] = {}
+    for key, cells in engines:
+        need = task_resources(key, ctx.cfg.platform)
+        why = unplaceable_reason(need, node_resources, str(run.cluster["address"]))
         if why:
             for c in cells:
-                record(infra_result(c, Outcome.UNSUPPORTED, why))
+                run.record(infra_result(c, Outcome.UNSUPPORTED, why))
             continue
-        env = prebuilt.get(key.version)
-        recipe = None
-        if env is None:
-            if key.version not in recipe_of:
-                recipe_of[key.version] = recipe_for(key.version) if recipe_for else EnvRecipe(
-                    package_for(cfg.platform), key.version, cfg.platform, python, index)
-            recipe = recipe_of[key.version]
-        job = EngineJob(key, cells, cfg, recipe, env, cache_dir, marker, run_id, os.environ.get("OMP_NUM_THREADS"))
+        env = ctx.prebuilt.get(key.version)
+        if env is None and key.version not in recipes:
+            recipes[key.version] = ctx.recipe(key.version)
+        job = EngineJob(key, cells, ctx.cfg, None if env else recipes[key.version], env, ctx.cache_dir, marker,
+                        run_id, os.environ.get("OMP_NUM_THREADS"))
         # max_retries=0: a rerun after a crash would hide it and double-log cells.
-        ref = task.options(max_retries=0, **need).remote(job, mailbox)
-        pending[ref] = (key, cells)
-        by_id[key.id] = key
-        cluster["tasks"][key.id] = {"resources": need}
-        say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s) submitted as a Ray task "
-                     f"({need['num_cpus']:g} CPU, {need['num_gpus']:g} GPU)", key))
+        pending[task.options(max_retries=0, **need).remote(job, mailbox)] = (key, cells)
+        run.by_id[key.id] = key
+        run.cluster["tasks"][key.id] = {"resources": need}
+        ctx.say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s) submitted as a Ray task "
+                         f"({need['num_cpus']:g} CPU, {need['num_gpus']:g} GPU)", key))
+    return mailbox, pending
 
-    def handle(items: list[tuple[str, str, Any]]) -> None:
-        for eid, kind, payload in items:
-            key = by_id[eid]
-            if kind == "result":
-                record(CellResult.from_dict(payload))
-            elif kind == "event":
-                if payload.get("event") == "start" and isinstance(payload.get("pgid"), int):
-                    seen.setdefault(eid, {})["pgid"] = payload["pgid"]
-                say(Progress("event", str(payload.get("event")), key, event=payload))
-                if on_event is not None:
-                    on_event(key, payload)
-            elif kind == "node":
-                seen.setdefault(eid, {}).update(payload)
-                cluster["tasks"][eid].update(payload)
-                say(Progress("engine-start", f"engine {eid} running on {payload['host']}", key))
-            elif kind == "env":
-                say(Progress("env", f"[{eid}] {payload}", key))
 
+def _collect(ray: ModuleType, run: _RayRun, submitted: tuple[Any, dict[Any, EngineWork]]) -> None:
+    """Drain the mailbox and finish tasks until none is pending; cancel what is left on the way out."""
+    mailbox, pending = submitted
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
@@ -578,50 +596,47 @@ def _drive(ray: ModuleType, run: _ClusterRun, marker: Path, run_id: str) -> None
             except ray.exceptions.RayError as exc:
                 raise ClusterError(f"lost the Ray actor that collects results from the engine tasks: "
                                    f"{_ray_error_text(exc)}; results so far are in the results log") from exc
-            handle(items)
+            run.handle(items)
             for ref in ready:
                 key, cells = pending.pop(ref)
-                _finish(ray, ref, key, cells, cfg, record, cluster, envs, seen.get(key.id, {}), driver_node)
+                _finish(ray, run, ref, key, cells)
     finally:
         if pending:
             _cancel(ray, list(pending))
             # Keep what the cancelled engines managed to report.
             with contextlib.suppress(Exception):
-                handle(ray.get(mailbox.drain.remote(), timeout=10))
+                run.handle(ray.get(mailbox.drain.remote(), timeout=10))
             for key, _ in pending.values():
-                _kill_local(seen.get(key.id, {}), driver_node)
+                _kill_local(run.seen.get(key.id, {}), run.driver_node)
 
 
-def _finish(
-    ray: ModuleType, ref: Any, key: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig,
-    record: Callable[[CellResult], None], cluster: dict[str, Any], envs: dict[str, dict[str, Any]],
-    seen: dict[str, Any], driver_node: str,
-) -> None:
+def _finish(ray: ModuleType, run: _RayRun, ref: Any, key: EngineKey, cells: tuple[Cell, ...]) -> None:
+    seen = run.seen.get(key.id, {})
     try:
         out = ray.get(ref)
     except ray.exceptions.RayError as exc:
         # The task died (worker killed, node lost, OOM, ...): nothing more will
         # come from it.  Its reaper kills the engine on that node; on this node
         # the driver makes sure too.
-        _kill_local(seen, driver_node)
+        _kill_local(seen, run.driver_node)
         text = _ray_error_text(exc)
-        cluster["tasks"][key.id]["error"] = text
+        run.cluster["tasks"][key.id]["error"] = text
         where = f" on {seen['host']}" if seen.get("host") else ""
         for c in cells:
-            record(infra_result(c, Outcome.ERROR, f"Ray task of engine {key.id}{where} failed before this scenario "
-                                                  f"reported: {text}"))
+            run.record(infra_result(c, Outcome.ERROR, f"Ray task of engine {key.id}{where} failed before this "
+                                                      f"scenario reported: {text}"))
         return
-    envs.setdefault(key.version, out.get("env") or {})
+    run.envs.setdefault(key.version, out.get("env") or {})
     files = out.get("files") or {}
     if files:
-        wd = cfg.work_dir / "engines" / key.id
+        wd = run.ctx.cfg.work_dir / "engines" / key.id
         wd.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             if name in ENGINE_FILES:
                 (wd / name).write_text(text, encoding="utf-8")
-        cluster["tasks"][key.id]["engine_files"] = str(wd)
+        run.cluster["tasks"][key.id]["engine_files"] = str(wd)
     for d in out.get("results") or []:
-        record(CellResult.from_dict(d))
+        run.record(CellResult.from_dict(d))
 
 
 def _kill_local(seen: dict[str, Any], driver_node: str) -> None:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from harness.bisect import BisectError, BisectResult, ProbeRecord, ProbeResult, Verdict, bisect, monotone_check
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.context import Backend, RunContext
 from harness.errors import BadInput, bad_choice
-from harness.execute import ProgressHook, run_matrix
+from harness.execute import execute_plan
 from harness.matrix import EXECUTORS, MODES, ON_OFF, TRUE_FALSE, Cell, plan_cells
-from harness.results import CellResult, ResultsLog
-from harness.runner import RunConfig
+from harness.results import CellResult
 
 DEFAULT_CELL = "executor=mp,async=on,mode=keep,clear_cache=true"
 
@@ -80,27 +78,19 @@ def verdict_of(result: CellResult) -> ProbeResult:
 
 def make_probe(
     template: CellTemplate,
-    cfg: RunConfig,
-    index: IndexConfig,
-    cache_dir: Path,
-    log: ResultsLog,
-    python: str | None = None,
-    on_progress: ProgressHook | None = None,
-    prebuilt: dict[str, VllmEnv] | None = None,
-    recipe_for: Callable[[str], EnvRecipe] | None = None,
+    ctx: RunContext,
     results: dict[str, CellResult] | None = None,
+    backend: Backend | None = None,
 ) -> Callable[[str], ProbeResult]:
     """A probe that runs ``template`` on a candidate (one engine start) and judges the cell.
 
-    ``recipe_for(candidate)`` builds the env recipe (per-commit wheel indexes);
-    ``results`` collects every probed cell result.
+    ``ctx.recipe_for(candidate)`` builds the env recipe (per-commit wheel
+    indexes); ``results`` collects every probed cell result.
     """
 
     def probe(candidate: str) -> ProbeResult:
-        plan = plan_cells([template.at(candidate)], cfg.platform)
-        res = run_matrix(plan, cfg, index, cache_dir, log, python=python, on_progress=on_progress,
-                         prebuilt=prebuilt, recipe_for=recipe_for)
-        (cell,) = res.cells
+        plan = plan_cells([template.at(candidate)], ctx.cfg.platform)
+        (cell,) = execute_plan(plan, ctx, backend).cells
         if results is not None:
             results[candidate] = cell
         return verdict_of(cell)
@@ -157,16 +147,10 @@ def run_bisect(
     candidates: list[str],
     template: CellTemplate,
     find: str,
-    cfg: RunConfig,
-    index: IndexConfig,
-    cache_dir: Path,
-    log: ResultsLog,
-    python: str | None = None,
+    ctx: RunContext,
     on_probe: Callable[[ProbeRecord], None] | None = None,
-    on_progress: ProgressHook | None = None,
-    prebuilt: dict[str, VllmEnv] | None = None,
-    recipe_for: Callable[[str], EnvRecipe] | None = None,
     noun: str = "release",
+    backend: Backend | None = None,
 ) -> BisectRun:
     """Bisect ``candidates`` with ``template`` as the predicate; a refused range is returned, not raised."""
     cells: dict[str, CellResult] = {}
@@ -177,7 +161,7 @@ def run_bisect(
         if on_probe is not None:
             on_probe(p)
 
-    probe = make_probe(template, cfg, index, cache_dir, log, python, on_progress, prebuilt, recipe_for, cells)
+    probe = make_probe(template, ctx, cells, backend)
     try:
         result = bisect(candidates, probe, find, on_probe=record, noun=noun)
     except BisectError as exc:

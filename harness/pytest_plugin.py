@@ -1,7 +1,8 @@
 """pytest plugin: the matrix as test items (``pytest -k post_resume``), engines shared per engine config.
 
 Loaded by ``tests/conftest.py``.  Never imports vllm or torch: engines run in
-their own environments through :class:`harness.session.EngineSession`.
+their own environments through :class:`harness.session.EngineSession`, the one engine driver run
+interactively.
 
 * ``--vllm-versions``, ``--executors``, ``--platform`` choose the cells
   (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_EXECUTORS`` /
@@ -22,15 +23,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env, index_config_from_env, package_for
+from harness.context import RunContext
+from harness.envs import VllmEnv, default_cache_dir, index_config_from_env
 from harness.errors import BadInput, EnvBuildError
 from harness.gpus import GpuLease, GpuLeaseError, lease_gpus, visible_gpus
 from harness.known_bugs import KnownBug, annotate, load_known_bugs
@@ -48,7 +50,7 @@ from harness.oracle import Outcome
 from harness.platforms import detect_platform
 from harness.results import CellResult, Results, ResultsLog, infra_result, read_results
 from harness.runner import RunConfig, engine_info, scenario_entry, scenario_result
-from harness.session import EngineSession, SessionDead
+from harness.session import EngineDied, EngineSession
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
 # The id grammar of harness.matrix.cell_config_id: engine axes after mode/clear, then the scenario.
@@ -162,6 +164,14 @@ def _run_dir(config: pytest.Config) -> Path:
     return config._repro_run_dir  # type: ignore[attr-defined, no-any-return]
 
 
+@dataclass(frozen=True)
+class EngineDown:
+    """Why the engine of a config is not available to this pytest process: the cells' outcome and reason."""
+
+    outcome: Outcome
+    reason: str
+
+
 class EnginePool:
     """Lazily started engine sessions, one per engine config, for one pytest process."""
 
@@ -175,21 +185,20 @@ class EnginePool:
         self.cfg = RunConfig(platform=self.platform, work_dir=self.run_dir / worker,
                              model_cache=self.cache / "models", engine_timeout=600, scenario_timeout=120,
                              gpu_memory_utilization=0.05 if self.platform == "cuda" else None)
-        self.sessions: dict[EngineKey, EngineSession | str] = {}
-        self.envs: dict[str, VllmEnv | str] = {}
-        self.bugs: tuple[KnownBug, ...] = load_known_bugs(config.getoption("known_bugs"))
         self.log = ResultsLog(self.run_dir / f"results.{worker}.jsonl")
+        self.ctx = RunContext(self.cfg, self.index, self.cache, self.log)
+        self.sessions: dict[EngineKey, EngineSession | EngineDown] = {}
+        self.envs: dict[str, VllmEnv | EngineDown] = {}
+        self.bugs: tuple[KnownBug, ...] = load_known_bugs(config.getoption("known_bugs"))
         self.hangs: list[tuple[str, str]] = []
         self.leases: dict[EngineKey, GpuLease] = {}
 
-    def _env(self, version: str) -> VllmEnv | str:
+    def _env(self, version: str) -> VllmEnv | EngineDown:
         if version not in self.envs:
-            recipe = EnvRecipe(package_for(self.platform), version, self.platform,
-                               f"{sys.version_info.major}.{sys.version_info.minor}", self.index)
             try:
-                self.envs[version] = ensure_env(recipe, self.cache)
+                self.envs[version] = self.ctx.env(version)
             except EnvBuildError as exc:
-                self.envs[version] = str(exc)
+                self.envs[version] = EngineDown(Outcome.BUILD_FAILED, f"BUILD-FAILED: {exc}")
         return self.envs[version]
 
     def _release(self, key: EngineKey) -> None:
@@ -216,56 +225,55 @@ class EnginePool:
         self.leases[key] = lease
         return lease
 
-    def session(self, key: EngineKey) -> EngineSession | str:
+    def session(self, key: EngineKey) -> EngineSession | EngineDown:
         """The running session for ``key``, or why it could not start."""
         if key not in self.sessions:
-            env = self._env(key.version)
-            if isinstance(env, str):
-                self.sessions[key] = f"BUILD-FAILED: {env}"
-            else:
-                try:
-                    lease = self._lease(key)
-                except GpuLeaseError as exc:
-                    self.sessions[key] = f"ERROR: {exc}"
-                    return self.sessions[key]
-                s = EngineSession(env, key, self.cfg, extra_env=lease.env if lease else None)
-                try:
-                    s.start()
-                    self.sessions[key] = s
-                except SessionDead as exc:
-                    self.sessions[key] = str(exc)
-                    self._release(key)
+            self.sessions[key] = self._start(key)
         return self.sessions[key]
+
+    def _start(self, key: EngineKey) -> EngineSession | EngineDown:
+        env = self._env(key.version)
+        if isinstance(env, EngineDown):
+            return env
+        try:
+            lease = self._lease(key)
+        except GpuLeaseError as exc:
+            return EngineDown(Outcome.ERROR, f"ERROR: {exc}")
+        s = EngineSession(env, key, self.cfg, extra_env=lease.env if lease else None)
+        try:
+            s.start()
+        except EngineDied as exc:
+            self._release(key)
+            return EngineDown(exc.outcome, str(exc))
+        return s
 
     def run_cell(self, cell: Cell, scenario: dict[str, Any] | None = None) -> CellResult:
         """Run ``cell``'s scenario (or ``scenario``) on the shared engine; judge and log it."""
-        sc = scenario or scenario_entry(cell, self.cfg)
         s = self.session(cell.engine)
-        if isinstance(s, str):
-            outcome = Outcome.BUILD_FAILED if s.startswith("BUILD-FAILED") else (
-                Outcome.TIMEOUT if s.startswith("TIMEOUT") else Outcome.ERROR)
-            res = infra_result(cell, outcome, s)
+        if isinstance(s, EngineDown):
+            res = infra_result(cell, s.outcome, s.reason)
         else:
-            info = engine_info(s.engine_event or {})
-            try:
-                ev = s.run(sc)
-            except SessionDead as exc:
-                self.sessions[cell.engine] = str(exc)
-                self._release(cell.engine)
-                outcome = Outcome.TIMEOUT if str(exc).startswith("TIMEOUT") else Outcome.ERROR
-                res = infra_result(cell, outcome, str(exc), info)
-            else:
-                res = scenario_result(cell, ev, info)
-                if ev.get("status") == "timeout" and not ev.get("engine_recovered"):
-                    # The engine's state is unknown after a timeout: the next
-                    # scenario gets a fresh engine.
-                    s.close()
-                    del self.sessions[cell.engine]
-                    self._release(cell.engine)
+            res = self._run_on(s, cell, scenario or scenario_entry(cell, self.cfg))
         res = annotate(res, self.bugs)
         if scenario is None:
             self.log.append(res)
         return res
+
+    def _run_on(self, s: EngineSession, cell: Cell, scenario: dict[str, Any]) -> CellResult:
+        info = engine_info(s.engine_event or {})
+        try:
+            ev = s.run(scenario)
+        except EngineDied as exc:
+            self.sessions[cell.engine] = EngineDown(exc.outcome, str(exc))
+            self._release(cell.engine)
+            return infra_result(cell, exc.outcome, str(exc), info)
+        if ev.get("status") == "timeout" and not ev.get("engine_recovered"):
+            # The engine's state is unknown after a timeout: the next
+            # scenario gets a fresh engine.
+            s.close()
+            del self.sessions[cell.engine]
+            self._release(cell.engine)
+        return scenario_result(cell, ev, info)
 
     def report_hang(self, version: str, plan: dict[str, Any], reason: str) -> None:
         """Keep a schedule that hung the engine, for ``vllm-repro plan`` and the session summary."""

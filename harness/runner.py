@@ -1,10 +1,14 @@
-"""Run one engine config in its own process group and turn its events into cell results.
+"""The one engine driver: start an engine config in its own process group, and turn its events into cell results.
 
-The engine runs ``python -m repro.cell`` inside the vLLM env, started with
-``start_new_session=True`` so the engine core and worker processes it spawns
-share one process group that is killed when the run ends, however it ends.  A
-crash is ERROR and a hang TIMEOUT for exactly the cells of that engine whose
-scenario had not reported yet; cells already reported keep their results.
+:class:`EngineProcess` runs ``python -m repro.engine SPEC OUT`` inside the
+vLLM env, started with ``start_new_session=True`` so the engine core and
+worker processes it spawns share one process group that is killed when the
+run ends, however it ends.  The spec it writes and the events it reads are
+checked against ``repro.wire``.  :func:`run_engine` runs a whole engine
+config (the matrix, bisect, the Ray task); ``harness.session.EngineSession``
+drives the same process interactively (pytest, ``plan``).  A crash is ERROR
+and a hang TIMEOUT for exactly the cells of that engine whose scenario had not
+reported yet; cells already reported keep their results.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from typing import Any
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
+from harness.repeat import aggregate
 from harness.results import CellResult, infra_result, judged_result
+from repro.wire import STOP, EngineSpec, ScenarioSpec, Spec, WireError, check_event
 
 REPRO_PKG = Path(__file__).resolve().parent.parent / "repro"
-SPEC_SCHEMA_VERSION = 1  # must match repro.cell.SCHEMA_VERSION
+ENGINE_MODULE = "repro.engine"  # python -m ENGINE_MODULE SPEC OUT
 
 EventHook = Callable[[EngineKey, dict[str, Any]], None]
 
@@ -80,24 +86,24 @@ def scenario_seed(scenario_id: str) -> int:
     return sum((i + 1) * ord(c) for i, c in enumerate(scenario_id)) % 10_000
 
 
+def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False) -> Spec:
+    """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell)."""
+    return Spec(
+        engine_id=engine.id,
+        engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
+                          batch_invariant=engine.batch_invariant),
+        model_params=cfg.model_params,
+        model_cache=str(cfg.model_cache.resolve()),
+        scenario_timeout=cfg.scenario_timeout,
+        scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
+        interactive=interactive,
+    )
+
+
 def engine_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> dict[str, Any]:
-    """The JSON spec ``repro.cell`` reads for this engine and its cells."""
-    return {
-        "schema_version": SPEC_SCHEMA_VERSION,
-        "engine_id": engine.id,
-        "engine": {
-            "executor": engine.executor,
-            "async_scheduling": engine.async_on,
-            "tensor_parallel_size": engine.tp,
-            "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "model_runner": engine.model_runner,
-            "batch_invariant": engine.batch_invariant,
-        },
-        "model": {"kind": "bigram-cycle", "params": cfg.model_params},
-        "model_cache": str(cfg.model_cache.resolve()),
-        "scenario_timeout": cfg.scenario_timeout,
-        "scenarios": [scenario_entry(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells],
-    }
+    """The JSON form of :func:`build_spec` (what ``spec.json`` holds)."""
+    return build_spec(engine, cells, cfg).to_json()
 
 
 def repeat_id(scenario_id: str, rep: int) -> str:
@@ -112,8 +118,8 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 
 
-def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
-    """The spec entry ``repro.cell`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
+def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
+    """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
     params: dict[str, Any] = {**cfg.scenario_params, "clear_cache": cell.clear_cache}
     if cell.scenario == "pause":
         name = cell.mode
@@ -123,8 +129,12 @@ def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
         if cfg.weight_sync_fresh_check:
             params["fresh_engine_check"] = True
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
-    return {"id": repeat_id(cell.scenario_id, rep), "scenario": name, "params": params,
-            "seed": scenario_seed(cell.scenario_id)}
+    return ScenarioSpec(repeat_id(cell.scenario_id, rep), name, params, scenario_seed(cell.scenario_id))
+
+
+def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
+    """The JSON form of :func:`scenario_spec` (a spec entry)."""
+    return scenario_spec(cell, cfg, rep).to_json()
 
 
 def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path) -> dict[str, str]:
@@ -193,7 +203,11 @@ def _pids_in_group(pgid: int) -> list[int]:
 
 
 class EventTail:
-    """Reads complete new lines from the engine's event file."""
+    """Reads complete new lines from the engine's event file, each checked against ``repro.wire``.
+
+    A line that is not JSON, or not an event the wire format describes, comes
+    back as a ``corrupt`` event carrying the line and, for the latter, the mismatch.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -209,14 +223,86 @@ class EventTail:
             self.pos = f.tell()
         self.buf += chunk
         *lines, self.buf = self.buf.split("\n")
-        out = []
-        for line in lines:
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    out.append({"event": "corrupt", "line": line[:200]})
-        return out
+        return [_parse_event(line) for line in lines if line.strip()]
+
+
+def _parse_event(line: str) -> dict[str, Any]:
+    try:
+        ev = json.loads(line)
+    except json.JSONDecodeError:
+        return {"event": "corrupt", "line": line[:200]}
+    try:
+        check_event(ev)
+    except (WireError, AttributeError) as exc:
+        return {"event": "corrupt", "line": line[:200], "error": str(exc)}
+    return ev  # type: ignore[no-any-return]
+
+
+class EngineProcess:
+    """One engine process: its work dir (staged package, spec, event file, log), process group and events.
+
+    ``interactive`` keeps its stdin open for scenario lines (``send``);
+    ``stop`` asks it to end, then kills its whole process group.
+    """
+
+    def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
+                 interactive: bool = False, extra_env: dict[str, str] | None = None) -> None:
+        # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
+        self.wd = wd.resolve()
+        if self.wd.exists():
+            shutil.rmtree(self.wd)
+        self.wd.mkdir(parents=True)
+        stage = stage_repro(self.wd / "pkg")
+        self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
+                                                           self.wd / "engine.log")
+        spec = build_spec(engine, cells, cfg, interactive)
+        self.spec_path.write_text(json.dumps(spec.to_json(), indent=2))
+        self.tail = EventTail(self.events_path)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(env.python), "-m", ENGINE_MODULE, str(self.spec_path), str(self.events_path)],
+                cwd=self.wd, env={**engine_env(engine, cfg, stage), **(extra_env or {})}, stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid
+
+    def events(self) -> list[dict[str, Any]]:
+        return self.tail.read()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the process has exited, waiting up to ``timeout`` seconds for it."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """One JSON line on the engine's stdin (OSError when the engine is gone)."""
+        if self.proc.stdin is None:
+            raise BrokenPipeError("the engine was not started interactive")
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def stop(self, polite_s: float = 0.0) -> None:
+        """Ask an interactive engine to stop (up to ``polite_s``), then kill its process group."""
+        if polite_s and self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.send(STOP)
+                self.proc.stdin.close()
+                self.proc.wait(timeout=polite_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        # Whatever happened, nothing of this engine outlives the run.
+        kill_group(self.proc.pid)
+        self.proc.wait()
+
+    def log_tail(self) -> str:
+        return log_tail(self.log_path)
 
 
 def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
@@ -247,90 +333,84 @@ def run_engine(
     ``cfg.repeat`` runs folded into one), so a caller can log it before the
     engine's other scenarios finish.
     """
-    from harness.repeat import aggregate
-
-    # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
-    wd = (cfg.work_dir / "engines" / engine.id).resolve()
-    if wd.exists():
-        shutil.rmtree(wd)
-    wd.mkdir(parents=True)
-    stage = stage_repro(wd / "pkg")
-    spec_path, events_path, log_path = wd / "spec.json", wd / "events.jsonl", wd / "engine.log"
-    spec_path.write_text(json.dumps(engine_spec(engine, cells, cfg), indent=2))
-    by_scenario = {repeat_id(c.scenario_id, rep): c for c in cells for rep in range(1, cfg.repeat + 1)}
-    runs: dict[Cell, list[CellResult]] = {c: [] for c in cells}
-    results: dict[Cell, CellResult] = {}
-    info: dict[str, Any] | None = None
-    fatal: str | None = None
-    refused: str | None = None  # the engine cannot run these cells as labelled (e.g. injection not applied)
-    tail = EventTail(events_path)
-    t0 = time.monotonic()
-    timed_out = False
+    cells_of = _EngineCells(cells, cfg, on_result)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
     limit = cfg.engine_timeout * max(1, cfg.repeat)
+    proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / engine.id, cells)
+    try:
+        timed_out = _follow(proc, engine, cells_of, limit, on_event)
+    finally:
+        proc.stop()
+    if timed_out:
+        why = (Outcome.TIMEOUT, f"engine {engine.id} exceeded its {limit:.0f}s limit before this scenario finished; "
+                                f"log: {proc.log_path}")
+    else:
+        dead = cells_of.fatal or f"engine process exited with code {proc.proc.returncode}"
+        why = (Outcome.ERROR, f"{dead} before this scenario reported; last log lines: {proc.log_tail()}")
+    return cells_of.finish(*why)
 
-    def done(cell: CellResult) -> None:
-        results[cell.cell] = cell
-        if on_result is not None:
-            on_result(cell)
 
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(
-            [str(env.python), "-m", "repro.cell", str(spec_path), str(events_path)],
-            cwd=wd, env=engine_env(engine, cfg, stage), stdout=logf, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        try:
-            while True:
-                try:
-                    proc.wait(timeout=0.5)
-                    finished = True
-                except subprocess.TimeoutExpired:
-                    finished = False
-                for ev in tail.read():
-                    kind = ev.get("event")
-                    if kind == "engine":
-                        info = engine_info(ev)
-                        refused = injection_problem(info, cfg.inject)
-                        if refused:
-                            finished = True  # nothing this engine reports can count
-                    elif kind == "scenario" and ev.get("id") in by_scenario and not refused:
-                        cell = by_scenario[ev["id"]]
-                        runs[cell].append(scenario_result(cell, ev, info))
-                        if len(runs[cell]) == cfg.repeat:
-                            done(aggregate(runs[cell]))
-                    elif kind == "fatal":
-                        fatal = ev.get("reason")
-                    if on_event is not None:
-                        on_event(engine, ev)
-                if finished:
-                    break
-                if time.monotonic() - t0 > limit:
-                    timed_out = True
-                    break
-        finally:
-            # Whatever happened, nothing of this engine outlives the run.
-            kill_group(proc.pid)
-            proc.wait()
-    rc = proc.returncode
-    for c in cells:
-        if c in results:
-            continue
-        if refused:
-            res = infra_result(c, Outcome.UNSUPPORTED, refused, info)
-        elif timed_out:
-            res = infra_result(c, Outcome.TIMEOUT,
-                               f"engine {engine.id} exceeded its {limit:.0f}s limit "
-                               f"before this scenario finished; log: {log_path}", info)
-        else:
-            why = fatal or f"engine process exited with code {rc}"
-            res = infra_result(c, Outcome.ERROR,
-                               f"{why} before this scenario reported; last log lines: {log_tail(log_path)}", info)
-        if runs[c]:
-            # Some repeats ran: keep them, the missing runs count as this outcome.
-            res = aggregate([*runs[c], *[res] * (cfg.repeat - len(runs[c]))])
-        done(res)
-    return [results[c] for c in cells]
+def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limit: float,
+            on_event: EventHook | None) -> bool:
+    """Hand the engine's events to ``cells_of`` until it exits or is refused; True when it ran past ``limit``."""
+    t0 = time.monotonic()
+    while True:
+        finished = proc.wait(0.5)
+        for ev in proc.events():
+            finished = cells_of.take(ev) or finished
+            if on_event is not None:
+                on_event(engine, ev)
+        if finished:
+            return False
+        if time.monotonic() - t0 > limit:
+            return True
+
+
+class _EngineCells:
+    """The cells of one engine run: their runs so far, judged as their ``scenario`` events arrive."""
+
+    def __init__(self, cells: tuple[Cell, ...], cfg: RunConfig, on_result: ResultHook | None) -> None:
+        self.cells, self.repeat, self.inject, self.on_result = cells, cfg.repeat, cfg.inject, on_result
+        self.by_scenario = {repeat_id(c.scenario_id, rep): c for c in cells for rep in range(1, cfg.repeat + 1)}
+        self.runs: dict[Cell, list[CellResult]] = {c: [] for c in cells}
+        self.results: dict[Cell, CellResult] = {}
+        self.info: dict[str, Any] | None = None
+        self.fatal: str | None = None
+        self.refused: str | None = None  # the engine cannot run these cells as labelled (e.g. injection not applied)
+
+    def take(self, ev: dict[str, Any]) -> bool:
+        """Record one event; True when nothing more this engine reports can count."""
+        kind = ev.get("event")
+        if kind == "engine":
+            self.info = engine_info(ev)
+            self.refused = injection_problem(self.info, self.inject)
+            return self.refused is not None
+        if kind == "scenario" and ev["id"] in self.by_scenario and not self.refused:
+            cell = self.by_scenario[ev["id"]]
+            self.runs[cell].append(scenario_result(cell, ev, self.info))
+            if len(self.runs[cell]) == self.repeat:
+                self._done(aggregate(self.runs[cell]))
+        elif kind == "fatal":
+            self.fatal = ev["reason"]
+        return False
+
+    def _done(self, res: CellResult) -> None:
+        self.results[res.cell] = res
+        if self.on_result is not None:
+            self.on_result(res)
+
+    def finish(self, outcome: Outcome, reason: str) -> list[CellResult]:
+        """Every cell's result: the unreported ones get ``outcome`` (UNSUPPORTED when the engine was refused)."""
+        for c in self.cells:
+            if c in self.results:
+                continue
+            res = (infra_result(c, Outcome.UNSUPPORTED, self.refused, self.info) if self.refused
+                   else infra_result(c, outcome, reason, self.info))
+            if self.runs[c]:
+                # Some repeats ran: keep them, the missing runs count as this outcome.
+                res = aggregate([*self.runs[c], *[res] * (self.repeat - len(self.runs[c]))])
+            self._done(res)
+        return [self.results[c] for c in self.cells]
 
 
 def injection_problem(info: dict[str, Any] | None, requested: tuple[str, ...]) -> str | None:

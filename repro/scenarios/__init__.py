@@ -1,7 +1,7 @@
 """Scenarios: one module per pause mode or known bug; each exposes ``build(sid, params, vocab, seed) -> Plan``.
 
 A scenario that must act on the engine beyond pausing it (weight sync swaps
-its weights) also has a runner in ``RUNNERS``, which ``repro.cell`` calls
+its weights) also has a runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls
 instead of the generic reference-then-plan run.
 """
 

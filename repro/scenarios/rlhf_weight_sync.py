@@ -263,7 +263,7 @@ def nccl_unsupported(llm: Any, tp: int) -> str | None:
     cfg = getattr(llm.vllm_config, "weight_transfer_config", None)
     if cfg is None or getattr(cfg, "backend", None) != "nccl":
         return (f"the engine was started with weight_transfer_config={cfg!r}; the NCCL path needs "
-                "WeightTransferConfig(backend='nccl') at start (repro.cell sets it when the spec lists an nccl "
+                "WeightTransferConfig(backend='nccl') at start (repro.engine sets it when the spec lists an nccl "
                 "weight_sync scenario)")
     return None
 

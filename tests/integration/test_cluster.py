@@ -162,9 +162,9 @@ def _scenario_line(sid: str) -> str:
 
 
 def _fake_engine(root: Path, body: str) -> Path:
-    """A 'vLLM env' whose python is a shell script run as ``python -m repro.cell SPEC OUT``.
+    """A 'vLLM env' whose python is a shell script run as ``python -m repro.engine SPEC OUT``.
 
-    It first reports its pid and process group like ``repro.cell``'s start event, then runs ``body``.
+    It first reports its pid and process group like ``repro.engine``'s start event, then runs ``body``.
     """
     (root / "bin").mkdir(parents=True)
     py = root / "bin" / "python"

@@ -22,6 +22,7 @@ from harness.cluster import (
     ClusterTarget,
     EngineJob,
     _finish,
+    _RayRun,
     connect_failure,
     engine_environ_changes,
     import_ray,
@@ -30,11 +31,12 @@ from harness.cluster import (
     task_resources,
     unplaceable_reason,
 )
-from harness.envs import EnvRecipe, VllmEnv
+from harness.context import RunContext
+from harness.envs import EnvRecipe, IndexConfig, VllmEnv
 from harness.errors import BadInput
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome
-from harness.results import CellResult
+from harness.results import CellResult, ResultsLog
 from harness.runner import RunConfig, group_alive
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start Python and shell processes.
@@ -242,6 +244,12 @@ def _fake_ray(posted: list[tuple[str, str, Any]], returned: Any = None, error: s
     return ray
 
 
+def _ray_run(cfg: RunConfig, record: Callable[[CellResult], None], cluster: dict[str, Any]) -> _RayRun:
+    """The driver's state of a run on node-a, as RayBackend builds it."""
+    ctx = RunContext(cfg, IndexConfig(), cfg.work_dir / "cache", ResultsLog(cfg.work_dir / "results.jsonl"))
+    return _RayRun(ctx, record, cluster, driver_node="node-a")
+
+
 @pytest.mark.integration
 def test_engine_task_on_a_node_without_the_driver_file_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The task's side of a remote node: node-local work dir and cache, events streamed, files shipped back."""
@@ -292,9 +300,9 @@ def test_engine_task_on_a_node_without_the_driver_file_system(tmp_path: Path, mo
 
     # The driver's side: the files land in its work dir, the results are recorded once each.
     recorded: list[CellResult] = []
-    tasks: dict[str, Any] = {"tasks": {key.id: {}}}
-    envs: dict[str, dict[str, Any]] = {}
-    _finish(_fake_ray([], returned=out), object(), key, cells, cfg, recorded.append, tasks, envs, {}, "node-a")
+    run = _ray_run(cfg, recorded.append, {"tasks": {key.id: {}}})
+    envs = run.envs
+    _finish(_fake_ray([], returned=out), run, object(), key, cells)
     local = tmp_path / "driver-work" / "engines" / key.id
     assert (local / "events.jsonl").read_text() == out["files"]["events.jsonl"]
     assert [r.outcome for r in recorded] == [Outcome.OK, Outcome.ERROR]
@@ -308,8 +316,10 @@ def test_a_dead_task_makes_every_cell_error_with_the_ray_error(tmp_path: Path) -
     cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path)
     recorded: list[CellResult] = []
     cluster: dict[str, Any] = {"tasks": {key.id: {}}}
+    run = _ray_run(cfg, recorded.append, cluster)
+    run.seen[key.id] = {"host": "gpu-7"}
     dead = _fake_ray([], error="The worker died unexpectedly while executing this task.\nSIGKILL")
-    _finish(dead, object(), key, cells, cfg, recorded.append, cluster, {}, {"host": "gpu-7"}, "node-a")
+    _finish(dead, run, object(), key, cells)
     assert [r.outcome for r in recorded] == [Outcome.ERROR, Outcome.ERROR]
     assert all("on gpu-7 failed before this scenario reported: RayError: The worker died" in (r.reason or "")
                for r in recorded)

@@ -2,13 +2,14 @@
 
 Cell results are built the way the harness builds them (harness.results.judged_result on the verdict of
 harness.oracle.cell_verdict over synthetic request records, or harness.results.infra_result), so the tests
-also go through the real oracle.  run_bisect gets ``harness.probe.run_matrix`` replaced by a fake that
+also go through the real oracle.  run_bisect runs on a fake ``harness.context.Backend`` that
 answers from a table version -> outcome; nothing starts an engine or builds an environment.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import request_record
 
-import harness.probe as probe_mod
 from harness.bisect import ProbeRecord, Verdict
+from harness.context import BackendReport, CellSink, EngineWork, RunContext
 from harness.envs import IndexConfig
 from harness.errors import BadInput
-from harness.matrix import EXECUTORS, MODES, Cell, MatrixPlan
+from harness.matrix import EXECUTORS, MODES, Cell
 from harness.oracle import Outcome, cell_verdict
 from harness.probe import (
     BISECT_SCHEMA,
@@ -32,7 +33,7 @@ from harness.probe import (
     run_bisect,
     verdict_of,
 )
-from harness.results import CellResult, Results, ResultsLog, infra_result, judged_result
+from harness.results import CellResult, ResultsLog, infra_result, judged_result
 from harness.runner import RunConfig
 
 pytestmark = pytest.mark.unit
@@ -278,20 +279,18 @@ def test_verdict_of_rule(outcome: Outcome, summary: str, reason: str | None) -> 
 # --------------------------------------------------------------------------- run_bisect with a fake matrix
 
 
-class FakeMatrix:
-    """Stands in for harness.execute.run_matrix: one cell per call, outcome from ``table[version]``."""
+class FakeBackend:
+    """A harness.context.Backend that starts nothing: one cell per run, outcome from ``table[version]``."""
 
     def __init__(self, table: dict[str, str]) -> None:
         self.table = table
         self.cells: list[Cell] = []
-        self.kwargs: list[dict[str, Any]] = []
+        self.contexts: list[RunContext] = []
 
-    def __call__(self, plan: MatrixPlan, cfg: RunConfig, index: IndexConfig, cache_dir: Path, log: ResultsLog,
-                 **kwargs: Any) -> Results:
-        assert isinstance(plan, MatrixPlan)
-        (cell,) = plan.cells
+    def run(self, engines: Sequence[EngineWork], ctx: RunContext, record: CellSink) -> BackendReport:
+        ((_, (cell,)),) = engines
         self.cells.append(cell)
-        self.kwargs.append(kwargs)
+        self.contexts.append(ctx)
         kind = self.table[cell.version]
         if kind == "LOSS":
             cr = judged(cell, "loss")
@@ -299,31 +298,33 @@ class FakeMatrix:
             cr = judged(cell)
         else:
             cr = infra_result(cell, Outcome(kind), f"{kind.lower()} at {cell.version}")
-        return Results(cells=(cr,))
+        record(cr)
+        return BackendReport({}, 1)
 
 
-def _bisect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: dict[str, str], find: str = "fix",
-            template: CellTemplate | None = None, **kw: Any) -> tuple[BisectRun, FakeMatrix, list[ProbeRecord]]:
-    fake = FakeMatrix(table)
-    monkeypatch.setattr(probe_mod, "run_matrix", fake)
-    cfg = RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "models")
+def _bisect(tmp_path: Path, table: dict[str, str], find: str = "fix", template: CellTemplate | None = None,
+            noun: str = "release", platform: str = "cpu",
+            **kw: Any) -> tuple[BisectRun, FakeBackend, list[ProbeRecord]]:
+    fake = FakeBackend(table)
+    cfg = RunConfig(platform=platform, work_dir=tmp_path / "work", model_cache=tmp_path / "models")
+    ctx = RunContext(cfg, IndexConfig(), tmp_path / "cache", ResultsLog(tmp_path / "results.jsonl"), **kw)
     seen: list[ProbeRecord] = []
-    run = run_bisect(list(table), template or CellTemplate(), find, cfg, IndexConfig(), tmp_path / "cache",
-                     ResultsLog(tmp_path / "results.jsonl"), on_probe=seen.append, **kw)
+    run = run_bisect(list(table), template or CellTemplate(), find, ctx, on_probe=seen.append, noun=noun,
+                     backend=fake)
     return run, fake, seen
 
 
 VERSIONS = [f"0.{m}.0" for m in (9, 17, 18, 19, 20, 21, 22, 23, 32)]
 
 
-def test_run_bisect_finds_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_bisect_finds_the_fix(tmp_path: Path) -> None:
     table = {v: ("OK" if int(v.split(".")[1]) >= 22 else "LOSS") for v in VERSIONS}
     sentinel_prebuilt: dict[str, Any] = {}
 
     def recipe_for(label: str) -> Any:
         raise AssertionError("the fake never builds")
 
-    run, fake, seen = _bisect(tmp_path, monkeypatch, table, python="3.12", prebuilt=sentinel_prebuilt,
+    run, fake, seen = _bisect(tmp_path, table, python="3.12", prebuilt=sentinel_prebuilt,
                               recipe_for=recipe_for)
     assert run.error is None
     assert run.result is not None
@@ -332,10 +333,10 @@ def test_run_bisect_finds_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     tpl = CellTemplate()
     assert fake.cells == [tpl.at(c) for c in [r.candidate for r in seen]]
     assert len({c.version for c in fake.cells}) == len(fake.cells)
-    for kw in fake.kwargs:
-        assert kw["python"] == "3.12"
-        assert kw["prebuilt"] is sentinel_prebuilt
-        assert kw["recipe_for"] is recipe_for
+    for ctx in fake.contexts:
+        assert ctx.python == "3.12"
+        assert ctx.prebuilt is sentinel_prebuilt
+        assert ctx.recipe_for is recipe_for
     assert list(run.probes) == seen
     assert set(run.cells) == {r.candidate for r in seen}
 
@@ -367,10 +368,10 @@ def test_run_bisect_finds_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert len(entry["cell"]["requests"]) == RUNNING + LATE
 
 
-def test_run_bisect_regression_over_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_bisect_regression_over_commits(tmp_path: Path) -> None:
     table = {"aaaaaaaaaaaa": "OK", "bbbbbbbbbbbb": "UNSUPPORTED", "cccccccccccc": "LOSS", "dddddddddddd": "LOSS"}
     tpl = parse_cell("mode=keep,async=on")
-    run, fake, _ = _bisect(tmp_path, monkeypatch, table, find="regression", template=tpl, noun="commit")
+    run, fake, _ = _bisect(tmp_path, table, find="regression", template=tpl, noun="commit")
     assert all(c == tpl.at(c.version) for c in fake.cells)
     assert run.error is None
     d = run.to_dict()
@@ -384,10 +385,10 @@ def test_run_bisect_regression_over_commits(tmp_path: Path, monkeypatch: pytest.
     assert skipped[0]["cell"]["outcome"] == "UNSUPPORTED"
 
 
-def test_run_bisect_refused_range_is_returned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_bisect_refused_range_is_returned(tmp_path: Path) -> None:
     # --find fix, but the bug is absent at both ends: no BAD-to-GOOD boundary.
     table = dict.fromkeys(("0.22.0", "0.23.0", "0.24.0", "0.32.0"), "OK")
-    run, fake, seen = _bisect(tmp_path, monkeypatch, table)
+    run, fake, seen = _bisect(tmp_path, table)
     assert run.result is None
     assert isinstance(run.error, str)
     assert "ill-posed range for --find fix" in run.error
@@ -405,9 +406,10 @@ def test_run_bisect_refused_range_is_returned(tmp_path: Path, monkeypatch: pytes
     assert len(fake.cells) == 2
 
 
-def test_run_bisect_everything_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_bisect_everything_skipped(tmp_path: Path) -> None:
     table = {"0.21.0": "UNSUPPORTED", "0.22.0": "ERROR", "0.32.0": "BUILD-FAILED"}
-    run, _, seen = _bisect(tmp_path, monkeypatch, table, template=parse_cell("executor=ray-v2"))
+    # On cuda: the planner itself refuses ray-v2 on cpu, before any backend sees the cell.
+    run, _, seen = _bisect(tmp_path, table, template=parse_cell("executor=ray-v2"), platform="cuda")
     assert [r.candidate for r in seen] == list(table)
     assert run.result is None
     assert run.error is not None and "every candidate was skipped" in run.error
@@ -418,9 +420,9 @@ def test_run_bisect_everything_skipped(tmp_path: Path, monkeypatch: pytest.Monke
     assert all(p["cell"]["cell"]["executor"] == "ray-v2" for p in d["probes"])
 
 
-def test_run_bisect_bad_input_still_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_bisect_bad_input_still_raises(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="at least 2 candidates"):
-        _bisect(tmp_path, monkeypatch, {"0.21.0": "LOSS"})
+        _bisect(tmp_path, {"0.21.0": "LOSS"})
 
 
 # Fewer examples: each one runs a whole bisect that writes its logs.  tmp_path is shared by the examples:
@@ -431,8 +433,7 @@ def test_run_bisect_finds_any_boundary(tmp_path: Path, n: int, data: st.DataObje
     boundary = data.draw(st.integers(1, n - 1), label="first fixed index")
     versions = [f"0.{i}.0" for i in range(n)]
     table = {v: ("LOSS" if i < boundary else "OK") for i, v in enumerate(versions)}
-    with pytest.MonkeyPatch.context() as mp:
-        run, fake, seen = _bisect(tmp_path, mp, table)
+    run, fake, seen = _bisect(tmp_path, table)
     assert run.result is not None
     assert run.result.first_new == versions[boundary]
     d = run.to_dict()

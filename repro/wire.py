@@ -1,0 +1,221 @@
+"""The wire format between the harness and an engine process, written once.
+
+The harness writes a :class:`Spec` to ``spec.json`` and starts ``python -m
+repro.engine SPEC OUT``; the engine appends one JSON event per line to OUT
+(and, in an interactive session, reads one :class:`ScenarioSpec` or
+:data:`STOP` per stdin line).  Both sides check what they write and what they
+read against this module, so a mismatch fails a unit test instead of a run.
+
+Pure standard library: the harness imports it (it never imports vllm or
+torch), and the engine finds it in the staged ``repro`` package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
+MODEL_KINDS = ("bigram-cycle",)
+SCENARIO_STATUSES = ("ran", "unsupported", "timeout", "error")
+
+
+class WireError(ValueError):
+    """A spec or event does not match this description; ``what`` names the document, ``problem`` the mismatch."""
+
+    def __init__(self, what: str, problem: str) -> None:
+        super().__init__(f"{what}: {problem}")
+        self.what, self.problem = what, problem
+
+
+def _need(doc: Mapping[str, Any], key: str, types: type | tuple[type, ...], what: str) -> Any:
+    if key not in doc:
+        raise WireError(what, f"missing field {key!r}")
+    value = doc[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
+        raise WireError(what, f"field {key!r} is {type(value).__name__}, expected {_names(types)}")
+    return value
+
+
+def _tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    return " or ".join("null" if t is type(None) else t.__name__ for t in _tuple(types))
+
+
+def _only(doc: Mapping[str, Any], allowed: set[str], what: str) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise WireError(what, f"unknown field(s) {unknown}; valid: {sorted(allowed)}")
+
+
+_NUM = (int, float)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The engine config: the axes of an engine key the engine must realise (and report back)."""
+
+    executor: str
+    async_scheduling: bool
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    model_runner: str = "v1"
+    batch_invariant: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # further AsyncEngineArgs, by hand only
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "executor": self.executor, "async_scheduling": self.async_scheduling,
+            "tensor_parallel_size": self.tensor_parallel_size, "gpu_memory_utilization": self.gpu_memory_utilization,
+            "model_runner": self.model_runner, "batch_invariant": self.batch_invariant,
+        }
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> EngineSpec:
+        what = "spec engine"
+        _only(doc, {"executor", "async_scheduling", "tensor_parallel_size", "gpu_memory_utilization",
+                    "model_runner", "batch_invariant", "extra"}, what)
+        gmu = doc.get("gpu_memory_utilization")
+        if gmu is not None and not isinstance(gmu, _NUM):
+            raise WireError(what, f"gpu_memory_utilization is {type(gmu).__name__}, expected a number or null")
+        return cls(_need(doc, "executor", str, what), _need(doc, "async_scheduling", bool, what),
+                   int(doc.get("tensor_parallel_size", 1)), gmu, str(doc.get("model_runner", "v1")),
+                   bool(doc.get("batch_invariant", False)), dict(doc.get("extra") or {}))
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    """One scenario the engine runs: a spec entry, or one stdin line of an interactive session."""
+
+    id: str
+    scenario: str
+    params: dict[str, Any]
+    seed: int = 0
+    timeout: float | None = None  # interactive only: this scenario's wait limit
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "scenario": self.scenario, "params": dict(self.params),
+                               "seed": self.seed}
+        if self.timeout is not None:
+            out["timeout"] = self.timeout
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ScenarioSpec:
+        what = f"scenario {doc.get('id')!r}"
+        _only(doc, {"id", "scenario", "params", "seed", "timeout"}, what)
+        timeout = doc.get("timeout")
+        if timeout is not None and not isinstance(timeout, _NUM):
+            raise WireError(what, f"timeout is {type(timeout).__name__}, expected a number")
+        return cls(_need(doc, "id", str, what), _need(doc, "scenario", str, what),
+                   dict(doc.get("params") or {}), int(doc.get("seed", 0)),
+                   None if timeout is None else float(timeout))
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything one engine process runs: its config, the model, and its scenarios."""
+
+    engine_id: str
+    engine: EngineSpec
+    model_params: dict[str, Any]
+    model_cache: str
+    scenario_timeout: float
+    scenarios: tuple[ScenarioSpec, ...]
+    interactive: bool = False  # more scenarios arrive on stdin after these
+    model_kind: str = "bigram-cycle"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "engine_id": self.engine_id,
+            "engine": self.engine.to_json(),
+            "model": {"kind": self.model_kind, "params": dict(self.model_params)},
+            "model_cache": self.model_cache,
+            "scenario_timeout": self.scenario_timeout,
+            "scenarios": [s.to_json() for s in self.scenarios],
+        }
+        if self.interactive:
+            out["interactive"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Spec:
+        """The spec in ``doc``; WireError on another schema version, a missing or unknown field."""
+        if doc.get("schema_version") != SCHEMA_VERSION:
+            raise WireError("spec", f"schema_version {doc.get('schema_version')!r}; this side reads {SCHEMA_VERSION}")
+        _only(doc, {"schema_version", "engine_id", "engine", "model", "model_cache", "scenario_timeout",
+                    "scenarios", "interactive"}, "spec")
+        model = _need(doc, "model", dict, "spec")
+        kind = model.get("kind", "bigram-cycle")
+        if kind not in MODEL_KINDS:
+            raise WireError("spec", f"unknown model kind {kind!r}; valid: {list(MODEL_KINDS)}")
+        return cls(
+            engine_id=str(doc.get("engine_id", "")),
+            engine=EngineSpec.from_json(_need(doc, "engine", dict, "spec")),
+            model_params=dict(model.get("params") or {}),
+            model_cache=_need(doc, "model_cache", str, "spec"),
+            scenario_timeout=float(doc.get("scenario_timeout", 120)),
+            scenarios=tuple(ScenarioSpec.from_json(s) for s in _need(doc, "scenarios", list, "spec")),
+            interactive=bool(doc.get("interactive", False)),
+            model_kind=kind,
+        )
+
+
+@dataclass(frozen=True)
+class EventKind:
+    """An event the engine writes: the fields the harness relies on, and the others it may carry."""
+
+    required: Mapping[str, type | tuple[type, ...]]
+    optional: frozenset[str] = frozenset()
+
+
+_SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", "weight_sync", "reason",
+                              "engine_recovered", "traceback"})
+EVENTS: dict[str, EventKind] = {
+    # pid and process group: the harness kills the whole group.
+    "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),
+    # Start-up facts: versions, platform, requested and *effective* settings.
+    "engine": EventKind({"probe": (dict, type(None))}, frozenset({
+        "vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
+        "requested", "effective", "startup_s", "unsupported_reason", "started"})),
+    # One per scenario; what else it carries depends on ``status`` (see check_event).
+    "scenario": EventKind({"id": str, "status": str}, _SCENARIO_FIELDS),
+    "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
+    "done": EventKind({}),
+}
+# status -> the field the harness reads besides id and status
+_STATUS_NEEDS: dict[str, tuple[str, type]] = {"ran": ("records", list), "unsupported": ("reason", str),
+                                              "timeout": ("reason", str), "error": ("reason", str)}
+
+
+def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any]:
+    """``ev`` if it is a valid event, else WireError.
+
+    The harness reads with ``strict=False`` (the fields it relies on);
+    the engine writes with ``strict=True`` (also no field outside the description).
+    """
+    kind = ev.get("event")
+    if kind not in EVENTS:
+        raise WireError("event", f"unknown event kind {kind!r}; valid: {sorted(EVENTS)}")
+    what = f"{kind} event"
+    desc = EVENTS[kind]
+    for key, types in desc.required.items():
+        _need(ev, key, types, what)
+    if kind == "scenario":
+        status = ev["status"]
+        if status not in _STATUS_NEEDS:
+            raise WireError(what, f"unknown status {status!r}; valid: {list(SCENARIO_STATUSES)}")
+        key, typ = _STATUS_NEEDS[status]
+        _need(ev, key, typ, f"{what} ({status})")
+    if strict:
+        _only(ev, {"event", "t", *desc.required, *desc.optional}, what)
+    return ev
