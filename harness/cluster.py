@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -56,18 +56,15 @@ from harness.context import (
     CellSink,
     EngineWork,
     Progress,
-    ProgressHook,
     RunContext,
     env_facts,
-    this_python,
 )
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv, default_cache_dir, ensure_env
+from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env
 from harness.errors import BadInput, EnvBuildError, ReproError
-from harness.execute import execute_plan
-from harness.matrix import Cell, EngineKey, MatrixPlan
+from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome
-from harness.results import CellResult, Results, ResultsLog, infra_result
-from harness.runner import EventHook, RunConfig, kill_group, run_engine
+from harness.results import CellResult, infra_result
+from harness.runner import RunConfig, kill_group, run_engine
 
 INSTALL_HINT = "pip install 'vllm-repro[cluster]'"
 CLUSTER_FORMS = ("ray", "ray:auto", "ray:HOST:PORT")
@@ -161,7 +158,7 @@ def engine_environ_changes(worker_env: Mapping[str, str], driver_omp: str | None
     """Edits (value, or None to delete) that turn a Ray worker's environment into the driver's engine environment.
 
     Ray sets ``OMP_NUM_THREADS`` to the task's CPU count (1) when it is unset;
-    a local ``run_matrix`` engine would not see it, and vLLM's CPU backend
+    a local engine would not see it, and vLLM's CPU backend
     sizes its OpenMP pool from it, so it is restored to the driver's value.
     """
     changes: dict[str, str | None] = {k: None for k in worker_env if k.startswith("RAY_") or k in _RAY_WORKER_VARS}
@@ -409,26 +406,6 @@ def _ray_error_text(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
     text = " | ".join(lines[:3])
     return f"{type(exc).__name__}: {text[:600]}"
-
-
-def run_matrix_on_cluster(
-    plan: MatrixPlan,
-    cfg: RunConfig,
-    index: IndexConfig,
-    cache_dir: Path,
-    log: ResultsLog,
-    address: str | None,
-    python: str | None = None,
-    on_progress: ProgressHook | None = None,
-    on_event: EventHook | None = None,
-    argv: list[str] | None = None,
-    recipe_for: Callable[[str], EnvRecipe] | None = None,
-    prebuilt: dict[str, VllmEnv] | None = None,
-) -> Results:
-    """``execute_plan`` on a :class:`RayBackend`, for callers not yet building a RunContext (harness/cli.py)."""
-    ctx = RunContext(cfg, index, cache_dir, log, python or this_python(), prebuilt or {}, recipe_for,
-                     argv=tuple(argv or ()), on_progress=on_progress, on_event=on_event)
-    return execute_plan(plan, ctx, RayBackend(address))
 
 
 class RayBackend:

@@ -9,23 +9,20 @@ the run's meta.
 from __future__ import annotations
 
 import platform as _platform
-from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.context import Backend, Progress, ProgressHook, RunContext, this_python
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.context import Backend, Progress, ProgressHook, RunContext
 from harness.faults import bugs_with_injection
 from harness.known_bugs import annotate
 from harness.local import LocalBackend
 from harness.matrix import MatrixPlan
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result
-from harness.runner import EventHook, RunConfig
+from harness.runner import RunConfig
 
-__all__ = ["CellRecorder", "Progress", "ProgressHook", "execute_plan", "run_matrix", "run_meta"]
+__all__ = ["CellRecorder", "Progress", "ProgressHook", "execute_plan", "run_meta"]
 
 
 def execute_plan(plan: MatrixPlan, ctx: RunContext, backend: Backend | None = None) -> Results:
@@ -37,26 +34,6 @@ def execute_plan(plan: MatrixPlan, ctx: RunContext, backend: Backend | None = No
     report = (backend or LocalBackend()).run(plan.engines, ctx, record)
     meta = run_meta(ctx.cfg, started, list(ctx.argv), report.envs, report.engine_starts)
     return record.results({**meta, **report.meta})
-
-
-def run_matrix(
-    plan: MatrixPlan,
-    cfg: RunConfig,
-    index: IndexConfig,
-    cache_dir: Path,
-    log: ResultsLog,
-    python: str | None = None,
-    on_progress: ProgressHook | None = None,
-    on_event: EventHook | None = None,
-    argv: list[str] | None = None,
-    prebuilt: dict[str, VllmEnv] | None = None,
-    build_jobs: int = 2,
-    recipe_for: Callable[[str], EnvRecipe] | None = None,
-) -> Results:
-    """``execute_plan`` on this machine, for callers not yet building a RunContext (harness/cli.py)."""
-    ctx = RunContext(cfg, index, cache_dir, log, python or this_python(), prebuilt or {}, recipe_for, build_jobs,
-                     tuple(argv or ()), on_progress, on_event)
-    return execute_plan(plan, ctx)
 
 
 class CellRecorder:

@@ -3,66 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from harness.bisect import BisectError, BisectResult, ProbeRecord, ProbeResult, Verdict, bisect, monotone_check
 from harness.context import Backend, RunContext
-from harness.errors import BadInput, bad_choice
+from harness.core.pattern import CellTemplate
 from harness.execute import execute_plan
-from harness.matrix import EXECUTORS, MODES, ON_OFF, TRUE_FALSE, Cell, plan_cells
+from harness.matrix import plan_cells
 from harness.results import CellResult
-
-DEFAULT_CELL = "executor=mp,async=on,mode=keep,clear_cache=true"
-
-
-@dataclass(frozen=True)
-class CellTemplate:
-    """A matrix cell without its version: the predicate a bisect evaluates on every candidate."""
-
-    executor: str = "mp"
-    async_on: bool = True
-    mode: str = "keep"
-    clear_cache: bool = True
-
-    def at(self, version: str) -> Cell:
-        return Cell(version, self.executor, self.async_on, self.mode, self.clear_cache)
-
-    @property
-    def label(self) -> str:
-        return (f"{self.executor}, async {'on' if self.async_on else 'off'}, {self.mode}, "
-                f"clear_cache={'true' if self.clear_cache else 'false'}")
-
-
-def parse_cell(raw: str | None) -> CellTemplate:
-    """``executor=mp,async=on,mode=keep,clear_cache=true`` (any subset; the rest default to that)."""
-    tpl = CellTemplate()
-    if not raw:
-        return tpl
-    for part in (p.strip() for p in raw.split(",") if p.strip()):
-        key, sep, val = part.partition("=")
-        key, val = key.strip(), val.strip()
-        if not sep:
-            raise BadInput(f"bad --cell item {part!r}; write key=value, e.g. {DEFAULT_CELL}")
-        if key == "executor":
-            if val not in EXECUTORS:
-                raise bad_choice("executor", val, EXECUTORS)
-            tpl = replace(tpl, executor=val)
-        elif key == "async":
-            if val not in ON_OFF:
-                raise bad_choice("async setting", val, tuple(ON_OFF))
-            tpl = replace(tpl, async_on=ON_OFF[val])
-        elif key == "mode":
-            if val not in MODES:
-                raise bad_choice("mode", val, MODES)
-            tpl = replace(tpl, mode=val)
-        elif key == "clear_cache":
-            if val not in TRUE_FALSE:
-                raise bad_choice("clear_cache value", val, tuple(TRUE_FALSE))
-            tpl = replace(tpl, clear_cache=TRUE_FALSE[val])
-        else:
-            raise bad_choice("--cell key", key, ("executor", "async", "mode", "clear_cache"))
-    return tpl
 
 
 def verdict_of(result: CellResult) -> ProbeResult:

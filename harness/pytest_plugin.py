@@ -21,7 +21,6 @@ interactively.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ from typing import Any
 import pytest
 
 from harness.context import RunContext
+from harness.core.cell import find_cell_id
 from harness.envs import VllmEnv, default_cache_dir, index_config_from_env
 from harness.errors import BadInput, EnvBuildError
 from harness.gpus import GpuLease, GpuLeaseError, lease_gpus, visible_gpus
@@ -53,14 +53,6 @@ from harness.runner import RunConfig, engine_info, scenario_entry, scenario_resu
 from harness.session import EngineDied, EngineSession
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
-# The id grammar of harness.matrix.cell_config_id: engine axes after mode/clear, then the scenario.
-_CELL_ID = re.compile(
-    rf"\[(?P<engine>vllm[^\]]+?-(?:{'|'.join(EXECUTORS)})-async_(?:on|off))"
-    rf"-(?:keep|wait|abort)-(?:clear|noclear)(?P<axes>(?:-tp\d+)?(?:-mr_v\d+)?(?:-batch_invariant)?)"
-    rf"(?:-[a-z_]+)?\]$"
-)
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("vllm-repro")
     g.addoption("--vllm-versions", default=os.environ.get("VLLM_REPRO_VERSIONS"),
@@ -122,12 +114,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def engine_scope(nodeid: str) -> str:
     """The scheduling unit of a test id: its engine config for post_resume cells, else the test itself."""
-    m = _CELL_ID.search(nodeid)
-    if m is None:
-        return nodeid
-    # vllm0.21.0-ray-v2-async_on-keep-clear[-tp2][-mr_v2][-batch_invariant][-weight_sync]
-    #   -> vllm0.21.0-ray-v2-async_on[-tp2][-mr_v2][-batch_invariant], i.e. EngineKey.id
-    return m.group("engine") + m.group("axes")
+    cell = find_cell_id(nodeid)
+    return nodeid if cell is None else cell.engine.id
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -40,7 +40,6 @@ class EngineDied(ReproError):
         return self.reason if self.log_tail is None else f"{self.reason}; last log lines: {self.log_tail}"
 
 
-SessionDead = EngineDied  # the name harness/cli.py's cmd_plan imports until it calls harness.replay
 
 
 class EngineSession:

@@ -13,6 +13,8 @@ from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log
 from harness.commands.face import interruptible, stderr_console
 from harness.commands.options import add_index_options, add_run_options, add_version_options
+from harness.context import RunContext
+from harness.core.pattern import parse_pattern
 from harness.envs import EnvRecipe, VllmEnv, package_for
 from harness.errors import BadInput
 from harness.results import ResultsLog
@@ -92,13 +94,13 @@ class BisectCommand(Command):
         from rich.markup import escape
 
         from harness.bisect import FIND_MODES, ProbeRecord
-        from harness.probe import parse_cell, run_bisect
+        from harness.probe import run_bisect
 
         if args.find not in FIND_MODES:
             raise BadInput(f"unknown --find mode {args.find!r}; valid choices: {', '.join(FIND_MODES)}")
         cfg = ctx.run_config
-        template = parse_cell(args.cell)
-        index = ctx.index
+        template = parse_pattern(args.cell).template()
+        ctx.index  # noqa: B018 -- a bad index option is reported before bad candidates
         cands = bisect_candidates(ctx, args)
         reports, jsonl = fresh_log(args.reports, "probes.jsonl")
         console = stderr_console()
@@ -111,9 +113,9 @@ class BisectCommand(Command):
                           f"({escape(p.result.detail)})")
 
         with interruptible(console, f"probes so far are in {jsonl}"):
-            run = run_bisect(cands.labels, template, args.find, cfg, index, ctx.cache, ResultsLog(jsonl),
-                             python=ctx.python, on_probe=on_probe, prebuilt=cands.prebuilt,
-                             recipe_for=cands.recipe_for, noun=cands.noun)
+            rctx = RunContext(cfg, ctx.index, ctx.cache, ResultsLog(jsonl), python=ctx.python,
+                              prebuilt=cands.prebuilt, recipe_for=cands.recipe_for or ctx.recipe, argv=ctx.argv)
+            run = run_bisect(cands.labels, template, args.find, rctx, on_probe=on_probe, noun=cands.noun)
         doc = {**run.to_dict(), "argv": list(ctx.argv)}
         (reports / "bisect.json").write_text(json.dumps(doc, indent=2) + "\n")
         for w in doc["warnings"]:

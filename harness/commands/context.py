@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
+from harness.context import RunContext
 from harness.envs import (
     IndexConfig,
     RecipeFor,
@@ -26,6 +28,7 @@ from harness.envs import (
 from harness.errors import BadInput
 from harness.matrix import parse_versions
 from harness.platforms import choose_platform
+from harness.results import ResultsLog
 from harness.runner import RunConfig
 from harness.versions import INSTALLED
 
@@ -93,6 +96,13 @@ class Context:
         """How the env of a release is built: from ``--wheelhouse`` when given, else from the index."""
         return recipe_factory(self.platform, self.python, self.index, getattr(self.args, "wheelhouse", None),
                               getattr(self.args, "base_python", None))
+
+
+def run_context(ctx: Context, cfg: RunConfig, log: ResultsLog | None = None, **hooks: Any) -> RunContext:
+    """The harness's RunContext for this invocation: its index, cache, python, prebuilt envs and recipes."""
+    prebuilt = ctx.prebuilt if getattr(ctx.args, "versions", None) else {}
+    return RunContext(cfg, ctx.index, ctx.cache, log, python=ctx.python, prebuilt=prebuilt, recipe_for=ctx.recipe,
+                      argv=ctx.argv, **hooks)
 
 
 def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:

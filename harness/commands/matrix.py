@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from harness import execute
 from harness.commands.base import Command
-from harness.commands.context import Context, fresh_log
+from harness.commands.context import Context, fresh_log, run_context
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
 from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheelhouse_options
+from harness.context import Progress
 from harness.core.axes import AXES
-from harness.envs import EnvRecipe
 from harness.errors import BadInput
-from harness.execute import Progress
 from harness.faults import FAULTS, parse_inject, sensitivity_failures
 from harness.gpus import visible_gpus
 from harness.matrix import MatrixPlan, Selection, plan_cells, selection_axes
@@ -127,19 +126,15 @@ def pending_plan(setup: MatrixSetup, platform: str, kept: Iterable[CellResult]) 
 
 
 def run_engines(ctx: Context, setup: MatrixSetup, plan: MatrixPlan, jsonl: Path,
-                on_progress: Callable[[Progress], None],
-                recipe_for: Callable[[str], EnvRecipe] | None) -> Results:
+                on_progress: Callable[[Progress], None]) -> Results:
     """Run the plan's engines here, or as Ray tasks with ``--cluster``."""
-    log = ResultsLog(jsonl)
+    backend = None
     if setup.target is not None:
-        from harness.cluster import run_matrix_on_cluster
+        from harness.cluster import RayBackend
 
-        return run_matrix_on_cluster(plan, setup.cfg, ctx.index, ctx.cache, log, setup.target.address,
-                                     python=ctx.python, on_progress=on_progress, argv=list(ctx.argv),
-                                     prebuilt=ctx.prebuilt, recipe_for=recipe_for)
-    return execute.run_matrix(plan, setup.cfg, ctx.index, ctx.cache, log, python=ctx.python,
-                              on_progress=on_progress, argv=list(ctx.argv), prebuilt=ctx.prebuilt,
-                              recipe_for=recipe_for)
+        backend = RayBackend(setup.target.address)
+    return execute.execute_plan(plan, run_context(ctx, setup.cfg, ResultsLog(jsonl), on_progress=on_progress),
+                                backend)
 
 
 def merge_kept(kept: tuple[CellResult, ...], results: Results, sel: Selection) -> Results:
@@ -251,7 +246,7 @@ class MatrixCommand(Command):
         plan = pending_plan(setup, ctx.platform, log.kept)
         progress = MatrixProgress(console, _announce(console, ctx, setup, plan, log), done=len(log.kept))
         with interruptible(console, f"results of finished cells are in {log.jsonl}"):
-            results = run_engines(ctx, setup, plan, log.jsonl, progress, ctx.recipe if args.wheelhouse else None)
+            results = run_engines(ctx, setup, plan, log.jsonl, progress)
         results = merge_kept(log.kept, results, setup.selection)
         paths = write_reports(results, log.reports)
         render_terminal(results, stdout_console())

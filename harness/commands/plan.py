@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.base import Command
-from harness.commands.context import Context
+from harness.commands.context import Context, run_context
 from harness.commands.options import add_index_options, add_run_options, add_version_options
-from harness.envs import VllmEnv, ensure_env
 from harness.errors import BadInput
-from harness.matrix import EXECUTORS, ON_OFF, EngineKey, parse_bools
-from harness.runner import RunConfig
+from harness.matrix import EXECUTORS, ON_OFF, parse_bools
+from harness.replay import PlanReplay, replay_plan
 
 DESCRIPTION = (
     "Run one JSON pause schedule ({\"requests\": [...], \"pauses\": [...]}, as printed by a failing property test) "
@@ -32,39 +31,22 @@ def read_plan(path: Path) -> dict[str, Any]:
     return plan
 
 
-def replay(env: VllmEnv, key: EngineKey, cfg: RunConfig, plan: dict[str, Any]) -> int:
-    """Run ``plan`` on one engine and print each request's verdict; 1 when the engine gave none."""
-    from harness.session import EngineSession, SessionDead
-
-    session = EngineSession(env, key, cfg)
-    try:
-        session.start()
-        ev = session.run({"id": "plan", "scenario": "plan", "params": plan, "seed": 0})
-    except SessionDead as exc:
-        print(f"{key.id}: {exc}")
+def print_replay(r: PlanReplay) -> int:
+    """One engine's replay: its verdict, then per request the label, pauses and whether #42043-style losses
+    explain it; 1 when the engine gave no verdict."""
+    if r.died is not None:
+        print(f"{r.engine.id}: {r.died}")
         return 1
-    finally:
-        session.close()
-    if ev.get("status") != "ran":
-        print(f"{key.id}: {str(ev.get('status')).upper()}: {ev.get('reason')}")
+    if not r.ran or r.verdict is None:
+        print(f"{r.engine.id}: {r.status.upper()}: {r.reason}")
         return 1
-    print_verdict(key, ev["records"])
+    print(f"{r.engine.id}: {r.verdict.summary}")
+    for q in r.requests:
+        pauses = ", ".join(f"{m}@{n}" for m, n in q.pauses)
+        print(f"  {q.rid}: {q.label}; pauses [{pauses}]; finish {q.finish_reason}; "
+              f"preempted by keep+clear pauses at {list(q.preempted_at)}; "
+              f"stream = reference minus #42043-style losses there: {q.explained_by_losses}")
     return 0
-
-
-def print_verdict(key: EngineKey, records: list[dict[str, Any]]) -> None:
-    """The engine's verdict, then per request: label, pauses, and whether #42043-style losses explain it."""
-    from harness.oracle import cell_verdict, fit_losses, preempted_at_keep_clear
-
-    verdict = cell_verdict(records)
-    print(f"{key.id}: {verdict.summary}")
-    for rv, rec in zip(verdict.requests, records, strict=True):
-        points = preempted_at_keep_clear(rec)
-        fit = fit_losses(rec["reference"], rec["observed"], rec["max_tokens"], points)
-        pauses = ", ".join(f"{p['mode']}@{p['client_tokens']}" for p in rec.get("pauses") or [])
-        print(f"  {rv.rid}: {rv.verdict.label}; pauses [{pauses}]; finish {rec.get('finish_reason')}; "
-              f"preempted by keep+clear pauses at {points}; "
-              f"stream = reference minus #42043-style losses there: {fit is not None}")
 
 
 class PlanCommand(Command):
@@ -86,11 +68,9 @@ class PlanCommand(Command):
         if args.executor not in EXECUTORS:
             raise BadInput(f"unknown executor {args.executor!r}; valid choices: {', '.join(EXECUTORS)}")
         cfg = ctx.run_config
-        versions, prebuilt = ctx.versions, ctx.prebuilt
+        versions = ctx.versions
         asyncs = parse_bools("async setting", args.async_, ON_OFF, (True,))
         worst = 0
-        for v in versions:
-            env = prebuilt.get(v) or ensure_env(ctx.recipe(v), ctx.cache)
-            for a in asyncs:
-                worst = max(worst, replay(env, EngineKey(v, args.executor, a), cfg, plan))
+        for r in replay_plan(plan, versions, asyncs, args.executor, run_context(ctx, cfg)):
+            worst = max(worst, print_replay(r))
         return worst

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from harness import execute
 from harness.commands.base import Command, CommandGroup
-from harness.commands.context import Context, fresh_log
+from harness.commands.context import Context, fresh_log, run_context
 from harness.commands.face import interruptible, stderr_console
 from harness.commands.options import add_index_options, add_run_options, add_version_options
 from harness.errors import BadInput
@@ -73,7 +73,7 @@ class WorkaroundsCheck(Command):
 
         ledger = selected_ledger(args)
         cfg = ctx.run_config
-        index = ctx.index
+        ctx.index  # noqa: B018 -- a bad index option is reported before a missing --versions
         if not args.versions:
             raise BadInput("workarounds check needs --versions, e.g. 0.21.0,0.22.0,0.32.0")
         versions = ctx.versions
@@ -83,10 +83,9 @@ class WorkaroundsCheck(Command):
         console.print(f"[bold]workarounds check[/]: {len(ledger)} workaround(s) x {len(versions)} version(s): "
                       f"{len(plan.engines)} engine(s)")
         with interruptible(console, f"results of finished cells are in {jsonl}"):
-            results = execute.run_matrix(
-                plan, cfg, index, ctx.cache, ResultsLog(jsonl), python=ctx.python, argv=list(ctx.argv),
-                prebuilt=ctx.prebuilt,
-                on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None)
+            results = execute.execute_plan(plan, run_context(
+                ctx, cfg, ResultsLog(jsonl),
+                on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
         write_reports(results, reports)
         needed = print_judgements(ledger, versions, results)
         print(f"reports: {reports}")

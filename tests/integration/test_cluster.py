@@ -218,7 +218,7 @@ def test_local_ray_streams_results_and_a_killed_task_is_error(tmp_path: Path, ra
     assert cluster["tasks"][STREAMER.id]["resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
     assert cluster["tasks"][STREAMER.id]["shared_fs"] is True
     assert "error" in cluster["tasks"][VICTIM.id]
-    # Same node: the engine's files are where run_matrix puts them.
+    # Same node: the engine's files are where a local run puts them.
     assert (tmp_path / "work" / "engines" / STREAMER.id / "events.jsonl").is_file()
     assert set(obs["pgids"]) == {STREAMER.id, VICTIM.id}
     for eid, pgid in obs["pgids"].items():
@@ -301,9 +301,10 @@ def _ppid(pid: int) -> int:
 
 
 def _driver_main(spec: dict[str, Any], out: Path) -> None:
-    from harness.cluster import run_matrix_on_cluster
+    from harness.cluster import RayBackend
+    from harness.context import RunContext
     from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, index_config_from_env
-    from harness.execute import Progress
+    from harness.execute import Progress, execute_plan
     from harness.results import ResultsLog
     from harness.runner import RunConfig
 
@@ -347,9 +348,9 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
                     for i, v in ((1, "9.9.1"), (2, "9.9.2"))}
         cfg = RunConfig(platform="cpu", work_dir=tmp / "work", model_cache=tmp / "models", engine_timeout=60)
         try:
-            results = run_matrix_on_cluster(plan, cfg, index_config_from_env(find_links=()), tmp / "cache",
-                                            ResultsLog(log_path), address=None, on_event=on_event,
-                                            on_progress=on_progress, prebuilt=prebuilt)
+            ctx = RunContext(cfg, index_config_from_env(find_links=()), tmp / "cache", ResultsLog(log_path),
+                             prebuilt=prebuilt, on_progress=on_progress, on_event=on_event)
+            results = execute_plan(plan, ctx, RayBackend(None))
         except KeyboardInterrupt:
             obs["interrupted"] = True
             out.write_text(json.dumps(obs))
@@ -363,8 +364,8 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
         # Long streams: the victim's scenario is still running when the kill lands.
         cfg = RunConfig(platform="cpu", work_dir=tmp / "work", model_cache=cache / "models", engine_timeout=600,
                         scenario_params={"max_tokens": 160, "pause_after": 8})
-        results = run_matrix_on_cluster(plan, cfg, index_config_from_env(), cache, ResultsLog(log_path),
-                                        address=spec["address"], on_event=on_event)
+        ctx = RunContext(cfg, index_config_from_env(), cache, ResultsLog(log_path), on_event=on_event)
+        results = execute_plan(plan, ctx, RayBackend(spec["address"]))
     (tmp / "results.json").write_text(json.dumps(results.to_dict()))
     out.write_text(json.dumps(obs))
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from loss_checks import assert_first_post_resume_token_lost
 
+from harness.context import RunContext
 from harness.envs import default_cache_dir, index_config_from_env
-from harness.execute import run_matrix
+from harness.execute import execute_plan
 from harness.matrix import EngineKey, MatrixPlan, Selection, plan_matrix
 from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, read_results
@@ -32,8 +33,8 @@ def _run(tmp_path: Path, plans: list[MatrixPlan], on_event: Any = None, **params
     cache = default_cache_dir()
     cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=cache / "models",
                     scenario_params=params, engine_timeout=600)
-    return run_matrix(plan, cfg, index_config_from_env(), cache, ResultsLog(tmp_path / "results.jsonl"),
-                      on_event=on_event)
+    return execute_plan(plan, RunContext(cfg, index_config_from_env(), cache, ResultsLog(tmp_path / "results.jsonl"),
+                                         on_event=on_event))
 
 
 def _cell(results: Results, cid: str) -> CellResult:

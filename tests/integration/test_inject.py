@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 from loss_checks import assert_first_post_resume_token_lost
 
+from harness.context import RunContext
 from harness.envs import default_cache_dir, index_config_from_env
-from harness.execute import run_matrix
+from harness.execute import execute_plan
 from harness.matrix import Selection, plan_matrix
 from harness.oracle import Outcome
 from harness.results import CellResult, ResultsLog
@@ -39,7 +40,8 @@ def test_injected_42043_loses_first_post_resume_token_on_0_32(tmp_path: Path) ->
     cache = default_cache_dir()
     cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=cache / "models", engine_timeout=600,
                     inject=(FAULT,))
-    results = run_matrix(plan, cfg, index_config_from_env(), cache, ResultsLog(tmp_path / "results.jsonl"))
+    ctx = RunContext(cfg, index_config_from_env(), cache, ResultsLog(tmp_path / "results.jsonl"))
+    results = execute_plan(plan, ctx)
     by_id: dict[str, CellResult] = {c.id: c for c in results.cells}
     clear = by_id["vllm0.32.0-mp-async_on-keep-clear"]
     noclear = by_id["vllm0.32.0-mp-async_on-keep-noclear"]

@@ -136,15 +136,16 @@ def test_report_merges_partial_runs_later_file_wins(tmp_path, capsys) -> None:  
 
 
 def _fake_run(outcome_for):  # type: ignore[no-untyped-def]
-    """A run_matrix stand-in: judges every planned cell with ``outcome_for(cell)`` (no engine)."""
+    """An execute_plan stand-in: judges every planned cell with ``outcome_for(cell)`` (no engine)."""
     from harness.execute import run_meta
     from harness.faults import annotate_injected
     from harness.known_bugs import load_known_bugs
     from harness.results import CellResult, Results, infra_result
 
-    def run(plan, cfg, index, cache, log, **kw):  # type: ignore[no-untyped-def]
+    def run(plan, ctx, backend=None):  # type: ignore[no-untyped-def]
         from datetime import datetime
 
+        cfg, log = ctx.cfg, ctx.log
         from harness.oracle import Outcome
 
         cells = [infra_result(c, Outcome.UNSUPPORTED, r) for c, r in plan.unsupported]
@@ -177,7 +178,7 @@ def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monk
         covered = cell.async_on and cell.clear_cache
         return (Outcome.LOSS if covered and lost else Outcome.OK), (judged if covered else ())
 
-    monkeypatch.setattr(harness.execute, "run_matrix", _fake_run(outcome_for))
+    monkeypatch.setattr(harness.execute, "execute_plan", _fake_run(outcome_for))
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--inject", "vllm#42043", "--async", "on",
             "--mode", "keep", "--scenario", "pause", "--reports", str(tmp_path)]
     assert main(argv) == rc
@@ -195,7 +196,7 @@ def test_fail_on_unexpected(tmp_path, monkeypatch) -> None:  # type: ignore[no-u
     def outcome_for(cell):  # type: ignore[no-untyped-def]
         return (Outcome.LOSS if cell.mode == "wait" else Outcome.OK), ()
 
-    monkeypatch.setattr(harness.execute, "run_matrix", _fake_run(outcome_for))
+    monkeypatch.setattr(harness.execute, "execute_plan", _fake_run(outcome_for))
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--async", "on", "--scenario", "pause",
             "--executor", "mp"]
     assert main([*argv, "--reports", str(tmp_path / "a")]) == 0
@@ -221,13 +222,13 @@ def test_resume_reruns_only_unfinished_cells_and_merges(tmp_path, monkeypatch, c
 
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--async", "on", "--scenario", "pause",
             "--executor", "mp", "--reports", str(tmp_path)]
-    monkeypatch.setattr(harness.execute, "run_matrix",
+    monkeypatch.setattr(harness.execute, "execute_plan",
                         fake(lambda c: ((Outcome.ERROR if c.mode == "wait" else Outcome.OK), ())))
     assert main(argv) == 1
     first = read_results(tmp_path / "results.json")
     errors = [c.id for c in first.cells if c.outcome is Outcome.ERROR]
     assert errors and len(errors) < len(first.cells)
-    monkeypatch.setattr(harness.execute, "run_matrix", fake(lambda c: (Outcome.OK, ())))
+    monkeypatch.setattr(harness.execute, "execute_plan", fake(lambda c: (Outcome.OK, ())))
     assert main([*argv, "--resume"]) == 0
     assert sorted(planned[1]) == sorted(errors)
     merged = read_results(tmp_path / "results.json")
@@ -245,7 +246,7 @@ def test_interrupt_exits_130_naming_the_partial_results(tmp_path, monkeypatch, c
     def run(*a, **kw):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(harness.execute, "run_matrix", run)
+    monkeypatch.setattr(harness.execute, "execute_plan", run)
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--reports", str(tmp_path)]
     assert main(argv) == 130
     assert f"interrupted; results of finished cells are in {tmp_path / 'results.jsonl'}" in " ".join(

@@ -141,7 +141,7 @@ def test_engine_environment_drops_what_ray_sets_for_its_worker() -> None:
     changes = engine_environ_changes(worker, None)
     assert changes == {"RAY_RAYLET_PID": None, "RAY_JOB_ID": None, "RAY_ADDRESS": None, "SPT_NOENV": None,
                        "PYTHONBREAKPOINT": None, "OMP_NUM_THREADS": None}
-    # The driver's own OMP_NUM_THREADS is what a local run_matrix engine would see.
+    # The driver's own OMP_NUM_THREADS is what a local engine would see.
     assert engine_environ_changes(worker, "4")["OMP_NUM_THREADS"] == "4"
     assert "OMP_NUM_THREADS" not in engine_environ_changes({**worker, "OMP_NUM_THREADS": "4"}, "4")
     # A user's own breakpoint hook is not Ray's.

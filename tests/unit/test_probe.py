@@ -20,19 +20,12 @@ from synthetic import request_record
 
 from harness.bisect import ProbeRecord, Verdict
 from harness.context import BackendReport, CellSink, EngineWork, RunContext
+from harness.core.pattern import DEFAULT_TEMPLATE, CellTemplate, parse_pattern
 from harness.envs import IndexConfig
 from harness.errors import BadInput
 from harness.matrix import EXECUTORS, MODES, Cell
 from harness.oracle import Outcome, cell_verdict
-from harness.probe import (
-    BISECT_SCHEMA,
-    DEFAULT_CELL,
-    BisectRun,
-    CellTemplate,
-    parse_cell,
-    run_bisect,
-    verdict_of,
-)
+from harness.probe import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
 from harness.results import CellResult, ResultsLog, infra_result, judged_result
 from harness.runner import RunConfig
 
@@ -92,35 +85,50 @@ def judged(cell: Cell, fault: str = "ok", k: int = 1) -> CellResult:
 CELL = Cell("0.21.0", "mp", True, "keep", True)
 
 
-# --------------------------------------------------------------------------- parse_cell
+# --------------------------------------------------------------------------- --cell (a cell pattern, any axis)
+
+
+def parse_cell(raw: str | None) -> CellTemplate:
+    return parse_pattern(raw).template()
+
+
+def template(executor: str = "mp", async_on: bool = True, mode: str = "keep", clear_cache: bool = True,
+             **other: Any) -> Cell:
+    return Cell("0", executor, async_on, mode, clear_cache, **other)
 
 
 @pytest.mark.parametrize("raw", [None, "", " ", ",", " , ,"])
 def test_parse_cell_defaults(raw: str | None) -> None:
     tpl = parse_cell(raw)
-    assert tpl == CellTemplate("mp", True, "keep", True)
-    assert parse_cell(DEFAULT_CELL) == tpl
+    assert tpl.at("0") == template("mp", True, "keep", True)
+    assert parse_cell(DEFAULT_TEMPLATE) == tpl
 
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        ("executor=uni", CellTemplate(executor="uni")),
-        ("executor=ray-v1", CellTemplate(executor="ray-v1")),
-        ("executor=ray-v2", CellTemplate(executor="ray-v2")),
-        ("async=off", CellTemplate(async_on=False)),
-        ("async=on", CellTemplate(async_on=True)),
-        ("mode=wait", CellTemplate(mode="wait")),
-        ("mode=abort", CellTemplate(mode="abort")),
-        ("clear_cache=false", CellTemplate(clear_cache=False)),
-        ("clear_cache=true", CellTemplate(clear_cache=True)),
-        (" executor = ray-v2 , mode=abort ,", CellTemplate(executor="ray-v2", mode="abort")),
-        ("clear_cache=false,async=off,mode=wait,executor=uni", CellTemplate("uni", False, "wait", False)),
-        ("mode=wait,mode=abort", CellTemplate(mode="abort")),  # the last one wins
+        ("executor=uni", template(executor="uni")),
+        ("executor=ray-v1", template(executor="ray-v1")),
+        ("executor=ray-v2", template(executor="ray-v2")),
+        ("async=off", template(async_on=False)),
+        ("async=on", template(async_on=True)),
+        ("mode=wait", template(mode="wait")),
+        ("mode=abort", template(mode="abort")),
+        ("clear_cache=false", template(clear_cache=False)),
+        ("clear_cache=true", template(clear_cache=True)),
+        (" executor = ray-v2 , mode=abort ,", template(executor="ray-v2", mode="abort")),
+        ("clear_cache=false,async=off,mode=wait,executor=uni", template("uni", False, "wait", False)),
+        ("mode=wait,mode=abort", template(mode="abort")),  # the last one wins
+        # Every axis, not only the four of the old --cell (issue 11).
+        ("tp=2", template(tp=2)),
+        ("scenario=weight_sync", template(scenario="weight-sync")),
+        ("scenario=weight-sync,tp=2,executor=ray-v2", template("ray-v2", tp=2, scenario="weight-sync")),
+        ("model_runner=v2,batch_invariant=on", template(model_runner="v2", batch_invariant=True)),
+        ("tier=scheduler", template(tier="scheduler")),
     ],
 )
-def test_parse_cell_every_key(raw: str, expected: CellTemplate) -> None:
-    assert parse_cell(raw) == expected
+def test_parse_cell_every_key(raw: str, expected: Cell) -> None:
+    assert parse_cell(raw).at("0") == expected
 
 
 @given(
@@ -143,7 +151,7 @@ def test_parse_cell_any_subset_any_order(
     if clear is not None:
         parts.append(f"clear_cache={'true' if clear else 'false'}")
     order.shuffle(parts)
-    tpl = parse_cell(",".join(parts))
+    tpl = parse_cell(",".join(parts)).at("0")
     assert tpl.executor == (executor if executor is not None else "mp")
     assert tpl.async_on is (async_on if async_on is not None else True)
     assert tpl.mode == (mode if mode is not None else "keep")
@@ -155,13 +163,13 @@ def test_parse_cell_any_subset_any_order(
     [
         ("executor=gpu", "'gpu'", "mp, uni, ray-v1, ray-v2"),
         ("executor=", "''", "mp, uni, ray-v1, ray-v2"),
-        ("async=yes", "'yes'", "on, off"),
-        ("async=ON", "'ON'", "on, off"),
+        ("async=yes", "'yes'", "on, off, true, false"),
+        ("async=ON", "'ON'", "on, off, true, false"),
         ("mode=hold", "'hold'", "keep, wait, abort"),
-        ("clear_cache=1", "'1'", "true, false"),
-        ("mode=keep,clear_cache=no", "'no'", "true, false"),
-        ("exec=mp", "'exec'", "executor, async, mode, clear_cache"),
-        ("tp=2", "'tp'", "executor, async, mode, clear_cache"),
+        ("clear_cache=1", "'1'", "on, off, true, false"),
+        ("mode=keep,clear_cache=no", "'no'", "on, off, true, false"),
+        ("exec=mp", "'exec'", "version, executor, async_scheduling, mode, clear_cache, tp, scenario"),
+        ("tier=gpu", "'gpu'", "engine, scheduler"),
     ],
 )
 def test_parse_cell_bad_key_or_value(raw: str, bad: str, choices: str) -> None:
@@ -178,7 +186,6 @@ def test_parse_cell_missing_equals(raw: str) -> None:
         parse_cell(raw)
     item = raw.split(",")[-1]
     assert repr(item) in str(exc.value)
-    assert "key=value" in str(exc.value)
 
 
 # --------------------------------------------------------------------------- CellTemplate.at
@@ -202,8 +209,9 @@ def test_template_at(raw: str | None, version: str, cell: Cell, cell_id: str) ->
 
 
 def test_template_label() -> None:
-    assert CellTemplate().label == "mp, async on, keep, clear_cache=true"
-    assert CellTemplate("uni", False, "wait", False).label == "uni, async off, wait, clear_cache=false"
+    assert parse_cell(None).label == "mp, async on, keep, clear_cache=true"
+    tpl = parse_cell("executor=uni,async=off,mode=wait,clear_cache=false")
+    assert tpl.label == "uni, async off, wait, clear_cache=false"
 
 
 # --------------------------------------------------------------------------- verdict_of
@@ -309,7 +317,7 @@ def _bisect(tmp_path: Path, table: dict[str, str], find: str = "fix", template: 
     cfg = RunConfig(platform=platform, work_dir=tmp_path / "work", model_cache=tmp_path / "models")
     ctx = RunContext(cfg, IndexConfig(), tmp_path / "cache", ResultsLog(tmp_path / "results.jsonl"), **kw)
     seen: list[ProbeRecord] = []
-    run = run_bisect(list(table), template or CellTemplate(), find, ctx, on_probe=seen.append, noun=noun,
+    run = run_bisect(list(table), template or parse_cell(None), find, ctx, on_probe=seen.append, noun=noun,
                      backend=fake)
     return run, fake, seen
 
@@ -330,7 +338,7 @@ def test_run_bisect_finds_the_fix(tmp_path: Path) -> None:
     assert run.result is not None
     assert (run.result.last_old, run.result.first_new) == ("0.21.0", "0.22.0")
     # Every probe ran the template's cell at that candidate, once, with the caller's settings passed on.
-    tpl = CellTemplate()
+    tpl = parse_cell(None)
     assert fake.cells == [tpl.at(c) for c in [r.candidate for r in seen]]
     assert len({c.version for c in fake.cells}) == len(fake.cells)
     for ctx in fake.contexts:
@@ -401,7 +409,7 @@ def test_run_bisect_refused_range_is_returned(tmp_path: Path) -> None:
     assert [p["candidate"] for p in d["probes"]] == ["0.22.0", "0.32.0"]
     assert [p["step"] for p in d["probes"]] == [1, 2]
     assert [p["verdict"] for p in d["probes"]] == ["GOOD", "GOOD"]
-    assert [p["cell"]["id"] for p in d["probes"]] == [CellTemplate().at(v).id for v in ("0.22.0", "0.32.0")]
+    assert [p["cell"]["id"] for p in d["probes"]] == [parse_cell(None).at(v).id for v in ("0.22.0", "0.32.0")]
     assert [r.candidate for r in seen] == ["0.22.0", "0.32.0"]
     assert len(fake.cells) == 2
 
