@@ -140,6 +140,42 @@ def _validate(candidates: Sequence[str], find: str) -> list[str]:
     return items
 
 
+class _Prober:
+    """Probes candidates at most once each, in probe order, and remembers every record."""
+
+    def __init__(self, items: list[str], probe: Callable[[str], ProbeResult],
+                 on_probe: Callable[[ProbeRecord], None] | None) -> None:
+        self.items, self.probe, self.on_probe = items, probe, on_probe
+        self.cache: dict[int, ProbeRecord] = {}
+        self.records: list[ProbeRecord] = []
+
+    def run(self, i: int) -> ProbeRecord:
+        if i in self.cache:
+            return self.cache[i]
+        result = self.probe(self.items[i])
+        if not isinstance(result, ProbeResult):
+            raise TypeError(f"probe({self.items[i]!r}) returned {result!r}, not a ProbeResult")
+        rec = ProbeRecord(index=i, candidate=self.items[i], result=result, step=len(self.records) + 1)
+        self.cache[i] = rec
+        self.records.append(rec)
+        if self.on_probe is not None:
+            self.on_probe(rec)
+        return rec
+
+    def skipped_in(self, lo: int, hi: int) -> tuple[ProbeRecord, ...]:
+        """Probed SKIP records with lo <= index < hi, in index order."""
+        return tuple(self.cache[i] for i in range(lo, hi)
+                     if i in self.cache and self.cache[i].result.verdict is Verdict.SKIP)
+
+    def first_run(self, indices: Iterable[int]) -> ProbeRecord | None:
+        """The first of ``indices`` whose probe is not SKIP (stepping inwards from an end), or None."""
+        for i in indices:
+            rec = self.run(i)
+            if rec.result.verdict is not Verdict.SKIP:
+                return rec
+        return None
+
+
 def bisect(
     candidates: Sequence[str],
     probe: Callable[[str], ProbeResult],
@@ -159,71 +195,28 @@ def bisect(
     items = _validate(candidates, find)
     old_state, new_state = _states(find)
     n = len(items)
-    cache: dict[int, ProbeRecord] = {}
-    records: list[ProbeRecord] = []
-
-    def run(i: int) -> ProbeRecord:
-        if i in cache:
-            return cache[i]
-        result = probe(items[i])
-        if not isinstance(result, ProbeResult):
-            raise TypeError(f"probe({items[i]!r}) returned {result!r}, not a ProbeResult")
-        rec = ProbeRecord(index=i, candidate=items[i], result=result, step=len(records) + 1)
-        cache[i] = rec
-        records.append(rec)
-        if on_probe is not None:
-            on_probe(rec)
-        return rec
-
-    def skipped_in(lo: int, hi: int) -> tuple[ProbeRecord, ...]:
-        # Probed SKIP records with lo <= index < hi, in index order.
-        return tuple(cache[i] for i in range(lo, hi) if i in cache and cache[i].result.verdict is Verdict.SKIP)
-
-    # --- endpoint check: step inwards from each end to the first non-SKIP candidate.
-    old_end: ProbeRecord | None = None
-    for i in range(n):
-        rec = run(i)
-        if rec.result.verdict is not Verdict.SKIP:
-            old_end = rec
-            break
+    p = _Prober(items, probe, on_probe)
+    old_end = p.first_run(range(n))
     if old_end is None:
-        raise BisectError(
-            f"every candidate was skipped: {_skip_list(records)}",
-            skipped=tuple(records),
-            probes=tuple(records),
-        )
-    new_end: ProbeRecord | None = None
-    for i in range(n - 1, old_end.index, -1):
-        rec = run(i)
-        if rec.result.verdict is not Verdict.SKIP:
-            new_end = rec
-            break
-
-    new_end = _check_endpoints(
-        find, noun, old_end, new_end, skipped_in(0, old_end.index), skipped_in(old_end.index + 1, n), tuple(records)
-    )
-
-    # --- binary search strictly between lo (old state) and hi (new state).
+        raise BisectError(f"every candidate was skipped: {_skip_list(p.records)}", skipped=tuple(p.records),
+                          probes=tuple(p.records))
+    new_end = p.first_run(range(n - 1, old_end.index, -1))
+    new_end = _check_endpoints(find, noun, old_end, new_end, p.skipped_in(0, old_end.index),
+                               p.skipped_in(old_end.index + 1, n), tuple(p.records))
+    # Binary search strictly between lo (old state) and hi (new state).
     lo, hi = old_end.index, new_end.index
     while hi - lo > 1:
-        pick = _next_probe(lo, hi, cache)
+        pick = _next_probe(lo, hi, p.cache)
         if pick is None:
             break  # every candidate strictly between lo and hi is SKIP
-        rec = run(pick)
+        rec = p.run(pick)
         if rec.result.verdict is old_state:
             lo = pick
         elif rec.result.verdict is new_state:
             hi = pick
-
-    return BisectResult(
-        find=find,
-        first_new=items[hi],
-        last_old=items[lo],
-        probes=tuple(records),
-        ambiguous=tuple(r.candidate for r in skipped_in(lo + 1, hi)),
-        skipped=tuple(r.candidate for r in skipped_in(0, n)),
-        noun=noun,
-    )
+    return BisectResult(find=find, first_new=items[hi], last_old=items[lo], probes=tuple(p.records),
+                        ambiguous=tuple(r.candidate for r in p.skipped_in(lo + 1, hi)),
+                        skipped=tuple(r.candidate for r in p.skipped_in(0, n)), noun=noun)
 
 
 def _next_probe(lo: int, hi: int, cache: dict[int, ProbeRecord]) -> int | None:
@@ -252,54 +245,43 @@ def _check_endpoints(
     if new_end is not None and old_end.result.verdict is old_state and new_end.result.verdict is new_state:
         return new_end
     endpoints = (old_end,) if new_end is None else (old_end, new_end)
-    skipped = leading + trailing
+    message = _ill_posed(find, noun, old_end, new_end, leading, trailing)
+    raise BisectError(message, endpoints=endpoints, skipped=leading + trailing, probes=probes)
+
+
+def _ill_posed(
+    find: str, noun: str, old_end: ProbeRecord, new_end: ProbeRecord | None,
+    leading: tuple[ProbeRecord, ...], trailing: tuple[ProbeRecord, ...],
+) -> str:
+    # Why the endpoints bracket no old-to-new boundary.
+    old_state, new_state = _states(find)
     need = f"the first {noun} must be {old_state.name} and the last {new_state.name}"
     boundary = f"no {old_state.name}-to-{new_state.name} boundary in the range"
-
     # The first runnable candidate already has the new state and everything before it was skipped:
     # the state is present as early as it can be tested, which is not a boundary.
     if leading and old_end.result.verdict is new_state and (new_end is None or new_end.result.verdict is new_state):
         last = f"; the last {noun} to run: {_outcome(new_end)}" if new_end is not None else ""
         if trailing:
             last += f"; skipped after it: {_skip_list(trailing)}"
-        raise BisectError(
-            f"no {old_state.name} {noun} in the range for --find {find}: {old_end.candidate}, the first {noun} that "
-            f"could be tested, {_is(old_end)}, and every earlier {noun} was skipped: {_skip_list(leading)}; "
-            f"the bug is already {'fixed' if find == 'fix' else 'present'} in {old_end.candidate}, the first {noun} "
-            f"that can run the probe, so there is {boundary}{last}",
-            endpoints=endpoints,
-            skipped=skipped,
-            probes=probes,
-        )
+        return (f"no {old_state.name} {noun} in the range for --find {find}: {old_end.candidate}, the first {noun} "
+                f"that could be tested, {_is(old_end)}, and every earlier {noun} was skipped: {_skip_list(leading)}; "
+                f"the bug is already {'fixed' if find == 'fix' else 'present'} in {old_end.candidate}, the first "
+                f"{noun} that can run the probe, so there is {boundary}{last}")
     # Symmetric at the new end: the last runnable candidate still has the old state, everything after it skipped.
     if trailing and new_end is not None and new_end.result.verdict is old_state and old_end.result.verdict is old_state:
         first = f"; skipped before it: {_skip_list(leading)}" if leading else ""
-        raise BisectError(
-            f"no {new_state.name} {noun} in the range for --find {find}: the first {noun} to run, {_outcome(old_end)}, "
-            f"and {new_end.candidate}, the last {noun} that could be tested, {_is(new_end)}; every later {noun} was "
-            f"skipped: "
-            f"{_skip_list(trailing)}; the bug is still {'present' if find == 'fix' else 'absent'} in "
-            f"{new_end.candidate}, the last {noun} that can run the probe, so there is {boundary}{first}",
-            endpoints=endpoints,
-            skipped=skipped,
-            probes=probes,
-        )
+        return (f"no {new_state.name} {noun} in the range for --find {find}: the first {noun} to run, "
+                f"{_outcome(old_end)}, and {new_end.candidate}, the last {noun} that could be tested, {_is(new_end)}; "
+                f"every later {noun} was skipped: {_skip_list(trailing)}; the bug is still "
+                f"{'present' if find == 'fix' else 'absent'} in {new_end.candidate}, the last {noun} that can run "
+                f"the probe, so there is {boundary}{first}")
     if new_end is None:
-        raise BisectError(
-            f"ill-posed range for --find {find}: {_outcome(old_end)} and every later {noun} was skipped: "
-            f"{_skip_list(trailing) or '(none left)'}; {need}"
-            + (f"; skipped before it: {_skip_list(leading)}" if leading else ""),
-            endpoints=endpoints,
-            skipped=skipped,
-            probes=probes,
-        )
+        return (f"ill-posed range for --find {find}: {_outcome(old_end)} and every later {noun} was skipped: "
+                f"{_skip_list(trailing) or '(none left)'}; {need}"
+                + (f"; skipped before it: {_skip_list(leading)}" if leading else ""))
+    skipped = leading + trailing
     extra = f"; skipped: {_skip_list(skipped)}" if skipped else ""
-    raise BisectError(
-        f"ill-posed range for --find {find}: {_outcome(old_end)} and {_outcome(new_end)}; {need}{extra}",
-        endpoints=endpoints,
-        skipped=skipped,
-        probes=probes,
-    )
+    return f"ill-posed range for --find {find}: {_outcome(old_end)} and {_outcome(new_end)}; {need}{extra}"
 
 
 def monotone_check(records: Iterable[ProbeRecord], find: str | None = None) -> list[str]:

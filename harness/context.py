@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv, ensure_env, package_for
+from harness.envs import EnvRecipe, IndexConfig, VllmEnv, default_recipe, ensure_env
 from harness.matrix import Cell, EngineKey
 from harness.results import CellResult, ResultsLog
 from harness.runner import EventHook, RunConfig
@@ -74,7 +74,7 @@ class RunContext:
         """The env recipe of ``version``: ``recipe_for``'s, else the platform's package from the index."""
         if self.recipe_for is not None:
             return self.recipe_for(version)
-        return EnvRecipe(package_for(self.cfg.platform), version, self.cfg.platform, self.python, self.index)
+        return default_recipe(self.cfg.platform, version, self.python, self.index)
 
     def env(self, version: str, log: Callable[[str], None] = lambda m: None) -> VllmEnv:
         """The env of ``version``: prebuilt, or built (or reused) in the cache; EnvBuildError when it cannot be."""
