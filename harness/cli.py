@@ -442,7 +442,7 @@ def cmd_matrix(args: argparse.Namespace, argv: list[str]) -> int:
         return 1
     if args.strict and any(c.outcome.is_token_fault or c.outcome is Outcome.FLAKY for c in results.cells):
         return 1
-    unexpected = [c for c in results.cells if (c.expectation or {}).get("status") == "UNEXPECTED"]
+    unexpected = [c for c in results.cells if c.expectation is not None and c.expectation.status == "UNEXPECTED"]
     if args.fail_on_unexpected and unexpected:
         console.print(f"[bold red]{len(unexpected)} cell(s) differ from the known-bug table[/]: "
                       + ", ".join(c.id for c in unexpected[:8]))

@@ -17,9 +17,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.outcomes import style
+from harness.core.records import inject_ids
 from harness.core.versions import version_key, version_order
 from harness.errors import BadInput
-from harness.history import STYLES, category, cell_label, engine_inject, inject_ids
 from harness.results import CellResult, Results
 
 MAX_TOKEN_ROWS = 10  # first post-resume token rows shown per cell
@@ -139,13 +140,7 @@ _COUNT = re.compile(r"\b(\d+)/(\d+)\b")
 
 
 def _expectation(cr: CellResult) -> str:
-    e = cr.expectation or {}
-    status = e.get("status")
-    if status == "UNEXPECTED":
-        return f"UNEXPECTED (expected {e.get('expected')}" + (f" from {e['bug']})" if e.get("bug") else ")")
-    if status == "as expected" and e.get("bug"):
-        return f"as expected ({e['bug']})"
-    return str(status or "")
+    return cr.expectation.describe() if cr.expectation else ""
 
 
 def _request_outcome(req: dict[str, Any]) -> str | None:
@@ -162,8 +157,8 @@ def verdict_of(cr: CellResult) -> Verdict:
         # No per-request verdicts (a report trimmed by hand): the summary says "… in 8/10 requests" / "OK 10/10".
         m = _COUNT.search(cr.summary)
         affected, total = (None, None) if not m else (0 if cr.outcome.value == "OK" else int(m[1]), int(m[2]))
-    return Verdict(cr.outcome.value, cell_label(cr.outcome.value, cr.summary), affected, total, cr.summary,
-                   cr.reason, _expectation(cr), not cr.outcome.is_infra)
+    return Verdict(cr.outcome.value, cr.label, affected, total, cr.summary, cr.reason, _expectation(cr),
+                   not cr.outcome.is_infra)
 
 
 def _request_verdicts(cr: CellResult) -> dict[str, dict[str, Any]]:
@@ -194,13 +189,12 @@ def _differently_judged(ca: CellResult, cb: CellResult) -> tuple[FirstToken, ...
 
 
 def _engine_facts(cr: CellResult) -> dict[str, Any]:
-    e = cr.engine if isinstance(cr.engine, dict) else {}
-    eff = e.get("effective") if isinstance(e.get("effective"), dict) else {}
+    e = cr.engine
     return {
-        "effective async_scheduling": eff.get("async_scheduling"),
-        "executor class": eff.get("executor_class"),
+        "effective async_scheduling": e.effective_async if e else None,
+        "executor class": e.executor_class if e else None,
         "requests": len(cr.requests) or None,
-        "fault injection": ",".join(engine_inject(cr.engine)) or None,
+        "fault injection": ",".join(e.inject if e else ()) or None,
         "known-bug table": _expectation(cr) or None,
     }
 
@@ -245,18 +239,18 @@ def _by_id(results: Results, name: str) -> dict[str, CellResult]:
 
 def _side(name: str, source: str, results: Results) -> Side:
     meta = results.meta or {}
-    engines = [c.engine for c in results.cells if isinstance(c.engine, dict) and c.engine.get("vllm_version")]
-    platform = meta.get("platform") or next((e.get("platform") for e in engines if e.get("platform")), None)
+    engines = [c.engine for c in results.cells if c.engine and c.engine.vllm_version]
+    platform = meta.get("platform") or next((e.platform for e in engines if e.platform), None)
     host = meta.get("host")
     if isinstance(host, dict):
         host = ", ".join(str(host[k]) for k in ("node", "machine") if host.get(k))
-    facts = sorted({(str(e.get("vllm_version")), str(e.get("torch_version")), str(e.get("device_name")))
-                    for e in engines}, key=lambda t: version_key(t[0]))
+    facts = sorted({(str(e.vllm_version), str(e.torch_version), str(e.device_name)) for e in engines},
+                   key=lambda t: version_key(t[0]))
     inject = tuple(dict.fromkeys(inject_ids(meta.get("inject")) + tuple(
-        i for c in results.cells for i in engine_inject(c.engine))))
+        i for c in results.cells if c.engine for i in c.engine.inject)))
     return Side(
         name=name, source=source, platform=str(platform or "?"),
-        devices=tuple(sorted({str(e.get("device_name")) for e in engines if e.get("device_name")})),
+        devices=tuple(sorted({str(e.device_name) for e in engines if e.device_name})),
         versions=tuple(version_order(c.cell.version for c in results.cells)),
         engines=tuple(f"vLLM {v}, torch {t}, {d}" for v, t, d in facts),
         created=meta.get("created"), host=str(host) if host else None, inject=inject, cells=len(results.cells),
@@ -398,7 +392,7 @@ def terminal_table(cmp: Comparison) -> Table:
     def cell(v: Verdict | None) -> Text:
         if v is None:
             return Text("not in report", style="dim")
-        return Text(v.label if v.ran else v.text, style=STYLES[category(v.outcome)])
+        return Text(v.label if v.ran else v.text, style=style(v.outcome))
 
     for c in cmp.both:
         table.add_row(Text(c.id), cell(c.a), cell(c.b),

@@ -11,6 +11,7 @@ from packaging.version import Version
 
 from harness.core.axes import BY_NAME
 from harness.core.pattern import CellPattern, pattern_from_mapping
+from harness.core.records import ExpectationRecord
 from harness.errors import BadInput
 from harness.oracle import Outcome
 from harness.results import CellResult
@@ -123,5 +124,4 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
 def annotate(result: CellResult, bugs: tuple[KnownBug, ...]) -> CellResult:
     """``result`` with its known-bug comparison attached (``CellResult.expectation``)."""
     c = check(result, bugs)
-    return replace(result, expectation={"status": c.status, "expected": c.expected.label, "bug": c.expected.bug,
-                                        "message": c.message})
+    return replace(result, expectation=ExpectationRecord(c.status, c.expected.label, c.expected.bug, c.message))
