@@ -5,8 +5,12 @@ One line per run (one results report)::
     {"schema": "vllm-repro/history", "schema_version": 1, "run_id": "…", "cells_digest": "…", "added": "2026-…",
      "source": "…",
      "meta": {"platform": "cpu", "created": "…", "inject": [...], "devices": [...], …},
-     "cells": [{"id", "version", "executor", "async", "mode", "clear_cache", "tp", "scenario", "outcome", "label",
-                "summary", "reason", "expectation", "expected", "vllm_version", "device", "inject"}, …]}
+     "cells": [{"id", "version", "executor", "async", "mode", "clear_cache", "tp", "scenario", "model_runner",
+                "batch_invariant", ["tier",] "outcome", "label", "summary", "reason", "expectation", "expected",
+                "vllm_version", "device", "inject"}, …]}
+
+A cell's axes are those of harness.core.axes (``async`` spelled as in schema 1); an axis added since (``tier``)
+is written only when it is not at its default, so the lines still read in older versions.
 
 Outcomes are kept as strings, so a history written by a newer vllm-repro (e.g. FLAKY from ``--repeat``) still
 shows and plots.  Runs that used fault injection (``--inject vllm#42043``) are labelled everywhere and kept in
@@ -428,13 +432,19 @@ def _row_key(row: Row) -> tuple[Any, ...]:
 
 
 def _selector(patterns: Sequence[str]) -> Callable[[HistoryCell], bool]:
-    """``--cells`` patterns: fnmatch on the config or id, or a cell pattern (``executor=mp,tp=2``) with "="."""
+    """``--cells``: fnmatch patterns on the config or id, and ``key=value`` items of one cell pattern.
+
+    The ``key=value`` items together are one pattern (``executor=mp,async=on,tp=2``: every axis must match, as
+    in ``bisect --cell``), however the comma-separated option was split; a cell is selected when it matches
+    any glob or that pattern.
+    """
     globs = [p for p in patterns if "=" not in p]
-    cell_patterns: list[CellPattern] = [parse_pattern(p, "--cells") for p in patterns if "=" in p]
+    items = [p for p in patterns if "=" in p]
+    pattern: CellPattern | None = parse_pattern(",".join(items), "--cells") if items else None
 
     def selected(cell: HistoryCell) -> bool:
         return not patterns or any(fnmatch.fnmatchcase(cell.config, p) or fnmatch.fnmatchcase(cell.id, p)
-                                   for p in globs) or any(p.matches(cell.cell) for p in cell_patterns)
+                                   for p in globs) or (pattern is not None and pattern.matches(cell.cell))
 
     return selected
 
@@ -450,8 +460,8 @@ def show(
 ) -> HistoryView:
     """Per cell config and vLLM version, the outcome of every run, oldest first.
 
-    ``cells``: fnmatch patterns on the config (``mp-async_on-keep-*``) or the full cell id, or cell patterns
-    (``executor=mp,async=on,tp=2``, harness.core.pattern); ``versions``: exact
+    ``cells``: fnmatch patterns on the config (``mp-async_on-keep-*``) or the full cell id, and ``key=value``
+    items of a cell pattern (``executor=mp``, ``async=on``, ``tp=2``: harness.core.pattern); ``versions``: exact
     version labels; ``platform``: ``cpu`` or ``cuda``; ``hide_unsupported``: leave out rows whose latest outcome
     is UNSUPPORTED on every version (Ray and uni cells on CPU).  Runs are ordered by when they happened (the
     report's ``created``), so a report added late does not hide newer results.

@@ -236,7 +236,8 @@ def test_show_selects_cells_by_cell_pattern_too(hist: Path, tmp_path: Path) -> N
     add(hist, nightly("2026-11-29T02:00:00+00:00"), tmp_path, "cpu")
     by_glob = show(read_history(hist), cells=["mp-async_on-*"])
     by_pattern = show(read_history(hist), cells=["executor=mp,async=on"])
-    assert by_pattern.series == by_glob.series and len(by_glob.series) == 3
+    split = show(read_history(hist), cells=["executor=mp", "async=on"])  # as --cells splits on commas
+    assert by_pattern.series == split.series == by_glob.series and len(by_glob.series) == 3
     both = show(read_history(hist), cells=["clear_cache=false", "ray-v2-*"])
     assert {s.row.config for s in both.series} == {"mp-async_on-keep-noclear", "ray-v2-async_on-keep-clear"}
     with pytest.raises(BadInput, match="cell key"):
