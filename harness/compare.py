@@ -9,7 +9,7 @@ neither ran) is listed with the other side's outcome and reason, never counted a
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.core.outcomes import style
-from harness.core.records import inject_ids
+from harness.core.records import RequestVerdictRecord, inject_ids
 from harness.core.versions import version_key, version_order
 from harness.errors import BadInput
 from harness.results import CellResult, Results
@@ -73,8 +73,8 @@ class FirstToken:
     """
 
     rid: str
-    a: dict[str, Any] | None
-    b: dict[str, Any] | None
+    a: Mapping[str, Any] | None
+    b: Mapping[str, Any] | None
     a_label: str | None
     b_label: str | None
 
@@ -143,14 +143,9 @@ def _expectation(cr: CellResult) -> str:
     return cr.expectation.describe() if cr.expectation else ""
 
 
-def _request_outcome(req: dict[str, Any]) -> str | None:
-    v = req.get("verdict")
-    return v.get("outcome") if isinstance(v, dict) else None
-
-
 def verdict_of(cr: CellResult) -> Verdict:
     """A cell's verdict as compared: outcome, label and how many requests it affected."""
-    outcomes = [_request_outcome(r) for r in cr.requests]
+    outcomes = [r.verdict.outcome if r.verdict else None for r in cr.requests]
     if outcomes and all(o is not None for o in outcomes):
         affected, total = sum(o != "OK" for o in outcomes), len(outcomes)
     else:
@@ -161,20 +156,19 @@ def verdict_of(cr: CellResult) -> Verdict:
                    not cr.outcome.is_infra)
 
 
-def _request_verdicts(cr: CellResult) -> dict[str, dict[str, Any]]:
-    return {str(req["rid"]): req["verdict"] for req in cr.requests
-            if isinstance(req.get("verdict"), dict) and req.get("rid") is not None}
+def _request_verdicts(cr: CellResult) -> dict[str, RequestVerdictRecord]:
+    return {req.rid: req.verdict for req in cr.requests if req.verdict is not None and req.rid is not None}
 
 
-def _judged(v: dict[str, Any] | None) -> tuple[Any, ...] | None:
+def _judged(v: RequestVerdictRecord | None) -> tuple[Any, ...] | None:
     # What must match for two sides to have judged a request alike.  Token ids and the pause index are left
     # out: the pause triggers when every running request holds its trigger count, so the exact index (and
     # with it the token there) varies from run to run on the same platform.
     if v is None:
         return None
-    fpr = v.get("first_post_resume") or {}
+    fpr = v.first_post_resume or {}
     hit = fpr.get("expected") == fpr.get("observed") if fpr else None
-    return (v.get("outcome"), v.get("k"), hit)
+    return (v.outcome, v.k, hit)
 
 
 def _differently_judged(ca: CellResult, cb: CellResult) -> tuple[FirstToken, ...]:
@@ -183,8 +177,8 @@ def _differently_judged(ca: CellResult, cb: CellResult) -> tuple[FirstToken, ...
     for rid in dict.fromkeys([*ra, *rb]):
         va, vb = ra.get(rid), rb.get(rid)
         if _judged(va) != _judged(vb):
-            out.append(FirstToken(rid, (va or {}).get("first_post_resume"), (vb or {}).get("first_post_resume"),
-                                  (va or {}).get("label"), (vb or {}).get("label")))
+            out.append(FirstToken(rid, va.first_post_resume if va else None, vb.first_post_resume if vb else None,
+                                  va.label if va else None, vb.label if vb else None))
     return tuple(out)
 
 
@@ -300,7 +294,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [_row(header), "|" + "|".join("---" for _ in header) + "|", *(_row(r) for r in rows)]
 
 
-def _tok(fpr: dict[str, Any] | None, label: str | None = None) -> str:
+def _tok(fpr: Mapping[str, Any] | None, label: str | None = None) -> str:
     verdict = f"{label}: " if label else ""
     if not fpr:
         return f"{verdict}—" if label else "not in report"

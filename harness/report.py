@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.core.axes import SORT_ORDER
+from harness.core.records import RequestRecord, RequestVerdictRecord
 from harness.core.versions import version_key
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
@@ -100,38 +101,45 @@ def _detail(cr: CellResult) -> str:
     return cr.summary
 
 
-def _verdict(req: dict[str, Any]) -> dict[str, Any]:
-    v = req.get("verdict")
-    return v if isinstance(v, dict) else {}
+_NO_VERDICT = RequestVerdictRecord(None)
 
 
-def _faulty(req: dict[str, Any]) -> bool:
-    return _verdict(req).get("outcome", "OK") != Outcome.OK.value
+def _verdict(req: RequestRecord) -> RequestVerdictRecord:
+    return req.verdict or _NO_VERDICT
 
 
-def _first_post_resume(req: dict[str, Any]) -> str:
-    fpr = _verdict(req).get("first_post_resume")
-    if not isinstance(fpr, dict):
+def _faulty(req: RequestRecord) -> bool:
+    return _verdict(req).outcome not in (None, Outcome.OK.value)
+
+
+def _label(v: RequestVerdictRecord) -> str:
+    return "?" if v.label is None else v.label
+
+
+def _first_post_resume(req: RequestRecord) -> str:
+    fpr = _verdict(req).first_post_resume
+    if fpr is None:
         return "—"
     exp, obs = fpr.get("expected"), fpr.get("observed")
     mark = "" if exp == obs else " ✗"
     return f"#{fpr.get('index')}: expected {_tok(exp)}, observed {_tok(obs)}{mark}"
 
 
+def _rid(req: RequestRecord) -> str:
+    return "?" if req.rid is None else req.rid
+
+
 def _tok(t: Any) -> str:
     return "none" if t is None else str(t)
 
 
-def _center(req: dict[str, Any]) -> int | None:
+def _center(req: RequestRecord) -> int | None:
     # Windows centre on the first post-resume token, else the pause, else the fault.
     v = _verdict(req)
-    fpr = v.get("first_post_resume")
-    if isinstance(fpr, dict) and isinstance(fpr.get("index"), int):
-        return fpr["index"]
-    for key in ("pause_index", "at"):
-        if isinstance(v.get(key), int):
-            return v[key]
-    return None
+    fpr = v.first_post_resume
+    if fpr is not None and isinstance(fpr.get("index"), int):
+        return int(fpr["index"])
+    return next((i for i in (v.pause_index, v.at) if isinstance(i, int)), None)
 
 
 def _window(tokens: Sequence[Any] | None, center: int | None, width: int = WINDOW) -> str:
@@ -252,15 +260,15 @@ def _details(cr: CellResult) -> list[str]:
     for req in cr.requests:
         v = _verdict(req)
         center = _center(req)
-        submit = req.get("submit")
+        submit = req.submit
         rows.append([
-            req.get("rid", "?"),
+            _rid(req),
             "/".join(str(s) for s in submit) if isinstance(submit, list) else submit,
-            v.get("label", "?"),
-            _tok(v.get("pause_index")),
+            _label(v),
+            _tok(v.pause_index),
             _first_post_resume(req),
-            _window(req.get("observed"), center),
-            _window(req.get("reference"), center),
+            _window(req.observed, center),
+            _window(req.reference, center),
         ])
     header = ["request", "submit", "verdict", "pause index", "first post-resume token", "observed",
               "reference"]
@@ -311,14 +319,13 @@ def request_lines(cr: CellResult, only_faulty: bool = False) -> list[str]:
         if only_faulty and not _faulty(req):
             continue
         v = _verdict(req)
-        line = f"{req.get('rid', '?')}: {v.get('label', '?')}"
-        if v.get("detail"):
-            line += f" ({v['detail']})"
+        line = f"{_rid(req)}: {_label(v)}"
+        if v.detail:
+            line += f" ({v.detail})"
         line += f"; first post-resume token {_first_post_resume(req)}"
-        line += f"; pause index {_tok(v.get('pause_index'))}"
+        line += f"; pause index {_tok(v.pause_index)}"
         center = _center(req)
-        line += (f"; observed {_window(req.get('observed'), center)}"
-                 f"; reference {_window(req.get('reference'), center)}")
+        line += f"; observed {_window(req.observed, center)}; reference {_window(req.reference, center)}"
         lines.append(line)
     return lines
 

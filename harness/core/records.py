@@ -1,9 +1,10 @@
 """Typed records of the harness<->repro contract, their one schema check and the migration of old files.
 
 A cell result is a :class:`CellResult`: the cell, the oracle's outcome and short ``label`` (``LOSS(1)``), its
-summary, the engine's self-report (:class:`EngineInfo`), the known-bug comparison (:class:`ExpectationRecord`)
-and, for ``--repeat N``, a :class:`RepeatSummary`.  Request records stay the JSON objects ``repro.cell`` writes
-(with the oracle's verdict merged in).
+summary, its requests (:class:`RequestRecord`: what ``repro.cell`` recorded, with the oracle's verdict merged
+in), the engine's self-report (:class:`EngineInfo`), the known-bug comparison (:class:`ExpectationRecord`) and,
+for ``--repeat N``, a :class:`RepeatSummary`.  Objects from the engine side are kept whole, so a file
+re-written by the harness holds exactly what the engine wrote.
 
 Files carry ``schema`` and ``schema_version``; :class:`Schema.check` is the one check, and
 :func:`migrate_cell` brings a cell result of any older version up to :data:`SCHEMA_VERSION`, one
@@ -134,14 +135,10 @@ def _dict(value: Any) -> Mapping[str, Any]:
 # --------------------------------------------------------------------------- records
 
 
-@dataclass(frozen=True)
-class EngineInfo(Mapping[str, Any]):
-    """An engine's self-report (``repro.cell``'s ``ready`` event), typed where the harness reads it.
-
-    The report is open-ended (its ``probe`` varies with the vLLM version), so the whole of it is kept in
-    ``raw`` and written back unchanged; it also reads as that mapping.
-    """
-
+@dataclass(frozen=True, eq=False)
+class _RawRecord(Mapping[str, Any]):
+    # A JSON object from the engine side, kept whole (written back byte for byte) and read as a mapping; it
+    # equals any mapping with the same items.  Subclasses add typed properties for what the harness reads.
     raw: Mapping[str, Any]
 
     def __getitem__(self, key: str) -> Any:
@@ -156,6 +153,18 @@ class EngineInfo(Mapping[str, Any]):
     def _str(self, key: str) -> str | None:
         value = self.raw.get(key)
         return None if value is None else str(value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+
+@dataclass(frozen=True, eq=False)
+class EngineInfo(_RawRecord):
+    """An engine's self-report (``repro.cell``'s ``ready`` event), typed where the harness reads it.
+
+    The report is open-ended (its ``probe`` varies with the vLLM version), so the whole of it is kept in
+    ``raw`` and written back unchanged; it also reads as that mapping.
+    """
 
     @property
     def vllm_version(self) -> str | None:
@@ -197,8 +206,59 @@ class EngineInfo(Mapping[str, Any]):
         core = _dict(self.probe.get("core"))
         return tuple(dict.fromkeys(inject_ids(self.raw.get("inject")) + inject_ids(core.get("inject"))))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.raw)
+
+@dataclass(frozen=True)
+class RequestVerdictRecord:
+    """The oracle's verdict on one request as stored (harness.oracle.RequestVerdict.to_dict)."""
+
+    outcome: str | None  # "OK", "LOSS", …
+    label: str | None = None  # "LOSS(1 at 12)"
+    at: int | None = None
+    k: int | None = None
+    detail: str = ""
+    running_at_pause: bool = False
+    pause_index: int | None = None
+    first_post_resume: Mapping[str, Any] | None = None  # {"index", "expected", "observed"}
+
+    @property
+    def short(self) -> str:
+        """``LOSS(1)``: the outcome with the tokens lost or duplicated (what the known-bug table expects)."""
+        return str(self.outcome) if self.k is None else f"{self.outcome}({self.k})"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RequestVerdictRecord:
+        fpr = d.get("first_post_resume")
+        return cls(d.get("outcome"), d.get("label"), d.get("at"), d.get("k"), str(d.get("detail") or ""),
+                   bool(d.get("running_at_pause")), d.get("pause_index"),
+                   fpr if isinstance(fpr, Mapping) else None)
+
+
+@dataclass(frozen=True, eq=False)
+class RequestRecord(_RawRecord):
+    """One request as ``repro.cell`` recorded it (prompt, reference and observed tokens, pauses, timings), with
+    the oracle's verdict merged in under ``"verdict"``; kept whole, typed where the harness reads it."""
+
+    @property
+    def rid(self) -> str | None:
+        return self._str("rid")
+
+    @property
+    def submit(self) -> Any:
+        """``"start"``, or where it was submitted: ``["during", 0]``, ``["after", 1]``."""
+        return self.raw.get("submit")
+
+    @property
+    def observed(self) -> list[int] | None:
+        return self.raw.get("observed")
+
+    @property
+    def reference(self) -> list[int] | None:
+        return self.raw.get("reference")
+
+    @property
+    def verdict(self) -> RequestVerdictRecord | None:
+        v = self.raw.get("verdict")
+        return RequestVerdictRecord.from_dict(v) if isinstance(v, Mapping) else None
 
 
 @dataclass(frozen=True)
@@ -251,19 +311,20 @@ def _record(value: Any, kind: type[Any]) -> Any:
         return value
     if not isinstance(value, Mapping):
         raise TypeError(f"{kind.__name__} from {type(value).__name__}, not an object")
-    return kind(value) if kind is EngineInfo else kind.from_dict(value)
+    return kind(value) if issubclass(kind, _RawRecord) else kind.from_dict(value)
 
 
 @dataclass(frozen=True)
 class CellResult:
-    """One cell's result.  ``engine``, ``expectation`` and ``repeats`` may be given in their JSON form."""
+    """One cell's result.  ``requests``, ``engine``, ``expectation`` and ``repeats`` may be given in their JSON
+    form, which is read into the records."""
 
     cell: Cell
     outcome: Outcome
     summary: str
     reason: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
-    requests: tuple[dict[str, Any], ...] = ()  # repro.cell's request records, with the oracle's "verdict"
+    requests: tuple[RequestRecord, ...] = ()
     engine: EngineInfo | None = None  # versions, device, requested/effective settings
     duration_s: float | None = None
     expectation: ExpectationRecord | None = None
@@ -271,6 +332,7 @@ class CellResult:
     label: str = ""  # the oracle's short label, "LOSS(1)", "FLAKY"; "" = the outcome
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", tuple(_record(r, RequestRecord) for r in self.requests))
         object.__setattr__(self, "engine", _record(self.engine, EngineInfo))
         object.__setattr__(self, "expectation", _record(self.expectation, ExpectationRecord))
         object.__setattr__(self, "repeats", _record(self.repeats, RepeatSummary))
@@ -290,7 +352,7 @@ class CellResult:
             "summary": self.summary,
             "reason": self.reason,
             "counts": self.counts,
-            "requests": list(self.requests),
+            "requests": [r.to_dict() for r in self.requests],
             "engine": self.engine.to_dict() if self.engine is not None else None,
             "duration_s": self.duration_s,
             "expectation": self.expectation.to_dict() if self.expectation is not None else None,

@@ -25,6 +25,8 @@ from harness.core.records import (
     EngineInfo,
     ExpectationRecord,
     RepeatSummary,
+    RequestRecord,
+    RequestVerdictRecord,
     Schema,
     identity_form,
     legacy_label,
@@ -190,3 +192,17 @@ def test_expectation_descriptions() -> None:
     assert ExpectationRecord("as expected", "OK").describe() == "as expected"
     assert ExpectationRecord("UNEXPECTED", "OK").describe() == "UNEXPECTED (expected OK)"
     assert ExpectationRecord(None).describe() == ""
+
+
+def test_request_records_are_typed_and_kept_whole() -> None:
+    cr = ran("0.21.0", lose=1)
+    first, late = cr.requests[0], cr.requests[-1]
+    assert isinstance(first, RequestRecord) and first.rid == first["rid"] and first.submit == "start"
+    v = first.verdict
+    assert isinstance(v, RequestVerdictRecord)
+    assert (v.outcome, v.k, v.short, v.running_at_pause) == ("LOSS", 1, "LOSS(1)", True)
+    assert v.first_post_resume is not None and v.first_post_resume["expected"] != v.first_post_resume["observed"]
+    assert late.verdict is not None and (late.verdict.short, late.verdict.running_at_pause) == ("OK", False)
+    raw = cr.to_dict()["requests"]
+    assert [dict(r) for r in cr.requests] == raw and cr.requests == tuple(raw)  # a record equals its JSON
+    assert CellResult(cr.cell, cr.outcome, cr.summary, requests=({"rid": "r0"},)).requests[0].verdict is None
