@@ -1,4 +1,8 @@
-"""Cell results and the results files (JSONL while running, JSON at the end), schema-versioned."""
+"""Cell results and the results files (JSONL while running, JSON at the end), schema-versioned.
+
+The records themselves (CellResult and what it holds), the schema check and the migration of older files are
+in harness.core.records; this module reads and writes the files.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.cell import Cell
 from harness.core.records import LINE, RESULTS, SCHEMA_VERSION, CellResult, EngineInfo, migrate_cell
 from harness.errors import ResultsFileError
-from harness.matrix import Cell
 from harness.oracle import CellVerdict, Outcome
 
 SCHEMA = RESULTS.name
 LINE_SCHEMA = LINE.name
-__all__ = [
-    "LINE_SCHEMA",
-    "SCHEMA",
-    "SCHEMA_VERSION",
-    "CellResult",
-    "Results",
-    "ResultsLog",
-    "infra_result",
-    "judged_result",
-    "merge_results",
-    "read_results",
-]
 
 
 def infra_result(cell: Cell, outcome: Outcome, reason: str,
