@@ -206,3 +206,24 @@ def test_request_records_are_typed_and_kept_whole() -> None:
     raw = cr.to_dict()["requests"]
     assert [dict(r) for r in cr.requests] == raw and cr.requests == tuple(raw)  # a record equals its JSON
     assert CellResult(cr.cell, cr.outcome, cr.summary, requests=({"rid": "r0"},)).requests[0].verdict is None
+
+
+def test_results_pickle_as_they_are() -> None:
+    # Ray tasks and pytest-xdist workers send cell results by pickle.
+    import copy
+    import pickle
+
+    cr = ran("0.21.0", lose=2)
+    back = pickle.loads(pickle.dumps(cr))
+    assert back == cr and isinstance(back.engine, EngineInfo) and isinstance(back.requests[0], RequestRecord)
+    assert copy.deepcopy(cr) == cr
+
+
+def test_repeat_labels_are_what_schema_1_files_recover() -> None:
+    from harness.repeat import aggregate
+
+    lossy, ok = ran("0.21.0", lose=RUNNING), ran("0.21.0")
+    down = infra("0.21.0", Outcome.TIMEOUT, "hang")
+    for runs, label in (([lossy, lossy], "LOSS(1)"), ([ok, lossy], "FLAKY"), ([ok, down], "TIMEOUT")):
+        res = aggregate(runs)
+        assert res.label == legacy_label(res.outcome.value, res.summary) == label
