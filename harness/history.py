@@ -36,10 +36,10 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.core.axes import BY_NAME, LOOP_ORDER, SORT_ORDER
-from harness.core.cell import Cell, cell_from_dict, parse_config_id
+from harness.core.cell import Cell, parse_config_id
 from harness.core.outcomes import COLORS, LEGEND, Category, category, style
 from harness.core.pattern import CellPattern, parse_pattern
-from harness.core.records import AXES_AFTER_V1, Schema, identity_form, inject_ids, legacy_label
+from harness.core.records import AXES_AFTER_V1, Schema, identity_form, inject_ids, known_cell, legacy_label
 from harness.core.versions import version_order
 from harness.errors import BadInput, ReproError, ResultsFileError
 from harness.results import SCHEMA as RESULTS_SCHEMA
@@ -120,7 +120,7 @@ class HistoryCell:
         if not isinstance(outcome, str) or not outcome:
             raise ValueError(f"cell {d['id']!r} has outcome {outcome!r}, not a string")
         summary = str(d.get("summary") or outcome)
-        cell = cell_from_dict({k: d[_LINE_KEYS.get(k, k)] for k in BY_NAME if _LINE_KEYS.get(k, k) in d})
+        cell = known_cell({k: d[_LINE_KEYS.get(k, k)] for k in BY_NAME if _LINE_KEYS.get(k, k) in d})
         return cls(
             cell=cell, outcome=outcome, label=str(d.get("label") or legacy_label(outcome, summary)),
             summary=summary, reason=d.get("reason"), expectation=d.get("expectation"), expected=d.get("expected"),

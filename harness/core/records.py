@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.axes import BY_NAME
+from harness.core.axes import AXES, BY_NAME
 from harness.core.cell import Cell, cell_from_dict
 from harness.errors import ResultsFileError
 from harness.oracle import Outcome
@@ -126,6 +126,20 @@ def inject_ids(value: Any) -> tuple[str, ...]:
     if isinstance(value, list | tuple):
         return tuple(dict.fromkeys(i for v in value for i in inject_ids(v)))
     return (str(value),)
+
+
+def known_cell(axes: Mapping[str, Any]) -> Cell:
+    """The Cell of a JSON cell object; ValueError naming an axis value this vllm-repro does not know.
+
+    (A file from a newer vllm-repro may hold one; its id could not be spelled, so it is refused here, with the
+    file and line named by the caller, rather than failing later in a view.)
+    """
+    cell = cell_from_dict(dict(axes))
+    for a in AXES:
+        value = getattr(cell, a.attr)
+        if a.values and value not in a.values:
+            raise ValueError(f"unknown {a.name} {value!r} (this vllm-repro knows {', '.join(map(str, a.values))})")
+    return cell
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -363,7 +377,7 @@ class CellResult:
     def from_dict(cls, d: dict[str, Any]) -> CellResult:
         """A cell result from its current JSON form (older forms go through :func:`migrate_cell` first)."""
         return cls(
-            cell=cell_from_dict(d["cell"]),
+            cell=known_cell(d["cell"]),
             outcome=Outcome(d["outcome"]),
             summary=d["summary"],
             reason=d.get("reason"),

@@ -404,3 +404,12 @@ def test_weight_sync_cells_are_rows_of_their_own(tmp_path: Path) -> None:
     assert configs == [KEEP_CLEAR_ON, KEEP_CLEAR_ON + "-weight_sync"]
     assert {s.row.config: s.latest.label for s in view.series} == {
         KEEP_CLEAR_ON: "LOSS(1)", KEEP_CLEAR_ON + "-weight_sync": "OK"}
+
+
+def test_a_history_cell_with_an_unknown_axis_value_names_its_line(hist: Path, tmp_path: Path) -> None:
+    add(hist, nightly("2026-11-29T02:00:00+00:00"), tmp_path, "n1")
+    run = json.loads(hist.read_text())
+    run["cells"][0]["tier"] = "quantum"
+    hist.write_text(json.dumps(run) + "\n")
+    with pytest.raises(ResultsFileError, match=r":1: malformed history run .*unknown tier 'quantum'"):
+        read_history(hist)

@@ -227,3 +227,12 @@ def test_repeat_labels_are_what_schema_1_files_recover() -> None:
     for runs, label in (([lossy, lossy], "LOSS(1)"), ([ok, lossy], "FLAKY"), ([ok, down], "TIMEOUT")):
         res = aggregate(runs)
         assert res.label == legacy_label(res.outcome.value, res.summary) == label
+
+
+def test_an_axis_value_from_a_newer_writer_is_refused_by_name(tmp_path: Path) -> None:
+    d = ran("0.21.0").to_dict()
+    bad = tmp_path / "r.json"
+    bad.write_text(json.dumps({"schema": RESULTS.name, "schema_version": 2,
+                               "cells": [{**d, "cell": {**d["cell"], "executor": "ray-v3"}}]}))
+    with pytest.raises(ResultsFileError, match=r"r\.json: malformed cell result .*unknown executor 'ray-v3'"):
+        read_results(bad)
