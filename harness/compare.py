@@ -9,7 +9,7 @@ neither ran) is listed with the other side's outcome and reason, never counted a
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +17,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.outcomes import style
+from harness.core.records import RequestVerdictRecord, inject_ids
 from harness.core.versions import version_key, version_order
 from harness.errors import BadInput
-from harness.history import STYLES, category, cell_label, engine_inject, inject_ids
 from harness.results import CellResult, Results
 
 MAX_TOKEN_ROWS = 10  # first post-resume token rows shown per cell
@@ -72,8 +73,8 @@ class FirstToken:
     """
 
     rid: str
-    a: dict[str, Any] | None
-    b: dict[str, Any] | None
+    a: Mapping[str, Any] | None
+    b: Mapping[str, Any] | None
     a_label: str | None
     b_label: str | None
 
@@ -139,47 +140,35 @@ _COUNT = re.compile(r"\b(\d+)/(\d+)\b")
 
 
 def _expectation(cr: CellResult) -> str:
-    e = cr.expectation or {}
-    status = e.get("status")
-    if status == "UNEXPECTED":
-        return f"UNEXPECTED (expected {e.get('expected')}" + (f" from {e['bug']})" if e.get("bug") else ")")
-    if status == "as expected" and e.get("bug"):
-        return f"as expected ({e['bug']})"
-    return str(status or "")
-
-
-def _request_outcome(req: dict[str, Any]) -> str | None:
-    v = req.get("verdict")
-    return v.get("outcome") if isinstance(v, dict) else None
+    return cr.expectation.describe() if cr.expectation else ""
 
 
 def verdict_of(cr: CellResult) -> Verdict:
     """A cell's verdict as compared: outcome, label and how many requests it affected."""
-    outcomes = [_request_outcome(r) for r in cr.requests]
+    outcomes = [r.verdict.outcome if r.verdict else None for r in cr.requests]
     if outcomes and all(o is not None for o in outcomes):
         affected, total = sum(o != "OK" for o in outcomes), len(outcomes)
     else:
         # No per-request verdicts (a report trimmed by hand): the summary says "… in 8/10 requests" / "OK 10/10".
         m = _COUNT.search(cr.summary)
         affected, total = (None, None) if not m else (0 if cr.outcome.value == "OK" else int(m[1]), int(m[2]))
-    return Verdict(cr.outcome.value, cell_label(cr.outcome.value, cr.summary), affected, total, cr.summary,
-                   cr.reason, _expectation(cr), not cr.outcome.is_infra)
+    return Verdict(cr.outcome.value, cr.label, affected, total, cr.summary, cr.reason, _expectation(cr),
+                   not cr.outcome.is_infra)
 
 
-def _request_verdicts(cr: CellResult) -> dict[str, dict[str, Any]]:
-    return {str(req["rid"]): req["verdict"] for req in cr.requests
-            if isinstance(req.get("verdict"), dict) and req.get("rid") is not None}
+def _request_verdicts(cr: CellResult) -> dict[str, RequestVerdictRecord]:
+    return {req.rid: req.verdict for req in cr.requests if req.verdict is not None and req.rid is not None}
 
 
-def _judged(v: dict[str, Any] | None) -> tuple[Any, ...] | None:
+def _judged(v: RequestVerdictRecord | None) -> tuple[Any, ...] | None:
     # What must match for two sides to have judged a request alike.  Token ids and the pause index are left
     # out: the pause triggers when every running request holds its trigger count, so the exact index (and
     # with it the token there) varies from run to run on the same platform.
     if v is None:
         return None
-    fpr = v.get("first_post_resume") or {}
+    fpr = v.first_post_resume or {}
     hit = fpr.get("expected") == fpr.get("observed") if fpr else None
-    return (v.get("outcome"), v.get("k"), hit)
+    return (v.outcome, v.k, hit)
 
 
 def _differently_judged(ca: CellResult, cb: CellResult) -> tuple[FirstToken, ...]:
@@ -188,19 +177,18 @@ def _differently_judged(ca: CellResult, cb: CellResult) -> tuple[FirstToken, ...
     for rid in dict.fromkeys([*ra, *rb]):
         va, vb = ra.get(rid), rb.get(rid)
         if _judged(va) != _judged(vb):
-            out.append(FirstToken(rid, (va or {}).get("first_post_resume"), (vb or {}).get("first_post_resume"),
-                                  (va or {}).get("label"), (vb or {}).get("label")))
+            out.append(FirstToken(rid, va.first_post_resume if va else None, vb.first_post_resume if vb else None,
+                                  va.label if va else None, vb.label if vb else None))
     return tuple(out)
 
 
 def _engine_facts(cr: CellResult) -> dict[str, Any]:
-    e = cr.engine if isinstance(cr.engine, dict) else {}
-    eff = e.get("effective") if isinstance(e.get("effective"), dict) else {}
+    e = cr.engine
     return {
-        "effective async_scheduling": eff.get("async_scheduling"),
-        "executor class": eff.get("executor_class"),
+        "effective async_scheduling": e.effective_async if e else None,
+        "executor class": e.executor_class if e else None,
         "requests": len(cr.requests) or None,
-        "fault injection": ",".join(engine_inject(cr.engine)) or None,
+        "fault injection": ",".join(e.inject if e else ()) or None,
         "known-bug table": _expectation(cr) or None,
     }
 
@@ -245,18 +233,18 @@ def _by_id(results: Results, name: str) -> dict[str, CellResult]:
 
 def _side(name: str, source: str, results: Results) -> Side:
     meta = results.meta or {}
-    engines = [c.engine for c in results.cells if isinstance(c.engine, dict) and c.engine.get("vllm_version")]
-    platform = meta.get("platform") or next((e.get("platform") for e in engines if e.get("platform")), None)
+    engines = [c.engine for c in results.cells if c.engine and c.engine.vllm_version]
+    platform = meta.get("platform") or next((e.platform for e in engines if e.platform), None)
     host = meta.get("host")
     if isinstance(host, dict):
         host = ", ".join(str(host[k]) for k in ("node", "machine") if host.get(k))
-    facts = sorted({(str(e.get("vllm_version")), str(e.get("torch_version")), str(e.get("device_name")))
-                    for e in engines}, key=lambda t: version_key(t[0]))
+    facts = sorted({(str(e.vllm_version), str(e.torch_version), str(e.device_name)) for e in engines},
+                   key=lambda t: version_key(t[0]))
     inject = tuple(dict.fromkeys(inject_ids(meta.get("inject")) + tuple(
-        i for c in results.cells for i in engine_inject(c.engine))))
+        i for c in results.cells if c.engine for i in c.engine.inject)))
     return Side(
         name=name, source=source, platform=str(platform or "?"),
-        devices=tuple(sorted({str(e.get("device_name")) for e in engines if e.get("device_name")})),
+        devices=tuple(sorted({str(e.device_name) for e in engines if e.device_name})),
         versions=tuple(version_order(c.cell.version for c in results.cells)),
         engines=tuple(f"vLLM {v}, torch {t}, {d}" for v, t, d in facts),
         created=meta.get("created"), host=str(host) if host else None, inject=inject, cells=len(results.cells),
@@ -306,7 +294,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     return [_row(header), "|" + "|".join("---" for _ in header) + "|", *(_row(r) for r in rows)]
 
 
-def _tok(fpr: dict[str, Any] | None, label: str | None = None) -> str:
+def _tok(fpr: Mapping[str, Any] | None, label: str | None = None) -> str:
     verdict = f"{label}: " if label else ""
     if not fpr:
         return f"{verdict}—" if label else "not in report"
@@ -398,7 +386,7 @@ def terminal_table(cmp: Comparison) -> Table:
     def cell(v: Verdict | None) -> Text:
         if v is None:
             return Text("not in report", style="dim")
-        return Text(v.label if v.ran else v.text, style=STYLES[category(v.outcome)])
+        return Text(v.label if v.ran else v.text, style=style(v.outcome))
 
     for c in cmp.both:
         table.add_row(Text(c.id), cell(c.a), cell(c.b),

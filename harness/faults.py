@@ -68,16 +68,16 @@ def sensitivity_failures(results: Results) -> list[str]:
     failures: list[str] = []
     covered = 0
     for cr in results.cells:
-        exp = cr.expectation or {}
-        if not str(exp.get("bug") or "").endswith(INJECTED_SUFFIX):
+        exp = cr.expectation
+        if exp is None or not str(exp.bug or "").endswith(INJECTED_SUFFIX):
             continue
         if cr.outcome is Outcome.UNSUPPORTED and cr.engine is None:
             # Planned out before any engine started (e.g. Ray on the CPU platform): not a cell of
             # this run.  An engine that could not apply the injection reports itself, so it counts.
             continue
         covered += 1
-        if exp.get("status") != "as expected":
-            failures.append(f"{cr.id}: {exp.get('message') or cr.summary}")
+        if exp.status != "as expected":
+            failures.append(f"{cr.id}: {exp.message or cr.summary}")
     if covered == 0:
         failures.append(f"no cell of this run is covered by the injected bug(s) {', '.join(inject)} "
                         "(select async on, mode keep, clear_cache true)")

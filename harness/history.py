@@ -5,8 +5,12 @@ One line per run (one results report)::
     {"schema": "vllm-repro/history", "schema_version": 1, "run_id": "…", "cells_digest": "…", "added": "2026-…",
      "source": "…",
      "meta": {"platform": "cpu", "created": "…", "inject": [...], "devices": [...], …},
-     "cells": [{"id", "version", "executor", "async", "mode", "clear_cache", "tp", "scenario", "outcome", "label",
-                "summary", "reason", "expectation", "expected", "vllm_version", "device", "inject"}, …]}
+     "cells": [{"id", "version", "executor", "async", "mode", "clear_cache", "tp", "scenario", "model_runner",
+                "batch_invariant", ["tier",] "outcome", "label", "summary", "reason", "expectation", "expected",
+                "vllm_version", "device", "inject"}, …]}
+
+A cell's axes are those of harness.core.axes (``async`` spelled as in schema 1); an axis added since (``tier``)
+is written only when it is not at its default, so the lines still read in older versions.
 
 Outcomes are kept as strings, so a history written by a newer vllm-repro (e.g. FLAKY from ``--repeat``) still
 shows and plots.  Runs that used fault injection (``--inject vllm#42043``) are labelled everywhere and kept in
@@ -16,14 +20,12 @@ rows of their own: an injected LOSS must never read as an upstream regression.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import fcntl
 import fnmatch
 import hashlib
 import json
 import os
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,115 +35,28 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.axes import BY_NAME, LOOP_ORDER, SORT_ORDER
+from harness.core.cell import Cell, parse_config_id
+from harness.core.outcomes import COLORS, LEGEND, Category, category, style
+from harness.core.pattern import CellPattern, parse_pattern
+from harness.core.records import AXES_AFTER_V1, Schema, identity_form, inject_ids, known_cell, legacy_label
 from harness.core.versions import version_order
 from harness.errors import BadInput, ReproError, ResultsFileError
-from harness.matrix import EXECUTORS, MODES, cell_config_id
-from harness.oracle import Outcome
 from harness.results import SCHEMA as RESULTS_SCHEMA
 from harness.results import CellResult, Results, read_results
 
 SCHEMA = "vllm-repro/history"
 SCHEMA_VERSION = 1
+HISTORY = Schema(SCHEMA, SCHEMA_VERSION, noun="line", label="history ")
 # Run facts worth keeping from a report's meta (envs paths and the like are left out).
 META_KEYS = ("tool_version", "created", "finished", "platform", "host", "argv", "inject", "repeat", "engine_starts")
-
-TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_token_fault)
-INFRA_FAILURES = tuple(o.value for o in Outcome if o.is_infra and o is not Outcome.UNSUPPORTED)
-FLAKY = "FLAKY"
+# A history line spells the async axis "async" (results JSON: "async_scheduling").
+_LINE_KEYS = {"async_scheduling": "async"}
+_REQUIRED = ("id", "version", "executor", "async", "mode", "clear_cache", "outcome")
 
 
 class PlotUnavailable(ReproError):
     """matplotlib is not installed."""
-
-
-class Category(enum.Enum):
-    OK = "OK"
-    TOKEN_FAULT = "token fault"
-    UNSUPPORTED = "unsupported"
-    INFRA = "infrastructure failure"
-    FLAKY = "flaky"
-    OTHER = "other outcome"
-    NOT_RUN = "not run"
-
-
-COLORS = {
-    Category.OK: "#2ca02c",
-    Category.TOKEN_FAULT: "#d62728",
-    Category.UNSUPPORTED: "#a0a0a0",
-    Category.INFRA: "#ffa000",
-    Category.FLAKY: "#8e44ad",
-    Category.OTHER: "#1f77b4",
-    Category.NOT_RUN: "#ffffff",
-}
-LEGEND = {
-    Category.OK: "OK",
-    Category.TOKEN_FAULT: "token fault (LOSS, DUPLICATE, …)",
-    Category.UNSUPPORTED: "UNSUPPORTED",
-    Category.INFRA: "ERROR / TIMEOUT / BUILD-FAILED",
-    Category.FLAKY: "FLAKY (varies across --repeat)",
-    Category.OTHER: "other outcome",
-    Category.NOT_RUN: "no run",
-}
-STYLES = {
-    Category.OK: "green",
-    Category.TOKEN_FAULT: "bold red",
-    Category.UNSUPPORTED: "dim",
-    Category.INFRA: "yellow",
-    Category.FLAKY: "magenta",
-    Category.OTHER: "cyan",
-    Category.NOT_RUN: "dim",
-}
-
-
-def category(outcome: str | None) -> Category:
-    """How an outcome string is coloured; unknown strings (a newer vllm-repro's) are OTHER, never OK."""
-    if outcome is None:
-        return Category.NOT_RUN
-    if outcome == Outcome.OK.value:
-        return Category.OK
-    if outcome in TOKEN_FAULTS:
-        return Category.TOKEN_FAULT
-    if outcome == Outcome.UNSUPPORTED.value:
-        return Category.UNSUPPORTED
-    if outcome in INFRA_FAILURES:
-        return Category.INFRA
-    if outcome == FLAKY:
-        return Category.FLAKY
-    return Category.OTHER
-
-
-# An outcome word and its parenthesised detail, one nesting level deep ("FLAKY(LOSS(1) 2/3)").
-_LABEL = re.compile(r"^([A-Z][A-Z_-]*(?:\((?:[^()]|\([^()]*\))*\))?)")
-
-
-def cell_label(outcome: str, summary: str) -> str:
-    """Short outcome label of a cell: "LOSS(1)" from "LOSS(1) in 8/10 requests (…)", else the outcome."""
-    m = _LABEL.match(summary or "")
-    if m and m.group(1).split("(")[0] == outcome:
-        return m.group(1)
-    return outcome
-
-
-def inject_ids(value: Any) -> tuple[str, ...]:
-    """Fault ids from a meta/engine ``inject`` entry: a list, a comma-separated string, or {"requested": …}."""
-    if not value:
-        return ()
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    if isinstance(value, dict):
-        return inject_ids(value.get("requested") or sorted(value.get("applied") or {}))
-    if isinstance(value, list | tuple):
-        return tuple(dict.fromkeys(i for v in value for i in inject_ids(v)))
-    return (str(value),)
-
-
-def engine_inject(engine: dict[str, Any] | None) -> tuple[str, ...]:
-    """Fault ids an engine reported as requested (top level or in its engine-core probe)."""
-    if not isinstance(engine, dict):
-        return ()
-    probe = engine.get("probe") if isinstance(engine.get("probe"), dict) else {}
-    core = probe.get("core") if isinstance(probe.get("core"), dict) else {}
-    return tuple(dict.fromkeys(inject_ids(engine.get("inject")) + inject_ids(core.get("inject"))))
 
 
 # --------------------------------------------------------------------------- records
@@ -149,13 +64,9 @@ def engine_inject(engine: dict[str, Any] | None) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class HistoryCell:
-    id: str
-    version: str
-    executor: str
-    async_on: bool
-    mode: str
-    clear_cache: bool
-    tp: int
+    """One cell of a run as the history keeps it: the cell, its outcome and label, and what to show."""
+
+    cell: Cell
     outcome: str
     label: str
     summary: str
@@ -165,59 +76,55 @@ class HistoryCell:
     vllm_version: str | None = None  # what the engine reported (orders commit labels)
     device: str | None = None
     inject: tuple[str, ...] = ()
-    scenario: str = "pause"
-    model_runner: str = "v1"
-    batch_invariant: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.cell.id
+
+    @property
+    def version(self) -> str:
+        return str(self.cell.version)
 
     @property
     def config(self) -> str:
         """The cell without its version, e.g. ``mp-async_on-keep-clear``: a heat-map row."""
-        return cell_config_id(self)
+        return str(self.cell.config_id)
 
     @classmethod
     def from_result(cls, cr: CellResult, run_inject: tuple[str, ...]) -> HistoryCell:
-        c = cr.cell
-        e = cr.expectation or {}
-        engine = cr.engine if isinstance(cr.engine, dict) else {}
+        e, engine = cr.expectation, cr.engine
         return cls(
-            id=cr.id, version=c.version, executor=c.executor, async_on=c.async_on, mode=c.mode,
-            clear_cache=c.clear_cache, tp=c.tp, scenario=c.scenario, model_runner=c.model_runner,
-            batch_invariant=c.batch_invariant, outcome=cr.outcome.value,
-            label=cell_label(cr.outcome.value, cr.summary), summary=cr.summary,
+            cell=cr.cell, outcome=cr.outcome.value, label=cr.label, summary=cr.summary,
             # Infrastructure results repeat their reason as the summary: stored once.
             reason=cr.reason if cr.reason != cr.summary else None,
-            expectation=e.get("status"), expected=e.get("expected"),
-            vllm_version=engine.get("vllm_version"), device=engine.get("device_name"),
-            inject=tuple(dict.fromkeys(run_inject + engine_inject(cr.engine))),
+            expectation=e.status if e else None, expected=e.expected if e else None,
+            vllm_version=engine.vllm_version if engine else None, device=engine.device_name if engine else None,
+            inject=tuple(dict.fromkeys(run_inject + (engine.inject if engine else ()))),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "version": self.version, "executor": self.executor, "async": self.async_on,
-                "mode": self.mode, "clear_cache": self.clear_cache, "tp": self.tp, "scenario": self.scenario,
-                "model_runner": self.model_runner, "batch_invariant": self.batch_invariant,
-                "outcome": self.outcome,
-                "label": self.label, "summary": self.summary, "reason": self.reason,
-                "expectation": self.expectation, "expected": self.expected, "vllm_version": self.vllm_version,
-                "device": self.device, "inject": list(self.inject)}
+        # The flat form of history schema 1; axes added since are written only off their default, so the line
+        # still reads in an older vllm-repro.
+        axes = {_LINE_KEYS.get(k, k): v for k, v in self.cell.to_dict().items()
+                if k not in AXES_AFTER_V1 or v != BY_NAME[k].default}
+        return {"id": self.id, **axes, "outcome": self.outcome, "label": self.label, "summary": self.summary,
+                "reason": self.reason, "expectation": self.expectation, "expected": self.expected,
+                "vllm_version": self.vllm_version, "device": self.device, "inject": list(self.inject)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HistoryCell:
-        missing = [k for k in ("id", "version", "executor", "async", "mode", "clear_cache", "outcome")
-                   if k not in d]
+        missing = [k for k in _REQUIRED if k not in d]
         if missing:
             raise ValueError(f"cell {d.get('id', '?')!r} lacks {', '.join(missing)}")
         outcome = d["outcome"]
         if not isinstance(outcome, str) or not outcome:
             raise ValueError(f"cell {d['id']!r} has outcome {outcome!r}, not a string")
         summary = str(d.get("summary") or outcome)
+        cell = known_cell({k: d[_LINE_KEYS.get(k, k)] for k in BY_NAME if _LINE_KEYS.get(k, k) in d})
         return cls(
-            id=str(d["id"]), version=str(d["version"]), executor=str(d["executor"]), async_on=bool(d["async"]),
-            mode=str(d["mode"]), clear_cache=bool(d["clear_cache"]), tp=int(d.get("tp", 1)),
-            scenario=str(d.get("scenario", "pause")), model_runner=str(d.get("model_runner", "v1")),
-            batch_invariant=bool(d.get("batch_invariant", False)), outcome=outcome,
-            label=str(d.get("label") or cell_label(outcome, summary)), summary=summary, reason=d.get("reason"),
-            expectation=d.get("expectation"), expected=d.get("expected"), vllm_version=d.get("vllm_version"),
-            device=d.get("device"), inject=inject_ids(d.get("inject")),
+            cell=cell, outcome=outcome, label=str(d.get("label") or legacy_label(outcome, summary)),
+            summary=summary, reason=d.get("reason"), expectation=d.get("expectation"), expected=d.get("expected"),
+            vllm_version=d.get("vllm_version"), device=d.get("device"), inject=inject_ids(d.get("inject")),
         )
 
 
@@ -297,8 +204,13 @@ class AddResult:
 
 
 def cells_digest(results: Results) -> str:
-    """Hash of a report's cell results, sorted by id (a JSONL log lists them in completion order)."""
-    cells = sorted(json.dumps(c.to_dict(), sort_keys=True, separators=(",", ":")) for c in results.cells)
+    """Hash of a report's cell results, sorted by id (a JSONL log lists them in completion order).
+
+    The cells are hashed in their schema-1 identity form (harness.core.records.identity_form), so a run added
+    before a schema upgrade is recognised after it.
+    """
+    cells = sorted(json.dumps(identity_form(c.to_dict()), sort_keys=True, separators=(",", ":"))
+                   for c in results.cells)
     return hashlib.sha256("\n".join(cells).encode()).hexdigest()
 
 
@@ -324,15 +236,13 @@ def run_from_results(results: Results, source: str, added: datetime | None = Non
     meta = {k: results.meta[k] for k in META_KEYS if results.meta.get(k) not in (None, "", [], {})}
     if "platform" not in meta:
         # A JSONL log (or an older report) has no meta: the engines say which platform they ran on.
-        engines = {str(c.engine["platform"]) for c in results.cells
-                   if isinstance(c.engine, dict) and c.engine.get("platform")}
+        engines = {c.engine.platform for c in results.cells if c.engine and c.engine.platform}
         if len(engines) == 1:
             meta["platform"] = engines.pop()
     run_inject = inject_ids(results.meta.get("inject"))
     if run_inject:
         meta["inject"] = list(run_inject)
-    devices = sorted({str(c.engine["device_name"]) for c in results.cells
-                      if isinstance(c.engine, dict) and c.engine.get("device_name")})
+    devices = sorted({c.engine.device_name for c in results.cells if c.engine and c.engine.device_name})
     if devices:
         meta["devices"] = devices
     when = (added or datetime.now().astimezone()).isoformat(timespec="seconds")
@@ -341,6 +251,10 @@ def run_from_results(results: Results, source: str, added: datetime | None = Non
 
 
 # --------------------------------------------------------------------------- the file
+
+
+def _history_hint(schema: Any) -> str:
+    return "; that is a results report: add it with `vllm-repro history add`" if schema == RESULTS_SCHEMA else ""
 
 
 def _parse(text: str, path: Path) -> tuple[Run, ...]:
@@ -358,18 +272,7 @@ def _parse(text: str, path: Path) -> tuple[Run, ...]:
             raise ResultsFileError(
                 f"{where}: corrupt history line ({exc.msg} at column {exc.colno}){cut}; fix or delete that line"
             ) from exc
-        if not isinstance(obj, dict) or obj.get("schema") != SCHEMA:
-            schema = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
-            hint = ("; that is a results report: add it with `vllm-repro history add`"
-                    if schema == RESULTS_SCHEMA else "")
-            raise ResultsFileError(f"{where}: not a {SCHEMA} line (schema {schema!r}){hint}")
-        ver = obj.get("schema_version")
-        if ver != SCHEMA_VERSION:
-            newer = isinstance(ver, int) and not isinstance(ver, bool) and ver > SCHEMA_VERSION
-            fix = "upgrade vllm-repro" if newer else "the file is damaged or not written by vllm-repro"
-            raise ResultsFileError(
-                f"{where}: history schema_version {ver!r} is not supported (this vllm-repro reads "
-                f"{SCHEMA_VERSION}); {fix}")
+        HISTORY.check(obj, where, _history_hint)
         try:
             missing = [k for k in ("run_id", "added", "cells") if k not in obj]
             if missing:
@@ -515,21 +418,35 @@ class HistoryView:
         return text
 
 
+# Rows group by engine config (in report order), then by scenario, mode and clear_cache.
+_ROW_AXES = tuple(a.name for a in SORT_ORDER if a.engine and a.kind != "version") + tuple(
+    a.name for a in LOOP_ORDER if not a.engine)
+
+
 def _row_key(row: Row) -> tuple[Any, ...]:
-    # The config id grammar of harness.matrix.cell_config_id.
-    m = re.match(r"^(.*)-async_(on|off)-([^-]+)-(clear|noclear)(?:-tp(\d+))?(?:-mr_(v\d+))?(-batch_invariant)?"
-                 r"(?:-([a-z_]+))?$", row.config)
-    if not m:
+    cell = parse_config_id(row.config)
+    if cell is None:
         return (row.inject, row.platform, 1, row.config)
-    ex, a, mode, clear, tp, runner, invariant, scenario = m.groups()
-    return (row.inject, row.platform, 0, EXECUTORS.index(ex) if ex in EXECUTORS else len(EXECUTORS), ex,
-            int(tp or 1), runner or "v1", bool(invariant), a == "on", scenario or "",
-            MODES.index(mode) if mode in MODES else len(MODES), mode, clear != "clear")
+    rank = dict(zip((a.name for a in SORT_ORDER), cell.sort_key, strict=True))
+    return (row.inject, row.platform, 0, *(rank[name] for name in _ROW_AXES))
 
 
-def _matches(cell: HistoryCell, patterns: Sequence[str]) -> bool:
-    return not patterns or any(fnmatch.fnmatchcase(cell.config, p) or fnmatch.fnmatchcase(cell.id, p)
-                               for p in patterns)
+def _selector(patterns: Sequence[str]) -> Callable[[HistoryCell], bool]:
+    """``--cells``: fnmatch patterns on the config or id, and ``key=value`` items of one cell pattern.
+
+    The ``key=value`` items together are one pattern (``executor=mp,async=on,tp=2``: every axis must match, as
+    in ``bisect --cell``), however the comma-separated option was split; a cell is selected when it matches
+    any glob or that pattern.
+    """
+    globs = [p for p in patterns if "=" not in p]
+    items = [p for p in patterns if "=" in p]
+    pattern: CellPattern | None = parse_pattern(",".join(items), "--cells") if items else None
+
+    def selected(cell: HistoryCell) -> bool:
+        return not patterns or any(fnmatch.fnmatchcase(cell.config, p) or fnmatch.fnmatchcase(cell.id, p)
+                                   for p in globs) or (pattern is not None and pattern.matches(cell.cell))
+
+    return selected
 
 
 def show(
@@ -543,7 +460,8 @@ def show(
 ) -> HistoryView:
     """Per cell config and vLLM version, the outcome of every run, oldest first.
 
-    ``cells``: fnmatch patterns on the config (``mp-async_on-keep-*``) or the full cell id; ``versions``: exact
+    ``cells``: fnmatch patterns on the config (``mp-async_on-keep-*``) or the full cell id, and ``key=value``
+    items of a cell pattern (``executor=mp``, ``async=on``, ``tp=2``: harness.core.pattern); ``versions``: exact
     version labels; ``platform``: ``cpu`` or ``cuda``; ``hide_unsupported``: leave out rows whose latest outcome
     is UNSUPPORTED on every version (Ray and uni cells on CPU).  Runs are ordered by when they happened (the
     report's ``created``), so a report added late does not hide newer results.
@@ -554,11 +472,12 @@ def show(
         excluded = sum(1 for r in runs if r.inject)
         runs = [r for r in runs if not r.inject]
     runs.sort(key=lambda r: r.when)  # stable: same time keeps file order
+    selected = _selector(cells)
     obs: dict[tuple[Row, str], list[Observation]] = {}
     hints: dict[str, str] = {}
     for run in runs:
         for c in run.cells:
-            if not _matches(c, cells) or (versions and c.version not in versions):
+            if not selected(c) or (versions and c.version not in versions):
                 continue
             if c.vllm_version:
                 hints.setdefault(c.version, c.vllm_version)
@@ -604,7 +523,7 @@ def history_table(view: HistoryView) -> Table:
         last = s.latest
         since = s.since.created[:16].replace("T", " ")
         table.add_row(Text(view.label(s.row), style="magenta" if s.row.inject else ""), Text(s.version),
-                      Text(last.label, style=STYLES[category(last.outcome)]), Text(since),
+                      Text(last.label, style=style(last.outcome)), Text(since),
                       Text(str(len(s.observations))), Text(_streaks(s.observations)))
     return table
 
@@ -687,6 +606,86 @@ def _text_color(fill: str) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "white"
 
 
+@dataclass(frozen=True)
+class _Geometry:
+    """Figure size and the heat-map's place in it, in inches (fixed: no layout engine moves the boxes)."""
+
+    width: float
+    height: float
+    left: float
+    bottom: float
+    cell_w: float
+    cell_h: float
+    legend: tuple[Category, ...]
+    legend_columns: int
+
+
+def _geometry(view: HistoryView, labels: Sequence[str]) -> _Geometry:
+    nrows, ncols = len(view.rows), len(view.versions)
+    cell_w, cell_h = 1.25, 0.42  # inches
+    left = 0.4 + 0.075 * max(len(t) for t in labels)
+    width = max(left + ncols * cell_w + 0.3, 8.0)
+    legend = tuple(c for c in Category if c is not Category.OTHER or any(
+        category(s.latest.outcome) is c for s in view.series))
+    ncol = 3 if width < 9 else 4
+    top, bottom = 1.1, 0.6 + 0.25 * -(-len(legend) // ncol)
+    return _Geometry(width, top + nrows * cell_h + bottom, left, bottom, cell_w, cell_h, legend, ncol)
+
+
+def _heatmap_axes(fig: Any, view: HistoryView, labels: Sequence[str], g: _Geometry) -> Any:
+    nrows, ncols = len(view.rows), len(view.versions)
+    # Fixed axes geometry (no layout engine): the boxes computed below are where savefig puts them.
+    ax = fig.add_axes((g.left / g.width, g.bottom / g.height, ncols * g.cell_w / g.width,
+                       nrows * g.cell_h / g.height))
+    ax.set_xlim(0, ncols)
+    ax.set_ylim(nrows, 0)
+    ax.set_xticks([c + 0.5 for c in range(ncols)], list(view.versions), fontsize=9)
+    ax.set_yticks([r + 0.5 for r in range(nrows)], list(labels), fontsize=9)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    return ax
+
+
+def _draw_boxes(ax: Any, view: HistoryView, rectangle: Any) -> list[tuple[int, int, str | None, str, str]]:
+    # One coloured box per (row, version) with the latest label; (row, column, outcome, text, fill) of each.
+    drawn: list[tuple[int, int, str | None, str, str]] = []
+    for r, row in enumerate(view.rows):
+        for c, version in enumerate(view.versions):
+            s = view.get(row, version)
+            outcome = s.latest.outcome if s else None
+            fill = COLORS[category(outcome)]
+            text = s.latest.label if s else "—"
+            ax.add_patch(rectangle((c, r), 1, 1, facecolor=fill, edgecolor="white", linewidth=2))
+            ax.text(c + 0.5, r + 0.5, text if len(text) <= 16 else text[:15] + "…", ha="center", va="center",
+                    fontsize=8, color=_text_color(fill) if s else "#909090")
+            drawn.append((r, c, outcome, text, fill))
+    return drawn
+
+
+def _titles_and_legend(fig: Any, view: HistoryView, g: _Geometry, patch: Any) -> None:
+    title = "vllm-repro history: latest outcome per cell and vLLM version"
+    sub = history_caption(view)
+    fig.text(0.5, 1 - 0.25 / g.height, title, ha="center", va="center", fontsize=11, weight="bold")
+    fig.text(0.5, 1 - 0.5 / g.height, sub if len(sub) < 160 else sub[:157] + "…", ha="center", va="center",
+             fontsize=7, color="#555555")
+    fig.legend(handles=[patch(facecolor=COLORS[c], edgecolor="#888888", label=LEGEND[c]) for c in g.legend],
+               loc="lower center", ncol=g.legend_columns, frameon=False, fontsize=8,
+               bbox_to_anchor=(0.5, 0.1 / g.height))
+
+
+def _save_png(fig: Any, out: Path, dpi: int) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BadInput(f"cannot write the plot to {out}: {exc.strerror}") from exc
+
+
 def plot(
     history: History,
     out: Path,
@@ -712,60 +711,20 @@ def plot(
         raise BadInput(f"nothing to plot: no run in {history.path} matches the selection{why}")
     Figure, FigureCanvasAgg, (Patch, Rectangle) = _matplotlib()
     labels = [view.label(r) for r in view.rows]
-    nrows, ncols = len(view.rows), len(view.versions)
-    cell_w, cell_h = 1.25, 0.42  # inches
-    left = 0.4 + 0.075 * max(len(t) for t in labels)
-    width = max(left + ncols * cell_w + 0.3, 8.0)
-    legend = [c for c in Category if c is not Category.OTHER or any(
-        category(s.latest.outcome) is c for s in view.series)]
-    ncol = 3 if width < 9 else 4
-    top, bottom = 1.1, 0.6 + 0.25 * -(-len(legend) // ncol)
-    height = top + nrows * cell_h + bottom
-    fig = Figure(figsize=(width, height), dpi=dpi)
+    g = _geometry(view, labels)
+    fig = Figure(figsize=(g.width, g.height), dpi=dpi)
     canvas = FigureCanvasAgg(fig)
-    # Fixed axes geometry (no layout engine): the boxes computed below are where savefig puts them.
-    ax = fig.add_axes((left / width, bottom / height, ncols * cell_w / width, nrows * cell_h / height))
-    ax.set_xlim(0, ncols)
-    ax.set_ylim(nrows, 0)
-    ax.set_xticks([c + 0.5 for c in range(ncols)], list(view.versions), fontsize=9)
-    ax.set_yticks([r + 0.5 for r in range(nrows)], labels, fontsize=9)
-    ax.xaxis.tick_top()
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    cells_drawn: list[tuple[int, int, str | None, str, str]] = []
-    for r, row in enumerate(view.rows):
-        for c, version in enumerate(view.versions):
-            s = view.get(row, version)
-            outcome = s.latest.outcome if s else None
-            fill = COLORS[category(outcome)]
-            text = s.latest.label if s else "—"
-            ax.add_patch(Rectangle((c, r), 1, 1, facecolor=fill, edgecolor="white", linewidth=2))
-            ax.text(c + 0.5, r + 0.5, text if len(text) <= 16 else text[:15] + "…", ha="center", va="center",
-                    fontsize=8, color=_text_color(fill) if s else "#909090")
-            cells_drawn.append((r, c, outcome, text, fill))
-    title = "vllm-repro history: latest outcome per cell and vLLM version"
-    sub = history_caption(view)
-    fig.text(0.5, 1 - 0.25 / height, title, ha="center", va="center", fontsize=11, weight="bold")
-    fig.text(0.5, 1 - 0.5 / height, sub if len(sub) < 160 else sub[:157] + "…", ha="center", va="center",
-             fontsize=7, color="#555555")
-    fig.legend(handles=[Patch(facecolor=COLORS[c], edgecolor="#888888", label=LEGEND[c]) for c in legend],
-               loc="lower center", ncol=ncol, frameon=False, fontsize=8, bbox_to_anchor=(0.5, 0.1 / height))
+    ax = _heatmap_axes(fig, view, labels, g)
+    drawn = _draw_boxes(ax, view, Rectangle)
+    _titles_and_legend(fig, view, g, Patch)
     canvas.draw()
     w_px, h_px = canvas.get_width_height()
     boxes = []
-    for r, c, outcome, text, fill in cells_drawn:
+    for r, c, outcome, text, fill in drawn:
         (x0, y0), (x1, y1) = ax.transData.transform([(c, r + 1), (c + 1, r)])
         row = view.rows[r]
         boxes.append(PlotBox(labels[r], row.config, row.platform, row.inject, view.versions[c], outcome, text, fill,
                              (round(x0), round(h_px - y1), round(x1), round(h_px - y0))))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise BadInput(f"cannot write the plot to {out}: {exc.strerror}") from exc
+    _save_png(fig, out, dpi)
     return HeatmapLayout(out, w_px, h_px, tuple(labels), view.versions, tuple(boxes), view.runs,
                          view.excluded_injected_runs)

@@ -11,6 +11,7 @@ from packaging.version import Version
 
 from harness.core.axes import BY_NAME
 from harness.core.pattern import CellPattern, pattern_from_mapping
+from harness.core.records import ExpectationRecord, RequestVerdictRecord
 from harness.errors import BadInput
 from harness.oracle import Outcome
 from harness.results import CellResult
@@ -109,11 +110,11 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
     # Expected a fault: every request running at the pause shows exactly it; the rest are OK.
     problems = []
     for req in result.requests:
-        v = req.get("verdict") or {}
-        want = exp.label if v.get("running_at_pause") else "OK"
-        got = v.get("outcome", "?") if v.get("k") is None else f"{v.get('outcome')}({v.get('k')})"
+        v = req.verdict or RequestVerdictRecord("?")
+        want = exp.label if v.running_at_pause else "OK"
+        got = v.short
         if got != want:
-            problems.append(f"{req.get('rid')}: expected {want}, got {v.get('label', got)}")
+            problems.append(f"{req.rid}: expected {want}, got {v.label or got}")
     if not problems and result.outcome is exp.outcome:
         return Check("as expected", exp, f"{result.summary}, as expected from {exp.bug}")
     shown = "; ".join(problems[:4]) or f"got {result.summary}"
@@ -123,5 +124,4 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
 def annotate(result: CellResult, bugs: tuple[KnownBug, ...]) -> CellResult:
     """``result`` with its known-bug comparison attached (``CellResult.expectation``)."""
     c = check(result, bugs)
-    return replace(result, expectation={"status": c.status, "expected": c.expected.label, "bug": c.expected.bug,
-                                        "message": c.message})
+    return replace(result, expectation=ExpectationRecord(c.status, c.expected.label, c.expected.bug, c.message))

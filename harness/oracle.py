@@ -184,6 +184,11 @@ class CellVerdict:
     counts: dict[str, int] = field(default_factory=dict)
     requests: tuple[RequestVerdict, ...] = ()
     reason: str | None = None
+    label: str = ""  # the summary's head: "LOSS(1)", "LOSS(1,2)", "OK"; "" = the outcome
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.outcome.value)
 
 
 def cell_verdict(records: list[dict[str, Any]]) -> CellVerdict:
@@ -204,6 +209,7 @@ def cell_verdict(records: list[dict[str, Any]]) -> CellVerdict:
     counts = Counter(_short(r.verdict) for r in reqs)
     bad = [r for r in reqs if r.outcome is worst.outcome]
     reason = None
+    label = worst.outcome.value
     if worst.outcome is Outcome.OK:
         summary = f"OK {len(reqs)}/{len(reqs)}"
     else:
@@ -218,7 +224,7 @@ def cell_verdict(records: list[dict[str, Any]]) -> CellVerdict:
             summary += f" ({len(bad_running)}/{len(running)} running at pause)"
         if worst.outcome is Outcome.ERROR:
             reason = f"{len(bad)} request(s) failed; first: {worst.rid}: {worst.verdict.detail}"
-    return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs, reason)
+    return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs, reason, label)
 
 
 def _short(v: StreamVerdict) -> str:

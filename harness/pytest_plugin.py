@@ -349,8 +349,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     tr.section("vllm-repro post-resume cells")
     for c in cells:
-        exp = c.expectation or {}
-        line = f"{c.id}: {c.summary} [{exp.get('status', '?')}]"
+        line = f"{c.id}: {c.summary} [{c.expectation.status if c.expectation else '?'}]"
         firsts = first_post_resume_tokens(c)
         if firsts:
             line += "; first post-resume token " + "; ".join(firsts[:3]) + (" ..." if len(firsts) > 3 else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from harness.core.records import RepeatSummary
 from harness.oracle import Outcome
 from harness.results import CellResult
 
@@ -25,12 +26,8 @@ def aggregate(runs: list[CellResult]) -> CellResult:
         raise ValueError(f"runs of different cells: {sorted({r.id for r in runs})}")
     n = len(runs)
     counts = Counter(r.outcome.value for r in runs)
-    repeats = {
-        "n": n,
-        "outcomes": dict(counts),
-        "fractions": {k: round(v / n, 4) for k, v in counts.items()},
-        "runs": [r.summary for r in runs],
-    }
+    repeats = RepeatSummary(n, dict(counts), {k: round(v / n, 4) for k, v in counts.items()},
+                            tuple(r.summary for r in runs))
     worst = max(runs, key=lambda r: r.outcome.rank)
     if len(counts) == 1:
         return replace(worst, summary=f"{worst.summary} ({n}/{n} runs)" if n > 1 else worst.summary,
@@ -39,6 +36,6 @@ def aggregate(runs: list[CellResult]) -> CellResult:
     if worst.outcome.is_infra:
         return replace(worst, summary=f"{worst.outcome.value} in {counts[worst.outcome.value]}/{n} runs "
                                       f"({split}): {worst.reason or worst.summary}", repeats=repeats)
-    return replace(worst, outcome=Outcome.FLAKY, summary=f"FLAKY: {split}",
-                   reason=f"runs disagree: {'; '.join(f'#{i}: {s}' for i, s in enumerate(repeats['runs'], 1))}",
+    return replace(worst, outcome=Outcome.FLAKY, summary=f"FLAKY: {split}", label=Outcome.FLAKY.value,
+                   reason=f"runs disagree: {'; '.join(f'#{i}: {s}' for i, s in enumerate(repeats.runs, 1))}",
                    repeats=repeats)

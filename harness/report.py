@@ -23,8 +23,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.core.axes import SORT_ORDER
+from harness.core.records import RequestRecord, RequestVerdictRecord
 from harness.core.versions import version_key
-from harness.matrix import EXECUTORS, MODES
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
 from harness.workarounds import STATUS_STYLES, workaround_verdicts
@@ -65,14 +66,13 @@ def _cells(cells: CellsLike) -> tuple[CellResult, ...]:
     return tuple(cells.cells) if isinstance(cells, Results) else tuple(cells)
 
 
-def _order(values: Sequence[str], value: str) -> int:
-    return values.index(value) if value in values else len(values)
+# Report order is Cell.sort_key without the scenario: the scenarios of one config keep the order they ran in
+# (as every committed report shows them).
+_UNSORTED = tuple(i for i, a in enumerate(SORT_ORDER) if a.name == "scenario")
 
 
 def _cell_key(cr: CellResult) -> tuple[Any, ...]:
-    c = cr.cell
-    return (version_key(c.version), _order(EXECUTORS, c.executor), c.executor, c.tp, c.model_runner,
-            c.batch_invariant, c.async_on, _order(MODES, c.mode), c.mode, not c.clear_cache)
+    return tuple(rank for i, rank in enumerate(cr.cell.sort_key) if i not in _UNSORTED)
 
 
 def _sorted(cells: Iterable[CellResult]) -> list[CellResult]:
@@ -85,14 +85,13 @@ def _on_off(flag: bool | None) -> str:
 
 def _effective(cr: CellResult) -> tuple[str, str]:
     # (effective async, executor class) for display; '' when the engine never reported.
-    eff = (cr.engine or {}).get("effective")
-    if not isinstance(eff, dict):
+    if cr.engine is None or not isinstance(cr.engine.get("effective"), dict):
         return "", ""
-    a = eff.get("async_scheduling")
+    a = cr.engine.effective_async
     shown = _on_off(a)
     if a is not None and a != cr.cell.async_on:
         shown += f" (asked {_on_off(cr.cell.async_on)})"
-    return shown, str(eff.get("executor_class") or "?")
+    return shown, str(cr.engine.executor_class or "?")
 
 
 def _detail(cr: CellResult) -> str:
@@ -102,38 +101,45 @@ def _detail(cr: CellResult) -> str:
     return cr.summary
 
 
-def _verdict(req: dict[str, Any]) -> dict[str, Any]:
-    v = req.get("verdict")
-    return v if isinstance(v, dict) else {}
+_NO_VERDICT = RequestVerdictRecord(None)
 
 
-def _faulty(req: dict[str, Any]) -> bool:
-    return _verdict(req).get("outcome", "OK") != Outcome.OK.value
+def _verdict(req: RequestRecord) -> RequestVerdictRecord:
+    return req.verdict or _NO_VERDICT
 
 
-def _first_post_resume(req: dict[str, Any]) -> str:
-    fpr = _verdict(req).get("first_post_resume")
-    if not isinstance(fpr, dict):
+def _faulty(req: RequestRecord) -> bool:
+    return _verdict(req).outcome not in (None, Outcome.OK.value)
+
+
+def _label(v: RequestVerdictRecord) -> str:
+    return "?" if v.label is None else v.label
+
+
+def _first_post_resume(req: RequestRecord) -> str:
+    fpr = _verdict(req).first_post_resume
+    if fpr is None:
         return "—"
     exp, obs = fpr.get("expected"), fpr.get("observed")
     mark = "" if exp == obs else " ✗"
     return f"#{fpr.get('index')}: expected {_tok(exp)}, observed {_tok(obs)}{mark}"
 
 
+def _rid(req: RequestRecord) -> str:
+    return "?" if req.rid is None else req.rid
+
+
 def _tok(t: Any) -> str:
     return "none" if t is None else str(t)
 
 
-def _center(req: dict[str, Any]) -> int | None:
+def _center(req: RequestRecord) -> int | None:
     # Windows centre on the first post-resume token, else the pause, else the fault.
     v = _verdict(req)
-    fpr = v.get("first_post_resume")
-    if isinstance(fpr, dict) and isinstance(fpr.get("index"), int):
-        return fpr["index"]
-    for key in ("pause_index", "at"):
-        if isinstance(v.get(key), int):
-            return v[key]
-    return None
+    fpr = v.first_post_resume
+    if fpr is not None and isinstance(fpr.get("index"), int):
+        return int(fpr["index"])
+    return next((i for i in (v.pause_index, v.at) if isinstance(i, int)), None)
 
 
 def _window(tokens: Sequence[Any] | None, center: int | None, width: int = WINDOW) -> str:
@@ -197,9 +203,9 @@ def injection_banner(results: Results) -> str | None:
     inject = list((results.meta or {}).get("inject") or [])
     # Also from the cells: a results.jsonl has no meta, and merged reports may mix runs.
     for cr in results.cells:
-        probe = ((cr.engine or {}).get("probe") or {}) if isinstance(cr.engine, dict) else {}
+        probe = cr.engine.probe if cr.engine else {}
         requested = ((probe.get("core") or {}).get("inject") or {}).get("requested") or []
-        bug = str((cr.expectation or {}).get("bug") or "")
+        bug = str((cr.expectation.bug if cr.expectation else None) or "")
         found = list(requested) + ([bug.removesuffix(" (injected)")] if bug.endswith(" (injected)") else [])
         inject += [f for f in found if f not in inject]
     if not inject:
@@ -221,10 +227,9 @@ def _meta_lines(results: Results) -> list[str]:
         if isinstance(value, list | tuple):
             value = ", ".join(str(v) for v in value)
         lines.append(f"- {key}: {value}")
-    engines = sorted({
-        (str(e.get("vllm_version")), str(e.get("torch_version")), str(e.get("device_name")))
-        for e in (c.engine for c in results.cells) if isinstance(e, dict) and e.get("vllm_version")
-    }, key=lambda t: version_key(t[0]))
+    engines = sorted({(str(e.vllm_version), str(e.torch_version), str(e.device_name))
+                      for e in (c.engine for c in results.cells) if e and e.vllm_version},
+                     key=lambda t: version_key(t[0]))
     for vllm, torch, device in engines:
         lines.append(f"- engine: vLLM {vllm}, torch {torch}, device {device}")
     lines.append(f"- cells: {len(results.cells)}")
@@ -242,16 +247,8 @@ def _cell_row(cr: CellResult) -> list[Any]:
 
 def _expectation(cr: CellResult, markdown: bool = False) -> str:
     # "as expected" / "UNEXPECTED (expected LOSS(1) from vllm#42043)" from the known-bug table.
-    e = cr.expectation or {}
-    status = e.get("status")
-    if not status:
-        return ""
-    if status == "UNEXPECTED":
-        text = f"UNEXPECTED (expected {e.get('expected')}" + (f" from {e['bug']})" if e.get("bug") else ")")
-        return f"**{text}**" if markdown else text
-    if status == "as expected" and e.get("bug"):
-        return f"as expected ({e['bug']})"
-    return str(status)
+    text = cr.expectation.describe() if cr.expectation else ""
+    return f"**{text}**" if markdown and text.startswith("UNEXPECTED") else text
 
 
 def _details(cr: CellResult) -> list[str]:
@@ -263,15 +260,15 @@ def _details(cr: CellResult) -> list[str]:
     for req in cr.requests:
         v = _verdict(req)
         center = _center(req)
-        submit = req.get("submit")
+        submit = req.submit
         rows.append([
-            req.get("rid", "?"),
+            _rid(req),
             "/".join(str(s) for s in submit) if isinstance(submit, list) else submit,
-            v.get("label", "?"),
-            _tok(v.get("pause_index")),
+            _label(v),
+            _tok(v.pause_index),
             _first_post_resume(req),
-            _window(req.get("observed"), center),
-            _window(req.get("reference"), center),
+            _window(req.observed, center),
+            _window(req.reference, center),
         ])
     header = ["request", "submit", "verdict", "pause index", "first post-resume token", "observed",
               "reference"]
@@ -322,14 +319,13 @@ def request_lines(cr: CellResult, only_faulty: bool = False) -> list[str]:
         if only_faulty and not _faulty(req):
             continue
         v = _verdict(req)
-        line = f"{req.get('rid', '?')}: {v.get('label', '?')}"
-        if v.get("detail"):
-            line += f" ({v['detail']})"
+        line = f"{_rid(req)}: {_label(v)}"
+        if v.detail:
+            line += f" ({v.detail})"
         line += f"; first post-resume token {_first_post_resume(req)}"
-        line += f"; pause index {_tok(v.get('pause_index'))}"
+        line += f"; pause index {_tok(v.pause_index)}"
         center = _center(req)
-        line += (f"; observed {_window(req.get('observed'), center)}"
-                 f"; reference {_window(req.get('reference'), center)}")
+        line += f"; observed {_window(req.observed, center)}; reference {_window(req.reference, center)}"
         lines.append(line)
     return lines
 

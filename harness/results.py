@@ -1,4 +1,8 @@
-"""Cell results and the results files (JSONL while running, JSON at the end), schema-versioned."""
+"""Cell results and the results files (JSONL while running, JSON at the end), schema-versioned.
+
+The records themselves (CellResult and what it holds), the schema check and the migration of older files are
+in harness.core.records; this module reads and writes the files.
+"""
 
 from __future__ import annotations
 
@@ -8,80 +12,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.cell import Cell
+from harness.core.records import LINE, RESULTS, SCHEMA_VERSION, CellResult, EngineInfo, migrate_cell
 from harness.errors import ResultsFileError
-from harness.matrix import Cell
 from harness.oracle import CellVerdict, Outcome
 
-SCHEMA = "vllm-repro/results"
-LINE_SCHEMA = "vllm-repro/cell"
-SCHEMA_VERSION = 1
+SCHEMA = RESULTS.name
+LINE_SCHEMA = LINE.name
 
 
-@dataclass(frozen=True)
-class CellResult:
-    cell: Cell
-    outcome: Outcome
-    summary: str
-    reason: str | None = None
-    counts: dict[str, int] = field(default_factory=dict)
-    requests: tuple[dict[str, Any], ...] = ()
-    engine: dict[str, Any] | None = None  # versions, device, requested/effective settings
-    duration_s: float | None = None
-    # Comparison with the known-bug table: {"status": "as expected"|"UNEXPECTED"|"not run",
-    # "expected": "LOSS(1)", "bug": "vllm#42043", "message": ...}
-    expectation: dict[str, Any] | None = None
-    # --repeat N: {"n": N, "outcomes": {"OK": 4, "LOSS": 1}, "fractions": {...}, "runs": [summary, ...]}
-    repeats: dict[str, Any] | None = None
-
-    @property
-    def id(self) -> str:
-        return self.cell.id
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "cell": self.cell.to_dict(),
-            "outcome": self.outcome.value,
-            "summary": self.summary,
-            "reason": self.reason,
-            "counts": self.counts,
-            "requests": list(self.requests),
-            "engine": self.engine,
-            "duration_s": self.duration_s,
-            "expectation": self.expectation,
-            "repeats": self.repeats,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CellResult:
-        return cls(
-            cell=Cell.from_dict(d["cell"]),
-            outcome=Outcome(d["outcome"]),
-            summary=d["summary"],
-            reason=d.get("reason"),
-            counts=dict(d.get("counts") or {}),
-            requests=tuple(d.get("requests") or ()),
-            engine=d.get("engine"),
-            duration_s=d.get("duration_s"),
-            expectation=d.get("expectation"),
-            repeats=d.get("repeats"),
-        )
-
-
-def infra_result(cell: Cell, outcome: Outcome, reason: str, engine: dict[str, Any] | None = None) -> CellResult:
+def infra_result(cell: Cell, outcome: Outcome, reason: str,
+                 engine: EngineInfo | dict[str, Any] | None = None) -> CellResult:
     """A cell that did not produce token streams: UNSUPPORTED, ERROR or TIMEOUT, with its reason."""
-    return CellResult(cell, outcome, reason, reason=reason, engine=engine)
+    return CellResult(cell, outcome, reason, reason=reason, engine=engine, label=outcome.value)
 
 
 def judged_result(
-    cell: Cell, verdict: CellVerdict, records: list[dict[str, Any]], engine: dict[str, Any] | None,
+    cell: Cell, verdict: CellVerdict, records: list[dict[str, Any]], engine: EngineInfo | dict[str, Any] | None,
     duration_s: float | None,
 ) -> CellResult:
     """A cell whose scenario ran, with the oracle's verdict merged into each request record."""
     by_rid = {rv.rid: rv.to_dict() for rv in verdict.requests}
     reqs = tuple({**rec, "verdict": by_rid.get(rec["rid"])} for rec in records)
     return CellResult(cell, verdict.outcome, verdict.summary, verdict.reason, verdict.counts, reqs, engine,
-                      duration_s)
+                      duration_s, label=verdict.label)
 
 
 @dataclass(frozen=True)
@@ -94,6 +48,11 @@ class Results:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, **meta, "cells": [c.to_dict() for c in self.cells]}
 
 
+def log_line(result: CellResult) -> dict[str, Any]:
+    """The JSONL form of a cell result (one line of results.jsonl)."""
+    return {"schema": LINE_SCHEMA, "schema_version": SCHEMA_VERSION, **result.to_dict()}
+
+
 class ResultsLog:
     """Append-only JSONL of cell results: one line per cell, written as soon as it is known."""
 
@@ -102,7 +61,7 @@ class ResultsLog:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, result: CellResult) -> None:
-        line = json.dumps({"schema": LINE_SCHEMA, "schema_version": SCHEMA_VERSION, **result.to_dict()})
+        line = json.dumps(log_line(result))
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
@@ -139,19 +98,12 @@ def merge_results(parts: list[tuple[Path, Results]], extra: dict[str, Any] | Non
     return Results(tuple(cells.values()), {**meta, **(extra or {})})
 
 
-def _check_schema(obj: Any, schema: str, where: str) -> None:
-    if not isinstance(obj, dict) or obj.get("schema") != schema:
-        raise ResultsFileError(f"{where}: not a {schema} document")
-    ver = obj.get("schema_version")
-    if ver != SCHEMA_VERSION:
-        raise ResultsFileError(
-            f"{where}: schema_version {ver!r} is not supported (this vllm-repro reads {SCHEMA_VERSION}); "
-            "upgrade vllm-repro or regenerate the file"
-        )
-
-
 def read_results(path: Path) -> Results:
-    """Read a results JSON (or a JSONL log of cell lines); raise ResultsFileError if unusable."""
+    """Read a results JSON (or a JSONL log of cell lines) of any schema version this vllm-repro reads.
+
+    Older cells are migrated (harness.core.records.migrate_cell); a migrated report's meta says
+    ``migrated_from``.  Raise ResultsFileError if the file is unusable.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -165,20 +117,21 @@ def read_results(path: Path) -> Results:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ResultsFileError(f"{path}:{n}: corrupt line ({exc.msg})") from exc
-            _check_schema(obj, LINE_SCHEMA, f"{path}:{n}")
-            cells.append(_cell(obj, f"{path}:{n}"))
+            cells.append(_cell(obj, LINE.check(obj, f"{path}:{n}"), f"{path}:{n}"))
         return Results(tuple(cells))
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ResultsFileError(f"{path}: corrupt JSON ({exc.msg} at line {exc.lineno})") from exc
-    _check_schema(obj, SCHEMA, str(path))
-    meta = {k: v for k, v in obj.items() if k not in ("schema", "schema_version", "cells")}
-    return Results(tuple(_cell(c, str(path)) for c in obj.get("cells", [])), meta)
+    version = RESULTS.check(obj, str(path))
+    meta = {k: v for k, v in obj.items() if k not in ("schema", "schema_version", "cells", "migrated_from")}
+    if version != SCHEMA_VERSION or "migrated_from" in obj:
+        meta["migrated_from"] = obj.get("migrated_from", version)
+    return Results(tuple(_cell(c, version, str(path)) for c in obj.get("cells", [])), meta)
 
 
-def _cell(obj: dict[str, Any], where: str) -> CellResult:
+def _cell(obj: Any, version: int, where: str) -> CellResult:
     try:
-        return CellResult.from_dict(obj)
-    except (KeyError, ValueError, TypeError) as exc:
+        return CellResult.from_dict(migrate_cell(obj, version))
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ResultsFileError(f"{where}: malformed cell result ({exc!r})") from exc

@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
+from harness.core.records import Schema
 from harness.errors import BadInput, ResultsFileError
 from harness.matrix import Selection
 from harness.oracle import Outcome
-from harness.results import LINE_SCHEMA, SCHEMA_VERSION, CellResult, read_results
+from harness.results import CellResult, log_line, read_results
 from harness.runner import RunConfig
 
 RUN_FILE = "run.json"
 RUN_SCHEMA = "vllm-repro/run"
+RUN = Schema(RUN_SCHEMA, 1)  # run.json has its own version: results schema 2 left it unchanged
 # Outcomes a resumed run keeps; the others (ERROR, TIMEOUT, BUILD-FAILED) are run again.
 KEEP = frozenset(o for o in Outcome if not o.is_infra) | {Outcome.UNSUPPORTED}
 
@@ -24,7 +26,7 @@ def run_record(sel: Selection, cfg: RunConfig, platform: str) -> dict[str, Any]:
     """The settings that decide a run's cells and verdicts; a resumed run must match them."""
     return {
         "schema": RUN_SCHEMA,
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": RUN.version,
         "tool_version": __version__,
         "platform": platform,
         "cells": [c.id for c in sel.cells()],
@@ -49,11 +51,7 @@ def resume_state(reports: Path, current: dict[str, Any]) -> list[CellResult]:
         raise BadInput(f"nothing to resume in {reports}: no {RUN_FILE} (run without --resume first)") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ResultsFileError(f"{run_path}: unreadable run record ({exc})") from exc
-    if not isinstance(previous, dict) or previous.get("schema") != RUN_SCHEMA:
-        raise ResultsFileError(f"{run_path}: not a {RUN_SCHEMA} document")
-    if previous.get("schema_version") != SCHEMA_VERSION:
-        raise ResultsFileError(f"{run_path}: schema_version {previous.get('schema_version')!r} is not supported "
-                               f"(this vllm-repro reads {SCHEMA_VERSION})")
+    RUN.check(previous, str(run_path))
     diffs = [k for k in ("platform", "cells", "settings") if previous.get(k) != current.get(k)]
     if diffs:
         raise BadInput(f"--resume: the run in {reports} was started with different {', '.join(diffs)}; "
@@ -83,7 +81,7 @@ def rewrite_log(log: Path, kept: list[CellResult]) -> None:
     tmp = log.with_suffix(".jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for r in kept:
-            f.write(json.dumps({"schema": LINE_SCHEMA, "schema_version": SCHEMA_VERSION, **r.to_dict()}) + "\n")
+            f.write(json.dumps(log_line(r)) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, log)

@@ -78,7 +78,7 @@ def judge_pair(
         if cr is None:
             return False
         if cr.outcome is Outcome.FLAKY:
-            return any(Outcome(o).is_token_fault for o in (cr.repeats or {}).get("outcomes", {}) if o in _VALUES)
+            return any(Outcome(o).is_token_fault for o in (cr.repeats.outcomes if cr.repeats else {}) if o in _VALUES)
         return cr.outcome.is_token_fault
 
     def infra(cr: CellResult, side: str) -> WorkaroundVerdict:

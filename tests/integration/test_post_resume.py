@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.core.records import ExpectationRecord
 from harness.matrix import Cell
 from harness.oracle import Outcome
 from harness.pytest_plugin import first_post_resume_tokens
@@ -25,14 +26,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_post_resume(post_resume_cell: Cell, repro_run_cell: Callable[[Cell], CellResult],
                      record_property: Callable[[str, object], None]) -> None:
     result = repro_run_cell(post_resume_cell)
-    exp = result.expectation or {}
+    exp = result.expectation or ExpectationRecord(None)
     record_property("outcome", result.summary)
-    record_property("expectation", exp.get("message"))
+    record_property("expectation", exp.message)
     record_property("first_post_resume", "; ".join(first_post_resume_tokens(result)))
     if result.outcome is Outcome.UNSUPPORTED:
         pytest.skip(f"UNSUPPORTED: {result.reason}")
     if result.outcome.is_infra:
         pytest.fail(f"{result.id}: {result.outcome.value}: {result.reason}", pytrace=False)
-    if exp.get("status") != "as expected":
+    if exp.status != "as expected":
         lines = "\n  ".join(request_lines(result))
-        pytest.fail(f"{result.id}: {exp.get('message')}\n  {lines}", pytrace=False)
+        pytest.fail(f"{result.id}: {exp.message}\n  {lines}", pytrace=False)

@@ -132,3 +132,15 @@ def test_terminal_rendering() -> None:
     assert "NO: outcome LOSS vs OK" in text and "only B ran" in text
     assert "agree on 1/2 cells both ran (50.0 %)" in text
     assert "keep-clear-r00: A LOSS(1 at 8): [8] expected" in text
+
+
+def test_compare_does_not_depend_on_history() -> None:
+    # Outcome categories, styles and injection ids live in harness.core; a comparison needs no history.
+    import ast
+    import inspect
+
+    import harness.compare
+
+    tree = ast.parse(inspect.getsource(harness.compare))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "harness.history" not in imported and "harness.core.outcomes" in imported

@@ -33,7 +33,7 @@ def test_injected_bug_covers_fixed_versions_only_when_injected() -> None:
     assert injected[0].id == "vllm#42043 (injected)" and injected[0].affected.contains("0.32.0")
     assert bugs_with_injection((), table) == table
     loss = CellResult(cell, Outcome.LOSS, "LOSS(1) in 1/1", requests=(_judged(running=True, lost=True),))
-    assert annotate_injected(loss, ("vllm#42043",), table).expectation["status"] == "as expected"  # type: ignore[index]
+    assert annotate_injected(loss, ("vllm#42043",), table).expectation.status == "as expected"  # type: ignore[union-attr]
 
 
 def _judged(running: bool, lost: bool) -> dict:

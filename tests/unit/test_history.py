@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 from synthetic_runs import RUNNING, infra, ran, report, write
 
+from harness.core.records import legacy_label as cell_label
 from harness.errors import BadInput, ReproError, ResultsFileError
 from harness.history import (
     COLORS,
@@ -24,13 +25,13 @@ from harness.history import (
     Run,
     add_run,
     category,
-    cell_label,
     plot,
     read_history,
     render_history,
     show,
     version_order,
 )
+from harness.matrix import Cell
 from harness.oracle import Outcome
 from harness.results import ResultsLog
 
@@ -157,7 +158,7 @@ def test_missing_history_file_says_how_to_start_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("content", "pattern"), [
-    ('{"schema": "vllm-repro/results", "schema_version": 2, "cells": []}', r"schema_version 2 is not supported"),
+    ('{"schema": "vllm-repro/results", "schema_version": 3, "cells": []}', r"schema_version 3 is not supported"),
     ('{"schema": "vllm-repro/results", "cells": [', r"corrupt JSON"),
 ])
 def test_bad_results_file_is_refused_naming_it(content: str, pattern: str, hist: Path, tmp_path: Path) -> None:
@@ -231,10 +232,36 @@ def test_engine_reported_injection_counts_even_without_meta(hist: Path, tmp_path
     assert add(hist, results, tmp_path, "inj").run.inject == ("vllm#42043",)
 
 
+def test_show_selects_cells_by_cell_pattern_too(hist: Path, tmp_path: Path) -> None:
+    add(hist, nightly("2026-11-29T02:00:00+00:00"), tmp_path, "cpu")
+    by_glob = show(read_history(hist), cells=["mp-async_on-*"])
+    by_pattern = show(read_history(hist), cells=["executor=mp,async=on"])
+    split = show(read_history(hist), cells=["executor=mp", "async=on"])  # as --cells splits on commas
+    assert by_pattern.series == split.series == by_glob.series and len(by_glob.series) == 3
+    both = show(read_history(hist), cells=["clear_cache=false", "ray-v2-*"])
+    assert {s.row.config for s in both.series} == {"mp-async_on-keep-noclear", "ray-v2-async_on-keep-clear"}
+    with pytest.raises(BadInput, match="cell key"):
+        show(read_history(hist), cells=["colour=red"])
+
+
+def test_history_cells_hold_a_cell_and_keep_the_schema_1_line_form() -> None:
+    line = {"id": "vllm0.21.0-mp-async_on-keep-clear-tp2", "version": "0.21.0", "executor": "mp", "async": True,
+            "mode": "keep", "clear_cache": True, "tp": 2, "scenario": "pause", "outcome": "LOSS",
+            "summary": "LOSS(1) in 8/10 requests", "reason": None, "expectation": "as expected",
+            "expected": "LOSS(1)", "vllm_version": "0.21.0", "device": "H200", "inject": []}
+    old = HistoryCell.from_dict(line)  # an early line: no label, model_runner, batch_invariant or tier
+    assert old.cell == Cell("0.21.0", "mp", True, "keep", True, tp=2) and old.label == "LOSS(1)"
+    assert (old.id, old.version, old.config) == (line["id"], "0.21.0", "mp-async_on-keep-clear-tp2")
+    written = old.to_dict()
+    assert "tier" not in written and written["async"] is True
+    assert {k: v for k, v in written.items() if k in line} == line
+    sched = HistoryCell(old.cell.replace(tier="scheduler"), "OK", "OK", "OK 10/10")
+    assert sched.to_dict()["tier"] == "scheduler" and HistoryCell.from_dict(sched.to_dict()) == sched
+
+
 def test_unknown_outcomes_from_a_newer_writer_still_show(hist: Path) -> None:
     def cell(version: str, outcome: str, summary: str) -> HistoryCell:
-        return HistoryCell(f"vllm{version}-{KEEP_CLEAR_ON}", version, "mp", True, "keep", True, 1, outcome,
-                           cell_label(outcome, summary), summary)
+        return HistoryCell(Cell(version, "mp", True, "keep", True), outcome, cell_label(outcome, summary), summary)
 
     run = Run("abc", "2026-11-30T00:00:00+00:00", "x", {"platform": "cpu"},
               (cell("0.21.0", "FLAKY", "FLAKY(LOSS(1) 2/3)"), cell("0.32.0", "SOMETHING-NEW", "?")))
@@ -377,3 +404,12 @@ def test_weight_sync_cells_are_rows_of_their_own(tmp_path: Path) -> None:
     assert configs == [KEEP_CLEAR_ON, KEEP_CLEAR_ON + "-weight_sync"]
     assert {s.row.config: s.latest.label for s in view.series} == {
         KEEP_CLEAR_ON: "LOSS(1)", KEEP_CLEAR_ON + "-weight_sync": "OK"}
+
+
+def test_a_history_cell_with_an_unknown_axis_value_names_its_line(hist: Path, tmp_path: Path) -> None:
+    add(hist, nightly("2026-11-29T02:00:00+00:00"), tmp_path, "n1")
+    run = json.loads(hist.read_text())
+    run["cells"][0]["tier"] = "quantum"
+    hist.write_text(json.dumps(run) + "\n")
+    with pytest.raises(ResultsFileError, match=r":1: malformed history run .*unknown tier 'quantum'"):
+        read_history(hist)

@@ -33,8 +33,8 @@ def test_flaky_exactly_when_runs_disagree(outcomes: list[Outcome]) -> None:
         assert res.outcome is Outcome.FLAKY
     if len(outcomes) > 1:
         assert res.repeats is not None
-        assert sum(res.repeats["outcomes"].values()) == len(outcomes)
-        assert abs(sum(res.repeats["fractions"].values()) - 1) < 1e-3
+        assert sum(res.repeats.outcomes.values()) == len(outcomes)
+        assert abs(sum(res.repeats.fractions.values()) - 1) < 1e-3
     else:
         assert res.repeats is None and res.summary == "OK summary".replace("OK", outcomes[0].value)
 
@@ -56,4 +56,4 @@ def test_an_engine_failure_among_repeats_is_not_flaky() -> None:
     res = aggregate([run(Outcome.OK), run(Outcome.OK), CellResult(CELL, Outcome.ERROR, "boom", reason="core died")])
     assert res.outcome is Outcome.ERROR
     assert res.summary == "ERROR in 1/3 runs (OK 2/3, ERROR 1/3): core died"
-    assert res.repeats is not None and res.repeats["outcomes"] == {"OK": 2, "ERROR": 1}
+    assert res.repeats is not None and res.repeats.outcomes == {"OK": 2, "ERROR": 1}

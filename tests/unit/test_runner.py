@@ -137,7 +137,7 @@ def test_repeats_are_scenarios_of_the_same_engine_and_fold_into_flaky(tmp_path: 
     (res,) = run_engine(env, ENGINE, (cell,), conf, on_result=streamed.append)
     assert streamed == [res]
     assert res.outcome is Outcome.FLAKY
-    assert res.repeats is not None and res.repeats["outcomes"] == {"OK": 2, "LOSS": 1}
+    assert res.repeats is not None and res.repeats.outcomes == {"OK": 2, "LOSS": 1}
     assert res.summary.startswith("FLAKY: OK 2/3, LOSS 1/3")
 
 
@@ -148,7 +148,7 @@ def test_missing_repeats_count_as_the_engine_failure(tmp_path: Path) -> None:
     env = fake_env(tmp_path, f"cat >> \"$OUT\" <<'JSON'\n{line}\nJSON\nexit 3\n")
     (res,) = run_engine(env, ENGINE, (CELLS[0],), cfg(tmp_path, repeat=2))
     assert res.outcome is Outcome.ERROR, "an engine failure is not hidden as FLAKY"
-    assert res.repeats is not None and res.repeats["outcomes"] == {"OK": 1, "ERROR": 1}
+    assert res.repeats is not None and res.repeats.outcomes == {"OK": 1, "ERROR": 1}
 
 
 @pytest.mark.integration

@@ -1,0 +1,77 @@
+"""How outcomes are grouped and coloured, the same in every view (history table and plot, comparisons).
+
+Outcomes are taken as strings: a history or report written by a newer vllm-repro may hold an outcome this one
+does not know, which is shown as "other", never as OK.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from harness.oracle import Outcome
+
+TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_token_fault)
+INFRA_FAILURES = tuple(o.value for o in Outcome if o.is_infra and o is not Outcome.UNSUPPORTED)
+FLAKY = Outcome.FLAKY.value
+
+
+class Category(enum.Enum):
+    OK = "OK"
+    TOKEN_FAULT = "token fault"
+    UNSUPPORTED = "unsupported"
+    INFRA = "infrastructure failure"
+    FLAKY = "flaky"
+    OTHER = "other outcome"
+    NOT_RUN = "not run"
+
+
+COLORS = {
+    Category.OK: "#2ca02c",
+    Category.TOKEN_FAULT: "#d62728",
+    Category.UNSUPPORTED: "#a0a0a0",
+    Category.INFRA: "#ffa000",
+    Category.FLAKY: "#8e44ad",
+    Category.OTHER: "#1f77b4",
+    Category.NOT_RUN: "#ffffff",
+}
+LEGEND = {
+    Category.OK: "OK",
+    Category.TOKEN_FAULT: "token fault (LOSS, DUPLICATE, …)",
+    Category.UNSUPPORTED: "UNSUPPORTED",
+    Category.INFRA: "ERROR / TIMEOUT / BUILD-FAILED",
+    Category.FLAKY: "FLAKY (varies across --repeat)",
+    Category.OTHER: "other outcome",
+    Category.NOT_RUN: "no run",
+}
+# rich styles of the terminal views.
+STYLES = {
+    Category.OK: "green",
+    Category.TOKEN_FAULT: "bold red",
+    Category.UNSUPPORTED: "dim",
+    Category.INFRA: "yellow",
+    Category.FLAKY: "magenta",
+    Category.OTHER: "cyan",
+    Category.NOT_RUN: "dim",
+}
+
+
+def category(outcome: str | None) -> Category:
+    """How an outcome string is coloured; unknown strings (a newer vllm-repro's) are OTHER, never OK."""
+    if outcome is None:
+        return Category.NOT_RUN
+    if outcome == Outcome.OK.value:
+        return Category.OK
+    if outcome in TOKEN_FAULTS:
+        return Category.TOKEN_FAULT
+    if outcome == Outcome.UNSUPPORTED.value:
+        return Category.UNSUPPORTED
+    if outcome in INFRA_FAILURES:
+        return Category.INFRA
+    if outcome == FLAKY:
+        return Category.FLAKY
+    return Category.OTHER
+
+
+def style(outcome: str | None) -> str:
+    """The rich style of an outcome string."""
+    return STYLES[category(outcome)]

@@ -1,0 +1,238 @@
+"""Typed cell results, the one schema check, the migration of schema-1 files and stable run ids.
+
+Every results file committed under docs/results/ is schema 1: it must load, re-render exactly as committed
+and keep the run id ``history add`` gave it before the schema moved on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from synthetic_runs import RUNNING, infra, ran, report
+
+from harness.compare import compare
+from harness.compare import markdown as compare_markdown
+from harness.core.axes import BY_NAME
+from harness.core.cell import Cell
+from harness.core.records import (
+    LINE,
+    RESULTS,
+    SCHEMA_VERSION,
+    CellResult,
+    EngineInfo,
+    ExpectationRecord,
+    RepeatSummary,
+    RequestRecord,
+    RequestVerdictRecord,
+    Schema,
+    identity_form,
+    legacy_label,
+    migrate_cell,
+)
+from harness.errors import ResultsFileError
+from harness.history import run_id_of
+from harness.oracle import Outcome
+from harness.report import markdown
+from harness.results import Results, ResultsLog, read_results
+
+pytestmark = pytest.mark.unit
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+COMMITTED = sorted(p for p in DOCS.rglob("*.json*") if "history" not in p.parts)
+# Run ids ``history add`` gave these reports before the schema gained tier and label (a19fad5).
+RUN_IDS = {"cpu-2026-11-30/results.json": "a58f86ccb6751397",
+           "gpu-h200-2026-11-30/results.json": "ebea3e61362c982f"}
+
+
+def _cells_of(path: Path) -> list[dict[str, Any]]:
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return list(json.loads(path.read_text())["cells"])
+
+
+# ---------------------------------------------------------------------- committed reports
+
+
+def test_docs_results_are_there() -> None:
+    assert len(COMMITTED) >= 20 and all(p.suffix in (".json", ".jsonl") for p in COMMITTED)
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
+def test_every_committed_report_loads_and_round_trips(path: Path) -> None:
+    results = read_results(path)
+    originals = _cells_of(path)
+    assert len(results.cells) == len(originals)
+    for cr, orig in zip(results.cells, originals, strict=True):
+        orig = {k: v for k, v in orig.items() if k not in ("schema", "schema_version")}
+        # Written back, a cell is what was read plus the new fields, and the axes an older writer left out at
+        # their defaults.
+        implicit = {k: v for k, v in cr.cell.to_dict().items() if k not in orig["cell"] and k != "tier"}
+        assert all(v == BY_NAME[k].default for k, v in implicit.items())
+        assert identity_form(cr.to_dict()) == {**orig, "cell": {**orig["cell"], **implicit}}
+        assert cr.cell.tier == "engine" and cr.label == legacy_label(orig["outcome"], orig["summary"])
+        assert cr.to_dict()["label"] == cr.label
+
+
+@pytest.mark.parametrize("name", ["cpu-2026-11-30", "gpu-h200-2026-11-30"])
+def test_committed_reports_re_render_as_committed(name: str) -> None:
+    results = read_results(DOCS / name / "results.json")
+    assert results.meta["migrated_from"] == 1
+    assert markdown(results) == (DOCS / name / "results.md").read_text(encoding="utf-8")
+
+
+def test_committed_comparison_re_renders_as_committed() -> None:
+    a, b = (read_results(DOCS / n / "results.json") for n in ("cpu-2026-11-30", "gpu-h200-2026-11-30"))
+    cmp = compare(a, b, "cpu-2026-11-30/results.json", "gpu-h200-2026-11-30/results.json")
+    assert compare_markdown(cmp) == (DOCS / "cpu-vs-gpu.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("name", "run_id"), RUN_IDS.items())
+def test_run_ids_survive_the_schema_upgrade(name: str, run_id: str, tmp_path: Path) -> None:
+    results = read_results(DOCS / name)
+    assert run_id_of(results) == run_id
+    # Re-rendered at schema 2 (tier and label written out), the report is still the same run.
+    rewritten = tmp_path / "results.json"
+    rewritten.write_text(json.dumps(results.to_dict()))
+    again = read_results(rewritten)
+    assert json.loads(rewritten.read_text())["schema_version"] == SCHEMA_VERSION == 2
+    assert run_id_of(again) == run_id and again.meta["migrated_from"] == 1
+
+
+def test_a_non_default_new_axis_changes_the_run_id() -> None:
+    cr = ran("0.21.0")
+    sched = CellResult(cr.cell.replace(tier="scheduler"), cr.outcome, cr.summary, label=cr.label)
+    created = "2026-11-30T00:00:00+00:00"
+    assert run_id_of(report((cr,), created)) != run_id_of(report((sched,), created))
+    assert "tier" not in identity_form(cr.to_dict())["cell"]
+    assert identity_form(sched.to_dict())["cell"]["tier"] == "scheduler"
+
+
+# ---------------------------------------------------------------------- schema check and migration
+
+
+def test_schema_check_reads_every_version_up_to_the_current_one() -> None:
+    assert RESULTS.check({"schema": RESULTS.name, "schema_version": 1}, "f") == 1
+    assert LINE.check({"schema": LINE.name, "schema_version": 2}, "f") == 2
+    for bad, match in ((99, "schema_version 99 is not supported .*reads 1 to 2.*upgrade vllm-repro"),
+                       (0, "schema_version 0 .*damaged"), (True, "schema_version True"), (None, "None")):
+        with pytest.raises(ResultsFileError, match=match):
+            RESULTS.check({"schema": RESULTS.name, "schema_version": bad}, "f")
+    with pytest.raises(ResultsFileError, match=r"f: not a vllm-repro/results document \(schema 'x'\)!"):
+        RESULTS.check({"schema": "x"}, "f", lambda found: "!")
+    with pytest.raises(ResultsFileError, match=r"not a vllm-repro/cell line \(schema 'list'\)"):
+        LINE.check([], "f")
+    with pytest.raises(ResultsFileError, match=r"run schema_version 2 is not supported .*reads 1\)"):
+        Schema("vllm-repro/run", 1, label="run ").check({"schema": "vllm-repro/run", "schema_version": 2}, "f")
+
+
+def test_migration_adds_tier_and_the_label_once() -> None:
+    v1 = {"cell": {"version": "0.21.0", "executor": "mp", "async_scheduling": True, "mode": "keep",
+                   "clear_cache": True}, "outcome": "LOSS", "summary": "LOSS(1,2) in 3/10 requests"}
+    v2 = migrate_cell(v1, 1)
+    assert v2["cell"]["tier"] == "engine" and v2["label"] == "LOSS(1,2)" and "tier" not in v1["cell"]
+    assert migrate_cell(v2, 2) == v2
+    assert CellResult.from_dict({**v2, "summary": "anything"}).label == "LOSS(1,2)"  # stored, not re-derived
+
+
+def test_results_files_of_both_versions_load(tmp_path: Path) -> None:
+    cr = ran("0.21.0", lose=RUNNING)
+    log = tmp_path / "results.jsonl"
+    old = {"schema": LINE.name, "schema_version": 1, **cr.to_dict()}
+    del old["label"], old["cell"]["tier"]
+    log.write_text(json.dumps(old) + "\n")
+    ResultsLog(log).append(cr)  # a resumed run appends schema-2 lines to a schema-1 log
+    first, second = read_results(log).cells
+    assert first == second == cr and cr.label == "LOSS(1)"
+
+
+def test_unreadable_cells_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "r.json"
+    bad.write_text(json.dumps({"schema": RESULTS.name, "schema_version": 1,
+                               "cells": [{**ran("0.21.0").to_dict(), "engine": "a string"}]}))
+    with pytest.raises(ResultsFileError, match=r"r\.json: malformed cell result"):
+        read_results(bad)
+
+
+# ---------------------------------------------------------------------- the records
+
+
+@pytest.mark.parametrize("lose", [0, 1, RUNNING])
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_oracle_label_is_what_schema_1_files_recover(lose: int, k: int) -> None:
+    cr = ran("0.21.0", lose=lose, k=k)
+    assert cr.label == legacy_label(cr.outcome.value, cr.summary) == ("OK" if not lose else f"LOSS({k})")
+    down = infra("0.21.0", Outcome.TIMEOUT, "TIMEOUT(ish) after 5s")
+    assert down.label == "TIMEOUT" and legacy_label("TIMEOUT", down.summary) == "TIMEOUT(ish)"
+
+
+def test_records_read_their_json_form() -> None:
+    raw = {"vllm_version": "0.21.0", "torch_version": "2.11.0", "device_name": "H200", "platform": "cuda",
+           "effective": {"async_scheduling": True, "executor_class": "MultiprocExecutor"},
+           "probe": {"core": {"inject": {"requested": ["vllm#42043"]}}}, "extra": [1]}
+    exp = {"status": "UNEXPECTED", "expected": "LOSS(1)", "bug": "vllm#42043", "message": "m"}
+    cr = CellResult(Cell("0.21.0", "mp", True, "keep", True), Outcome.OK, "OK 10/10", engine=raw,
+                    expectation=exp, repeats={"n": 2, "outcomes": {"OK": 2}})
+    assert isinstance(cr.engine, EngineInfo) and cr.engine["extra"] == [1] and dict(cr.engine) == raw
+    assert (cr.engine.vllm_version, cr.engine.device_name, cr.engine.effective_async, cr.engine.executor_class,
+            cr.engine.inject) == ("0.21.0", "H200", True, "MultiprocExecutor", ("vllm#42043",))
+    assert cr.expectation == ExpectationRecord("UNEXPECTED", "LOSS(1)", "vllm#42043", "m")
+    assert cr.expectation.describe() == "UNEXPECTED (expected LOSS(1) from vllm#42043)"
+    assert cr.repeats == RepeatSummary(2, {"OK": 2})
+    d = cr.to_dict()
+    assert (d["engine"], d["expectation"], d["label"]) == (raw, exp, "OK")
+    assert CellResult.from_dict(json.loads(json.dumps(d))) == cr
+    assert Results((cr,)).to_dict()["schema_version"] == SCHEMA_VERSION
+
+
+def test_expectation_descriptions() -> None:
+    assert ExpectationRecord("as expected", "LOSS(1)", "vllm#42043").describe() == "as expected (vllm#42043)"
+    assert ExpectationRecord("as expected", "OK").describe() == "as expected"
+    assert ExpectationRecord("UNEXPECTED", "OK").describe() == "UNEXPECTED (expected OK)"
+    assert ExpectationRecord(None).describe() == ""
+
+
+def test_request_records_are_typed_and_kept_whole() -> None:
+    cr = ran("0.21.0", lose=1)
+    first, late = cr.requests[0], cr.requests[-1]
+    assert isinstance(first, RequestRecord) and first.rid == first["rid"] and first.submit == "start"
+    v = first.verdict
+    assert isinstance(v, RequestVerdictRecord)
+    assert (v.outcome, v.k, v.short, v.running_at_pause) == ("LOSS", 1, "LOSS(1)", True)
+    assert v.first_post_resume is not None and v.first_post_resume["expected"] != v.first_post_resume["observed"]
+    assert late.verdict is not None and (late.verdict.short, late.verdict.running_at_pause) == ("OK", False)
+    raw = cr.to_dict()["requests"]
+    assert [dict(r) for r in cr.requests] == raw and cr.requests == tuple(raw)  # a record equals its JSON
+    assert CellResult(cr.cell, cr.outcome, cr.summary, requests=({"rid": "r0"},)).requests[0].verdict is None
+
+
+def test_results_pickle_as_they_are() -> None:
+    # Ray tasks and pytest-xdist workers send cell results by pickle.
+    import copy
+    import pickle
+
+    cr = ran("0.21.0", lose=2)
+    back = pickle.loads(pickle.dumps(cr))
+    assert back == cr and isinstance(back.engine, EngineInfo) and isinstance(back.requests[0], RequestRecord)
+    assert copy.deepcopy(cr) == cr
+
+
+def test_repeat_labels_are_what_schema_1_files_recover() -> None:
+    from harness.repeat import aggregate
+
+    lossy, ok = ran("0.21.0", lose=RUNNING), ran("0.21.0")
+    down = infra("0.21.0", Outcome.TIMEOUT, "hang")
+    for runs, label in (([lossy, lossy], "LOSS(1)"), ([ok, lossy], "FLAKY"), ([ok, down], "TIMEOUT")):
+        res = aggregate(runs)
+        assert res.label == legacy_label(res.outcome.value, res.summary) == label
+
+
+def test_an_axis_value_from_a_newer_writer_is_refused_by_name(tmp_path: Path) -> None:
+    d = ran("0.21.0").to_dict()
+    bad = tmp_path / "r.json"
+    bad.write_text(json.dumps({"schema": RESULTS.name, "schema_version": 2,
+                               "cells": [{**d, "cell": {**d["cell"], "executor": "ray-v3"}}]}))
+    with pytest.raises(ResultsFileError, match=r"r\.json: malformed cell result .*unknown executor 'ray-v3'"):
+        read_results(bad)
