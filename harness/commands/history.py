@@ -21,8 +21,9 @@ def add_history_file_option(parser: argparse.ArgumentParser) -> None:
 
 def add_selection_options(parser: argparse.ArgumentParser) -> None:
     """The row and column filters of ``show`` and ``plot``."""
-    parser.add_argument("--cells", help="comma-separated fnmatch patterns on the cell config or id, "
-                                        "e.g. 'mp-async_on-keep-*'")
+    parser.add_argument("--cells", help="comma-separated fnmatch patterns on the cell config or id, e.g. "
+                                        "'mp-async_on-keep-*', and/or key=value cell axes, e.g. "
+                                        "'executor=mp,async=on,tp=2'")
     parser.add_argument("--versions", help="comma-separated version labels (default: all)")
     parser.add_argument("--platform", choices=PLATFORMS, help="only runs of this platform")
     parser.add_argument("--hide-unsupported", action="store_true",

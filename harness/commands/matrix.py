@@ -164,7 +164,7 @@ def matrix_exit(cells: Iterable[CellResult], *, strict: bool, fail_on_unexpected
         return MatrixExit(1)
     if strict and any(c.outcome.is_token_fault or c.outcome is Outcome.FLAKY for c in cells):
         return MatrixExit(1)
-    unexpected = tuple(c.id for c in cells if (c.expectation or {}).get("status") == "UNEXPECTED")
+    unexpected = tuple(c.id for c in cells if c.expectation is not None and c.expectation.status == "UNEXPECTED")
     if fail_on_unexpected and unexpected:
         return MatrixExit(1, unexpected)
     return MatrixExit(1 if sensitivity_failed else 0)
