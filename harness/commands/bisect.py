@@ -94,7 +94,7 @@ class BisectCommand(Command):
         from rich.markup import escape
 
         from harness.bisect import FIND_MODES, ProbeRecord
-        from harness.probe import run_bisect
+        from harness.bisect_run import run_bisect
 
         if args.find not in FIND_MODES:
             raise BadInput(f"unknown --find mode {args.find!r}; valid choices: {', '.join(FIND_MODES)}")

@@ -1,4 +1,7 @@
-"""Probes for bisect: run one matrix cell on one vLLM version (or commit) and call it GOOD, BAD or SKIP."""
+"""The bisect driver: run one matrix cell per vLLM version (or commit) as the probe, GOOD, BAD or SKIP.
+
+(``harness.bisect`` is the pure search; an engine's self-report is its "probe" event, a different thing.)
+"""
 
 from __future__ import annotations
 

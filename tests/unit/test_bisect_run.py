@@ -1,4 +1,4 @@
-"""Tests of harness.probe: --cell parsing, the cell -> GOOD/BAD/SKIP mapping, and run_bisect with a fake matrix.
+"""Tests of harness.bisect_run: --cell parsing, the cell -> GOOD/BAD/SKIP mapping, and run_bisect with a fake matrix.
 
 Cell results are built the way the harness builds them (harness.results.judged_result on the verdict of
 harness.oracle.cell_verdict over synthetic request records, or harness.results.infra_result), so the tests
@@ -25,7 +25,7 @@ from harness.envs import IndexConfig
 from harness.errors import BadInput
 from harness.matrix import EXECUTORS, MODES, Cell
 from harness.oracle import Outcome, cell_verdict
-from harness.probe import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
+from harness.bisect_run import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
 from harness.results import CellResult, ResultsLog, infra_result, judged_result
 from harness.runner import RunConfig
 
@@ -448,3 +448,12 @@ def test_run_bisect_finds_any_boundary(tmp_path: Path, n: int, data: st.DataObje
     assert len(d["probes"]) == len(seen) == len(fake.cells) == len(set(fake.cells))
     for entry in d["probes"]:
         assert entry["cell"]["outcome"] == table[entry["candidate"]]
+
+
+def test_run_bisect_probes_the_cell_the_pattern_names(tmp_path: Path) -> None:
+    # Issue 11: any axis reaches bisect --cell, e.g. a TP=2 weight-sync cell.
+    table = {v: ("OK" if int(v.split(".")[1]) >= 22 else "LOSS") for v in VERSIONS}
+    tpl = parse_cell("executor=mp,async=on,mode=keep,clear_cache=true,tp=2,scenario=weight_sync")
+    run, fake, _ = _bisect(tmp_path, table, template=tpl, platform="cuda")
+    assert run.result is not None and run.result.first_new == "0.22.0"
+    assert {c.config_id for c in fake.cells} == {"mp-async_on-keep-clear-tp2-weight_sync"}
