@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 from synthetic import request_record
 
 from harness.bisect import ProbeRecord, Verdict
+from harness.bisect_run import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
 from harness.context import BackendReport, CellSink, EngineWork, RunContext
 from harness.core.pattern import DEFAULT_TEMPLATE, CellTemplate, parse_pattern
 from harness.envs import IndexConfig
 from harness.errors import BadInput
 from harness.matrix import EXECUTORS, MODES, Cell
 from harness.oracle import Outcome, cell_verdict
-from harness.bisect_run import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
 from harness.results import CellResult, ResultsLog, infra_result, judged_result
 from harness.runner import RunConfig
 
