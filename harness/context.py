@@ -20,6 +20,7 @@ from harness.envs import EnvRecipe, IndexConfig, VllmEnv, default_recipe, ensure
 from harness.matrix import Cell, EngineKey
 from harness.results import CellResult, ResultsLog
 from harness.runner import EventHook, RunConfig
+from harness.scheduling import Capacity
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class RunContext:
     # The recipe of a version label that is not a release (a commit, a wheelhouse).
     recipe_for: Callable[[str], EnvRecipe] | None = None
     build_jobs: int = 2  # envs built at a time in the background (uv's cache is shared)
+    # Engines at a time, and the GPUs they share (harness.scheduling).
+    capacity: Capacity = field(default_factory=lambda: Capacity(jobs=1))
     argv: tuple[str, ...] = ()
     on_progress: ProgressHook | None = None
     on_event: EventHook | None = None

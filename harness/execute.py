@@ -9,6 +9,7 @@ the run's meta.
 from __future__ import annotations
 
 import platform as _platform
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -30,9 +31,12 @@ def execute_plan(plan: MatrixPlan, ctx: RunContext, backend: Backend | None = No
     if ctx.log is None:
         raise ValueError("execute_plan needs a results log in its RunContext (ctx.log)")
     started = datetime.now().astimezone()
+    offset = ctx.log.size()
     record = CellRecorder(plan, ctx.cfg, ctx.log, ctx.say)
     report = (backend or LocalBackend()).run(plan.engines, ctx, record)
     meta = run_meta(ctx.cfg, started, list(ctx.argv), report.envs, report.engine_starts)
+    if ctx.capacity.jobs > 1 or backend is not None:
+        ctx.log.reorder_since(offset, record.sequential())
     return record.results({**meta, **report.meta})
 
 
@@ -44,6 +48,7 @@ class CellRecorder:
 
     def __init__(self, plan: MatrixPlan, cfg: RunConfig, log: ResultsLog, say: ProgressHook) -> None:
         self.plan, self.log, self.say = plan, log, say
+        self.lock = threading.RLock()
         # With --inject the injected bug covers every version: its cells must show it (the self-test).
         self.bugs = bugs_with_injection(cfg.inject)
         self.done: dict[str, CellResult] = {}
@@ -51,12 +56,18 @@ class CellRecorder:
             self(infra_result(cell, Outcome.UNSUPPORTED, reason))
 
     def __call__(self, res: CellResult) -> None:
-        if res.id in self.done:  # a Ray task's result can arrive after its ERROR was recorded
-            return
-        res = annotate(res, self.bugs)
-        self.log.append(res)
-        self.done[res.id] = res
-        self.say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
+        with self.lock:  # engines side by side report from their own threads
+            if res.id in self.done:  # a Ray task's result can arrive after its ERROR was recorded
+                return
+            res = annotate(res, self.bugs)
+            self.log.append(res)
+            self.done[res.id] = res
+            self.say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
+
+    def sequential(self) -> list[CellResult]:
+        """Every recorded cell in the order a one-engine-at-a-time run records them: unsupported, then by engine."""
+        order = [c for c, _ in self.plan.unsupported] + [c for _, cs in self.plan.engines for c in cs]
+        return [self.done[c.id] for c in order if c.id in self.done]
 
     def results(self, meta: dict[str, Any]) -> Results:
         """Every recorded cell, in plan order."""

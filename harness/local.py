@@ -1,9 +1,16 @@
-"""The local backend: every engine of the matrix on this machine, one after another (``runner.run_engine``)."""
+"""The local backend: the engines of the matrix on this machine, ``ctx.capacity.jobs`` at a time.
+
+Environments are built ``ctx.build_jobs`` at a time in the background; an engine starts as soon as its
+version's env is ready and a job (and on cuda, GPU slots) is free, in plan order, so a slow env build or a
+failed engine never holds up the others.  With one job this is the sequential run of before.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any
 
 from harness.context import BackendReport, CellSink, EngineWork, Progress, RunContext, env_facts
@@ -11,48 +18,141 @@ from harness.envs import VllmEnv, ensure_env
 from harness.errors import EnvBuildError
 from harness.oracle import Outcome
 from harness.results import infra_result
-from harness.runner import run_engine
+from harness.runner import run_engine, weight_transfer
+from harness.scheduling import SHARED_GPU_KV_BYTES, Capacity, Slots
 
 
 class LocalBackend:
-    """Engines run here; environments are built ``ctx.build_jobs`` at a time in the background.
-
-    The next version's env is usually ready when the current version's engines finish.
-    """
+    """Engines run here, side by side up to the run's capacity."""
 
     def run(self, engines: Sequence[EngineWork], ctx: RunContext, record: CellSink) -> BackendReport:
-        by_version: dict[str, list[EngineWork]] = {}
-        for key, cells in engines:
-            by_version.setdefault(key.version, []).append((key, cells))
-        envs: dict[str, dict[str, Any]] = {}
+        versions = list(dict.fromkeys(key.version for key, _ in engines))
         pool = ThreadPoolExecutor(max_workers=max(1, ctx.build_jobs), thread_name_prefix="env-build")
-        futures: dict[str, Future[VllmEnv]] = {
+        builds: dict[str, Future[VllmEnv]] = {
             # Recipes here, in the caller's thread: a bad one is the caller's error, not a build failure.
             v: pool.submit(ensure_env, ctx.recipe(v), ctx.cache_dir, lambda m: ctx.say(Progress("env", m)))
-            for v in by_version if v not in ctx.prebuilt
+            for v in versions if v not in ctx.prebuilt
         }
+        run = _LocalRun(ctx, record, builds)
         try:
-            for version, work in by_version.items():
-                envs[version] = _run_version(version, work, futures, ctx, record)
+            run.all(list(engines))
         finally:
-            for f in futures.values():
+            for f in builds.values():
                 f.cancel()
             pool.shutdown(wait=True)
-        return BackendReport(envs, len(engines))
+        return BackendReport({v: run.envs[v] for v in versions if v in run.envs}, len(engines))
 
 
-def _run_version(version: str, work: list[EngineWork], futures: dict[str, Future[VllmEnv]], ctx: RunContext,
-                 record: CellSink) -> dict[str, Any]:
-    """Run the engines of one version; the facts of its env (or why it could not be built)."""
-    ctx.say(Progress("env", f"environment for vLLM {version}"))
-    try:
-        env = ctx.prebuilt[version] if version in ctx.prebuilt else futures[version].result()
-    except (EnvBuildError, OSError) as exc:
-        for _, cells in work:
-            for c in cells:
-                record(infra_result(c, Outcome.BUILD_FAILED, f"environment build failed: {exc}"))
-        return {"error": str(exc)}
-    for key, cells in work:
-        ctx.say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s)", key))
-        run_engine(env, key, cells, ctx.cfg, on_event=ctx.event, on_result=record)
-    return env_facts(env)
+class _LocalRun:
+    """One run's engines: which wait, which run, on which GPUs."""
+
+    def __init__(self, ctx: RunContext, record: CellSink, builds: dict[str, Future[VllmEnv]]) -> None:
+        self.ctx, self.record, self.builds = ctx, record, builds
+        self.cap: Capacity = ctx.capacity
+        self.slots = Slots(self.cap)
+        self.envs: dict[str, dict[str, Any]] = {}
+        self.ready: dict[str, VllmEnv] = {}
+        # Start-up locks per GPU: held from spawn to "engine ready" where a fixed KV cache is not available.
+        self.startup = {g: threading.Lock() for g in self.cap.gpus}
+
+    def all(self, queue: list[EngineWork]) -> None:
+        running: dict[Future[None], tuple[str, ...]] = {}
+        with ThreadPoolExecutor(max_workers=max(1, self.cap.jobs), thread_name_prefix="engine") as pool:
+            while queue or running:
+                started = self._start(queue, running, pool, block=False)
+                if not started and not running and queue:
+                    # Nothing runs and nothing could start: wait for the first engine's env to be built.
+                    self._start(queue, running, pool, block=True)
+                    continue
+                building = [f for v, f in self.builds.items() if v not in self.envs and not f.done()]
+                done, _ = wait([*running, *building], timeout=1.0, return_when=FIRST_COMPLETED)
+                for f in done & running.keys():
+                    self.slots.give(running.pop(f))
+                    f.result()  # a harness bug in an engine thread surfaces here
+
+    def _start(self, queue: list[EngineWork], running: dict[Future[None], tuple[str, ...]], pool: ThreadPoolExecutor,
+               block: bool) -> int:
+        """Start, in plan order, every queued engine whose env is ready and for which a slot is free."""
+        started = 0
+        for work in list(queue):
+            state = self._env_state(work[0].version, block)
+            if state == "failed":
+                queue.remove(work)
+                self._build_failed(work)
+            if state != "ready":
+                continue
+            gpus = self.slots.take(self._need(work))
+            if gpus is None:
+                continue
+            queue.remove(work)
+            running[pool.submit(self._engine, work, gpus)] = gpus
+            started += 1
+            block = False  # only the first engine's env is waited for
+        return started
+
+    def _env_state(self, version: str, block: bool) -> str:
+        """``ready``, ``wait`` (still building; with ``block`` waited for) or ``failed``."""
+        if version in self.ready:
+            return "ready"
+        if version in self.envs:
+            return "failed"
+        build = self.builds.get(version)
+        if build is not None and not build.done() and not block:
+            return "wait"
+        self.ctx.say(Progress("env", f"environment for vLLM {version}"))
+        try:
+            env = self.ctx.prebuilt[version] if build is None else build.result()
+        except (EnvBuildError, OSError) as exc:
+            self.envs[version] = {"error": str(exc)}
+            return "failed"
+        self.ready[version], self.envs[version] = env, env_facts(env)
+        return "ready"
+
+    def _build_failed(self, work: EngineWork) -> None:
+        why = f"environment build failed: {self.envs[work[0].version]['error']}"
+        for c in work[1]:
+            self.record(infra_result(c, Outcome.BUILD_FAILED, why))
+
+    def _need(self, work: EngineWork) -> int:
+        """GPUs an engine needs: its TP size, and one more for a weight-sync trainer sending over NCCL."""
+        key, cells = work
+        if self.ctx.cfg.platform != "cuda" or not self.cap.gpus:
+            return 0
+        nccl = any(c.scenario == "weight-sync" and weight_transfer(c, self.ctx.cfg) == "nccl" for c in cells)
+        return min(key.tp + (1 if nccl else 0), len(self.cap.gpus))
+
+    def _engine(self, work: EngineWork, gpus: tuple[str, ...]) -> None:
+        key, cells = work
+        env = self.ready[key.version]
+        fixed_kv = self.cap.shares_gpus and bool(gpus) and supports_fixed_kv(env)
+        locks = [] if fixed_kv or not self.cap.shares_gpus else [self.startup[g] for g in gpus]
+        for lock in locks:
+            lock.acquire()
+        held = list(locks)
+
+        def on_event(k: Any, ev: dict[str, Any]) -> None:
+            if ev.get("event") == "engine":  # ready (or refused): the next engine on these GPUs may start
+                while held:
+                    held.pop().release()
+            self.ctx.event(k, ev)
+
+        where = f" on GPU {','.join(gpus)}" if gpus else ""
+        self.ctx.say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s){where}", key))
+        try:
+            run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=self.record,
+                       extra_env={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None,
+                       engine_extra={"kv_cache_memory_bytes": SHARED_GPU_KV_BYTES} if fixed_kv else None)
+        finally:
+            while held:
+                held.pop().release()
+
+
+def supports_fixed_kv(env: VllmEnv) -> bool:
+    """Whether the env's vLLM takes ``kv_cache_memory_bytes`` (read from its source; the harness never imports
+    vllm).  Then a fixed KV cache skips the memory profiling that concurrent start-ups on one GPU break."""
+    for args in Path(env.path).glob("lib/python3*/site-packages/vllm/engine/arg_utils.py"):
+        try:
+            return "kv_cache_memory_bytes" in args.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    return False

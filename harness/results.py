@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,10 @@ def log_line(result: CellResult) -> dict[str, Any]:
     return {"schema": LINE_SCHEMA, "schema_version": SCHEMA_VERSION, **result.to_dict()}
 
 
+# Engines side by side record from several threads: one line at a time.
+_APPEND = threading.Lock()
+
+
 class ResultsLog:
     """Append-only JSONL of cell results: one line per cell, written as soon as it is known."""
 
@@ -62,10 +67,30 @@ class ResultsLog:
 
     def append(self, result: CellResult) -> None:
         line = json.dumps(log_line(result))
-        with open(self.path, "a", encoding="utf-8") as f:
+        with _APPEND, open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def size(self) -> int:
+        """Bytes in the log now (0 when it does not exist yet): where this run's lines begin."""
+        return self.path.stat().st_size if self.path.exists() else 0
+
+    def reorder_since(self, offset: int, results: list[CellResult]) -> None:
+        """Rewrite the lines after ``offset`` (atomically) as ``results``, in that order.
+
+        Engines side by side finish in any order; the log of a run ends in the order a one-at-a-time run
+        writes, so logs of runs compare line by line.  Lines before ``offset`` (a resumed run's kept
+        cells) stay as they are.
+        """
+        with _APPEND:
+            head = self.path.read_bytes()[:offset] if self.path.exists() else b""
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            with open(tmp, "wb") as f:
+                f.write(head + "".join(json.dumps(log_line(r)) + "\n" for r in results).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
 
 
 def merge_results(parts: list[tuple[Path, Results]], extra: dict[str, Any] | None = None) -> Results:

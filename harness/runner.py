@@ -86,13 +86,17 @@ def scenario_seed(scenario_id: str) -> int:
     return sum((i + 1) * ord(c) for i, c in enumerate(scenario_id)) % 10_000
 
 
-def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False) -> Spec:
-    """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell)."""
+def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
+               extra: dict[str, Any] | None = None) -> Spec:
+    """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
+
+    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU).
+    """
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
-                          batch_invariant=engine.batch_invariant),
+                          batch_invariant=engine.batch_invariant, extra=dict(extra or {})),
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
@@ -246,7 +250,8 @@ class EngineProcess:
     """
 
     def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
-                 interactive: bool = False, extra_env: dict[str, str] | None = None) -> None:
+                 interactive: bool = False, extra_env: dict[str, str] | None = None,
+                 engine_extra: dict[str, Any] | None = None) -> None:
         # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
         self.wd = wd.resolve()
         if self.wd.exists():
@@ -255,7 +260,7 @@ class EngineProcess:
         stage = stage_repro(self.wd / "pkg")
         self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
                                                            self.wd / "engine.log")
-        spec = build_spec(engine, cells, cfg, interactive)
+        spec = build_spec(engine, cells, cfg, interactive, engine_extra)
         self.spec_path.write_text(json.dumps(spec.to_json(), indent=2))
         self.tail = EventTail(self.events_path)
         with open(self.log_path, "wb") as log:
@@ -325,18 +330,21 @@ ResultHook = Callable[[CellResult], None]
 
 def run_engine(
     env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_event: EventHook | None = None,
-    on_result: ResultHook | None = None,
+    on_result: ResultHook | None = None, extra_env: dict[str, str] | None = None,
+    engine_extra: dict[str, Any] | None = None,
 ) -> list[CellResult]:
     """Start one engine for ``cells`` and return one result per cell, whatever happens to the engine.
 
     ``on_result`` gets each cell's result as soon as it is known (all its
     ``cfg.repeat`` runs folded into one), so a caller can log it before the
-    engine's other scenarios finish.
+    engine's other scenarios finish.  ``extra_env`` (its GPUs) and ``engine_extra``
+    (further engine arguments) come from the backend that schedules it.
     """
     cells_of = _EngineCells(cells, cfg, on_result)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
     limit = cfg.engine_timeout * max(1, cfg.repeat)
-    proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / engine.id, cells)
+    proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / engine.id, cells, extra_env=extra_env,
+                         engine_extra=engine_extra)
     try:
         timed_out = _follow(proc, engine, cells_of, limit, on_event)
     finally:

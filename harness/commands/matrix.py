@@ -24,6 +24,7 @@ from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog
 from harness.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
 from harness.runner import RunConfig
+from harness.scheduling import Capacity, capacity
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -67,6 +68,7 @@ class MatrixSetup:
     cfg: RunConfig
     target: ClusterTarget | None  # None: run on this host
     n_gpus: int | None  # visible GPUs on cuda, None on cpu
+    capacity: Capacity  # engines at a time (--jobs), and the GPUs they share
 
 
 def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
@@ -78,6 +80,7 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
 
         target = parse_cluster(args.cluster)
     inject = parse_inject(args.inject)
+    jobs = parse_jobs(args.jobs)
     if args.repeat < 1:
         raise BadInput(f"--repeat must be at least 1, got {args.repeat}")
     n_gpus = len(visible_gpus()) if platform == "cuda" else None
@@ -91,7 +94,17 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
 
         load_manifest(args.wheelhouse)  # a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
     sel = Selection(versions=ctx.versions, **matrix_axes(args, platform))
-    return MatrixSetup(sel, cfg, target, n_gpus)
+    gpus = visible_gpus() if platform == "cuda" else []
+    return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
+
+
+def parse_jobs(raw: str) -> int:
+    """``--jobs``: a positive number, or ``auto`` (0)."""
+    if raw == "auto":
+        return 0
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadInput(f"--jobs {raw!r}: give a positive number of engines, or auto")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -133,8 +146,8 @@ def run_engines(ctx: Context, setup: MatrixSetup, plan: MatrixPlan, jsonl: Path,
         from harness.cluster import RayBackend
 
         backend = RayBackend(setup.target.address)
-    return execute.execute_plan(plan, run_context(ctx, setup.cfg, ResultsLog(jsonl), on_progress=on_progress),
-                                backend)
+    rctx = run_context(ctx, setup.cfg, ResultsLog(jsonl), on_progress=on_progress, capacity=setup.capacity)
+    return execute.execute_plan(plan, rctx, backend)
 
 
 def merge_kept(kept: tuple[CellResult, ...], results: Results, sel: Selection) -> Results:
@@ -271,6 +284,11 @@ def _add_axis_options(m: argparse.ArgumentParser) -> None:
 
 
 def _add_run_mode_options(m: argparse.ArgumentParser) -> None:
+    m.add_argument("--jobs", default="auto", metavar="N",
+                   help="engines at a time on this machine: a number, or auto (default): 1 on machines with fewer "
+                        "than 16 CPU cores; on cuda, several per GPU as GPU memory (--gpu-memory-utilization) and "
+                        "CPU cores allow. Engines sharing a GPU get a fixed KV cache where vLLM has "
+                        "kv_cache_memory_bytes, else their start-ups take turns")
     m.add_argument("--cluster", metavar="ray[:ADDRESS]", default=None,
                    help="run each engine config as a Ray task: 'ray' starts a local Ray for the run; 'ray:auto' or "
                         "'ray:HOST:PORT' (GCS address; run vllm-repro on a node of the cluster) joins one. Each task "

@@ -1,0 +1,98 @@
+"""Engines side by side: how many at once, on which GPUs (pure; ``harness.local`` runs them).
+
+One engine of the tiny model uses about 5 % of an H200's memory and one CPU core, and its start-up (15-44 s
+on an H200, 26-80 s on 2 CPU cores) is per-process work that overlaps well: measured on one H200, four
+matrix runs side by side took 233 s where one at a time took 661 s.  So engines run ``jobs`` at a time,
+several per GPU when the model is small, each on GPUs with a free slot.
+
+Concurrent start-ups on one GPU must not break each other: vLLM's memory profiling assumes no other
+process allocates meanwhile (seen: "No available memory for the cache blocks" and "Error in memory
+profiling ... release GPU memory while vLLM is profiling").  Where the vLLM version has
+``kv_cache_memory_bytes`` the engine gets a fixed KV cache and skips that profiling; elsewhere its
+start-up holds the GPU's start-up lock until the engine reports ready (``harness.local``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# A fixed KV cache for engines sharing a GPU: the bigram model needs well under 1 MiB per request.
+SHARED_GPU_KV_BYTES = 256 * 2**20
+MAX_PER_GPU = 8
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Engines at once (``jobs``), and on cuda the GPUs with ``per_gpu`` engines each at most."""
+
+    jobs: int
+    gpus: tuple[str, ...] = ()
+    per_gpu: int = 1
+
+    @property
+    def shares_gpus(self) -> bool:
+        return self.per_gpu > 1 and self.jobs > 1
+
+
+def auto_jobs(platform: str, gpus: Sequence[str], gpu_memory_utilization: float | None,
+              cores: int | None = None) -> Capacity:
+    """The automatic capacity: 1 on small CPU machines; on cuda, engines per GPU bounded by the GPU memory
+    fraction each takes and by the CPU cores (one per engine, one left for the harness)."""
+    cores = cores or os.cpu_count() or 1
+    if platform != "cuda" or not gpus:
+        # An engine on vLLM's CPU platform wants several cores of its own (OpenMP).
+        return Capacity(jobs=max(1, cores // 8))
+    fraction = gpu_memory_utilization or 0.9
+    per_gpu = max(1, min(MAX_PER_GPU, int(0.9 / fraction)))
+    return Capacity(jobs=max(1, min(per_gpu * len(gpus), cores - 1)), gpus=tuple(gpus), per_gpu=per_gpu)
+
+
+def capacity(jobs: int, platform: str, gpus: Sequence[str], gpu_memory_utilization: float | None) -> Capacity:
+    """``--jobs N`` (0: automatic): N engines at once, spread over the GPUs."""
+    if jobs <= 0:
+        return auto_jobs(platform, gpus, gpu_memory_utilization)
+    if platform != "cuda" or not gpus:
+        return Capacity(jobs=jobs)
+    per_gpu = -(-jobs // len(gpus))  # ceil: N engines over the GPUs
+    return Capacity(jobs=jobs, gpus=tuple(gpus), per_gpu=per_gpu)
+
+
+@dataclass
+class Slots:
+    """Which engines may start now: at most ``jobs`` at once, each on ``need`` distinct GPUs with a free slot."""
+
+    cap: Capacity
+    running: int = 0
+    free: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.free = {g: self.cap.per_gpu for g in self.cap.gpus}
+
+    def fits(self, need: int) -> bool:
+        """Whether an engine needing ``need`` GPUs could ever start here."""
+        return need == 0 or need <= len(self.cap.gpus)
+
+    def take(self, need: int) -> tuple[str, ...] | None:
+        """GPUs for an engine that needs ``need`` of them (``()`` on cpu), or None when it must wait."""
+        if self.running >= self.cap.jobs:
+            return None
+        if need:
+            # The least loaded GPUs first (ties in visible order), so engines spread before they stack.
+            order = sorted((g for g in self.cap.gpus if self.free[g] > 0), key=lambda g: -self.free[g])
+            if len(order) < need:
+                return None
+            chosen = tuple(sorted(order[:need], key=self.cap.gpus.index))
+            for g in chosen:
+                self.free[g] -= 1
+        else:
+            chosen = ()
+        self.running += 1
+        return chosen
+
+    def give(self, gpus: tuple[str, ...]) -> None:
+        """An engine ended: its GPU slots and its job are free again."""
+        for g in gpus:
+            self.free[g] += 1
+        self.running -= 1

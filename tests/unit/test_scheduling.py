@@ -1,0 +1,166 @@
+"""Engines side by side (harness.scheduling, harness.local): capacity, GPU slots, order, failures.
+
+The engines here are stand-ins (``run_engine`` replaced): threads that report synthetic cell results, so the
+tests exercise the scheduling itself, synchronised by events and barriers, never by sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harness.local as local
+from harness.context import RunContext
+from harness.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.execute import execute_plan
+from harness.matrix import Cell, MatrixPlan
+from harness.oracle import Outcome
+from harness.results import CellResult, ResultsLog, read_results
+from harness.runner import RunConfig
+from harness.scheduling import SHARED_GPU_KV_BYTES, Capacity, Slots, auto_jobs, capacity
+
+pytestmark = pytest.mark.unit
+
+
+def test_slots_bound_jobs_and_gpu_sharing() -> None:
+    s = Slots(Capacity(jobs=3, gpus=("0", "1"), per_gpu=2))
+    assert s.take(1) == ("0",)
+    assert s.take(1) == ("1",)  # the least loaded GPU first: spread before stacking
+    assert s.take(2) == ("0", "1")  # TP=2 takes two distinct GPUs
+    assert s.take(0) is None  # three engines run: the fourth waits
+    s.give(("0",))
+    assert s.take(2) is None  # GPU 1 has no free slot left
+    assert s.take(1) == ("0",)
+    assert s.fits(2) and not s.fits(3)
+
+
+def test_cpu_slots_need_no_gpu() -> None:
+    s = Slots(Capacity(jobs=1))
+    assert s.take(0) == ()
+    assert s.take(0) is None
+    s.give(())
+    assert s.take(0) == ()
+
+
+@pytest.mark.parametrize(("platform", "gpus", "gmu", "cores", "want"), [
+    ("cpu", (), None, 2, Capacity(jobs=1)),  # this machine and CI: one engine at a time
+    ("cpu", (), None, 32, Capacity(jobs=4)),
+    ("cuda", ("0",), 0.05, 16, Capacity(jobs=8, gpus=("0",), per_gpu=8)),
+    ("cuda", ("0", "1"), 0.05, 32, Capacity(jobs=16, gpus=("0", "1"), per_gpu=8)),
+    ("cuda", ("0", "1"), 0.05, 8, Capacity(jobs=7, gpus=("0", "1"), per_gpu=8)),  # one core for the harness
+    ("cuda", ("0",), 0.5, 16, Capacity(jobs=1, gpus=("0",), per_gpu=1)),  # a big model: one per GPU
+    ("cuda", (), 0.05, 16, Capacity(jobs=2)),  # cuda without a visible GPU
+])
+def test_auto_capacity(platform: str, gpus: tuple[str, ...], gmu: float | None, cores: int, want: Capacity) -> None:
+    assert auto_jobs(platform, gpus, gmu, cores) == want
+
+
+def test_jobs_given_spread_over_the_gpus() -> None:
+    assert capacity(4, "cuda", ["0", "1"], 0.05) == Capacity(jobs=4, gpus=("0", "1"), per_gpu=2)
+    assert capacity(3, "cpu", [], None) == Capacity(jobs=3)
+    assert not capacity(2, "cuda", ["0", "1"], 0.05).shares_gpus
+
+
+# --------------------------------------------------------------------------- the local backend
+
+
+def _env(tmp_path: Path, version: str, fixed_kv: bool) -> VllmEnv:
+    root = tmp_path / f"env-{version}"
+    args = root / "lib" / "python3.12" / "site-packages" / "vllm" / "engine" / "arg_utils.py"
+    args.parent.mkdir(parents=True)
+    args.write_text("kv_cache_memory_bytes: int | None = None\n" if fixed_kv else "gpu_memory_utilization = 0.9\n")
+    return VllmEnv(root, EnvRecipe("vllm", version, "cuda", "3.12"), {"valid": True})
+
+
+class FakeEngines:
+    """``run_engine`` stand-in: records what each engine got; ``gate`` lets a test hold engines running."""
+
+    def __init__(self, gate: threading.Barrier | None = None, after: threading.Barrier | None = None) -> None:
+        self.gate, self.after, self.calls, self.lock = gate, after, [], threading.Lock()
+        self.now = self.most = self.starting = self.most_starting = 0
+
+    def __call__(self, env: VllmEnv, key: Any, cells: tuple[Cell, ...], cfg: RunConfig, on_event: Any = None,
+                 on_result: Any = None, extra_env: Any = None, engine_extra: Any = None) -> list[CellResult]:
+        with self.lock:
+            self.calls.append((key.id, extra_env, engine_extra))
+            self.now += 1
+            self.starting += 1
+            self.most = max(self.most, self.now)
+            self.most_starting = max(self.most_starting, self.starting)
+        if self.gate is not None:  # during start-up
+            self.gate.wait(timeout=30)
+        with self.lock:
+            self.starting -= 1
+        on_event(key, {"event": "engine"})  # ready
+        if self.after is not None:  # during the scenarios
+            self.after.wait(timeout=30)
+        out = [CellResult(c, Outcome.ERROR if key.version == "9.9.9" else Outcome.OK, "x") for c in cells]
+        with self.lock:
+            self.now -= 1
+        for r in out:
+            on_result(r)
+        return out
+
+
+def _plan(versions: tuple[str, ...], tp: int = 1) -> MatrixPlan:
+    engines = tuple((Cell(v, "mp", a, "keep", True, tp).engine, (Cell(v, "mp", a, "keep", True, tp),
+                                                                 Cell(v, "mp", a, "wait", True, tp)))
+                    for v in versions for a in (False, True))
+    return MatrixPlan(engines=engines, unsupported=((Cell(versions[0], "ray-v1", True, "keep", True), "no"),))
+
+
+def _run(tmp_path: Path, plan: MatrixPlan, cap: Capacity, envs: dict[str, VllmEnv]) -> Any:
+    cfg = RunConfig(platform="cuda", work_dir=tmp_path / "w", model_cache=tmp_path / "m", n_gpus=len(cap.gpus))
+    ctx = RunContext(cfg, IndexConfig(), tmp_path / "cache", ResultsLog(tmp_path / "results.jsonl"),
+                     prebuilt=envs, capacity=cap)
+    return execute_plan(plan, ctx)
+
+
+def test_engines_run_side_by_side_and_the_log_keeps_the_sequential_order(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeEngines(threading.Barrier(2))  # each engine waits until a second one runs beside it
+    monkeypatch.setattr(local, "run_engine", fake)
+    plan = _plan(("0.21.0", "0.22.0"))
+    envs = {v: _env(tmp_path, v, fixed_kv=True) for v in ("0.21.0", "0.22.0")}
+    results = _run(tmp_path, plan, Capacity(jobs=2, gpus=("0",), per_gpu=2), envs)
+    assert fake.most == 2
+    logged = [c.id for c in read_results(tmp_path / "results.jsonl").cells]
+    assert logged == [c.id for c, _ in plan.unsupported] + [c.id for _, cs in plan.engines for c in cs]
+    assert [c.id for c in results.cells] == [c.id for c in plan.cells]
+    # Sharing a GPU with a vLLM that has kv_cache_memory_bytes: a fixed KV cache, the GPU by CUDA_VISIBLE_DEVICES.
+    assert {(env["CUDA_VISIBLE_DEVICES"], tuple(extra.items())) for _, env, extra in fake.calls} == {
+        ("0", (("kv_cache_memory_bytes", SHARED_GPU_KV_BYTES),))}
+
+
+def test_jobs_bound_the_engines_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeEngines()
+    monkeypatch.setattr(local, "run_engine", fake)
+    envs = {v: _env(tmp_path, v, fixed_kv=True) for v in ("0.21.0", "0.22.0", "0.32.0")}
+    _run(tmp_path, _plan(("0.21.0", "0.22.0", "0.32.0"), tp=2), Capacity(jobs=4, gpus=("0", "1"), per_gpu=1), envs)
+    assert fake.most == 1  # TP=2 on two GPUs with one slot each: one engine at a time
+    assert {env["CUDA_VISIBLE_DEVICES"] for _, env, _ in fake.calls} == {"0,1"}
+    assert not any(extra for _, _, extra in fake.calls)  # no GPU shared: vLLM's own memory profiling
+
+
+def test_without_a_fixed_kv_cache_start_ups_on_one_gpu_take_turns(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both engines must be past start-up at once (the barrier after "engine ready"), yet never in start-up
+    # together: the GPU's start-up lock is held until the engine reports ready, then handed on.
+    fake = FakeEngines(after=threading.Barrier(2))
+    monkeypatch.setattr(local, "run_engine", fake)
+    envs = {"0.16.0": _env(tmp_path, "0.16.0", fixed_kv=False)}
+    _run(tmp_path, _plan(("0.16.0",)), Capacity(jobs=2, gpus=("0",), per_gpu=2), envs)
+    assert fake.most == 2 and fake.most_starting == 1
+    assert not any(extra for _, _, extra in fake.calls)
+
+
+def test_a_failed_engine_or_env_does_not_hold_up_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeEngines()
+    monkeypatch.setattr(local, "run_engine", fake)
+    envs = {v: _env(tmp_path, v, fixed_kv=True) for v in ("9.9.9", "0.22.0")}
+    results = _run(tmp_path, _plan(("9.9.9", "0.22.0")), Capacity(jobs=2, gpus=("0",), per_gpu=2), envs)
+    by_version = {(c.cell.version, c.outcome) for c in results.cells if c.cell.executor == "mp"}
+    assert by_version == {("9.9.9", Outcome.ERROR), ("0.22.0", Outcome.OK)}
