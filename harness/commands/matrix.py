@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,6 +207,19 @@ class MatrixProgress:
             self.console.print(f"[cyan]{escape(p.message)}[/]")
 
 
+@contextlib.contextmanager
+def _progress(console: Console, plan: MatrixPlan, n_cells: int, done: int,
+              jobs: int) -> Iterator[Callable[[Progress], None]]:
+    """A live board on a terminal; the plain, stable lines of MatrixProgress elsewhere (CI logs)."""
+    if not console.is_terminal:
+        yield MatrixProgress(console, n_cells, done)
+        return
+    from harness.commands.live import LiveBoard
+
+    with LiveBoard(console, plan, n_cells, done=done, jobs=jobs) as board:
+        yield board
+
+
 def _announce(console: Console, ctx: Context, setup: MatrixSetup, plan: MatrixPlan, log: RunLog) -> int:
     """Print what the run will do; the number of cells it covers."""
     inject = setup.cfg.inject
@@ -257,8 +271,9 @@ class MatrixCommand(Command):
         if args.resume:
             console.print(f"[bold]resuming[/] {args.reports}: {len(log.kept)} finished cell(s) kept")
         plan = pending_plan(setup, ctx.platform, log.kept)
-        progress = MatrixProgress(console, _announce(console, ctx, setup, plan, log), done=len(log.kept))
-        with interruptible(console, f"results of finished cells are in {log.jsonl}"):
+        n_cells = _announce(console, ctx, setup, plan, log)
+        with interruptible(console, f"results of finished cells are in {log.jsonl}"), \
+                _progress(console, plan, n_cells, len(log.kept), setup.capacity.jobs) as progress:
             results = run_engines(ctx, setup, plan, log.jsonl, progress)
         results = merge_kept(log.kept, results, setup.selection)
         paths = write_reports(results, log.reports)
