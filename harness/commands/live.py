@@ -64,19 +64,20 @@ class LiveBoard:
     def __enter__(self) -> LiveBoard:
         from rich.live import Live
 
-        self.live = Live(self.render(), console=self.console, refresh_per_second=4, transient=False)
+        # get_renderable: each refresh renders anew, so elapsed times tick between progress reports.
+        self.live = Live(console=self.console, refresh_per_second=4, transient=False, get_renderable=self.render)
         self.live.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.live is not None:
-            self.live.update(self.render())
+            self.live.refresh()
             self.live.__exit__(*exc)
 
     def __call__(self, p: Progress) -> None:
         self.take(p)
         if self.live is not None:
-            self.live.update(self.render())
+            self.live.refresh()
 
     def take(self, p: Progress) -> None:
         """Fold one progress report into the board's state."""
