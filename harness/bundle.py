@@ -26,7 +26,7 @@ FOLDER = "harness-wheels"
 LISTING = "harness-wheels.json"
 # tox runs the README's commands; setuptools builds vllm-repro inside tox's isolated build environment.
 TOOLS = ("tox>=4", "setuptools>=69")
-ROOT = Path(__file__).resolve().parent.parent
+
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,11 @@ class HarnessBundle:
 def bundle_harness(dest: Path, python: str, platform: str, log: Log = lambda s: None) -> HarnessBundle:
     """Build vllm-repro's wheel and download it with its dependencies and ``TOOLS`` for the target."""
     check_python(python)
-    if not (ROOT / "pyproject.toml").exists():
-        raise BadInput(f"bundling the harness needs a source checkout of vllm-repro; {ROOT} has no pyproject.toml")
+    root = source_checkout()
     folder = Path(dest) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-repro-bundle-") as tmp:
-        own = _build_own_wheel(Path(tmp), log)
+        own = _build_own_wheel(root, Path(tmp), log)
         shutil.copy2(own, folder / own.name)
         # Not --no-deps: pip resolves the dependencies of vllm-repro and the tools for the target.
         target = [a for a in pip_download_args(python, platform) if a != "--no-deps"]
@@ -56,11 +55,23 @@ def bundle_harness(dest: Path, python: str, platform: str, log: Log = lambda s: 
     return HarnessBundle(folder, tuple(files), sum(m["bytes"] for m in listing.values()))
 
 
-def _build_own_wheel(out: Path, log: Log) -> Path:
-    _pip(["wheel", "--no-deps", "-w", str(out), str(ROOT)], log)
+def source_checkout(cwd: Path | None = None) -> Path:
+    """The vllm-repro checkout to build the wheel from: the one this code runs from (an editable install), else
+    the current directory (``pip install . && vllm-repro wheelhouse ...`` in a checkout)."""
+    here = Path(__file__).resolve().parent.parent
+    for root in (here, (cwd or Path.cwd()).resolve()):
+        pyproject = root / "pyproject.toml"
+        if pyproject.is_file() and 'name = "vllm-repro"' in pyproject.read_text(encoding="utf-8"):
+            return root
+    raise BadInput("--with-harness builds vllm-repro's own wheel from its source: run it in a vllm-repro checkout "
+                   f"(neither {here} nor {cwd or Path.cwd()} is one)")
+
+
+def _build_own_wheel(root: Path, out: Path, log: Log) -> Path:
+    _pip(["wheel", "--no-deps", "-w", str(out), str(root)], log)
     wheels = sorted(out.glob("vllm_repro-*.whl"))
     if not wheels:
-        raise EnvBuildError(f"pip wheel {ROOT} produced no vllm_repro wheel")
+        raise EnvBuildError(f"pip wheel {root} produced no vllm_repro wheel")
     return wheels[-1]
 
 

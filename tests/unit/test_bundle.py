@@ -1,0 +1,29 @@
+"""Where --with-harness finds vllm-repro's source (harness.bundle.source_checkout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import harness.bundle as bundle
+from harness.errors import BadInput
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_checkout_this_code_runs_from() -> None:
+    assert (bundle.source_checkout(Path("/")) / "harness" / "bundle.py").is_file()
+
+
+def test_else_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `pip install . && vllm-repro wheelhouse --with-harness` runs the installed copy, inside the checkout.
+    installed = tmp_path / "site-packages" / "harness"
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(bundle, "__file__", str(installed / "bundle.py"))
+    checkout = tmp_path / "src"
+    checkout.mkdir()
+    (checkout / "pyproject.toml").write_text('[project]\nname = "vllm-repro"\n')
+    assert bundle.source_checkout(checkout) == checkout.resolve()
+    with pytest.raises(BadInput, match="run it in a vllm-repro checkout"):
+        bundle.source_checkout(tmp_path)
