@@ -121,8 +121,13 @@ def _engine_args(spec: Spec, model_dir: Path, weight_transfer: Any = None) -> An
 
 def _requested(spec: Spec) -> dict[str, Any]:
     eng = spec.engine
-    return {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
-            "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
+    out = {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
+           "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
+    if eng.extra:
+        # Further engine arguments the engine was started with (a fixed KV cache when engines share a GPU):
+        # every report says what really ran.
+        out["engine_args"] = dict(eng.extra)
+    return out
 
 
 def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str) -> None:
