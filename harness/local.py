@@ -54,21 +54,31 @@ class _LocalRun:
         self.ready: dict[str, VllmEnv] = {}
         # Start-up locks per GPU: held from spawn to "engine ready" where a fixed KV cache is not available.
         self.startup = {g: threading.Lock() for g in self.cap.gpus}
+        # Set on Ctrl-C/SIGTERM in the main thread: every engine thread stops its engine at once.
+        self.cancel = threading.Event()
 
     def all(self, queue: list[EngineWork]) -> None:
         running: dict[Future[None], tuple[str, ...]] = {}
         with ThreadPoolExecutor(max_workers=max(1, self.cap.jobs), thread_name_prefix="engine") as pool:
-            while queue or running:
-                started = self._start(queue, running, pool, block=False)
-                if not started and not running and queue:
-                    # Nothing runs and nothing could start: wait for the first engine's env to be built.
-                    self._start(queue, running, pool, block=True)
-                    continue
-                building = [f for v, f in self.builds.items() if v not in self.envs and not f.done()]
-                done, _ = wait([*running, *building], timeout=1.0, return_when=FIRST_COMPLETED)
-                for f in done & running.keys():
-                    self.slots.give(running.pop(f))
-                    f.result()  # a harness bug in an engine thread surfaces here
+            try:
+                self._loop(queue, running, pool)
+            except BaseException:
+                self.cancel.set()  # the pool's exit then waits only for engines being killed
+                raise
+
+    def _loop(self, queue: list[EngineWork], running: dict[Future[None], tuple[str, ...]],
+              pool: ThreadPoolExecutor) -> None:
+        while queue or running:
+            started = self._start(queue, running, pool, block=False)
+            if not started and not running and queue:
+                # Nothing runs and nothing could start: wait for the first engine's env to be built.
+                self._start(queue, running, pool, block=True)
+                continue
+            building = [f for v, f in self.builds.items() if v not in self.envs and not f.done()]
+            done, _ = wait([*running, *building], timeout=1.0, return_when=FIRST_COMPLETED)
+            for f in done & running.keys():
+                self.slots.give(running.pop(f))
+                f.result()  # a harness bug in an engine thread surfaces here
 
     def _start(self, queue: list[EngineWork], running: dict[Future[None], tuple[str, ...]], pool: ThreadPoolExecutor,
                block: bool) -> int:
@@ -141,7 +151,8 @@ class _LocalRun:
         try:
             run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=self.record,
                        extra_env={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None,
-                       engine_extra={"kv_cache_memory_bytes": SHARED_GPU_KV_BYTES} if fixed_kv else None)
+                       engine_extra={"kv_cache_memory_bytes": SHARED_GPU_KV_BYTES} if fixed_kv else None,
+                       cancel=self.cancel)
         finally:
             while held:
                 held.pop().release()

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -328,17 +329,23 @@ def log_tail(path: Path, n: int = 8) -> str:
 ResultHook = Callable[[CellResult], None]
 
 
+class Cancelled(Exception):
+    """The run was interrupted (Ctrl-C, SIGTERM) while this engine ran in a worker thread: it was stopped and its
+    unfinished cells get no result, as when the interrupt lands in the thread running it."""
+
+
 def run_engine(
     env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_event: EventHook | None = None,
     on_result: ResultHook | None = None, extra_env: dict[str, str] | None = None,
-    engine_extra: dict[str, Any] | None = None,
+    engine_extra: dict[str, Any] | None = None, cancel: threading.Event | None = None,
 ) -> list[CellResult]:
     """Start one engine for ``cells`` and return one result per cell, whatever happens to the engine.
 
     ``on_result`` gets each cell's result as soon as it is known (all its
     ``cfg.repeat`` runs folded into one), so a caller can log it before the
     engine's other scenarios finish.  ``extra_env`` (its GPUs) and ``engine_extra``
-    (further engine arguments) come from the backend that schedules it.
+    (further engine arguments) come from the backend that schedules it; ``cancel``
+    set stops the engine (its process group killed) and raises :class:`Cancelled`.
     """
     cells_of = _EngineCells(cells, cfg, on_result)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
@@ -346,7 +353,7 @@ def run_engine(
     proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / engine.id, cells, extra_env=extra_env,
                          engine_extra=engine_extra)
     try:
-        timed_out = _follow(proc, engine, cells_of, limit, on_event)
+        timed_out = _follow(proc, engine, cells_of, limit, on_event, cancel)
     finally:
         proc.stop()
     if timed_out:
@@ -359,10 +366,12 @@ def run_engine(
 
 
 def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limit: float,
-            on_event: EventHook | None) -> bool:
+            on_event: EventHook | None, cancel: threading.Event | None = None) -> bool:
     """Hand the engine's events to ``cells_of`` until it exits or is refused; True when it ran past ``limit``."""
     t0 = time.monotonic()
     while True:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"engine {engine.id} stopped: the run was interrupted")
         finished = proc.wait(0.5)
         for ev in proc.events():
             finished = cells_of.take(ev) or finished

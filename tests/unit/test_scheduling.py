@@ -19,7 +19,7 @@ from harness.execute import execute_plan
 from harness.matrix import Cell, MatrixPlan
 from harness.oracle import Outcome
 from harness.results import CellResult, ResultsLog, read_results
-from harness.runner import RunConfig
+from harness.runner import Cancelled, RunConfig
 from harness.scheduling import SHARED_GPU_KV_BYTES, Capacity, Slots, auto_jobs, capacity
 
 pytestmark = pytest.mark.unit
@@ -83,7 +83,8 @@ class FakeEngines:
         self.now = self.most = self.starting = self.most_starting = 0
 
     def __call__(self, env: VllmEnv, key: Any, cells: tuple[Cell, ...], cfg: RunConfig, on_event: Any = None,
-                 on_result: Any = None, extra_env: Any = None, engine_extra: Any = None) -> list[CellResult]:
+                 on_result: Any = None, extra_env: Any = None, engine_extra: Any = None,
+                 cancel: Any = None) -> list[CellResult]:
         with self.lock:
             self.calls.append((key.id, extra_env, engine_extra))
             self.now += 1
@@ -164,3 +165,29 @@ def test_a_failed_engine_or_env_does_not_hold_up_the_others(tmp_path: Path, monk
     results = _run(tmp_path, _plan(("9.9.9", "0.22.0")), Capacity(jobs=2, gpus=("0",), per_gpu=2), envs)
     by_version = {(c.cell.version, c.outcome) for c in results.cells if c.cell.executor == "mp"}
     assert by_version == {("9.9.9", Outcome.ERROR), ("0.22.0", Outcome.OK)}
+
+
+def test_an_interrupt_stops_the_running_engines_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C lands in the main thread while engines run in worker threads: they must be stopped (their process
+    # groups killed by run_engine), not waited for, and their unfinished cells get no result.
+    started, stopped = threading.Event(), []
+
+    def engine(env: VllmEnv, key: Any, cells: Any, cfg: Any, cancel: Any = None, **kw: Any) -> Any:
+        started.set()
+        if not cancel.wait(timeout=30):
+            pytest.fail("the engine was not told to stop")
+        stopped.append(key.id)
+        raise Cancelled("stopped")
+
+    def interrupting_wait(fs: Any, timeout: float, return_when: Any) -> Any:
+        started.wait(timeout=30)
+        raise KeyboardInterrupt  # as Ctrl-C in the main thread while the engine runs
+
+    monkeypatch.setattr(local, "run_engine", engine)
+    monkeypatch.setattr(local, "wait", interrupting_wait)
+    envs = {"0.21.0": _env(tmp_path, "0.21.0", fixed_kv=True)}
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, _plan(("0.21.0",)), Capacity(jobs=1), envs)
+    assert len(stopped) == 1
+    logged = read_results(tmp_path / "results.jsonl").cells
+    assert all(c.outcome is Outcome.UNSUPPORTED for c in logged)  # nothing of the stopped engine
