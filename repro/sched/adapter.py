@@ -69,6 +69,22 @@ def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
     return params
 
 
+def init_of(cls: type) -> Callable[..., Any]:
+    """The ``__init__`` that defines ``cls``'s parameters: the first in the MRO not just ``(*args, **kwargs)``.
+
+    ``AsyncScheduler.__init__(self, *args, **kwargs)`` forwards to ``Scheduler.__init__``, whose
+    parameters (``hash_block_size`` since 0.18, ...) are the ones that count.
+    """
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        kinds = {p.kind for p in _params(init).values()}
+        if not kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+            return init
+    return cls.__init__
+
+
 def fit_kwargs(fn: Callable[..., Any], offered: dict[str, Any], what: str) -> dict[str, Any]:
     """The subset of ``offered`` that ``fn`` accepts; Unsupported when it requires something not offered."""
     params = _params(fn)
@@ -215,7 +231,7 @@ class Adapter:
             "block_size": setup.block_size, "hash_block_size": setup.block_size,
             "include_finished_set": False, "log_stats": False,
         }
-        kwargs = fit_kwargs(cls.__init__, offered, f"{cls.__name__}.__init__")
+        kwargs = fit_kwargs(init_of(cls), offered, f"{cls.__name__}.__init__")
         try:
             return cls(**kwargs)
         except Exception as exc:

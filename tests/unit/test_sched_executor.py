@@ -1,0 +1,268 @@
+"""The scripted executor and the event format, against a toy scheduler (no vLLM).
+
+The toy keeps the bookkeeping an async scheduler keeps (computed tokens,
+output placeholders, a discard counter after a forced preemption) and can be
+switched to 0.21's one-frame discard *flag*, so the tests check that the
+executor's frames, positions and records make the harness oracle see exactly
+what the scheduler did: LOSS(1) after a drained reset with the flag, OK with
+the counter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from harness.oracle import Outcome, cell_verdict
+from repro.models import cycle_permutation
+from repro.sched.adapter import innermost_vllm_frame
+from repro.sched.executor import Executor, OpUnsupported
+from repro.sched.runner import Emitter, run_scenario
+from repro.sched.script import Op, build_script
+
+pytestmark = pytest.mark.unit
+
+VOCAB = 64
+PERM = cycle_permutation(VOCAB, 0)
+
+
+class ToyRequest:
+    def __init__(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        self.request_id, self.max_tokens = rid, max_tokens
+        self.num_prompt_tokens = len(prompt)
+        self.num_computed_tokens = 0
+        self.output: list[int] = []
+        self.placeholders = 0
+        self.discard = 0
+        self.finished = False
+        self.is_prefill_chunk = False
+        self.num_preemptions = 0
+
+
+class ToyScheduler:
+    """An async scheduler in miniature; ``flag=True`` discards one frame after any reset (0.21)."""
+
+    def __init__(self, flag: bool = False, async_: bool = True) -> None:
+        self.flag, self.async_ = flag, async_
+        self.requests: dict[str, ToyRequest] = {}
+        self.running: list[ToyRequest] = []
+        self.paused = False
+
+    def add_request(self, req: ToyRequest) -> None:
+        self.requests[req.request_id] = req
+        self.running.append(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.running)
+
+    def schedule(self) -> Any:
+        sched: dict[str, int] = {}
+        for req in [] if self.paused else self.running:
+            if len(req.output) >= req.max_tokens or (not self.async_ and req.placeholders):
+                continue
+            n = req.num_prompt_tokens + len(req.output) if req.num_computed_tokens == 0 else 1
+            req.num_computed_tokens += n
+            req.placeholders += 1
+            sched[req.request_id] = n
+        return SimpleNamespace(num_scheduled_tokens=sched, total_num_scheduled_tokens=sum(sched.values()),
+                               scheduled_spec_decode_tokens={})
+
+    def update_from_output(self, so: Any, out: dict[str, list[int]]) -> dict[int, Any]:
+        outs = []
+        for rid, toks in out.items():
+            req = self.requests[rid]
+            if req.finished:
+                continue
+            if req.discard:
+                req.discard -= 1
+                req.placeholders = max(0, req.placeholders - 1)
+                continue
+            assert req.placeholders >= 1, "placeholder count went negative"
+            req.placeholders -= 1
+            req.output += toks
+            done = len(req.output) >= req.max_tokens
+            if done:
+                req.finished = True
+                self.running.remove(req)
+            outs.append(SimpleNamespace(request_id=rid, new_token_ids=toks, finish_reason="length" if done else None))
+        return {0: SimpleNamespace(outputs=outs)} if outs else {}
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        for req in self.running:
+            req.discard = 1 if self.flag else req.placeholders
+            req.num_computed_tokens = 0
+            req.placeholders = 0
+            req.num_preemptions += 1
+        return True
+
+    def finish_requests(self, rid: str, status: Any) -> None:
+        req = self.requests[rid]
+        req.finished = True
+        self.running.remove(req)
+
+    def set_pause_state(self, state: Any) -> None:
+        self.paused = state == "keep"
+
+
+class ToyBuilder:
+    def __init__(self, pause: bool = True) -> None:
+        self.pause = pause
+
+    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> ToyRequest:
+        return ToyRequest(rid, list(prompt), max_tokens)
+
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
+        return dict(zip(req_ids, sampled, strict=True))
+
+    def pause_states(self) -> dict[str, Any] | None:
+        return {"keep": "keep", "unpaused": "unpaused"} if self.pause else None
+
+    def aborted_status(self) -> str:
+        return "aborted"
+
+
+def _play(scenario: str, params: dict[str, Any], sched: ToyScheduler, builder: ToyBuilder | None = None
+          ) -> Executor:
+    script = build_script(scenario, params, VOCAB)
+    ex = Executor(script, sched, builder or ToyBuilder(), PERM)
+    ex.play()
+    return ex
+
+
+def test_drained_reset_with_a_one_frame_flag_loses_the_first_post_reset_token() -> None:
+    ex = _play("drained_reset", {}, ToyScheduler(flag=True))
+    verdict = cell_verdict(ex.records())
+    assert verdict.outcome is Outcome.LOSS and verdict.summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
+    rec = ex.records()[0]
+    reset = rec["pauses"][0]
+    assert reset["mode"] == "keep" and reset["frozen"] and reset["in_flight_frames"] == 0
+    assert verdict.requests[0].verdict.at == reset["client_tokens"]
+    k = reset["client_tokens"]
+    assert k >= 4 and rec["observed"] == rec["reference"][:k] + rec["reference"][k + 1:13]
+    # The trace shows the scripted position whose token never arrived.
+    assert [f["delivered"] for f in rec["frames"] if f["positions"] == [k]] == [[]]
+
+
+def test_drained_reset_with_a_counter_is_ok_and_the_frames_stay_in_flight() -> None:
+    ex = _play("drained_reset", {"depth": 3}, ToyScheduler(flag=False))
+    assert cell_verdict(ex.records()).outcome is Outcome.OK
+    assert max(e["in_flight_after"] for e in ex.log) <= 3
+    assert [e["in_flight_after"] for e in ex.log if e["op"]["op"] == "drain"] == [0]
+    assert all(r["finish_reason"] == "length" for r in ex.records())
+
+
+def test_inflight_reset_holds_the_requested_frames_and_a_flag_misorders_them() -> None:
+    ex = _play("inflight_reset", {}, ToyScheduler(flag=True))
+    reset = next(e for e in ex.log if e["op"]["op"] == "reset")
+    assert reset["in_flight_at_reset"] == 2
+    assert cell_verdict(ex.records()).outcome is Outcome.DIVERGED
+    assert cell_verdict(_play("inflight_reset", {}, ToyScheduler()).records()).outcome is Outcome.OK
+
+
+def test_sync_scheduler_runs_one_frame_at_a_time() -> None:
+    ex = _play("drained_reset", {"scheduler": "sync"}, ToyScheduler(flag=True, async_=False))
+    assert max(e["in_flight_after"] for e in ex.log) <= 1
+    assert cell_verdict(ex.records()).outcome is Outcome.LOSS  # the toy's flag is wrong even there
+
+
+def test_abort_records_a_prefix_and_the_others_finish() -> None:
+    ex = _play("abort_inflight", {}, ToyScheduler())
+    recs = {r["rid"]: r for r in ex.records()}
+    assert recs["r0"]["finish_reason"] == "abort" and recs["r0"]["pauses"][0]["mode"] == "abort"
+    assert cell_verdict(ex.records()).outcome is Outcome.OK
+
+
+def test_pause_is_unsupported_unless_optional() -> None:
+    ex = _play("drained_reset", {}, ToyScheduler(), ToyBuilder(pause=False))
+    assert [e.get("skipped") for e in ex.log if e["op"]["op"] in ("pause", "resume")] == [
+        "no set_pause_state in this release"] * 2
+    params = {"requests": [{"rid": "a", "prompt": [3], "max_tokens": 2}], "ops": [{"op": "pause"}]}
+    with pytest.raises(OpUnsupported):
+        _play("ops", params, ToyScheduler(), ToyBuilder(pause=False))
+
+
+def test_a_hang_is_reported_as_stalled_not_waited_for() -> None:
+    sched = ToyScheduler()
+    sched.set_pause_state("keep")  # never schedules: run cannot finish
+    params = {"max_steps": 20, "requests": [{"rid": "a", "prompt": [3], "max_tokens": 2}],
+              "ops": [{"op": "add", "rid": "a"}, {"op": "run"}]}
+    ex = _play("ops", params, sched)
+    assert ex.stalled == "run to completion: not reached after 20 iterations"
+    assert cell_verdict(ex.records()).outcome is Outcome.TRUNCATED
+
+
+# --------------------------------------------------------------------------- runner: statuses and events
+
+VLLM_FILE = "/env/lib/python3.11/site-packages/vllm/v1/core/sched/async_scheduler.py"
+
+
+def _vllm_raiser() -> Any:
+    """A function whose code lives in a file named like vLLM's (so its frame counts as vLLM's)."""
+    ns: dict[str, Any] = {}
+    exec(compile("def update(*a):\n    assert False, 'num_output_placeholders < 0'\n", VLLM_FILE, "exec"), ns)
+    return ns["update"]
+
+
+class CrashingScheduler(ToyScheduler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.update_from_output = _vllm_raiser()  # type: ignore[method-assign]
+
+
+class ToyAdapter(ToyBuilder):
+    def __init__(self, sched: ToyScheduler) -> None:
+        super().__init__()
+        self.sched = sched
+
+    def scheduler(self, model_dir: Path, setup: Any) -> ToyScheduler:
+        return self.sched
+
+    def block_hasher(self, block_size: int) -> None:
+        return None
+
+
+def test_an_exception_inside_vllm_is_a_crash_with_its_frame() -> None:
+    result = run_scenario(ToyAdapter(CrashingScheduler()), {"id": "c", "scenario": "drained_reset"}, Path("."),
+                          PERM)
+    assert result["status"] == "crash"
+    assert result["exception_type"] == "AssertionError" and "num_output_placeholders" in result["message"]
+    assert result["vllm_frame"] == "vllm/v1/core/sched/async_scheduler.py:2:update"
+
+
+def test_our_own_exception_is_an_error_and_bad_params_too() -> None:
+    class Broken(ToyAdapter):
+        def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any:
+            raise KeyError("ours")
+
+    result = run_scenario(Broken(ToyScheduler()), {"id": "e", "scenario": "drained_reset"}, Path("."), PERM)
+    assert result["status"] == "error" and result["reason"] == "KeyError: 'ours'"
+    bad = run_scenario(ToyAdapter(ToyScheduler()), {"id": "b", "scenario": "drained_reset",
+                                                     "params": {"depth": 9}}, Path("."), PERM)
+    assert bad["status"] == "error" and bad["reason"].startswith("bad scenario")
+
+
+def test_innermost_vllm_frame_is_none_outside_vllm() -> None:
+    try:
+        raise RuntimeError("here")
+    except RuntimeError as exc:
+        assert innermost_vllm_frame(exc) is None
+
+
+def test_a_ran_event_carries_what_the_oracle_and_a_replay_need(tmp_path: Path) -> None:
+    result = run_scenario(ToyAdapter(ToyScheduler(flag=True)), {"id": "d", "scenario": "drained_reset"},
+                          Path("."), PERM)
+    emit = Emitter(tmp_path / "out.jsonl")
+    emit("scenario", id="d", **result)
+    event = json.loads((tmp_path / "out.jsonl").read_text())
+    assert event["event"] == "scenario" and event["status"] == "ran" and event["stalled"] is None
+    assert cell_verdict(event["records"]).summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
+    for key in ("rid", "prompt", "reference", "observed", "finish_reason", "max_tokens", "pauses", "frames"):
+        assert key in event["records"][0]
+    replay = build_script("ops", event["setup"], VOCAB)
+    assert replay == build_script("drained_reset", {}, VOCAB)
+    assert [e["op"] for e in event["ops_log"]] == [op.to_dict() for op in replay.ops]
+    assert Op.from_dict(event["ops_log"][0]["op"]) == Op("add", rid="r0")
