@@ -24,7 +24,8 @@ SPEC (JSON)::
      "scenarios": [{"id": "s1", "scenario": "drained_reset", "params": {...}, "seed": 0}, ...]}
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
-of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight`` and ``ops`` (an explicit
+of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
+for scripted speculative decoding), ``spec_reset`` (PRs #46066, #49860 / #49620) and ``ops`` (an explicit
 script: setup fields, ``requests`` [{rid, prompt, max_tokens}] and ``ops`` [{op, rid, n, tokens,
 in_flight, optional}] — ``Script.to_dict()`` gives it, so a fuzzer replays what it drew).  Every
 scenario takes the setup fields of ``script.Setup``: ``scheduler`` ("async" | "sync"), ``depth`` (D),
@@ -62,7 +63,8 @@ OUT (JSON lines, appended and fsynced as they happen; every line has ``event`` a
   - ``crash``: vLLM's own scheduler code raised while driven (e.g. ``assert
     request.num_output_placeholders >= 0``) — a finding about vLLM: ``reason``, ``exception_type``,
     ``message``, ``vllm_frame`` (``vllm/...py:LINE:function`` of the innermost frame inside the vllm
-    package), ``traceback``, and the ``records`` / ``ops_log`` up to the crash;
+    package), ``vllm_source`` (that line's source, e.g. the assert), ``traceback``, and the ``records`` /
+    ``ops_log`` up to the crash;
   - ``error``: the harness side failed (bad scenario, our own exception): ``reason``, ``traceback``.
 * ``done``: ``wall_s`` (including the vLLM import); or ``fatal`` with ``reason`` and ``traceback``.
 

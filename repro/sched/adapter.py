@@ -101,8 +101,21 @@ def fit_kwargs(fn: Callable[..., Any], offered: dict[str, Any], what: str) -> di
     return {k: v for k, v in offered.items() if k in params}
 
 
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (pydantic puts the reason on the lines after the first)."""
+    text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()
+                      and not line.strip().startswith("For further information"))
+    return text[:limit]
+
+
 def innermost_vllm_frame(exc: BaseException) -> str | None:
     """``file:line:function`` of the innermost traceback frame inside the vllm package, or None."""
+    site = vllm_crash_site(exc)
+    return None if site is None else site[0]
+
+
+def vllm_crash_site(exc: BaseException) -> tuple[str, str] | None:
+    """(``vllm/...py:line:function``, its source line) of the innermost frame inside the vllm package."""
     import traceback
 
     found = None
@@ -110,7 +123,7 @@ def innermost_vllm_frame(exc: BaseException) -> str | None:
         parts = Path(fr.filename).parts
         if "vllm" in parts:
             rel = Path(*parts[len(parts) - parts[::-1].index("vllm") - 1:])
-            found = f"{rel}:{fr.lineno}:{fr.name}"
+            found = (f"{rel}:{fr.lineno}:{fr.name}", (fr.line or "").strip())
     return found
 
 
@@ -190,11 +203,8 @@ class Adapter:
             "async_scheduling": setup.is_async, "disable_log_stats": True,
         }
         fields = _params(self.EngineArgs)
-        args = self.EngineArgs(**{k: v for k, v in offered.items() if k in fields})
-        try:
-            cfg = args.create_engine_config()
-        except Exception as exc:
-            raise Unsupported(f"EngineArgs.create_engine_config failed: {type(exc).__name__}: {exc}") from exc
+        kwargs = {k: v for k, v in offered.items() if k in fields}
+        cfg = self._spec_config(kwargs, setup) if setup.spec_tokens else self._create(kwargs)
         # vLLM's CPU platform forces async_scheduling=False and its own block size; this tier builds the
         # scheduler class itself and sizes the KV cache, so restore what the setup asked for.
         sc, cc = cfg.scheduler_config, cfg.cache_config
@@ -203,9 +213,33 @@ class Adapter:
         cc.block_size = setup.block_size
         cc.num_gpu_blocks = setup.num_blocks
         cc.enable_prefix_caching = setup.enable_prefix_caching
-        if setup.spec_tokens:
-            raise Unsupported("scripted speculative decoding needs a SpeculativeConfig; not built by this adapter")
         return cfg
+
+    def _create(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            return self.EngineArgs(**kwargs).create_engine_config()
+        except Exception as exc:
+            raise Unsupported(f"EngineArgs.create_engine_config failed: {type(exc).__name__}: {one_line(exc)}") \
+                from exc
+
+    def _spec_config(self, kwargs: dict[str, Any], setup: Setup) -> Any:
+        """A VllmConfig with a speculative config of ``spec_tokens`` drafts; the scheduler only reads the count.
+
+        The n-gram drafter needs no draft model; vLLM refuses plain "ngram" with async scheduling, so
+        "ngram_gpu" (0.21+) is tried first.  Where vLLM refuses both, the scenario is UNSUPPORTED with
+        vLLM's own message.
+        """
+        if "speculative_config" not in _params(self.EngineArgs):
+            raise Unsupported("EngineArgs has no speculative_config")
+        errors = []
+        for method in ("ngram_gpu", "ngram"):
+            spec = {"method": method, "num_speculative_tokens": setup.spec_tokens,
+                    "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+            try:
+                return self._create({**kwargs, "speculative_config": spec})
+            except Unsupported as exc:
+                errors.append(f"{method}: {exc}")
+        raise Unsupported("no speculative config this release accepts: " + "; ".join(errors))
 
     def kv_cache_config(self, setup: Setup) -> Any:
         spec_kw = fit_kwargs(self.FullAttentionSpec, {
@@ -235,7 +269,7 @@ class Adapter:
         try:
             return cls(**kwargs)
         except Exception as exc:
-            raise Unsupported(f"{cls.__name__}(...) failed: {type(exc).__name__}: {exc}") from exc
+            raise Unsupported(f"{cls.__name__}(...) failed: {type(exc).__name__}: {one_line(exc)}") from exc
 
     def block_hasher(self, block_size: int) -> Callable[[Any], Any] | None:
         """vLLM's sha256 request block hasher, as EngineCore builds it for prefix caching."""

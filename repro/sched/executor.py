@@ -9,12 +9,19 @@ walk) — and frames are processed (``update_from_output``) oldest first, as
 tokens each ``update_from_output`` returns are the request's delivered
 stream.
 
-The position a frame samples is read from the scheduler's own bookkeeping
-right after ``schedule()``: a request that is not in a prefill chunk samples
-sequence index ``num_computed_tokens - drafts``, i.e. output position
-``num_computed_tokens - drafts - num_prompt_tokens`` (a worker's sampled
-token follows every token the step computed).  So when the scheduler loses,
-repeats or re-orders a frame's tokens, the delivered stream shows it.
+The positions a frame samples are what a worker would sample, fixed when
+the frame is scheduled.  A request the frame (re)starts — new, resumed after
+a preemption (``scheduled_new_reqs`` / ``resumed_req_ids``), or first seen —
+starts at the scheduler's own bookkeeping: sequence index
+``num_computed_tokens - drafts``, i.e. output position ``num_computed_tokens
+- drafts - num_prompt_tokens`` (the sampled token follows every token the
+step computed).  A continuing request goes on from the worker's own count of
+what it sampled for it in earlier frames: a real worker knows how many draft
+tokens the previous step accepted before the scheduler does (the
+rejection-correction of async speculative decoding), and it never learns
+which frames the scheduler discarded.  Without speculative decoding both
+counts agree.  So when the scheduler loses, repeats or re-orders a frame's
+tokens, the delivered stream shows it.
 
 The executor only talks to the scheduler through ``schedule``,
 ``update_from_output``, ``add_request``, ``finish_requests``,
@@ -98,6 +105,8 @@ class Executor:
         self.perm = perm
         self.hasher = hasher
         self.queue: deque[Frame] = deque()
+        # rid -> next output position the worker samples for a continuing request
+        self.worker_next: dict[str, int] = {}
         self.frames_made = 0
         self.iterations = 0
         self.log: list[dict[str, Any]] = []
@@ -117,20 +126,40 @@ class Executor:
             return bool(s.has_requests())
         return bool(s.has_unfinished_requests() or s.has_finished_requests())
 
+    def _restarted(self, so: Any) -> set[str]:
+        """Requests this frame sends to the worker as new or resumed (their state starts afresh there).
+
+        Read from the scheduler output; where it says nothing about either, a request that schedules
+        more tokens than one decode step (a prefill) counts as restarted.
+        """
+        if not hasattr(so, "scheduled_new_reqs") and not hasattr(so, "scheduled_cached_reqs"):
+            spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+            return {r for r, n in so.num_scheduled_tokens.items() if n > 1 + len(spec.get(r, ()))}
+        new = {getattr(r, "req_id", None) for r in getattr(so, "scheduled_new_reqs", None) or ()}
+        cached = getattr(so, "scheduled_cached_reqs", None)
+        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+        if cached is not None and hasattr(cached, "resumed_from_preemption"):  # older releases: flags per id
+            resumed |= {r for r, flag in zip(cached.req_ids, cached.resumed_from_preemption, strict=False) if flag}
+        return {r for r in new | resumed if r is not None}
+
     def _positions(self, so: Any) -> dict[str, list[int]]:
         spec_tokens = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+        restarted = self._restarted(so)
         out: dict[str, list[int]] = {}
         for rid in so.num_scheduled_tokens:
             req = self.sched.requests[rid]
+            if rid in restarted or rid not in self.worker_next:
+                self.worker_next.pop(rid, None)
             if getattr(req, "is_prefill_chunk", False) or (
                 not hasattr(req, "is_prefill_chunk") and req.num_computed_tokens < req.num_prompt_tokens
             ):
                 out[rid] = []
                 continue
             drafts = len(spec_tokens.get(rid, ()))
-            first = req.num_computed_tokens - drafts - req.num_prompt_tokens
+            first = self.worker_next.get(rid, req.num_computed_tokens - drafts - req.num_prompt_tokens)
             accepted = min(drafts, self.setup.spec_accepted)
             out[rid] = [first + j for j in range(accepted + 1)]
+            self.worker_next[rid] = first + accepted + 1
         return out
 
     def _schedule(self) -> Frame:
@@ -284,6 +313,11 @@ class Executor:
             except StopIteration:
                 self.log.append({"op": op.to_dict(), "stalled": self.stalled})
                 return
+            except Exception as exc:
+                # The op that raised ends the log, so a crash report shows where it happened.
+                self.log.append({"op": op.to_dict(), "in_flight_before": None, "raised": f"{type(exc).__name__}: {exc}",
+                                 "in_flight_after": len(self.queue)})
+                raise
 
     def records(self) -> list[dict[str, Any]]:
         return [s.record() for s in self.streams.values() if s.submitted]

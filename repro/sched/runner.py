@@ -47,7 +47,7 @@ def model_dir_of(spec: dict[str, Any]) -> Path:
 
 def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[int]) -> dict[str, Any]:
     """One scenario's event fields: status ran / unsupported / crash / error, with records where it ran."""
-    from repro.sched.adapter import Unsupported, innermost_vllm_frame
+    from repro.sched.adapter import Unsupported, vllm_crash_site
     from repro.sched.executor import Executor, OpUnsupported
 
     t0 = time.monotonic()
@@ -70,13 +70,15 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
     except OpUnsupported as exc:
         return {**base, "status": "unsupported", "reason": str(exc)}
     except Exception as exc:
-        frame = innermost_vllm_frame(exc)
+        site = vllm_crash_site(exc)
         result = {**base, "records": ex.records(), "ops_log": ex.log,
                   "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        if frame is not None and _raised_in_vllm(exc):
+        if site is not None and _raised_in_vllm(exc):
             # vLLM's own scheduler code raised while driven: a finding about vLLM (CRASH), not ERROR.
-            return {**result, "status": "crash", "vllm_frame": frame, "exception_type": type(exc).__name__,
-                    "message": str(exc)}
+            # A bare assert has no message, so the reason quotes vLLM's source line.
+            return {**result, "status": "crash", "vllm_frame": site[0], "vllm_source": site[1],
+                    "exception_type": type(exc).__name__, "message": str(exc),
+                    "reason": f"{type(exc).__name__}: {str(exc) or site[1]} at {site[0]}"}
         return {**result, "status": "error"}
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
             "iterations": ex.iterations, "frames": ex.frames_made, "setup_s": setup_s,

@@ -84,6 +84,10 @@ class Setup:
                      "max_steps"):
             if getattr(self, name) < 1:
                 raise ScriptError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.spec_tokens and self.scheduler == "sync":
+            # The sync Scheduler takes real draft ids from the worker (update_draft_token_ids) each step;
+            # only the AsyncScheduler's placeholder drafts are scripted here.
+            raise ScriptError("scripted speculative decoding needs the async scheduler")
         if self.spec_tokens < 0 or not 0 <= self.spec_accepted <= self.spec_tokens:
             raise ScriptError(f"spec_tokens={self.spec_tokens}, spec_accepted={self.spec_accepted}: "
                               "need 0 <= spec_accepted <= spec_tokens")
@@ -278,6 +282,33 @@ def preempt_pressure(params: Mapping[str, Any], vocab_size: int, seed: int) -> S
     return Script(setup, reqs, tuple([Op("add", rid=r.rid) for r in reqs] + [Op("run")]))
 
 
+def spec_decode(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """Control for the speculative-decoding scenarios: k scripted drafts per decode step (default 2), a
+    scripted number accepted (default 1), D=2, no reset.  Every release must deliver every stream intact;
+    if not, the scripted worker (not vLLM) is suspect."""
+    _known(params, set())
+    setup = _setup_from(params, scheduler="async", depth=2, spec_tokens=2, spec_accepted=1)
+    reqs = _requests(params, vocab_size, seed, n=3, prompt_len=8, max_tokens=16)
+    return Script(setup, reqs, tuple([Op("add", rid=r.rid) for r in reqs] + [Op("run")]))
+
+
+def spec_reset(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """A reset with running requests under speculative decoding (k drafts, some rejected), with
+    ``in_flight`` frames in flight (default D-1 = 1; 0 = drained first).  The family of PR #46066 (the
+    rejection correction of a stale frame drives ``num_output_placeholders`` below zero) and PRs
+    #49860 / #49620 (0.22-0.26 count the frames to discard in *tokens*, 1 + k per frame)."""
+    _known(params, {"reset_after", "in_flight"})
+    setup = _setup_from(params, scheduler="async", depth=2, spec_tokens=2, spec_accepted=1)
+    reqs = _requests(params, vocab_size, seed, n=3, prompt_len=8, max_tokens=16)
+    after = int(params.get("reset_after", 4))
+    in_flight = int(params.get("in_flight", setup.depth - 1))
+    if in_flight > setup.depth:
+        raise ScriptError(f"in_flight={in_flight} exceeds depth={setup.depth}")
+    reset = [Op("drain"), Op("reset")] if in_flight == 0 else [Op("reset", in_flight=in_flight)]
+    ops = [Op("add", rid=r.rid) for r in reqs] + [Op("step_until", tokens=after), *reset, Op("run")]
+    return Script(setup, reqs, tuple(ops))
+
+
 def abort_inflight(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
     """Abort one request while frames are in flight; the others must finish untouched and the aborted
     one must have delivered a prefix of its stream."""
@@ -315,6 +346,8 @@ SCENARIOS: dict[str, ScenarioFn] = {
     "inflight_reset": inflight_reset,
     "preempt_pressure": preempt_pressure,
     "abort_inflight": abort_inflight,
+    "spec_decode": spec_decode,
+    "spec_reset": spec_reset,
     "ops": explicit_ops,
 }
 

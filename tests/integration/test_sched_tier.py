@@ -12,7 +12,11 @@ measured there:
   OK on 0.22.0; the sync Scheduler OK on both;
 * reset with 2 frames in flight (D=3): DIVERGED on 0.21.0 (the one-frame discard flag lets the second
   stale frame through ahead of the recomputed token), OK on 0.22.0; with 1 frame in flight (D=2), OK on both;
-* preemption under KV-cache pressure (the negative control): OK on both, with requests really preempted.
+* preemption under KV-cache pressure (the negative control): OK on both, with requests really preempted;
+* scripted speculative decoding (2 drafts, 0 accepted) without a reset: OK on both (checks the script);
+  a reset with one frame in flight, 2 drafts, 1 accepted: OK on 0.21.0, LOSS(3) on 0.22.0 (its discard
+  counter counts 1 + k tokens per frame); 0 accepted: CRASH on 0.21.0 (``assert
+  request.num_output_placeholders >= 0``), LOSS(2) on 0.22.0.
 """
 
 from __future__ import annotations
@@ -38,12 +42,17 @@ SCENARIOS = [
     {"id": "inflight-2", "scenario": "inflight_reset", "params": {"depth": 3}},
     {"id": "inflight-1", "scenario": "inflight_reset", "params": {"depth": 2}},
     {"id": "pressure", "scenario": "preempt_pressure", "params": {}},
+    {"id": "spec-control", "scenario": "spec_decode", "params": {"spec_accepted": 0}},
+    {"id": "spec-reset", "scenario": "spec_reset", "params": {"spec_accepted": 1}},
+    {"id": "spec-reset-reject-all", "scenario": "spec_reset", "params": {"spec_accepted": 0}},
 ]
 
 EXPECTED = {
     "0.21.0": {"drained-async": Outcome.LOSS, "drained-sync": Outcome.OK, "inflight-2": Outcome.DIVERGED,
-               "inflight-1": Outcome.OK, "pressure": Outcome.OK},
-    "0.22.0": dict.fromkeys((s["id"] for s in SCENARIOS), Outcome.OK),
+               "inflight-1": Outcome.OK, "pressure": Outcome.OK, "spec-control": Outcome.OK,
+               "spec-reset": Outcome.OK},
+    "0.22.0": {**dict.fromkeys((s["id"] for s in SCENARIOS), Outcome.OK),
+               "spec-reset": Outcome.LOSS, "spec-reset-reject-all": Outcome.LOSS},
 }
 DISCARD = {"0.21.0": "discard_latest_async_tokens", "0.22.0": "async_tokens_to_discard"}
 
@@ -91,6 +100,16 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
             assert rec["pauses"][0]["in_flight_frames"] == 0
     reset = next(e for e in scenarios["inflight-2"]["ops_log"] if e["op"]["op"] == "reset")
     assert reset["in_flight_at_reset"] == 2
+    if version == "0.21.0":
+        # PR #46066's family: the stale frame's rejection correction drives the placeholders below zero.
+        crash = scenarios["spec-reset-reject-all"]
+        assert crash["status"] == "crash", crash.get("reason")
+        assert crash["vllm_frame"].startswith("vllm/v1/core/sched/async_scheduler.py:")
+        assert crash["vllm_source"] == "assert request.num_output_placeholders >= 0"
+    else:
+        # PRs #49860 / #49620: 0.22 counts the frames to discard in tokens (1 + k per frame).
+        assert cell_verdict(scenarios["spec-reset"]["records"]).summary == \
+            "LOSS(3) in 3/3 requests (3/3 running at pause)"
     # The negative control really preempted under memory pressure.
     assert any(r["num_preemptions"] for r in scenarios["pressure"]["records"])
     assert wall < 120, f"{version}: {wall:.0f} s"

@@ -68,8 +68,10 @@ class ToyScheduler:
             req.num_computed_tokens += n
             req.placeholders += 1
             sched[req.request_id] = n
+        # A request scheduled with its whole prefix (new, or resumed after a reset) starts afresh on the worker.
         return SimpleNamespace(num_scheduled_tokens=sched, total_num_scheduled_tokens=sum(sched.values()),
-                               scheduled_spec_decode_tokens={})
+                               scheduled_spec_decode_tokens={},
+                               scheduled_new_reqs=[SimpleNamespace(req_id=r) for r, n in sched.items() if n > 1])
 
     def update_from_output(self, so: Any, out: dict[str, list[int]]) -> dict[int, Any]:
         outs = []
@@ -169,6 +171,57 @@ def test_sync_scheduler_runs_one_frame_at_a_time() -> None:
     assert cell_verdict(ex.records()).outcome is Outcome.LOSS  # the toy's flag is wrong even there
 
 
+class ToySpecScheduler(ToyScheduler):
+    """Schedules k placeholder drafts per decode step and rolls back rejected ones when a frame returns,
+    as vLLM's async scheduler does; the worker must then sample from its own (corrected) count."""
+
+    k = 2
+
+    def schedule(self) -> Any:
+        so = super().schedule()
+        spec = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            req = self.requests[rid]
+            if n == 1:  # a decode step: k drafts ride along
+                req.num_computed_tokens += self.k
+                req.placeholders += self.k
+                so.num_scheduled_tokens[rid] = 1 + self.k
+                spec[rid] = [-1] * self.k
+        so.scheduled_spec_decode_tokens = spec
+        return so
+
+    def update_from_output(self, so: Any, out: dict[str, list[int]]) -> dict[int, Any]:
+        for rid, toks in out.items():
+            rejected = len(so.scheduled_spec_decode_tokens.get(rid, ())) - (len(toks) - 1)
+            if rid in so.scheduled_spec_decode_tokens and not self.requests[rid].finished:
+                self.requests[rid].num_computed_tokens -= rejected
+                self.requests[rid].placeholders -= rejected
+        return super().update_from_output(so, out)
+
+
+@pytest.mark.parametrize("accepted", [0, 1, 2])
+def test_scripted_drafts_follow_the_workers_count_not_the_schedulers_optimism(accepted: int) -> None:
+    # Frame n+1 is scheduled before frame n's rejections are known; a real worker samples from where
+    # it really is, so a correct scheduler still delivers the reference.
+    ex = _play("spec_decode", {"spec_accepted": accepted, "depth": 3}, ToySpecScheduler())
+    assert cell_verdict(ex.records()).outcome is Outcome.OK
+    frames = ex.records()[0]["frames"]
+    assert any(len(f["positions"]) == accepted + 1 for f in frames[1:])
+    flat = [p for f in frames for p in f["positions"]]
+    assert flat == list(range(len(flat)))
+
+
+def test_without_new_or_resumed_lists_a_prefill_counts_as_a_restart() -> None:
+    class Bare(ToyScheduler):
+        def schedule(self) -> Any:
+            so = super().schedule()
+            del so.scheduled_new_reqs
+            return so
+
+    ex = _play("inflight_reset", {}, Bare(flag=True))
+    assert cell_verdict(ex.records()).outcome is Outcome.DIVERGED
+
+
 def test_abort_records_a_prefix_and_the_others_finish() -> None:
     ex = _play("abort_inflight", {}, ToyScheduler())
     recs = {r["rid"]: r for r in ex.records()}
@@ -231,6 +284,10 @@ def test_an_exception_inside_vllm_is_a_crash_with_its_frame() -> None:
     assert result["status"] == "crash"
     assert result["exception_type"] == "AssertionError" and "num_output_placeholders" in result["message"]
     assert result["vllm_frame"] == "vllm/v1/core/sched/async_scheduler.py:2:update"
+    assert result["reason"] == ("AssertionError: num_output_placeholders < 0 at "
+                                "vllm/v1/core/sched/async_scheduler.py:2:update")
+    assert result["ops_log"][-1]["op"] == {"op": "step_until", "tokens": 4}
+    assert result["ops_log"][-1]["raised"].startswith("AssertionError")
 
 
 def test_our_own_exception_is_an_error_and_bad_params_too() -> None:

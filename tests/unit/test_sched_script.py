@@ -50,7 +50,8 @@ def test_reference_has_no_repeat_within_a_cycle() -> None:
 def test_setup_validation() -> None:
     assert Setup().is_async and Setup().depth == 2
     for bad in ({"scheduler": "fast"}, {"depth": 0}, {"depth": 4}, {"scheduler": "sync", "depth": 2},
-                {"num_blocks": 0}, {"spec_tokens": 1, "spec_accepted": 2}):
+                {"num_blocks": 0}, {"spec_tokens": 1, "spec_accepted": 2},
+                {"scheduler": "sync", "depth": 1, "spec_tokens": 2}):
         with pytest.raises(ScriptError):
             Setup(**bad)  # type: ignore[arg-type]
 
@@ -117,6 +118,15 @@ def test_inflight_reset_defaults_to_what_an_engine_holds_between_iterations() ->
                 if op.op == "reset").in_flight == 1
     with pytest.raises(ScriptError, match="exceeds"):
         build_script("inflight_reset", {"in_flight": 3, "depth": 2}, VOCAB)
+
+
+def test_spec_reset_resets_with_frames_in_flight_or_drained() -> None:
+    script = build_script("spec_reset", {}, VOCAB)
+    assert script.setup.spec_tokens == 2 and script.setup.spec_accepted == 1
+    assert [op.op for op in script.ops[-2:]] == ["reset", "run"] and script.ops[-2].in_flight == 1
+    drained = build_script("spec_reset", {"in_flight": 0}, VOCAB)
+    assert [op.op for op in drained.ops[-3:]] == ["drain", "reset", "run"]
+    assert all(op.op != "reset" for op in build_script("spec_decode", {}, VOCAB).ops)
 
 
 def test_scenario_parameters_are_checked() -> None:
