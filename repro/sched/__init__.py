@@ -21,7 +21,9 @@ SPEC (JSON)::
      "model_dir": "/path/ckpt"                    # a checkpoint built by repro.models.build_checkpoint, or
      "model_cache": "/path/cache",                # where to build the bigram checkpoint
      "model": {"kind": "bigram-cycle", "params": {...}},   # optional, with model_cache
-     "scenarios": [{"id": "s1", "scenario": "drained_reset", "params": {...}, "seed": 0}, ...]}
+     "scenarios": [{"id": "s1", "scenario": "drained_reset", "params": {...}, "seed": 0}, ...],
+     "interactive": false}                        # true: then one scenario per stdin line, until EOF
+                                                  # or {"op": "stop"}, one scenario event each
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control

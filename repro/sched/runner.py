@@ -11,9 +11,9 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 from repro.sched.script import SCHEMA_VERSION, Script, ScriptError, build_script
@@ -101,31 +101,49 @@ def _raised_in_vllm(exc: BaseException) -> bool:
     return False
 
 
-def run(spec: dict[str, Any], emit: Emit) -> None:
+def scenario_stream(spec: dict[str, Any], stdin: TextIO) -> Iterator[dict[str, Any]]:
+    """The spec's scenarios, then — with ``"interactive": true`` — one JSON scenario per stdin line until
+    EOF or ``{"op": "stop"}`` (session mode: a fuzzer pays vLLM's import once, not per example)."""
+    yield from spec["scenarios"]
+    if not spec.get("interactive"):
+        return
+    for line in stdin:
+        if not line.strip():
+            continue
+        sc = json.loads(line)
+        if sc.get("op") == "stop":
+            return
+        yield sc
+
+
+def run(spec: dict[str, Any], emit: Emit, stdin: TextIO | None = None,
+        make_adapter: Callable[[], Any] | None = None) -> None:
     """Load vLLM (forcing the CPU platform), emit the ``sched`` facts, then one event per scenario."""
     from repro.sched.adapter import Adapter, Unsupported
 
     t0 = time.monotonic()
     model_dir = model_dir_of(spec)
     perm = load_perm(model_dir)
+    scenarios = scenario_stream(spec, stdin or sys.stdin)
     try:
-        adapter = Adapter()
+        adapter = (make_adapter or Adapter)()
     except (ImportError, Unsupported) as exc:
         reason = f"cannot load vLLM's scheduler: {type(exc).__name__}: {exc}"
         emit("sched", python=platform.python_version(), unsupported_reason=reason, version_label=spec.get(
             "version_label"))
-        for sc in spec["scenarios"]:
+        for sc in scenarios:
             emit("scenario", id=sc["id"], status="unsupported", reason=reason)
         return
-    emit("sched", **adapter.facts(), python=platform.python_version(), version_label=spec.get("version_label"),
+    facts = adapter.facts() if hasattr(adapter, "facts") else {}
+    emit("sched", **facts, python=platform.python_version(), version_label=spec.get("version_label"),
          model_dir=str(model_dir), load_s=round(time.monotonic() - t0, 3))
-    for sc in spec["scenarios"]:
+    for sc in scenarios:
         try:
             result = run_scenario(adapter, sc, model_dir, perm)
         except Exception as exc:  # our own failure outside the scenario's ops
             result = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc()}
-        emit("scenario", id=sc["id"], **result)
+        emit("scenario", id=sc.get("id"), **result)
 
 
 def main(argv: list[str] | None = None) -> int:

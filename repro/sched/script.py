@@ -80,6 +80,10 @@ class Setup:
             # The synchronous Scheduler processes each frame before scheduling the next
             # (more than one in flight is pipeline parallelism, which this tier does not model).
             raise ScriptError(f"depth={self.depth}: the sync Scheduler runs with one frame in flight")
+        if self.scheduler == "async" and self.depth < 2:
+            # EngineCore's batch queue holds max_concurrent_batches frames, 2 whenever async scheduling is
+            # on; with 1, 0.21's scheduler hangs in states no engine reaches (measured), a false finding.
+            raise ScriptError(f"depth={self.depth}: the AsyncScheduler runs with 2 or 3 frames in flight")
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                      "max_steps"):
             if getattr(self, name) < 1:
@@ -296,16 +300,18 @@ def spec_reset(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
     """A reset with running requests under speculative decoding (k drafts, some rejected), with
     ``in_flight`` frames in flight (default D-1 = 1; 0 = drained first).  The family of PR #46066 (the
     rejection correction of a stale frame drives ``num_output_placeholders`` below zero) and PRs
-    #49860 / #49620 (0.22-0.26 count the frames to discard in *tokens*, 1 + k per frame)."""
-    _known(params, {"reset_after", "in_flight"})
+    #49860 / #49620 (0.22-0.26 count the frames to discard in *tokens*, 1 + k per frame).  ``resets``
+    (default 1) resets back to back, each with ``in_flight`` frames in flight."""
+    _known(params, {"reset_after", "in_flight", "resets"})
     setup = _setup_from(params, scheduler="async", depth=2, spec_tokens=2, spec_accepted=1)
     reqs = _requests(params, vocab_size, seed, n=3, prompt_len=8, max_tokens=16)
     after = int(params.get("reset_after", 4))
     in_flight = int(params.get("in_flight", setup.depth - 1))
-    if in_flight > setup.depth:
-        raise ScriptError(f"in_flight={in_flight} exceeds depth={setup.depth}")
+    resets = int(params.get("resets", 1))  # back to back, each with in_flight frames (a fuzzer's find)
+    if in_flight > setup.depth or resets < 1:
+        raise ScriptError(f"in_flight={in_flight} exceeds depth={setup.depth}, or resets={resets} < 1")
     reset = [Op("drain"), Op("reset")] if in_flight == 0 else [Op("reset", in_flight=in_flight)]
-    ops = [Op("add", rid=r.rid) for r in reqs] + [Op("step_until", tokens=after), *reset, Op("run")]
+    ops = [Op("add", rid=r.rid) for r in reqs] + [Op("step_until", tokens=after), *reset * resets, Op("run")]
     return Script(setup, reqs, tuple(ops))
 
 

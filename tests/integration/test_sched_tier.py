@@ -16,7 +16,8 @@ measured there:
 * scripted speculative decoding (2 drafts, 0 accepted) without a reset: OK on both (checks the script);
   a reset with one frame in flight, 2 drafts, 1 accepted: OK on 0.21.0, LOSS(3) on 0.22.0 (its discard
   counter counts 1 + k tokens per frame); 0 accepted: CRASH on 0.21.0 (``assert
-  request.num_output_placeholders >= 0``), LOSS(2) on 0.22.0.
+  request.num_output_placeholders >= 0``), LOSS(2) on 0.22.0; 0 accepted and two resets back to back
+  (found by random scripts): OK on 0.21.0, the same CRASH on 0.22.0.
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ SCENARIOS = [
     {"id": "spec-control", "scenario": "spec_decode", "params": {"spec_accepted": 0}},
     {"id": "spec-reset", "scenario": "spec_reset", "params": {"spec_accepted": 1}},
     {"id": "spec-reset-reject-all", "scenario": "spec_reset", "params": {"spec_accepted": 0}},
+    {"id": "spec-reset-twice", "scenario": "spec_reset", "params": {"spec_accepted": 0, "resets": 2}},
 ]
 
 EXPECTED = {
     "0.21.0": {"drained-async": Outcome.LOSS, "drained-sync": Outcome.OK, "inflight-2": Outcome.DIVERGED,
                "inflight-1": Outcome.OK, "pressure": Outcome.OK, "spec-control": Outcome.OK,
-               "spec-reset": Outcome.OK},
-    "0.22.0": {**dict.fromkeys((s["id"] for s in SCENARIOS), Outcome.OK),
+               "spec-reset": Outcome.OK, "spec-reset-twice": Outcome.OK},
+    "0.22.0": {**dict.fromkeys((s["id"] for s in SCENARIOS if s["id"] != "spec-reset-twice"), Outcome.OK),
                "spec-reset": Outcome.LOSS, "spec-reset-reject-all": Outcome.LOSS},
 }
 DISCARD = {"0.21.0": "discard_latest_async_tokens", "0.22.0": "async_tokens_to_discard"}
@@ -84,6 +86,13 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
     assert sched["vllm_version"] == version
     assert sched["platform"]["forced"] == "CpuPlatform"
     assert sched["pause_state"] is True and sched["discard_mechanism"] == DISCARD[version]
+    crashed = "spec-reset-reject-all" if version == "0.21.0" else "spec-reset-twice"
+    # PR #46066's family: a stale frame's rejection correction drives the placeholders below zero
+    # (0.21.0: one reset with a frame in flight; 0.22.0: two back to back).
+    crash = scenarios[crashed]
+    assert crash["status"] == "crash", crash.get("reason")
+    assert crash["vllm_frame"].startswith("vllm/v1/core/sched/async_scheduler.py:")
+    assert crash["vllm_source"] == "assert request.num_output_placeholders >= 0"
     for sid, want in EXPECTED[version].items():
         ev = scenarios[sid]
         assert ev["status"] == "ran", ev.get("reason")
@@ -100,13 +109,7 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
             assert rec["pauses"][0]["in_flight_frames"] == 0
     reset = next(e for e in scenarios["inflight-2"]["ops_log"] if e["op"]["op"] == "reset")
     assert reset["in_flight_at_reset"] == 2
-    if version == "0.21.0":
-        # PR #46066's family: the stale frame's rejection correction drives the placeholders below zero.
-        crash = scenarios["spec-reset-reject-all"]
-        assert crash["status"] == "crash", crash.get("reason")
-        assert crash["vllm_frame"].startswith("vllm/v1/core/sched/async_scheduler.py:")
-        assert crash["vllm_source"] == "assert request.num_output_placeholders >= 0"
-    else:
+    if version == "0.22.0":
         # PRs #49860 / #49620: 0.22 counts the frames to discard in tokens (1 + k per frame).
         assert cell_verdict(scenarios["spec-reset"]["records"]).summary == \
             "LOSS(3) in 3/3 requests (3/3 running at pause)"

@@ -323,3 +323,22 @@ def test_a_ran_event_carries_what_the_oracle_and_a_replay_need(tmp_path: Path) -
     assert replay == build_script("drained_reset", {}, VOCAB)
     assert [e["op"] for e in event["ops_log"]] == [op.to_dict() for op in replay.ops]
     assert Op.from_dict(event["ops_log"][0]["op"]) == Op("add", rid="r0")
+
+
+def test_session_mode_reads_scenarios_from_stdin_until_stop(tmp_path: Path) -> None:
+    import io
+
+    from repro.sched.runner import run
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "repro-model.json").write_text(json.dumps({"perm": PERM}))
+    spec = {"schema_version": 1, "model_dir": str(model), "interactive": True,
+            "scenarios": [{"id": "a", "scenario": "drained_reset"}]}
+    stdin = io.StringIO('{"id": "b", "scenario": "abort_inflight"}\n\n{"op": "stop"}\n'
+                        '{"id": "never", "scenario": "drained_reset"}\n')
+    events: list[dict[str, Any]] = []
+    run(spec, lambda event, **data: events.append({"event": event, **data}), stdin,
+        lambda: ToyAdapter(ToyScheduler()))
+    assert [e["event"] for e in events] == ["sched", "scenario", "scenario"]
+    assert [(e["id"], e["status"]) for e in events[1:]] == [("a", "ran"), ("b", "ran")]

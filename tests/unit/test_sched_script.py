@@ -51,7 +51,7 @@ def test_setup_validation() -> None:
     assert Setup().is_async and Setup().depth == 2
     for bad in ({"scheduler": "fast"}, {"depth": 0}, {"depth": 4}, {"scheduler": "sync", "depth": 2},
                 {"num_blocks": 0}, {"spec_tokens": 1, "spec_accepted": 2},
-                {"scheduler": "sync", "depth": 1, "spec_tokens": 2}):
+                {"scheduler": "sync", "depth": 1, "spec_tokens": 2}, {"scheduler": "async", "depth": 1}):
         with pytest.raises(ScriptError):
             Setup(**bad)  # type: ignore[arg-type]
 
