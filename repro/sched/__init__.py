@@ -22,8 +22,9 @@ SPEC (JSON)::
      "model_cache": "/path/cache",                # where to build the bigram checkpoint
      "model": {"kind": "bigram-cycle", "params": {...}},   # optional, with model_cache
      "scenarios": [{"id": "s1", "scenario": "drained_reset", "params": {...}, "seed": 0}, ...],
-     "interactive": false}                        # true: then one scenario per stdin line, until EOF
+     "interactive": false,                        # true: then one scenario per stdin line, until EOF
                                                   # or {"op": "stop"}, one scenario event each
+     "fsync": true}                               # false: flush only (a fuzzer's many small events)
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
@@ -36,7 +37,8 @@ scenario takes the setup fields of ``script.Setup``: ``scheduler`` ("async" | "s
 ``n_requests``, ``prompt_len``, ``max_tokens`` and their own (``reset_after``, ``in_flight``,
 ``abort_after``).  Operations: ``script.OP_KINDS``.
 
-OUT (JSON lines, appended and fsynced as they happen; every line has ``event`` and ``t``):
+OUT (JSON lines, appended and flushed (fsynced unless ``fsync`` is false) as they happen; every line
+has ``event`` and ``t``):
 
 * ``start``: pid, python.
 * ``sched``: facts detected in this environment — ``vllm_version``, ``torch_version``, ``python``,

@@ -24,13 +24,15 @@ Emit = Callable[..., None]
 class Emitter:
     """Appends one JSON line per event, flushed and fsynced (a crash loses nothing already measured)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fsync: bool = True) -> None:
         self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the run
+        self.fsync = fsync
 
     def __call__(self, event: str, **data: Any) -> None:
         self.f.write(json.dumps({"event": event, "t": time.time(), **data}, default=str) + "\n")
         self.f.flush()
-        os.fsync(self.f.fileno())
+        if self.fsync:
+            os.fsync(self.f.fileno())
 
 
 def model_dir_of(spec: dict[str, Any]) -> Path:
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spec schema_version {spec.get('schema_version')!r}; this runner reads {SCHEMA_VERSION}",
               file=sys.stderr)
         return 2
-    emit = Emitter(Path(argv[1]))
+    emit = Emitter(Path(argv[1]), fsync=bool(spec.get("fsync", True)))
     t0 = time.monotonic()
     emit("start", pid=os.getpid(), python=sys.executable)
     try:
