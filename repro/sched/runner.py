@@ -69,7 +69,7 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
     setup_s = round(time.monotonic() - t0, 3)
     try:
         ex.play()
-    except OpUnsupported as exc:
+    except (OpUnsupported, Unsupported) as exc:  # e.g. a Request this adapter cannot build, met at "add"
         return {**base, "status": "unsupported", "reason": str(exc)}
     except Exception as exc:
         site = vllm_crash_site(exc)

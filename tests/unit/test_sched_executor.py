@@ -302,6 +302,17 @@ def test_our_own_exception_is_an_error_and_bad_params_too() -> None:
     assert bad["status"] == "error" and bad["reason"].startswith("bad scenario")
 
 
+def test_a_request_the_adapter_cannot_build_is_unsupported() -> None:
+    from repro.sched.adapter import Unsupported
+
+    class NoRequests(ToyAdapter):
+        def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> ToyRequest:
+            raise Unsupported("Request.__init__ requires ['mm_kwargs']")
+
+    result = run_scenario(NoRequests(ToyScheduler()), {"id": "u", "scenario": "drained_reset"}, Path("."), PERM)
+    assert (result["status"], result["reason"]) == ("unsupported", "Request.__init__ requires ['mm_kwargs']")
+
+
 def test_innermost_vllm_frame_is_none_outside_vllm() -> None:
     try:
         raise RuntimeError("here")
