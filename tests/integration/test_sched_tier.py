@@ -17,7 +17,9 @@ measured there:
   a reset with one frame in flight, 2 drafts, 1 accepted: OK on 0.21.0, LOSS(3) on 0.22.0 (its discard
   counter counts 1 + k tokens per frame); 0 accepted: CRASH on 0.21.0 (``assert
   request.num_output_placeholders >= 0``), LOSS(2) on 0.22.0; 0 accepted and two resets back to back
-  (found by random scripts): OK on 0.21.0, the same CRASH on 0.22.0.
+  (found by random scripts): OK on 0.21.0, the same CRASH on 0.22.0;
+* a request one token short of max_tokens at a drained reset: it never finishes on 0.21.0 (the lost frame
+  carried its last token; ``stalled``), finishes on 0.22.0.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ SCENARIOS = [
     {"id": "spec-reset", "scenario": "spec_reset", "params": {"spec_accepted": 1}},
     {"id": "spec-reset-reject-all", "scenario": "spec_reset", "params": {"spec_accepted": 0}},
     {"id": "spec-reset-twice", "scenario": "spec_reset", "params": {"spec_accepted": 0, "resets": 2}},
+    # One token short of max_tokens at a drained reset (found by random scripts).
+    {"id": "last-token", "scenario": "ops", "params": {
+        "max_steps": 200, "requests": [{"rid": "a", "prompt": [5, 6, 7], "max_tokens": 6}],
+        "ops": [{"op": "add", "rid": "a"}, {"op": "step", "n": 5}, {"op": "pause", "optional": True},
+                {"op": "drain"}, {"op": "reset"}, {"op": "resume", "optional": True}, {"op": "run"}]}},
 ]
 
 EXPECTED = {
@@ -109,6 +116,15 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
             assert rec["pauses"][0]["in_flight_frames"] == 0
     reset = next(e for e in scenarios["inflight-2"]["ops_log"] if e["op"]["op"] == "reset")
     assert reset["in_flight_at_reset"] == 2
+    last = scenarios["last-token"]
+    assert last["records"][0]["pauses"][0]["client_tokens"] == 5
+    if version == "0.21.0":
+        # The lost frame carried the request's last token and the scheduler's placeholder count stays one
+        # too high, so it never schedules that token again: the request hangs (the engine tier would TIMEOUT).
+        assert last["stalled"] == "run to completion: not reached after 200 iterations"
+        assert last["records"][0]["finish_reason"] is None and len(last["records"][0]["observed"]) == 5
+    else:
+        assert last["stalled"] is None and cell_verdict(last["records"]).outcome is Outcome.OK
     if version == "0.22.0":
         # PRs #49860 / #49620: 0.22 counts the frames to discard in tokens (1 + k per frame).
         assert cell_verdict(scenarios["spec-reset"]["records"]).summary == \
