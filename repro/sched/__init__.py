@@ -35,7 +35,10 @@ scenario takes the setup fields of ``script.Setup``: ``scheduler`` ("async" | "s
 ``num_blocks``, ``block_size``, ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
 ``enable_prefix_caching``, ``spec_tokens``, ``spec_accepted``, ``max_steps``; the named ones also
 ``n_requests``, ``prompt_len``, ``max_tokens`` and their own (``reset_after``, ``in_flight``,
-``abort_after``).  Operations: ``script.OP_KINDS``.
+``resets``, ``abort_after``).  Operations: ``script.OP_KINDS``.  The sync Scheduler runs with D=1; the
+AsyncScheduler with D=2 or 3 (EngineCore's batch queue holds 2 frames whenever async scheduling is on,
+more with pipeline parallelism).  Frames never finish early: the oldest is processed only when D are
+in flight or nothing more can be scheduled (the most pipelined an engine gets).
 
 OUT (JSON lines, appended and flushed (fsynced unless ``fsync`` is false) as they happen; every line
 has ``event`` and ``t``):
@@ -56,14 +59,16 @@ has ``event`` and ``t``):
     it never finished), ``error`` (None), ``pauses`` (one per reset — mode "keep", clear_cache true,
     ``client_tokens`` delivered before it, ``frozen`` = running at the reset, ``in_flight_frames`` — and
     one per abort, mode "abort"), ``reference_matches_model`` (true: the reference *is* the model) and
-    ``frames`` (per frame that scheduled it: the scripted ``positions`` and the ``delivered`` ids)),
+    ``frames`` (per frame that scheduled it: the scripted ``positions`` and the ``delivered`` ids),
+    ``num_preemptions`` (vLLM's count: resets and memory pressure)),
     ``ops_log`` (per op: the op, frames in flight before/after, what it returned or why skipped),
-    ``stalled`` (None, or why a step_until/run hit ``max_steps`` — its requests then look TRUNCATED),
+    ``stalled`` (None, or why a step_until/run hit ``max_steps``: vLLM never finished a request — a
+    hang, which the engine tier would see as TIMEOUT; its requests then look TRUNCATED to the oracle),
     ``scheduler``, ``scheduler_class``, ``depth``, ``setup`` (the ``ops``-scenario params that replay
     it), ``iterations``, ``frames``, ``setup_s``, ``duration_s``;
   - ``unsupported``: ``reason`` — this release cannot be driven as asked (a constructor needs what
-    the adapter cannot supply, a non-optional pause on a scheduler without pause state, scripted
-    speculative decoding); never counted as OK;
+    the adapter cannot supply, a non-optional pause on a scheduler without pause state, a speculative
+    config vLLM refuses); never counted as OK;
   - ``crash``: vLLM's own scheduler code raised while driven (e.g. ``assert
     request.num_output_placeholders >= 0``) — a finding about vLLM: ``reason``, ``exception_type``,
     ``message``, ``vllm_frame`` (``vllm/...py:LINE:function`` of the innermost frame inside the vllm
