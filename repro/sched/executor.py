@@ -1,0 +1,323 @@
+"""The scripted executor: plays a Script against a real vLLM scheduler with D output frames in flight.
+
+It stands where vLLM's ``EngineCore`` and model executor stand, with no
+model: each ``schedule()`` becomes a *frame* whose answer is fixed at that
+moment — for every request the frame samples, the tokens of the output
+positions it samples (:func:`repro.sched.script.token_at`, the bigram-cycle
+walk) — and frames are processed (``update_from_output``) oldest first, as
+``EngineCore.step_with_batch_queue`` does with a batch queue of size D.  The
+tokens each ``update_from_output`` returns are the request's delivered
+stream.
+
+The positions a frame samples are what a worker would sample, fixed when
+the frame is scheduled.  A request the frame (re)starts — new, resumed after
+a preemption (``scheduled_new_reqs`` / ``resumed_req_ids``), or first seen —
+starts at the scheduler's own bookkeeping: sequence index
+``num_computed_tokens - drafts``, i.e. output position ``num_computed_tokens
+- drafts - num_prompt_tokens`` (the sampled token follows every token the
+step computed).  A continuing request goes on from the worker's own count of
+what it sampled for it in earlier frames: a real worker knows how many draft
+tokens the previous step accepted before the scheduler does (the
+rejection-correction of async speculative decoding), and it never learns
+which frames the scheduler discarded.  Without speculative decoding both
+counts agree.  So when the scheduler loses, repeats or re-orders a frame's
+tokens, the delivered stream shows it.
+
+The executor only talks to the scheduler through ``schedule``,
+``update_from_output``, ``add_request``, ``finish_requests``,
+``reset_prefix_cache`` and ``set_pause_state``, and takes the vLLM-facing
+constructors from an :class:`Adapter`-like object, so its logic can be
+exercised with a fake scheduler.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from repro.sched.script import REFERENCE_SLACK, Op, Script, reference_stream, token_at
+
+
+class Builder(Protocol):
+    """What the executor needs from the adapter."""
+
+    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> Any: ...
+
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any: ...
+
+    def pause_states(self) -> dict[str, Any] | None: ...
+
+    def aborted_status(self) -> Any: ...
+
+
+class OpUnsupported(Exception):
+    """A non-optional operation this scheduler does not have (e.g. pause before 0.19)."""
+
+
+@dataclass
+class Frame:
+    index: int
+    scheduler_output: Any
+    # rid -> scripted output positions sampled (empty: a prefill chunk samples nothing)
+    positions: dict[str, list[int]]
+    runner_output: Any
+
+
+@dataclass
+class Stream:
+    """One request as the client sees it."""
+
+    rid: str
+    prompt: list[int]
+    max_tokens: int
+    reference: list[int]
+    observed: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    submitted: bool = False
+    aborted: bool = False
+    # Oracle-compatible interruptions (harness/oracle.py reads mode/client_tokens/frozen).
+    pauses: list[dict[str, Any]] = field(default_factory=list)
+    # vLLM's Request object (its num_preemptions says whether memory pressure preempted it).
+    request: Any = None
+    # Per-frame trace: scripted positions vs what update_from_output delivered.
+    frames: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "rid": self.rid, "submit": "start", "prompt": self.prompt, "max_tokens": self.max_tokens,
+            "reference": self.reference, "observed": self.observed, "finish_reason": self.finish_reason,
+            "error": None, "pauses": self.pauses, "reference_matches_model": True, "frames": self.frames,
+            "num_preemptions": getattr(self.request, "num_preemptions", None),
+        }
+
+
+class Executor:
+    def __init__(self, script: Script, scheduler: Any, builder: Builder, perm: list[int], hasher: Any = None):
+        self.script = script
+        self.setup = script.setup
+        self.sched = scheduler
+        self.builder = builder
+        self.perm = perm
+        self.hasher = hasher
+        self.queue: deque[Frame] = deque()
+        # rid -> next output position the worker samples for a continuing request
+        self.worker_next: dict[str, int] = {}
+        self.frames_made = 0
+        self.iterations = 0
+        self.log: list[dict[str, Any]] = []
+        self.stalled: str | None = None
+        self.streams = {
+            r.rid: Stream(r.rid, list(r.prompt), r.max_tokens,
+                          reference_stream(perm, r.prompt, r.max_tokens + REFERENCE_SLACK))
+            for r in script.requests
+        }
+        self.specs = {r.rid: r for r in script.requests}
+
+    # ------------------------------------------------------------------ frames
+
+    def _has_requests(self) -> bool:
+        s = self.sched
+        if hasattr(s, "has_requests"):
+            return bool(s.has_requests())
+        return bool(s.has_unfinished_requests() or s.has_finished_requests())
+
+    def _restarted(self, so: Any) -> set[str]:
+        """Requests this frame sends to the worker as new or resumed (their state starts afresh there).
+
+        Read from the scheduler output; where it says nothing about either, a request that schedules
+        more tokens than one decode step (a prefill) counts as restarted.
+        """
+        if not hasattr(so, "scheduled_new_reqs") and not hasattr(so, "scheduled_cached_reqs"):
+            spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+            return {r for r, n in so.num_scheduled_tokens.items() if n > 1 + len(spec.get(r, ()))}
+        new = {getattr(r, "req_id", None) for r in getattr(so, "scheduled_new_reqs", None) or ()}
+        cached = getattr(so, "scheduled_cached_reqs", None)
+        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
+        if cached is not None and hasattr(cached, "resumed_from_preemption"):  # older releases: flags per id
+            resumed |= {r for r, flag in zip(cached.req_ids, cached.resumed_from_preemption, strict=False) if flag}
+        return {r for r in new | resumed if r is not None}
+
+    def _positions(self, so: Any) -> dict[str, list[int]]:
+        spec_tokens = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+        restarted = self._restarted(so)
+        out: dict[str, list[int]] = {}
+        for rid in so.num_scheduled_tokens:
+            req = self.sched.requests[rid]
+            if rid in restarted or rid not in self.worker_next:
+                self.worker_next.pop(rid, None)
+            if getattr(req, "is_prefill_chunk", False) or (
+                not hasattr(req, "is_prefill_chunk") and req.num_computed_tokens < req.num_prompt_tokens
+            ):
+                out[rid] = []
+                continue
+            drafts = len(spec_tokens.get(rid, ()))
+            first = self.worker_next.get(rid, req.num_computed_tokens - drafts - req.num_prompt_tokens)
+            accepted = min(drafts, self.setup.spec_accepted)
+            out[rid] = [first + j for j in range(accepted + 1)]
+            self.worker_next[rid] = first + accepted + 1
+        return out
+
+    def _schedule(self) -> Frame:
+        so = self.sched.schedule()
+        positions = self._positions(so)
+        req_ids = list(positions)
+        sampled = [[token_at(self.perm, self.streams[r].prompt, p) for p in positions[r]] for r in req_ids]
+        frame = Frame(self.frames_made, so, positions, self.builder.runner_output(req_ids, sampled))
+        self.frames_made += 1
+        self.queue.append(frame)
+        return frame
+
+    def _process(self) -> None:
+        frame = self.queue.popleft()
+        result = self.sched.update_from_output(frame.scheduler_output, frame.runner_output)
+        delivered: dict[str, list[int]] = {}
+        for eco in (result or {}).values():
+            for out in eco.outputs:
+                rid = out.request_id
+                st = self.streams.get(rid)
+                if st is None:
+                    continue
+                st.observed.extend(int(t) for t in out.new_token_ids)
+                delivered[rid] = [int(t) for t in out.new_token_ids]
+                if out.finish_reason is not None and not st.aborted:
+                    st.finish_reason = str(out.finish_reason)
+        for rid, pos in frame.positions.items():
+            if rid in self.streams:
+                self.streams[rid].frames.append(
+                    {"frame": frame.index, "positions": pos, "delivered": delivered.get(rid, [])})
+
+    def iterate(self) -> None:
+        """One EngineCore iteration with a batch queue of size D (D=1: schedule, then process)."""
+        self.iterations += 1
+        if self._has_requests() and len(self.queue) < self.setup.depth:
+            frame = self._schedule()
+            if frame.scheduler_output.total_num_scheduled_tokens > 0 and len(self.queue) < self.setup.depth:
+                return  # keep filling the queue before blocking on the oldest frame
+        if self.queue:
+            self._process()
+
+    # ------------------------------------------------------------------ ops
+
+    def _running(self) -> list[Stream]:
+        return [s for s in self.streams.values() if s.submitted and not s.done]
+
+    def _bounded(self, what: str, until: Any) -> None:
+        for _ in range(self.setup.max_steps):
+            if until():
+                return
+            self.iterate()
+        if not until():
+            self.stalled = f"{what}: not reached after {self.setup.max_steps} iterations"
+            raise StopIteration(self.stalled)
+
+    def _fill(self) -> None:
+        while len(self.queue) < self.setup.depth and self._has_requests():
+            frame = self._schedule()
+            if frame.scheduler_output.total_num_scheduled_tokens == 0:
+                # Nothing schedulable: the empty frame still goes through update_from_output.
+                self._process()
+                break
+
+    def _interrupt(self, mode: str, in_flight: int) -> None:
+        for st in self.streams.values():
+            if st.submitted:
+                st.pauses.append({"mode": mode, "clear_cache": mode != "abort", "client_tokens": len(st.observed),
+                                  "frozen": not st.done, "in_flight_frames": in_flight,
+                                  "op_index": len(self.log)})
+
+    def apply(self, op: Op) -> dict[str, Any]:
+        """Apply one operation; returns its log entry."""
+        entry: dict[str, Any] = {"op": op.to_dict(), "in_flight_before": len(self.queue)}
+        getattr(self, f"_op_{op.op}")(op, entry)
+        entry["in_flight_after"] = len(self.queue)
+        self.log.append(entry)
+        return entry
+
+    def _op_add(self, op: Op, entry: dict[str, Any]) -> None:
+        spec = self.specs[op.rid or ""]
+        req = self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher)
+        self.sched.add_request(req)
+        self.streams[spec.rid].submitted = True
+        self.streams[spec.rid].request = req
+
+    def _op_step(self, op: Op, entry: dict[str, Any]) -> None:
+        for _ in range(op.n):
+            self.iterate()
+
+    def _op_step_until(self, op: Op, entry: dict[str, Any]) -> None:
+        self._bounded(f"step_until {op.tokens} tokens",
+                      lambda: all(len(s.observed) >= op.tokens for s in self._running()))
+
+    def _op_fill(self, op: Op, entry: dict[str, Any]) -> None:
+        self._fill()
+
+    def _op_pop(self, op: Op, entry: dict[str, Any]) -> None:
+        if self.queue:
+            self._process()
+
+    def _op_drain(self, op: Op, entry: dict[str, Any]) -> None:
+        while self.queue:
+            self._process()
+
+    def _op_reset(self, op: Op, entry: dict[str, Any]) -> None:
+        if op.in_flight is not None:
+            self._fill()
+            while len(self.queue) > op.in_flight:
+                self._process()
+        entry["in_flight_at_reset"] = len(self.queue)
+        self._interrupt("keep", len(self.queue))
+        entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True))
+
+    def _set_pause(self, op: Op, entry: dict[str, Any], state: str) -> None:
+        states = self.builder.pause_states()
+        if states is None:
+            if not op.optional:
+                raise OpUnsupported(f"op {op.op}: this scheduler has no set_pause_state")
+            entry["skipped"] = "no set_pause_state in this release"
+            return
+        self.sched.set_pause_state(states[state])
+
+    def _op_pause(self, op: Op, entry: dict[str, Any]) -> None:
+        self._set_pause(op, entry, "keep")
+
+    def _op_resume(self, op: Op, entry: dict[str, Any]) -> None:
+        self._set_pause(op, entry, "unpaused")
+
+    def _op_abort(self, op: Op, entry: dict[str, Any]) -> None:
+        st = self.streams[op.rid or ""]
+        if st.done or not st.submitted:
+            entry["skipped"] = "request not running"
+            return
+        self._interrupt_one(st, len(self.queue))
+        self.sched.finish_requests(st.rid, self.builder.aborted_status())
+        st.aborted = True
+        st.finish_reason = "abort"
+
+    def _interrupt_one(self, st: Stream, in_flight: int) -> None:
+        st.pauses.append({"mode": "abort", "clear_cache": False, "client_tokens": len(st.observed),
+                          "frozen": True, "in_flight_frames": in_flight, "op_index": len(self.log)})
+
+    def _op_run(self, op: Op, entry: dict[str, Any]) -> None:
+        self._bounded("run to completion", lambda: not self.queue and not self._has_requests())
+
+    def play(self) -> None:
+        """Apply every op of the script; a hang (bound reached) ends the script with ``stalled`` set."""
+        for op in self.script.ops:
+            try:
+                self.apply(op)
+            except StopIteration:
+                self.log.append({"op": op.to_dict(), "stalled": self.stalled})
+                return
+            except Exception as exc:
+                # The op that raised ends the log, so a crash report shows where it happened.
+                self.log.append({"op": op.to_dict(), "in_flight_before": None, "raised": f"{type(exc).__name__}: {exc}",
+                                 "in_flight_after": len(self.queue)})
+                raise
+
+    def records(self) -> list[dict[str, Any]]:
+        return [s.record() for s in self.streams.values() if s.submitted]

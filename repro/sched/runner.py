@@ -1,0 +1,175 @@
+"""``python -m repro.sched SPEC.json OUT.jsonl``: run scheduler-tier scenarios and append events to OUT.
+
+See the package docstring (``repro/sched/__init__.py``) for the SPEC and event formats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from repro.models import BigramCycleSpec, build_checkpoint, load_perm
+from repro.sched.script import SCHEMA_VERSION, Script, ScriptError, build_script
+
+Emit = Callable[..., None]
+
+
+class Emitter:
+    """Appends one JSON line per event, flushed and fsynced (a crash loses nothing already measured)."""
+
+    def __init__(self, path: Path, fsync: bool = True) -> None:
+        self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the run
+        self.fsync = fsync
+
+    def __call__(self, event: str, **data: Any) -> None:
+        self.f.write(json.dumps({"event": event, "t": time.time(), **data}, default=str) + "\n")
+        self.f.flush()
+        if self.fsync:
+            os.fsync(self.f.fileno())
+
+
+def model_dir_of(spec: dict[str, Any]) -> Path:
+    """The checkpoint folder: ``model_dir`` as given, or the bigram-cycle checkpoint built under ``model_cache``."""
+    if spec.get("model_dir"):
+        return Path(spec["model_dir"])
+    if not spec.get("model_cache"):
+        raise ScriptError("spec needs model_dir or model_cache")
+    model = spec.get("model") or {}
+    if model.get("kind", "bigram-cycle") != "bigram-cycle":
+        raise ScriptError(f"unknown model kind {model.get('kind')!r}; valid: ['bigram-cycle']")
+    return build_checkpoint(BigramCycleSpec.from_dict(model.get("params", {})), Path(spec["model_cache"]))
+
+
+def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[int]) -> dict[str, Any]:
+    """One scenario's event fields: status ran / unsupported / crash / error, with records where it ran."""
+    from repro.sched.adapter import Unsupported, vllm_crash_site
+    from repro.sched.executor import Executor, OpUnsupported
+
+    t0 = time.monotonic()
+    try:
+        script = build_script(sc["scenario"], sc.get("params") or {}, len(perm), int(sc.get("seed", 0)))
+    except ScriptError as exc:
+        return {"status": "error", "reason": f"bad scenario: {exc}"}
+    base = {"scenario": sc["scenario"], "setup": script.to_dict(), "scheduler": script.setup.scheduler,
+            "depth": script.setup.depth}
+    try:
+        sched = adapter.scheduler(model_dir, script.setup)
+        hasher = adapter.block_hasher(script.setup.block_size) if script.setup.enable_prefix_caching else None
+        ex = Executor(script, sched, adapter, perm, hasher)
+    except Unsupported as exc:
+        return {**base, "status": "unsupported", "reason": str(exc)}
+    base["scheduler_class"] = f"{type(sched).__module__}.{type(sched).__qualname__}"
+    setup_s = round(time.monotonic() - t0, 3)
+    try:
+        ex.play()
+    except (OpUnsupported, Unsupported) as exc:  # e.g. a Request this adapter cannot build, met at "add"
+        return {**base, "status": "unsupported", "reason": str(exc)}
+    except Exception as exc:
+        site = vllm_crash_site(exc)
+        result = {**base, "records": ex.records(), "ops_log": ex.log,
+                  "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        if site is not None and _raised_in_vllm(exc):
+            # vLLM's own scheduler code raised while driven: a finding about vLLM (CRASH), not ERROR.
+            # A bare assert has no message, so the reason quotes vLLM's source line.
+            return {**result, "status": "crash", "vllm_frame": site[0], "vllm_source": site[1],
+                    "exception_type": type(exc).__name__, "message": str(exc),
+                    "reason": f"{type(exc).__name__}: {str(exc) or site[1]} at {site[0]}"}
+        return {**result, "status": "error"}
+    return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
+            "iterations": ex.iterations, "frames": ex.frames_made, "setup_s": setup_s,
+            "duration_s": round(time.monotonic() - t0, 3)}
+
+
+def _raised_in_vllm(exc: BaseException) -> bool:
+    """The exception left vLLM's code last (the innermost frame of the traceback is in the vllm package
+    or in code vLLM called), rather than our own code after vLLM returned."""
+    import traceback as tb
+
+    frames = tb.extract_tb(exc.__traceback__)
+    here = str(Path(__file__).resolve().parent)
+    # Walk from the innermost frame out: the first frame of ours means we raised it ourselves.
+    for fr in reversed(frames):
+        if "vllm" in Path(fr.filename).parts:
+            return True
+        if str(Path(fr.filename).resolve()).startswith(here):
+            return False
+    return False
+
+
+def scenario_stream(spec: dict[str, Any], stdin: TextIO) -> Iterator[dict[str, Any]]:
+    """The spec's scenarios, then — with ``"interactive": true`` — one JSON scenario per stdin line until
+    EOF or ``{"op": "stop"}`` (session mode: a fuzzer pays vLLM's import once, not per example)."""
+    yield from spec["scenarios"]
+    if not spec.get("interactive"):
+        return
+    for line in stdin:
+        if not line.strip():
+            continue
+        sc = json.loads(line)
+        if sc.get("op") == "stop":
+            return
+        yield sc
+
+
+def run(spec: dict[str, Any], emit: Emit, stdin: TextIO | None = None,
+        make_adapter: Callable[[], Any] | None = None) -> None:
+    """Load vLLM (forcing the CPU platform), emit the ``sched`` facts, then one event per scenario."""
+    from repro.sched.adapter import Adapter, Unsupported
+
+    t0 = time.monotonic()
+    model_dir = model_dir_of(spec)
+    perm = load_perm(model_dir)
+    scenarios = scenario_stream(spec, stdin or sys.stdin)
+    try:
+        adapter = (make_adapter or Adapter)()
+    except (ImportError, Unsupported) as exc:
+        reason = f"cannot load vLLM's scheduler: {type(exc).__name__}: {exc}"
+        emit("sched", python=platform.python_version(), unsupported_reason=reason, version_label=spec.get(
+            "version_label"))
+        for sc in scenarios:
+            emit("scenario", id=sc["id"], status="unsupported", reason=reason)
+        return
+    facts = adapter.facts() if hasattr(adapter, "facts") else {}
+    emit("sched", **facts, python=platform.python_version(), version_label=spec.get("version_label"),
+         model_dir=str(model_dir), load_s=round(time.monotonic() - t0, 3))
+    for sc in scenarios:
+        try:
+            result = run_scenario(adapter, sc, model_dir, perm)
+        except Exception as exc:  # our own failure outside the scenario's ops
+            result = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc()}
+        emit("scenario", id=sc.get("id"), **result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m repro.sched SPEC.json OUT.jsonl", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    if spec.get("schema_version") != SCHEMA_VERSION:
+        print(f"spec schema_version {spec.get('schema_version')!r}; this runner reads {SCHEMA_VERSION}",
+              file=sys.stderr)
+        return 2
+    emit = Emitter(Path(argv[1]), fsync=bool(spec.get("fsync", True)))
+    t0 = time.monotonic()
+    emit("start", pid=os.getpid(), python=sys.executable)
+    try:
+        run(spec, emit)
+    except BaseException as exc:
+        emit("fatal", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        return 1
+    emit("done", wall_s=round(time.monotonic() - t0, 3))
+    return 0
+
+
+def replay_params(script: Script) -> dict[str, Any]:
+    """The ``{"scenario": "ops", "params": ...}`` entry that replays ``script`` exactly."""
+    return {"scenario": "ops", "params": script.to_dict()}

@@ -1,0 +1,355 @@
+"""The scripted executor and the event format, against a toy scheduler (no vLLM).
+
+The toy keeps the bookkeeping an async scheduler keeps (computed tokens,
+output placeholders, a discard counter after a forced preemption) and can be
+switched to 0.21's one-frame discard *flag*, so the tests check that the
+executor's frames, positions and records make the harness oracle see exactly
+what the scheduler did: LOSS(1) after a drained reset with the flag, OK with
+the counter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from harness.oracle import Outcome, cell_verdict
+from repro.models import cycle_permutation
+from repro.sched.adapter import innermost_vllm_frame
+from repro.sched.executor import Executor, OpUnsupported
+from repro.sched.runner import Emitter, run_scenario
+from repro.sched.script import Op, build_script
+
+pytestmark = pytest.mark.unit
+
+VOCAB = 64
+PERM = cycle_permutation(VOCAB, 0)
+
+
+class ToyRequest:
+    def __init__(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        self.request_id, self.max_tokens = rid, max_tokens
+        self.num_prompt_tokens = len(prompt)
+        self.num_computed_tokens = 0
+        self.output: list[int] = []
+        self.placeholders = 0
+        self.discard = 0
+        self.finished = False
+        self.is_prefill_chunk = False
+        self.num_preemptions = 0
+
+
+class ToyScheduler:
+    """An async scheduler in miniature; ``flag=True`` discards one frame after any reset (0.21)."""
+
+    def __init__(self, flag: bool = False, async_: bool = True) -> None:
+        self.flag, self.async_ = flag, async_
+        self.requests: dict[str, ToyRequest] = {}
+        self.running: list[ToyRequest] = []
+        self.paused = False
+
+    def add_request(self, req: ToyRequest) -> None:
+        self.requests[req.request_id] = req
+        self.running.append(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.running)
+
+    def schedule(self) -> Any:
+        sched: dict[str, int] = {}
+        for req in [] if self.paused else self.running:
+            if len(req.output) >= req.max_tokens or (not self.async_ and req.placeholders):
+                continue
+            n = req.num_prompt_tokens + len(req.output) if req.num_computed_tokens == 0 else 1
+            req.num_computed_tokens += n
+            req.placeholders += 1
+            sched[req.request_id] = n
+        # A request scheduled with its whole prefix (new, or resumed after a reset) starts afresh on the worker.
+        return SimpleNamespace(num_scheduled_tokens=sched, total_num_scheduled_tokens=sum(sched.values()),
+                               scheduled_spec_decode_tokens={},
+                               scheduled_new_reqs=[SimpleNamespace(req_id=r) for r, n in sched.items() if n > 1])
+
+    def update_from_output(self, so: Any, out: dict[str, list[int]]) -> dict[int, Any]:
+        outs = []
+        for rid, toks in out.items():
+            req = self.requests[rid]
+            if req.finished:
+                continue
+            if req.discard:
+                req.discard -= 1
+                req.placeholders = max(0, req.placeholders - 1)
+                continue
+            assert req.placeholders >= 1, "placeholder count went negative"
+            req.placeholders -= 1
+            req.output += toks
+            done = len(req.output) >= req.max_tokens
+            if done:
+                req.finished = True
+                self.running.remove(req)
+            outs.append(SimpleNamespace(request_id=rid, new_token_ids=toks, finish_reason="length" if done else None))
+        return {0: SimpleNamespace(outputs=outs)} if outs else {}
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        for req in self.running:
+            req.discard = 1 if self.flag else req.placeholders
+            req.num_computed_tokens = 0
+            req.placeholders = 0
+            req.num_preemptions += 1
+        return True
+
+    def finish_requests(self, rid: str, status: Any) -> None:
+        req = self.requests[rid]
+        req.finished = True
+        self.running.remove(req)
+
+    def set_pause_state(self, state: Any) -> None:
+        self.paused = state == "keep"
+
+
+class ToyBuilder:
+    def __init__(self, pause: bool = True) -> None:
+        self.pause = pause
+
+    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> ToyRequest:
+        return ToyRequest(rid, list(prompt), max_tokens)
+
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
+        return dict(zip(req_ids, sampled, strict=True))
+
+    def pause_states(self) -> dict[str, Any] | None:
+        return {"keep": "keep", "unpaused": "unpaused"} if self.pause else None
+
+    def aborted_status(self) -> str:
+        return "aborted"
+
+
+def _play(scenario: str, params: dict[str, Any], sched: ToyScheduler, builder: ToyBuilder | None = None
+          ) -> Executor:
+    script = build_script(scenario, params, VOCAB)
+    ex = Executor(script, sched, builder or ToyBuilder(), PERM)
+    ex.play()
+    return ex
+
+
+def test_drained_reset_with_a_one_frame_flag_loses_the_first_post_reset_token() -> None:
+    ex = _play("drained_reset", {}, ToyScheduler(flag=True))
+    verdict = cell_verdict(ex.records())
+    assert verdict.outcome is Outcome.LOSS and verdict.summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
+    rec = ex.records()[0]
+    reset = rec["pauses"][0]
+    assert reset["mode"] == "keep" and reset["frozen"] and reset["in_flight_frames"] == 0
+    assert verdict.requests[0].verdict.at == reset["client_tokens"]
+    k = reset["client_tokens"]
+    assert k >= 4 and rec["observed"] == rec["reference"][:k] + rec["reference"][k + 1:13]
+    # The trace shows the scripted position whose token never arrived.
+    assert [f["delivered"] for f in rec["frames"] if f["positions"] == [k]] == [[]]
+
+
+def test_drained_reset_with_a_counter_is_ok_and_the_frames_stay_in_flight() -> None:
+    ex = _play("drained_reset", {"depth": 3}, ToyScheduler(flag=False))
+    assert cell_verdict(ex.records()).outcome is Outcome.OK
+    assert max(e["in_flight_after"] for e in ex.log) <= 3
+    assert [e["in_flight_after"] for e in ex.log if e["op"]["op"] == "drain"] == [0]
+    assert all(r["finish_reason"] == "length" for r in ex.records())
+
+
+def test_inflight_reset_holds_the_requested_frames_and_a_flag_misorders_them() -> None:
+    ex = _play("inflight_reset", {}, ToyScheduler(flag=True))
+    reset = next(e for e in ex.log if e["op"]["op"] == "reset")
+    assert reset["in_flight_at_reset"] == 2
+    assert cell_verdict(ex.records()).outcome is Outcome.DIVERGED
+    assert cell_verdict(_play("inflight_reset", {}, ToyScheduler()).records()).outcome is Outcome.OK
+
+
+def test_sync_scheduler_runs_one_frame_at_a_time() -> None:
+    ex = _play("drained_reset", {"scheduler": "sync"}, ToyScheduler(flag=True, async_=False))
+    assert max(e["in_flight_after"] for e in ex.log) <= 1
+    assert cell_verdict(ex.records()).outcome is Outcome.LOSS  # the toy's flag is wrong even there
+
+
+class ToySpecScheduler(ToyScheduler):
+    """Schedules k placeholder drafts per decode step and rolls back rejected ones when a frame returns,
+    as vLLM's async scheduler does; the worker must then sample from its own (corrected) count."""
+
+    k = 2
+
+    def schedule(self) -> Any:
+        so = super().schedule()
+        spec = {}
+        for rid, n in so.num_scheduled_tokens.items():
+            req = self.requests[rid]
+            if n == 1:  # a decode step: k drafts ride along
+                req.num_computed_tokens += self.k
+                req.placeholders += self.k
+                so.num_scheduled_tokens[rid] = 1 + self.k
+                spec[rid] = [-1] * self.k
+        so.scheduled_spec_decode_tokens = spec
+        return so
+
+    def update_from_output(self, so: Any, out: dict[str, list[int]]) -> dict[int, Any]:
+        for rid, toks in out.items():
+            rejected = len(so.scheduled_spec_decode_tokens.get(rid, ())) - (len(toks) - 1)
+            if rid in so.scheduled_spec_decode_tokens and not self.requests[rid].finished:
+                self.requests[rid].num_computed_tokens -= rejected
+                self.requests[rid].placeholders -= rejected
+        return super().update_from_output(so, out)
+
+
+@pytest.mark.parametrize("accepted", [0, 1, 2])
+def test_scripted_drafts_follow_the_workers_count_not_the_schedulers_optimism(accepted: int) -> None:
+    # Frame n+1 is scheduled before frame n's rejections are known; a real worker samples from where
+    # it really is, so a correct scheduler still delivers the reference.
+    ex = _play("spec_decode", {"spec_accepted": accepted, "depth": 3}, ToySpecScheduler())
+    assert cell_verdict(ex.records()).outcome is Outcome.OK
+    frames = ex.records()[0]["frames"]
+    assert any(len(f["positions"]) == accepted + 1 for f in frames[1:])
+    flat = [p for f in frames for p in f["positions"]]
+    assert flat == list(range(len(flat)))
+
+
+def test_without_new_or_resumed_lists_a_prefill_counts_as_a_restart() -> None:
+    class Bare(ToyScheduler):
+        def schedule(self) -> Any:
+            so = super().schedule()
+            del so.scheduled_new_reqs
+            return so
+
+    ex = _play("inflight_reset", {}, Bare(flag=True))
+    assert cell_verdict(ex.records()).outcome is Outcome.DIVERGED
+
+
+def test_abort_records_a_prefix_and_the_others_finish() -> None:
+    ex = _play("abort_inflight", {}, ToyScheduler())
+    recs = {r["rid"]: r for r in ex.records()}
+    assert recs["r0"]["finish_reason"] == "abort" and recs["r0"]["pauses"][0]["mode"] == "abort"
+    assert cell_verdict(ex.records()).outcome is Outcome.OK
+
+
+def test_pause_is_unsupported_unless_optional() -> None:
+    ex = _play("drained_reset", {}, ToyScheduler(), ToyBuilder(pause=False))
+    assert [e.get("skipped") for e in ex.log if e["op"]["op"] in ("pause", "resume")] == [
+        "no set_pause_state in this release"] * 2
+    params = {"requests": [{"rid": "a", "prompt": [3], "max_tokens": 2}], "ops": [{"op": "pause"}]}
+    with pytest.raises(OpUnsupported):
+        _play("ops", params, ToyScheduler(), ToyBuilder(pause=False))
+
+
+def test_a_hang_is_reported_as_stalled_not_waited_for() -> None:
+    sched = ToyScheduler()
+    sched.set_pause_state("keep")  # never schedules: run cannot finish
+    params = {"max_steps": 20, "requests": [{"rid": "a", "prompt": [3], "max_tokens": 2}],
+              "ops": [{"op": "add", "rid": "a"}, {"op": "run"}]}
+    ex = _play("ops", params, sched)
+    assert ex.stalled == "run to completion: not reached after 20 iterations"
+    assert cell_verdict(ex.records()).outcome is Outcome.TRUNCATED
+
+
+# --------------------------------------------------------------------------- runner: statuses and events
+
+VLLM_FILE = "/env/lib/python3.11/site-packages/vllm/v1/core/sched/async_scheduler.py"
+
+
+def _vllm_raiser() -> Any:
+    """A function whose code lives in a file named like vLLM's (so its frame counts as vLLM's)."""
+    ns: dict[str, Any] = {}
+    exec(compile("def update(*a):\n    assert False, 'num_output_placeholders < 0'\n", VLLM_FILE, "exec"), ns)
+    return ns["update"]
+
+
+class CrashingScheduler(ToyScheduler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.update_from_output = _vllm_raiser()  # type: ignore[method-assign]
+
+
+class ToyAdapter(ToyBuilder):
+    def __init__(self, sched: ToyScheduler) -> None:
+        super().__init__()
+        self.sched = sched
+
+    def scheduler(self, model_dir: Path, setup: Any) -> ToyScheduler:
+        return self.sched
+
+    def block_hasher(self, block_size: int) -> None:
+        return None
+
+
+def test_an_exception_inside_vllm_is_a_crash_with_its_frame() -> None:
+    result = run_scenario(ToyAdapter(CrashingScheduler()), {"id": "c", "scenario": "drained_reset"}, Path("."),
+                          PERM)
+    assert result["status"] == "crash"
+    assert result["exception_type"] == "AssertionError" and "num_output_placeholders" in result["message"]
+    assert result["vllm_frame"] == "vllm/v1/core/sched/async_scheduler.py:2:update"
+    assert result["reason"] == ("AssertionError: num_output_placeholders < 0 at "
+                                "vllm/v1/core/sched/async_scheduler.py:2:update")
+    assert result["ops_log"][-1]["op"] == {"op": "step_until", "tokens": 4}
+    assert result["ops_log"][-1]["raised"].startswith("AssertionError")
+
+
+def test_our_own_exception_is_an_error_and_bad_params_too() -> None:
+    class Broken(ToyAdapter):
+        def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any:
+            raise KeyError("ours")
+
+    result = run_scenario(Broken(ToyScheduler()), {"id": "e", "scenario": "drained_reset"}, Path("."), PERM)
+    assert result["status"] == "error" and result["reason"] == "KeyError: 'ours'"
+    bad = run_scenario(ToyAdapter(ToyScheduler()), {"id": "b", "scenario": "drained_reset",
+                                                     "params": {"depth": 9}}, Path("."), PERM)
+    assert bad["status"] == "error" and bad["reason"].startswith("bad scenario")
+
+
+def test_a_request_the_adapter_cannot_build_is_unsupported() -> None:
+    from repro.sched.adapter import Unsupported
+
+    class NoRequests(ToyAdapter):
+        def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> ToyRequest:
+            raise Unsupported("Request.__init__ requires ['mm_kwargs']")
+
+    result = run_scenario(NoRequests(ToyScheduler()), {"id": "u", "scenario": "drained_reset"}, Path("."), PERM)
+    assert (result["status"], result["reason"]) == ("unsupported", "Request.__init__ requires ['mm_kwargs']")
+
+
+def test_innermost_vllm_frame_is_none_outside_vllm() -> None:
+    try:
+        raise RuntimeError("here")
+    except RuntimeError as exc:
+        assert innermost_vllm_frame(exc) is None
+
+
+def test_a_ran_event_carries_what_the_oracle_and_a_replay_need(tmp_path: Path) -> None:
+    result = run_scenario(ToyAdapter(ToyScheduler(flag=True)), {"id": "d", "scenario": "drained_reset"},
+                          Path("."), PERM)
+    emit = Emitter(tmp_path / "out.jsonl")
+    emit("scenario", id="d", **result)
+    event = json.loads((tmp_path / "out.jsonl").read_text())
+    assert event["event"] == "scenario" and event["status"] == "ran" and event["stalled"] is None
+    assert cell_verdict(event["records"]).summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
+    for key in ("rid", "prompt", "reference", "observed", "finish_reason", "max_tokens", "pauses", "frames"):
+        assert key in event["records"][0]
+    replay = build_script("ops", event["setup"], VOCAB)
+    assert replay == build_script("drained_reset", {}, VOCAB)
+    assert [e["op"] for e in event["ops_log"]] == [op.to_dict() for op in replay.ops]
+    assert Op.from_dict(event["ops_log"][0]["op"]) == Op("add", rid="r0")
+
+
+def test_session_mode_reads_scenarios_from_stdin_until_stop(tmp_path: Path) -> None:
+    import io
+
+    from repro.sched.runner import run
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "repro-model.json").write_text(json.dumps({"perm": PERM}))
+    spec = {"schema_version": 1, "model_dir": str(model), "interactive": True,
+            "scenarios": [{"id": "a", "scenario": "drained_reset"}]}
+    stdin = io.StringIO('{"id": "b", "scenario": "abort_inflight"}\n\n{"op": "stop"}\n'
+                        '{"id": "never", "scenario": "drained_reset"}\n')
+    events: list[dict[str, Any]] = []
+    run(spec, lambda event, **data: events.append({"event": event, **data}), stdin,
+        lambda: ToyAdapter(ToyScheduler()))
+    assert [e["event"] for e in events] == ["sched", "scenario", "scenario"]
+    assert [(e["id"], e["status"]) for e in events[1:]] == [("a", "ran"), ("b", "ran")]
