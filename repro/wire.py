@@ -19,7 +19,8 @@ from typing import Any
 SCHEMA_VERSION = 1
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
 MODEL_KINDS = ("bigram-cycle",)
-SCENARIO_STATUSES = ("ran", "unsupported", "timeout", "error")
+# "crash": vLLM's own code raised while the scenario drove it (a finding about vLLM, not a harness failure).
+SCENARIO_STATUSES = ("ran", "unsupported", "timeout", "error", "crash")
 
 
 class WireError(ValueError):
@@ -180,6 +181,10 @@ class EventKind:
 
 _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", "weight_sync", "reason",
                               "engine_recovered", "traceback"})
+# The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised.
+_SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
+                                    "stalled", "iterations", "frames", "setup_s", "vllm_frame", "vllm_source",
+                                    "exception_type", "message"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),
@@ -188,13 +193,20 @@ EVENTS: dict[str, EventKind] = {
         "vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
         "requested", "effective", "startup_s", "unsupported_reason", "started"})),
     # One per scenario; what else it carries depends on ``status`` (see check_event).
-    "scenario": EventKind({"id": str, "status": str}, _SCENARIO_FIELDS),
+    "scenario": EventKind({"id": str, "status": str}, _SCENARIO_FIELDS | _SCHED_SCENARIO_FIELDS),
+    # The scheduler tier's start-up facts: the release's scheduler API as detected (repro.sched.adapter).
+    "sched": EventKind({}, frozenset({
+        "vllm_version", "torch_version", "platform", "scheduler_classes", "scheduler_init_params",
+        "reset_prefix_cache_params", "pause_state", "discard_mechanism", "model_runner_output_fields",
+        "request_init_params", "import_s", "python", "version_label", "model_dir", "load_s",
+        "unsupported_reason"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
-    "done": EventKind({}),
+    "done": EventKind({}, frozenset({"wall_s"})),
 }
 # status -> the field the harness reads besides id and status
 _STATUS_NEEDS: dict[str, tuple[str, type]] = {"ran": ("records", list), "unsupported": ("reason", str),
-                                              "timeout": ("reason", str), "error": ("reason", str)}
+                                              "timeout": ("reason", str), "error": ("reason", str),
+                                              "crash": ("reason", str)}
 
 
 def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any]:

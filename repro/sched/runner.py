@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 from repro.sched.script import SCHEMA_VERSION, Script, ScriptError, build_script
+from repro.wire import check_event
 
 Emit = Callable[..., None]
 
@@ -29,7 +30,9 @@ class Emitter:
         self.fsync = fsync
 
     def __call__(self, event: str, **data: Any) -> None:
-        self.f.write(json.dumps({"event": event, "t": time.time(), **data}, default=str) + "\n")
+        # The one wire format (repro.wire), checked strictly as the engine's events are.
+        ev = check_event(json.loads(json.dumps({"event": event, "t": time.time(), **data}, default=str)), strict=True)
+        self.f.write(json.dumps(ev) + "\n")
         self.f.flush()
         if self.fsync:
             os.fsync(self.f.fileno())
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     emit = Emitter(Path(argv[1]), fsync=bool(spec.get("fsync", True)))
     t0 = time.monotonic()
-    emit("start", pid=os.getpid(), python=sys.executable)
+    emit("start", pid=os.getpid(), pgid=os.getpgid(0), python=sys.executable)
     try:
         run(spec, emit)
     except BaseException as exc:
