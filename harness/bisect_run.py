@@ -21,7 +21,7 @@ def verdict_of(result: CellResult) -> ProbeResult:
     """BAD for a token fault, GOOD for OK, SKIP for anything that produced no streams."""
     detail = f"{result.outcome.value}: {result.summary}" if result.outcome.value not in result.summary \
         else result.summary
-    if result.outcome.is_token_fault:
+    if result.outcome.is_finding:
         return ProbeResult(Verdict.BAD, detail)
     if result.outcome.value == "OK":
         return ProbeResult(Verdict.GOOD, detail)

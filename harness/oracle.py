@@ -27,6 +27,10 @@ class Outcome(enum.Enum):
     DUPLICATE = "DUPLICATE"
     LOSS = "LOSS"
     DIVERGED = "DIVERGED"
+    # vLLM's own code raised while a scenario drove it (e.g. the scheduler's ``assert
+    # request.num_output_placeholders >= 0``, PR #46066): a finding about vLLM, unlike ERROR (the harness,
+    # the environment or the machine failed).
+    CRASH = "CRASH"
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
     UNSUPPORTED = "UNSUPPORTED"
@@ -47,6 +51,11 @@ class Outcome(enum.Enum):
         """A wrong token stream (what the harness hunts), as opposed to infrastructure."""
         return self in (Outcome.LOSS, Outcome.DUPLICATE, Outcome.DIVERGED, Outcome.TRUNCATED)
 
+    @property
+    def is_finding(self) -> bool:
+        """Something wrong with vLLM: a token fault, or vLLM's own code raising (CRASH); BAD in a bisect."""
+        return self.is_token_fault or self is Outcome.CRASH
+
 
 _RANK = {
     Outcome.OK: 0,
@@ -54,11 +63,12 @@ _RANK = {
     Outcome.DUPLICATE: 2,
     Outcome.LOSS: 3,
     Outcome.DIVERGED: 4,
-    Outcome.FLAKY: 5,
-    Outcome.UNSUPPORTED: 6,
-    Outcome.BUILD_FAILED: 7,
-    Outcome.ERROR: 8,
-    Outcome.TIMEOUT: 9,
+    Outcome.CRASH: 5,
+    Outcome.FLAKY: 6,
+    Outcome.UNSUPPORTED: 7,
+    Outcome.BUILD_FAILED: 8,
+    Outcome.ERROR: 9,
+    Outcome.TIMEOUT: 10,
 }
 
 

@@ -289,7 +289,7 @@ def markdown(results: Results) -> str:
     header = ["cell", "vLLM", "executor", "async", "mode", "clear_cache", "outcome", "summary / reason",
               "known bugs", "effective async", "executor class"]
     lines += _md_table(header, (_cell_row(c) for c in cells))
-    faulty = [c for c in cells if c.outcome.is_token_fault or c.outcome is Outcome.FLAKY]
+    faulty = [c for c in cells if c.outcome.is_finding or c.outcome is Outcome.FLAKY]
     if faulty:
         lines += ["", "## Token faults", "",
                   "Token windows are centred on the first post-resume token (bracketed), else the pause.", ""]
@@ -361,7 +361,7 @@ def junit_xml(results: Results) -> str:
             counts["errors"] += 1
             el = ET.SubElement(case, "error", message=_x(cr.reason or cr.summary), type=cr.outcome.value)
             el.text = _x(_detail(cr))
-        elif cr.outcome.is_token_fault or cr.outcome is Outcome.FLAKY:
+        elif cr.outcome.is_finding or cr.outcome is Outcome.FLAKY:
             counts["failures"] += 1
             el = ET.SubElement(case, "failure", message=_x(cr.summary), type=cr.outcome.value)
             el.text = _x("\n".join([cr.summary, *_fault_lines(cr)]))

@@ -78,8 +78,8 @@ def judge_pair(
         if cr is None:
             return False
         if cr.outcome is Outcome.FLAKY:
-            return any(Outcome(o).is_token_fault for o in (cr.repeats.outcomes if cr.repeats else {}) if o in _VALUES)
-        return cr.outcome.is_token_fault
+            return any(Outcome(o).is_finding for o in (cr.repeats.outcomes if cr.repeats else {}) if o in _VALUES)
+        return cr.outcome.is_finding
 
     def infra(cr: CellResult, side: str) -> WorkaroundVerdict:
         return verdict(WorkaroundStatus.UNKNOWN,

@@ -105,13 +105,13 @@ class LiveBoard:
         if cell.outcome is Outcome.UNSUPPORTED and row is None:
             self.folded[cell.reason or cell.summary] += 1
             return
-        self.faults += cell.outcome.is_token_fault or cell.outcome is Outcome.FLAKY
+        self.faults += cell.outcome.is_finding or cell.outcome is Outcome.FLAKY
         self.infra += cell.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.BUILD_FAILED)
         if cell.outcome is Outcome.BUILD_FAILED:
             self.envs[cell.cell.version] = "failed"
         if row is not None:
             row.done += 1
-            row.faults += cell.outcome.is_token_fault
+            row.faults += cell.outcome.is_finding
             if row.done >= row.cells:
                 row.state = "failed" if cell.outcome in (Outcome.ERROR, Outcome.TIMEOUT) else "done"
                 row.t1 = now

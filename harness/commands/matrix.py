@@ -176,7 +176,7 @@ def matrix_exit(cells: Iterable[CellResult], *, strict: bool, fail_on_unexpected
     cells = list(cells)
     if any(c.outcome.value in ("ERROR", "TIMEOUT", "BUILD-FAILED") for c in cells):
         return MatrixExit(1)
-    if strict and any(c.outcome.is_token_fault or c.outcome is Outcome.FLAKY for c in cells):
+    if strict and any(c.outcome.is_finding or c.outcome is Outcome.FLAKY for c in cells):
         return MatrixExit(1)
     unexpected = tuple(c.id for c in cells if c.expectation is not None and c.expectation.status == "UNEXPECTED")
     if fail_on_unexpected and unexpected:

@@ -10,7 +10,7 @@ import enum
 
 from harness.oracle import Outcome
 
-TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_token_fault)
+TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_finding)  # CRASH too: a finding about vLLM
 INFRA_FAILURES = tuple(o.value for o in Outcome if o.is_infra and o is not Outcome.UNSUPPORTED)
 FLAKY = Outcome.FLAKY.value
 

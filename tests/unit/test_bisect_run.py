@@ -275,7 +275,8 @@ def test_verdict_model_check_failure_is_skip() -> None:
 @given(outcome=st.sampled_from(list(Outcome)), summary=st.text(max_size=30), reason=st.none() | st.text(max_size=30))
 def test_verdict_of_rule(outcome: Outcome, summary: str, reason: str | None) -> None:
     pr = verdict_of(CellResult(CELL, outcome, summary, reason=reason))
-    expected = Verdict.BAD if outcome.is_token_fault else Verdict.GOOD if outcome is Outcome.OK else Verdict.SKIP
+    # A finding (a token fault, or vLLM's own code raising: CRASH) is BAD.
+    expected = Verdict.BAD if outcome.is_finding else Verdict.GOOD if outcome is Outcome.OK else Verdict.SKIP
     assert pr.verdict is expected
     assert outcome.value in pr.detail
     if expected is Verdict.SKIP:
