@@ -126,8 +126,8 @@ class _LocalRun:
     def _need(self, work: EngineWork) -> int:
         """GPUs an engine needs: its TP size, and one more for a weight-sync trainer sending over NCCL."""
         key, cells = work
-        if self.ctx.cfg.platform != "cuda" or not self.cap.gpus:
-            return 0
+        if self.ctx.cfg.platform != "cuda" or not self.cap.gpus or key.tier == "scheduler":
+            return 0  # the scheduler tier runs vLLM's scheduler on the CPU, whatever the platform
         nccl = any(c.scenario == "weight-sync" and weight_transfer(c, self.ctx.cfg) == "nccl" for c in cells)
         return min(key.tp + (1 if nccl else 0), len(self.cap.gpus))
 

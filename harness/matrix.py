@@ -84,8 +84,8 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
 
     ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check).
     """
-    if cell.tier != "engine":
-        return f"the {cell.tier} tier is not implemented yet: only engine-tier cells run"
+    if cell.tier == "scheduler":
+        return _not_scheduler_tier(cell)
     if cell.scenario not in SCENARIOS:
         return f"unknown scenario {cell.scenario!r}"
     if cell.mode not in SCENARIO_MODES[cell.scenario]:
@@ -117,6 +117,17 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
         # explicit async_scheduling=True raises, the default turns it off.
         # This is why #42043 stayed hidden until Ray v2 became the default.
         return "RayDistributedExecutor (Ray v1) does not support async scheduling"
+    return None
+
+
+def _not_scheduler_tier(cell: Any) -> str | None:
+    """Why the scheduler tier (harness.sched_tier: vLLM's scheduler in-process, on any platform's CPU) cannot
+    express ``cell``, or None."""
+    if (cell.executor, cell.tp, cell.model_runner, cell.batch_invariant) != ("mp", 1, "v1", False):
+        return ("the scheduler tier drives vLLM's scheduler in-process, with no executor, TP, model runner or "
+                "batch-invariant kernels: only their defaults (executor mp, tp 1, v1, off) label its cells")
+    if cell.scenario != "pause" or cell.mode != "keep":
+        return "the scheduler tier expresses keep-mode pauses only (a drained reset, or none without clear_cache)"
     return None
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import sched_tier
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
@@ -104,6 +105,13 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
         scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
         interactive=interactive,
     )
+
+
+def _sched_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> dict[str, Any]:
+    """The ``repro.sched`` spec of a scheduler-tier engine key: one scenario per cell and repeat."""
+    scenarios = [sched_tier.sched_scenario(c, repeat_id(c.scenario_id, rep), scenario_seed(c.scenario_id))
+                 for rep in range(1, cfg.repeat + 1) for c in cells]
+    return sched_tier.sched_spec(engine, scenarios, str(cfg.model_cache.resolve()), cfg.model_params)
 
 
 def engine_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> dict[str, Any]:
@@ -261,12 +269,14 @@ class EngineProcess:
         stage = stage_repro(self.wd / "pkg")
         self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
                                                            self.wd / "engine.log")
-        spec = build_spec(engine, cells, cfg, interactive, engine_extra)
-        self.spec_path.write_text(json.dumps(spec.to_json(), indent=2))
+        doc = (_sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
+               else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
+        self.spec_path.write_text(json.dumps(doc, indent=2))
+        module = sched_tier.MODULE if engine.tier == "scheduler" else ENGINE_MODULE
         self.tail = EventTail(self.events_path)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [str(env.python), "-m", ENGINE_MODULE, str(self.spec_path), str(self.events_path)],
+                [str(env.python), "-m", module, str(self.spec_path), str(self.events_path)],
                 cwd=self.wd, env={**engine_env(engine, cfg, stage), **(extra_env or {})}, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
                 start_new_session=True,
@@ -402,9 +412,15 @@ class _EngineCells:
             self.info = engine_info(ev)
             self.refused = injection_problem(self.info, self.inject)
             return self.refused is not None
+        if kind == "sched":
+            self.info = sched_tier.sched_info(ev)
+            self.refused = "fault injection is for engines: the scheduler tier injects nothing" if self.inject \
+                else None
+            return self.refused is not None
         if kind == "scenario" and ev["id"] in self.by_scenario and not self.refused:
             cell = self.by_scenario[ev["id"]]
-            self.runs[cell].append(scenario_result(cell, ev, self.info))
+            self.runs[cell].append(sched_tier.sched_result(cell, ev, self.info, scenario_result)
+                                   if cell.tier == "scheduler" else scenario_result(cell, ev, self.info))
             if len(self.runs[cell]) == self.repeat:
                 self._done(aggregate(self.runs[cell]))
         elif kind == "fatal":

@@ -88,7 +88,7 @@ class LiveBoard:
         elif p.kind == "engine-start" and row is not None:
             row.state, row.t0 = "starting", now
             self.envs[p.engine.version] = "ready"  # type: ignore[union-attr]
-        elif p.kind == "event" and row is not None and (p.event or {}).get("event") == "engine":
+        elif p.kind == "event" and row is not None and (p.event or {}).get("event") in ("engine", "sched"):
             row.state = "running"
         elif p.kind == "cell" and p.cell is not None:
             self._cell(p, row, now)

@@ -243,12 +243,14 @@ def drained_reset(params: Mapping[str, Any], vocab_size: int, seed: int) -> Scri
     resumes.  0.21's AsyncScheduler marks each preempted request to discard "the latest async token" —
     but nothing is in flight any more, so the first real post-reset token is dropped: LOSS(1).
     """
-    _known(params, {"reset_after"})
+    _known(params, {"reset_after", "reset"})
     setup = _setup_from(params, scheduler="async", depth=2)
     reqs = _requests(params, vocab_size, seed, n=4, prompt_len=8, max_tokens=12)
     after = int(params.get("reset_after", 4))
+    # reset=False: the same keep-mode pause without clearing the cache (clear_cache=False), a control.
+    reset = [Op("reset")] if params.get("reset", True) else []
     ops = [Op("add", rid=r.rid) for r in reqs] + [
-        Op("step_until", tokens=after), Op("pause", optional=True), Op("drain"), Op("reset"),
+        Op("step_until", tokens=after), Op("pause", optional=True), Op("drain"), *reset,
         Op("resume", optional=True), Op("run"),
     ]
     return Script(setup, reqs, tuple(ops))
