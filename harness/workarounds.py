@@ -117,9 +117,10 @@ def judge_pair(
     return verdict(WorkaroundStatus.REMOVABLE, f"no token loss with {without} or {with_}")
 
 
-def _pair_rank(v: WorkaroundVerdict, engine: tuple[str, int, str, bool]) -> tuple[Any, ...]:
-    executor, tp, runner, batch_invariant = engine
-    return (v.status is WorkaroundStatus.UNKNOWN, len(v.cell_ids) < 2, executor != "mp", tp != 1,
+def _pair_rank(v: WorkaroundVerdict, engine: tuple[str, int, str, bool, str]) -> tuple[Any, ...]:
+    # The engine tier first: the workaround is an engine setting; the scheduler tier speaks for it only alone.
+    executor, tp, runner, batch_invariant, tier = engine
+    return (v.status is WorkaroundStatus.UNKNOWN, len(v.cell_ids) < 2, tier != "engine", executor != "mp", tp != 1,
             runner != "v1", batch_invariant,
             EXECUTORS.index(executor) if executor in EXECUTORS else len(EXECUTORS), engine)
 
@@ -137,11 +138,11 @@ def workaround_verdicts(cells: Results | Iterable[CellResult]) -> tuple[Workarou
     out: list[WorkaroundVerdict] = []
     for version in versions:
         # Paired within one engine config but for async (executor, TP, model runner, batch invariance).
-        pairs: dict[tuple[str, int, str, bool], dict[bool, CellResult]] = {}
+        pairs: dict[tuple[str, int, str, bool, str], dict[bool, CellResult]] = {}
         for cr in crs:
             c = cr.cell
             if c.version == version and _is_demo(cr):
-                pairs.setdefault((c.executor, c.tp, c.model_runner, c.batch_invariant), {})[c.async_on] = cr
+                pairs.setdefault((c.executor, c.tp, c.model_runner, c.batch_invariant, c.tier), {})[c.async_on] = cr
         if not pairs:
             out.append(WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN,
                                          "no keep-mode clear_cache=True cells"))
@@ -153,10 +154,10 @@ def workaround_verdicts(cells: Results | Iterable[CellResult]) -> tuple[Workarou
     return tuple(out)
 
 
-def _variant_label(key: tuple[str, int, str, bool]) -> str:
-    # The label names the variant axes too (mp-mr_v2), so a verdict from a v2-only run says so.
-    executor, tp, runner, invariant = key
-    cell = Cell("_", executor, True, tp=tp, model_runner=runner, batch_invariant=invariant)
+def _variant_label(key: tuple[str, int, str, bool, str]) -> str:
+    # The label names the variant axes too (mp-mr_v2, mp-sched), so a verdict from a v2-only run says so.
+    executor, tp, runner, invariant, tier = key
+    cell = Cell("_", executor, True, tp=tp, model_runner=runner, batch_invariant=invariant, tier=tier)
     return "-".join((executor, *cell.variant))
 
 

@@ -1,0 +1,80 @@
+"""Scheduler-tier cells on the harness side (harness.sched_tier, the tier axis in planning and verdicts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from synthetic import request_record
+
+from harness.matrix import Cell, unsupported_reason
+from harness.oracle import Outcome
+from harness.runner import scenario_result
+from harness.sched_tier import sched_result, sched_scenario, sched_spec
+from harness.workarounds import workaround_verdicts
+from repro.sched.script import build_script
+
+pytestmark = pytest.mark.unit
+
+SCHED = Cell("0.21.0", "mp", True, "keep", True, tier="scheduler")
+ASYNC_CLS = "vllm.v1.core.sched.async_scheduler.AsyncScheduler"
+
+
+def test_only_keep_mode_pauses_with_default_engine_axes_are_expressed() -> None:
+    assert unsupported_reason(SCHED, "cpu") is None
+    assert unsupported_reason(SCHED.replace(async_on=False, clear_cache=False), "cuda", n_gpus=0) is None
+    for other in (SCHED.replace(executor="ray-v2"), SCHED.replace(tp=2), SCHED.replace(model_runner="v2")):
+        assert "no executor, TP, model runner" in (unsupported_reason(other, "cpu") or "")
+    for other in (SCHED.replace(mode="wait"), SCHED.replace(scenario="weight-sync")):
+        assert "keep-mode pauses only" in (unsupported_reason(other, "cpu") or "")
+
+
+def test_the_spec_a_cell_runs_builds_a_script() -> None:
+    sc = sched_scenario(SCHED, "keep-clear", 3)
+    assert sc == {"id": "keep-clear", "scenario": "drained_reset", "seed": 3,
+                  "params": {"scheduler": "async", "depth": 2, "reset": True}}
+    ops = [o.op for o in build_script(sc["scenario"], sc["params"], 512, 3).ops]
+    assert "reset" in ops and "drain" in ops
+    plain = sched_scenario(SCHED.replace(async_on=False, clear_cache=False), "keep-noclear", 3)
+    assert plain["params"] == {"scheduler": "sync", "depth": 1, "reset": False}
+    assert "reset" not in [o.op for o in build_script("drained_reset", plain["params"], 512, 3).ops]
+    spec = sched_spec(SCHED.engine, [sc], "/cache", {})
+    assert spec["schema_version"] == 1 and spec["version_label"] == "0.21.0" and spec["scenarios"] == [sc]
+
+
+def _ran(cls: str = ASYNC_CLS, **extra: Any) -> dict[str, Any]:
+    ref = list(range(10, 30))
+    rec = request_record("r0", ref[:4] + ref[5:16], ref, running=True, pause_at=4, max_tokens=15)
+    return {"event": "scenario", "id": "keep-clear", "status": "ran", "records": [rec], "scheduler_class": cls,
+            **extra}
+
+
+def test_streams_are_judged_by_the_oracle_with_the_scheduler_as_effective_setting() -> None:
+    res = sched_result(SCHED, _ran(), {"tier": "scheduler"}, scenario_result)
+    assert res.outcome is Outcome.LOSS and res.label == "LOSS(1)"
+    assert res.engine is not None and res.engine["effective"] == {"async_scheduling": True,
+                                                                    "executor_class": "AsyncScheduler"}
+
+
+def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupported() -> None:
+    crash = {"event": "scenario", "id": "x", "status": "crash", "scheduler_class": ASYNC_CLS,
+             "reason": "AssertionError:  at vllm/v1/core/sched/async_scheduler.py:53:_update_request_with_output",
+             "vllm_source": "assert request.num_output_placeholders >= 0"}
+    res = sched_result(SCHED, crash, None, scenario_result)
+    assert res.outcome is Outcome.CRASH and "num_output_placeholders >= 0" in res.summary
+    assert sched_result(SCHED, _ran(stalled="r0 never finished"), None, scenario_result).outcome is Outcome.TIMEOUT
+    wrong = sched_result(SCHED, _ran(cls="vllm.v1.core.sched.scheduler.Scheduler"), None, scenario_result)
+    assert wrong.outcome is Outcome.UNSUPPORTED and "asked for async on" in wrong.summary
+
+
+def test_the_workaround_verdict_prefers_the_engine_tier_and_keeps_the_tiers_apart() -> None:
+    from harness.results import CellResult
+
+    engine_on, engine_off = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
+    cells = [CellResult(engine_on, Outcome.OK, "OK 10/10"), CellResult(engine_off, Outcome.OK, "OK 10/10"),
+             CellResult(SCHED, Outcome.LOSS, "LOSS(1) in 4/4 requests", label="LOSS(1)"),
+             CellResult(SCHED.replace(async_on=False), Outcome.OK, "OK 4/4")]
+    (v,) = workaround_verdicts(cells)
+    assert v.status.value == "REMOVABLE" and v.executor == "mp"
+    (alone,) = workaround_verdicts(cells[2:])
+    assert alone.status.value == "NEEDED" and alone.executor == "mp-sched"
