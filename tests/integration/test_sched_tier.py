@@ -132,3 +132,28 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
     # The negative control really preempted under memory pressure.
     assert any(r["num_preemptions"] for r in scenarios["pressure"]["records"])
     assert wall < 120, f"{version}: {wall:.0f} s"
+
+
+def test_scheduler_tier_cells_in_the_matrix(tmp_path: Path) -> None:
+    """``matrix --tier scheduler``: the same finding through the harness's own matrix loop, judged and annotated."""
+    from harness.context import RunContext
+    from harness.execute import execute_plan
+    from harness.matrix import Selection, plan_matrix
+    from harness.results import ResultsLog
+    from harness.runner import RunConfig
+
+    sel = Selection(versions=("0.21.0", "0.22.0"), modes=("keep",), tiers=("scheduler",))
+    plan = plan_matrix(sel, "cpu")
+    assert not plan.unsupported and len(plan.engines) == 4
+    cache = default_cache_dir()
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=cache / "models", engine_timeout=600)
+    results = execute_plan(plan, RunContext(cfg, index_config_from_env(), cache, ResultsLog(tmp_path / "r.jsonl")))
+    got = {c.id: c.label for c in results.cells}
+    assert got == {
+        "vllm0.21.0-mp-async_off-keep-clear-sched": "OK", "vllm0.21.0-mp-async_off-keep-noclear-sched": "OK",
+        "vllm0.21.0-mp-async_on-keep-clear-sched": "LOSS(1)", "vllm0.21.0-mp-async_on-keep-noclear-sched": "OK",
+        "vllm0.22.0-mp-async_off-keep-clear-sched": "OK", "vllm0.22.0-mp-async_off-keep-noclear-sched": "OK",
+        "vllm0.22.0-mp-async_on-keep-clear-sched": "OK", "vllm0.22.0-mp-async_on-keep-noclear-sched": "OK"}
+    assert all(c.expectation is not None and c.expectation.status == "as expected" for c in results.cells)
+    assert {c.engine["effective"]["executor_class"] for c in results.cells if c.engine} == {"Scheduler",
+                                                                                           "AsyncScheduler"}
