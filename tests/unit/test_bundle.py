@@ -12,8 +12,13 @@ from harness.errors import BadInput
 pytestmark = pytest.mark.unit
 
 
-def test_the_checkout_this_code_runs_from() -> None:
-    assert (bundle.source_checkout(Path("/")) / "harness" / "bundle.py").is_file()
+def test_the_checkout_this_code_runs_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An editable install (or a run from the checkout): the wheel is built from there, wherever the cwd is.
+    checkout = tmp_path / "src"
+    (checkout / "harness").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text('[project]\nname = "vllm-repro"\n')
+    monkeypatch.setattr(bundle, "__file__", str(checkout / "harness" / "bundle.py"))
+    assert bundle.source_checkout(tmp_path) == checkout.resolve()
 
 
 def test_else_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
