@@ -174,7 +174,7 @@ class _RawRecord(Mapping[str, Any]):
 
 @dataclass(frozen=True, eq=False)
 class EngineInfo(_RawRecord):
-    """An engine's self-report (``repro.cell``'s ``ready`` event), typed where the harness reads it.
+    """An engine's self-report (``repro.engine``'s ``engine`` event), typed where the harness reads it.
 
     The report is open-ended (its ``probe`` varies with the vLLM version), so the whole of it is kept in
     ``raw`` and written back unchanged; it also reads as that mapping.
