@@ -17,7 +17,6 @@ from typing import Any
 from harness.core.axes import (
     AXES,
     EXECUTORS,
-    ID_ORDER,
     LOOP_ORDER,
     MODEL_RUNNERS,
     MODES,
@@ -38,11 +37,6 @@ __all__ = [
 ]
 
 DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0")}
-
-
-def cell_config_id(c: Any) -> str:
-    """``mp-async_on-keep-clear[-tp2][-mr_v2][-batch_invariant][-weight_sync]``: a cell id without its version."""
-    return "-".join(s for a in ID_ORDER[1:] if (s := a.spell(getattr(c, a.attr, a.default))))
 
 
 def _selection_fields() -> list[tuple[str, type, Any]]:

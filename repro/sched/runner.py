@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
-from repro.sched.script import SCHEMA_VERSION, Script, ScriptError, build_script
+from repro.sched.script import SCHEMA_VERSION, ScriptError, build_script
 from repro.wire import check_event
 
 Emit = Callable[..., None]
@@ -171,8 +171,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     emit("done", wall_s=round(time.monotonic() - t0, 3))
     return 0
-
-
-def replay_params(script: Script) -> dict[str, Any]:
-    """The ``{"scenario": "ops", "params": ...}`` entry that replays ``script`` exactly."""
-    return {"scenario": "ops", "params": script.to_dict()}
