@@ -80,6 +80,26 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),
              refs=("vllm#42043",)),
+    # The family of AsyncScheduler token bugs around resets and preemption (harness.sched_tier.SHAPES says
+    # what each plays on the scheduler tier).  Names shared with the engine tier (reset-inflight, abort-some,
+    # preempt) list only the scheduler tier here; the engine tier adds itself where it implements them.
+    Scenario("reset-inflight", "reset_prefix_cache(reset_running_requests=True) while generating, no pause "
+             "(scheduler tier: one frame in flight, as an async engine core holds)", tiers=("scheduler",),
+             refs=("PR #42117",)),
+    Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",
+             tiers=("scheduler",), refs=("PR #42117",)),
+    Scenario("preempt", "KV-cache pressure preempts running requests; stale output delivered exactly once "
+             "(negative control)", tiers=("scheduler",), refs=("PR #38624",)),
+    Scenario("preempt-deep", "KV-cache pressure preemption with two frames in flight and speculative decoding "
+             "(2 drafts, all rejected)", tiers=("scheduler",), refs=("PR #48245",)),
+    Scenario("abort-some", "abort a subset of the running requests mid-stream; the rest continue untouched",
+             tiers=("scheduler",)),
+    Scenario("spec-reset", "reset with a frame in flight under speculative decoding (2 drafts, all rejected)",
+             tiers=("scheduler",), refs=("PR #46066", "PR #49860", "PR #49620")),
+    Scenario("spec-reset-partial", "spec-reset with one of the 2 drafts accepted each step", tiers=("scheduler",),
+             refs=("PR #49860", "PR #49620")),
+    Scenario("spec-reset-twice", "spec-reset with two resets back to back, each with a frame in flight",
+             tiers=("scheduler",), refs=("PR #46066",)),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
