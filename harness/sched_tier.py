@@ -123,8 +123,10 @@ def sched_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None,
     unsupported and error.  A crash in vLLM's own code is CRASH; a stall (vLLM never finished a request) is
     TIMEOUT; a cell whose scheduler class is not the one its async axis names is UNSUPPORTED, never judged."""
     cls = str(ev.get("scheduler_class") or "")
-    info = {**(info or {}), "effective": {"async_scheduling": cls.endswith(".AsyncScheduler"),
-                                          "executor_class": cls.rsplit(".", 1)[-1] or None}}
+    effective = {"async_scheduling": cls.endswith(".AsyncScheduler"), "executor_class": cls.rsplit(".", 1)[-1] or None}
+    if ev.get("spec_method"):  # the drafter vLLM accepted with async scheduling (EAGLE on every release)
+        effective["spec_method"] = ev["spec_method"]
+    info = {**(info or {}), "effective": effective}
     if ev.get("status") == "crash":
         return infra_result(cell, Outcome.CRASH, f"{ev['reason']} ({ev.get('vllm_source') or 'vLLM raised'})",
                             info)

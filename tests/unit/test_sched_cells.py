@@ -106,6 +106,9 @@ def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupp
              "vllm_source": "assert request.num_output_placeholders >= 0"}
     res = sched_result(SCHED, crash, None, scenario_result)
     assert res.outcome is Outcome.CRASH and "num_output_placeholders >= 0" in res.summary
+    spec = sched_result(SCHED.replace(scenario="spec-reset"), {**crash, "spec_method": "eagle"}, None, scenario_result)
+    assert spec.outcome is Outcome.CRASH and spec.engine is not None
+    assert spec.engine["effective"]["spec_method"] == "eagle"
     assert sched_result(SCHED, _ran(stalled="r0 never finished"), None, scenario_result).outcome is Outcome.TIMEOUT
     wrong = sched_result(SCHED, _ran(cls="vllm.v1.core.sched.scheduler.Scheduler"), None, scenario_result)
     assert wrong.outcome is Outcome.UNSUPPORTED and "asked for async on" in wrong.summary
