@@ -37,6 +37,8 @@ class SchedShape:
     params: Mapping[str, Any]  # for the AsyncScheduler (async on)
     sync: Mapping[str, Any] | None = None  # for the sync Scheduler (async off); None: async only
     sync_reason: str = ""  # why async off is not expressed (sync is None)
+    # The shape is about memory-pressure preemption: a run in which vLLM preempted no request tested nothing.
+    preempts: bool = False
 
     def for_async(self, async_on: bool) -> dict[str, Any]:
         if async_on:
@@ -60,11 +62,11 @@ SHAPES: dict[str, SchedShape] = {
     # PR #42117's other half: two frames in flight (D=3) at the reset; the flag drops only the first.
     "reset-deep": SchedShape("inflight_reset", {"depth": 3, "in_flight": 2}, sync_reason=_DEEP_ONLY_ASYNC),
     # Negative control (PR #38624's proposal): stale output of a memory-pressure preemption delivered once.
-    "preempt": SchedShape("preempt_pressure", {"depth": 2}, {}),
+    "preempt": SchedShape("preempt_pressure", {"depth": 2}, {}, preempts=True),
     # PR #48245: KV-pressure preemption with two frames in flight and speculative decoding (every draft
     # rejected), before 0.27 the stale frames drain against the rolled-back placeholder count.
     "preempt-deep": SchedShape("preempt_pressure", {"depth": 3, "spec_tokens": 2, "spec_accepted": 0},
-                               sync_reason=_DEEP_ONLY_ASYNC),
+                               sync_reason=_DEEP_ONLY_ASYNC, preempts=True),
     # Abort one of three running requests with a frame in flight; the others finish untouched.
     "abort-some": SchedShape("abort_inflight", {"depth": 2}, {}),
     # PRs #46066 and #49860 / #49620: a reset with a frame in flight under speculative decoding (2 drafts a
@@ -121,7 +123,8 @@ def sched_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None,
                  judge: Callable[[Cell, dict[str, Any], dict[str, Any]], CellResult]) -> CellResult:
     """A scheduler-tier ``scenario`` event as a cell result: ``judge`` (the engine tier's rules) for streams,
     unsupported and error.  A crash in vLLM's own code is CRASH; a stall (vLLM never finished a request) is
-    TIMEOUT; a cell whose scheduler class is not the one its async axis names is UNSUPPORTED, never judged."""
+    TIMEOUT; a cell whose scheduler class is not the one its async axis names, or a preemption shape in which vLLM
+    preempted nothing, is UNSUPPORTED, never judged."""
     cls = str(ev.get("scheduler_class") or "")
     effective = {"async_scheduling": cls.endswith(".AsyncScheduler"), "executor_class": cls.rsplit(".", 1)[-1] or None}
     if ev.get("spec_method"):  # the drafter vLLM accepted with async scheduling (EAGLE on every release)
@@ -133,6 +136,11 @@ def sched_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None,
     if ev.get("status") == "ran" and cls.endswith(".AsyncScheduler") != cell.async_on:
         return infra_result(cell, Outcome.UNSUPPORTED, f"asked for async {'on' if cell.async_on else 'off'} but "
                                                        f"vLLM built {cls or 'no scheduler'}", info)
+    shape = SHAPES.get(cell.scenario)
+    if ev.get("status") == "ran" and shape is not None and shape.preempts and not any(
+            r.get("num_preemptions") for r in ev.get("records") or ()):
+        return infra_result(cell, Outcome.UNSUPPORTED, "the KV cache never ran short: vLLM preempted no request, so "
+                                                       "the run says nothing about preemption", info)
     if ev.get("status") == "ran" and ev.get("stalled"):
         return infra_result(cell, Outcome.TIMEOUT, f"vLLM's scheduler never finished a request: {ev['stalled']}",
                             info)

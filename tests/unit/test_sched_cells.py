@@ -125,3 +125,17 @@ def test_the_workaround_verdict_prefers_the_engine_tier_and_keeps_the_tiers_apar
     assert v.status.value == "REMOVABLE" and v.executor == "mp"
     (alone,) = workaround_verdicts(cells[2:])
     assert alone.status.value == "NEEDED" and alone.executor == "mp-sched"
+
+
+def test_a_preemption_cell_in_which_nothing_was_preempted_is_unsupported_not_ok() -> None:
+    cell = SCHED.replace(scenario="preempt")
+    ev = _ran()
+    ev["records"][0]["observed"] = ev["records"][0]["reference"][:15]
+    ev["records"][0]["pauses"] = []
+    assert "preempted no request" in sched_result(cell, {**ev, "records": [{**ev["records"][0], "num_preemptions": 0}]},
+                                                  None, scenario_result).summary
+    preempted = sched_result(cell, {**ev, "records": [{**ev["records"][0], "num_preemptions": 2}]}, None,
+                             scenario_result)
+    assert preempted.outcome is Outcome.OK
+    # Shapes about resets do not ask for it.
+    assert sched_result(SCHED.replace(scenario="reset-deep"), ev, None, scenario_result).outcome is Outcome.OK
