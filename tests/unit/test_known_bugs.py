@@ -67,14 +67,41 @@ ALL_RUNNING_LOSE_1 = dict.fromkeys(range(RUNNING), 1)
 def test_shipped_table(bugs: tuple[KnownBug, ...]) -> None:
     # Two windows of one bug, each measured by bisect on its tier: the engine's keep pause resets the cache
     # from 0.17.0; vLLM's scheduler drops the token after a drained reset in every release that installs.
+    # Each names its scenarios: a scenario that never pauses keeps mode=keep, clear_cache=true as defaults.
     engine, scheduler = [b for b in bugs if b.id == "vllm#42043"]
     assert engine.affected == SpecifierSet(">=0.17.0, <0.22.0")
     assert scheduler.affected == SpecifierSet(">=0.12.0, <0.22.0")
-    for bug, tier in ((engine, "engine"), (scheduler, "scheduler")):
+    for bug, tier, scenarios in ((engine, "engine", "pause|weight-sync"), (scheduler, "scheduler", "pause")):
         assert bug.fix == "vllm#42117"
         assert bug.fixed_in == "0.22.0"
-        pattern = parse_pattern(f"tier={tier},async_scheduling=on,mode=keep,clear_cache=true")
+        pattern = parse_pattern(f"tier={tier},scenario={scenarios},async_scheduling=on,mode=keep,clear_cache=true")
         assert bug.cells == (Rule(pattern, Outcome.LOSS, 1),)
+
+
+# The scheduler-tier family as measured (docs/results/sched-family-2026-12-01/matrix, async on; async off
+# is OK or UNSUPPORTED everywhere): what the shipped table must expect, release by release.
+FAMILY_MEASURED = {
+    "pause": "LOSS(1) LOSS(1) LOSS(1) OK OK OK OK OK OK",
+    "reset-deep": "DIVERGED DIVERGED DIVERGED OK OK OK OK OK OK",
+    "preempt-deep": "CRASH CRASH CRASH CRASH CRASH CRASH CRASH OK OK",
+    "spec-reset": "CRASH CRASH CRASH LOSS(2) LOSS(2) LOSS(2) LOSS(2) OK OK",
+    "spec-reset-partial": "OK OK OK LOSS(3) LOSS(3) LOSS(3) LOSS(3) OK OK",
+    "spec-reset-twice": "OK OK OK CRASH CRASH OK OK OK OK",
+    "reset-inflight": "OK OK OK OK OK OK OK OK OK",
+    "preempt": "OK OK OK OK OK OK OK OK OK",
+    "abort-some": "OK OK OK OK OK OK OK OK OK",
+}
+MEASURED_VERSIONS = ("0.12.0", "0.17.0", "0.21.0", "0.22.0", "0.24.0", "0.25.0", "0.26.0", "0.27.0", "0.32.0")
+
+
+@pytest.mark.parametrize("scenario", sorted(FAMILY_MEASURED))
+def test_the_scheduler_family_rows_expect_what_was_measured(bugs: tuple[KnownBug, ...], scenario: str) -> None:
+    for version, label in zip(MEASURED_VERSIONS, FAMILY_MEASURED[scenario].split(), strict=True):
+        on = Cell(version, "mp", True, scenario=scenario, tier="scheduler")
+        assert expectation(on, bugs).label == label, (scenario, version)
+        assert expectation(on.replace(async_on=False), bugs).outcome is Outcome.OK
+        # The engine tier's rows never reach the scheduler-tier family (and vice versa).
+        assert scenario == "pause" or expectation(on.replace(tier="engine"), bugs).outcome is Outcome.OK
 
 
 @pytest.mark.parametrize(
