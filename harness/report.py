@@ -227,12 +227,30 @@ def _meta_lines(results: Results) -> list[str]:
         if isinstance(value, list | tuple):
             value = ", ".join(str(v) for v in value)
         lines.append(f"- {key}: {value}")
+    lines += setup_lines(meta)
     engines = sorted({(str(e.vllm_version), str(e.torch_version), str(e.device_name))
                       for e in (c.engine for c in results.cells) if e and e.vllm_version},
                      key=lambda t: version_key(t[0]))
     for vllm, torch, device in engines:
         lines.append(f"- engine: vLLM {vllm}, torch {torch}, device {device}")
     lines.append(f"- cells: {len(results.cells)}")
+    return lines
+
+
+def setup_lines(meta: dict[str, Any]) -> list[str]:
+    """The model, engine arguments and preset of the run (absent from reports written before they existed)."""
+    lines = []
+    model = meta.get("model")
+    if isinstance(model, dict):
+        params = model.get("params") or {}
+        shown = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("path", "name"))
+        lines.append(f"- model: {model.get('label') or model.get('kind')}" + (f" ({shown})" if shown else ""))
+    if meta.get("preset"):
+        lines.append(f"- preset: {meta['preset']}")
+    if "engine_args" in meta:
+        args = meta.get("engine_args") or {}
+        lines.append("- engine args: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
+                                          or "none beyond the harness's defaults"))
     return lines
 
 

@@ -63,6 +63,18 @@ class RunConfig:
     # weight-sync: also check the post-swap streams on a fresh engine loaded with B, as upstream's
     # example does (costs an engine start per weight-sync cell; on a GPU the two share its memory)
     weight_sync_fresh_check: bool = False
+    # The user's engine set-up (harness.engine_args): the model every engine loads (a kind of repro.wire's
+    # MODEL_KINDS and its params; the label reports show), the engine arguments on top of the engine's
+    # defaults (--preset, --engine-args, --engine-arg; engine_extra merges them), and the preset's name.
+    model_kind: str = "bigram-cycle"
+    model_label: str = "bigram-cycle"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+
+    @property
+    def custom_setup(self) -> bool:
+        """Whether the run loads another model or passes engine arguments of its own (not the harness's set-up)."""
+        return self.model_kind != "bigram-cycle" or bool(self.engine_args)
 
 
 def stage_repro(dst: Path) -> Path:
@@ -88,17 +100,29 @@ def scenario_seed(scenario_id: str) -> int:
     return sum((i + 1) * ord(c) for i, c in enumerate(scenario_id)) % 10_000
 
 
+def merge_engine_args(cfg: RunConfig, scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one merge point of the engine arguments an engine gets on top of ``repro.engine``'s defaults.
+
+    Later wins: the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), then the
+    user's (``cfg.engine_args``: preset, files, ``--engine-arg``).  A user who sets ``kv_cache_memory_bytes``
+    gets it.  Arguments a cell's axes decide never get here (harness.engine_args refuses them).
+    """
+    return {**(scheduling or {}), **cfg.engine_args}
+
+
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
-    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU).
+    ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU),
+    merged with the user's by :func:`merge_engine_args`.
     """
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
-                          batch_invariant=engine.batch_invariant, extra=dict(extra or {})),
+                          batch_invariant=engine.batch_invariant, extra=merge_engine_args(cfg, extra)),
+        model_kind=cfg.model_kind,
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
@@ -324,7 +348,7 @@ class EngineProcess:
 def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
     """The facts of an ``engine`` event kept in every cell result."""
     keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-            "requested", "effective", "startup_s", "probe")
+            "requested", "effective", "startup_s", "probe", "engine_kwargs")
     return {k: ev.get(k) for k in keep}
 
 
@@ -337,6 +361,9 @@ def log_tail(path: Path, n: int = 8) -> str:
 
 
 ResultHook = Callable[[CellResult], None]
+
+SCHED_TIER_SETUP = ("the scheduler tier scripts the model's outputs and starts no engine: --model, --engine-arg(s) "
+                    "and --preset apply to engine-tier cells only")
 
 
 class Cancelled(Exception):
@@ -358,6 +385,9 @@ def run_engine(
     set stops the engine (its process group killed) and raises :class:`Cancelled`.
     """
     cells_of = _EngineCells(cells, cfg, on_result)
+    if engine.tier == "scheduler" and cfg.custom_setup:
+        cells_of.refused = SCHED_TIER_SETUP
+        return cells_of.finish(Outcome.UNSUPPORTED, SCHED_TIER_SETUP)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
     limit = cfg.engine_timeout * max(1, cfg.repeat)
     proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / engine.id, cells, extra_env=extra_env,

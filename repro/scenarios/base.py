@@ -27,6 +27,9 @@ from typing import Any, TypeVar
 from repro.models import BigramCycleSpec
 
 PAUSE_MODES = ("keep", "wait", "abort")
+# A reference run's stand-in for a pause: nothing pauses, the requests submitted during or after the pause
+# join at its trigger, so the reference is batched as the paused run is.
+STAGGER = "stagger"
 
 
 class ScenarioUnsupported(Exception):
@@ -74,15 +77,21 @@ class Plan:
 class EngineContext:
     """What a scenario that changes the engine (weight sync) knows about it beyond the AsyncLLM."""
 
-    model_spec: BigramCycleSpec  # the checkpoint the engine started with (A)
+    model_spec: BigramCycleSpec | Any  # the checkpoint the engine started with (A); None for a user's model
     model_dir: Path
-    perm: list[int]
+    perm: list[int] | None  # bigram-cycle: the cycle its greedy stream walks; None for other models
     model_cache: Path
     work_dir: Path  # where side logs (e.g. the weight trainer's) go
     tensor_parallel_size: int
     # A new AsyncLLM with this engine's arguments but another checkpoint
     # (the caller shuts it down).
     start_engine: Callable[[Path], Any]
+    model_kind: str = "bigram-cycle"  # repro.wire.MODEL_KINDS
+    vocab_size: int = 0  # token ids prompts may use; 0: len(perm)
+
+    @property
+    def vocab(self) -> int:
+        return self.vocab_size or len(self.perm or ())
 
 
 def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -195,7 +204,18 @@ class _Driver:
                     by_rid[rid] = info
         return by_rid
 
+    async def _stagger(self, k: int, p: PauseSpec) -> None:
+        """A :data:`STAGGER` "pause": no pause at all, only the requests of pause ``k`` joining at its trigger."""
+        running = self._running()
+        await self._wait_until(f"stagger point {k} ({p.after_tokens} tokens in every running request)",
+                               lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running))
+        self.events.append({"t": self._now(), "event": "stagger", "k": k})
+        self._submit(self._phase("during", k) + self._phase("after", k))
+
     async def _pause(self, k: int, p: PauseSpec) -> None:
+        if p.mode == STAGGER:
+            await self._stagger(k, p)
+            return
         running = self._running()
         await self._wait_until(
             f"pause {k} trigger ({p.after_tokens} tokens in every running request)",
@@ -357,11 +377,26 @@ async def run_unpaused(llm: Any, requests: list[RequestSpec], timeout: float, wh
     return [rec["observed"] for rec in records]
 
 
-async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[str, list[int]]:
-    """Greedy streams of every request in ``plan`` on the same engine, with no pause."""
-    reqs = [RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN) for r in plan.requests]
-    streams = await run_unpaused(llm, reqs, timeout, "reference")
-    return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str,
+                        staggered: bool = False) -> dict[str, list[int]]:
+    """Greedy streams of every request in ``plan`` on the same engine, with no pause.
+
+    All submitted at once; ``staggered``: the requests the plan submits during or after a pause join when
+    the others reach its trigger, as they are batched in the paused run.
+    """
+    name = "ref2" if staggered else "ref"
+    reqs = [RequestSpec(f"{tag}-{name}-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN,
+                        r.submit if staggered else "start") for r in plan.requests]
+    if not staggered:
+        streams = await run_unpaused(llm, reqs, timeout, "reference")
+        return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+    pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in plan.pauses]
+    sp_cls, kind = _vllm_api()
+    records = await _Driver(llm, Plan(reqs, pauses), timeout, sp_cls, kind).run()
+    for rec in records:
+        if rec["error"]:
+            raise ScenarioFailed(f"staggered reference request {rec['rid']} failed: {rec['error']}")
+    return {r.rid: rec["observed"] for r, rec in zip(plan.requests, records, strict=True)}
 
 
 _P = TypeVar("_P")
