@@ -55,7 +55,7 @@ class Expectation:
 class Check:
     """How a cell's result compares with its expectation."""
 
-    status: str  # "as expected", "UNEXPECTED", "not run"
+    status: str  # "as expected", "UNEXPECTED", "not run", "inconclusive" (AMBIGUOUS: the streams cannot tell)
     expected: Expectation
     message: str
 
@@ -103,6 +103,9 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
     exp = expectation(result.cell, bugs)
     if result.outcome.is_infra:
         return Check("not run", exp, f"{result.outcome.value}: {result.reason or result.summary}")
+    if result.outcome is Outcome.AMBIGUOUS:
+        return Check("inconclusive", exp, f"expected {exp.label}; the streams cannot tell: "
+                                          f"{result.reason or result.summary}")
     if exp.outcome is Outcome.OK:
         if result.outcome is Outcome.OK:
             return Check("as expected", exp, "OK, as expected")
@@ -111,6 +114,8 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
     problems = []
     for req in result.requests:
         v = req.verdict or RequestVerdictRecord("?")
+        if v.outcome == Outcome.AMBIGUOUS.value:
+            continue  # proves nothing either way; the cell's other requests decide
         want = exp.label if v.running_at_pause else "OK"
         got = v.short
         if got != want:

@@ -32,6 +32,7 @@ import pytest
 
 from harness.context import RunContext
 from harness.core.cell import find_cell_id
+from harness.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engine_setup
 from harness.envs import VllmEnv, default_cache_dir, index_config_from_env
 from harness.errors import BadInput, EnvBuildError
 from harness.gpus import GpuLease, GpuLeaseError, lease_gpus, visible_gpus
@@ -66,6 +67,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="known-bug table to judge cells against (default: the one shipped with vllm-repro)")
     g.addoption("--repro-reports", type=Path, default=Path("reports/pytest"),
                 help="where the results JSON/Markdown/JUnit of the post_resume cells go (default reports/pytest)")
+    # The CLI's --model / --engine-arg / --engine-args / --preset (harness.engine_args), for every engine.
+    g.addoption("--vllm-model", default=os.environ.get("VLLM_REPRO_MODEL"),
+                help="model every engine loads: a local Hugging Face folder, a hub id, or a built-in "
+                     f"({', '.join(BUILTIN_MODELS)}); default bigram-cycle")
+    g.addoption("--vllm-engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                help="an AsyncEngineArgs field for every engine, repeatable (VALUE is JSON or a string)")
+    g.addoption("--vllm-engine-args", action="append", default=[], type=Path, metavar="FILE.json",
+                help="a JSON object of engine arguments, repeatable")
+    g.addoption("--vllm-preset", default=None, help=f"engine settings people copy: {', '.join(PRESETS)}")
+
+
+def engine_setup_of(config: pytest.Config, platform: str) -> EngineSetup:
+    """The engine set-up from ``--vllm-model``, ``--vllm-engine-arg(s)``, ``--vllm-preset``; UsageError when bad.
+
+    (A preset's executor and batch-invariant mode are not applied here: choose them with ``--executors``.)
+    """
+    try:
+        return engine_setup(platform, config.getoption("vllm_model"), config.getoption("vllm_engine_arg") or (),
+                            config.getoption("vllm_engine_args") or (), config.getoption("vllm_preset"))
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from exc
 
 
 def _platform(config: pytest.Config) -> str:
@@ -95,6 +117,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "post_resume_cell" not in metafunc.fixturenames:
         return
     platform = _platform(metafunc.config)
+    engine_setup_of(metafunc.config, platform)  # a bad --vllm-model / --vllm-engine-arg is a usage error, at once
     params = []
     for cell in matrix_cells(metafunc.config):
         # Marks go on the parameters, so they exist before any collection hook:
@@ -170,9 +193,13 @@ class EnginePool:
         self.run_dir = _run_dir(config)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.worker = worker
+        setup = engine_setup_of(config, self.platform)
         self.cfg = RunConfig(platform=self.platform, work_dir=self.run_dir / worker,
                              model_cache=self.cache / "models", engine_timeout=600, scenario_timeout=120,
-                             gpu_memory_utilization=0.05 if self.platform == "cuda" else None)
+                             gpu_memory_utilization=(setup.gpu_memory_utilization or 0.05)
+                             if self.platform == "cuda" else None,
+                             model_kind=setup.model.kind, model_params=setup.model.params,
+                             model_label=setup.model.label, engine_args=setup.engine_args, preset=setup.preset)
         self.log = ResultsLog(self.run_dir / f"results.{worker}.jsonl")
         self.ctx = RunContext(self.cfg, self.index, self.cache, self.log)
         self.sessions: dict[EngineKey, EngineSession | EngineDown] = {}

@@ -37,6 +37,7 @@ WINDOW = 3  # tokens shown on each side of the pause index
 
 OUTCOME_STYLES = {
     Outcome.OK: "green",
+    Outcome.AMBIGUOUS: "yellow",
     Outcome.LOSS: "bold red",
     Outcome.DUPLICATE: "bold red",
     Outcome.DIVERGED: "bold red",
@@ -372,9 +373,11 @@ def junit_xml(results: Results) -> str:
         total += duration
         case = ET.SubElement(suite, "testcase", classname=f"vllm-repro.{cr.cell.version}", name=cr.id,
                              time=f"{duration:.3f}")
-        if cr.outcome is Outcome.UNSUPPORTED:
+        if cr.outcome in (Outcome.UNSUPPORTED, Outcome.AMBIGUOUS):
+            # AMBIGUOUS ran but proves nothing either way: neither a pass nor a failure.
             counts["skipped"] += 1
-            ET.SubElement(case, "skipped", message=_x(cr.reason or cr.summary))
+            prefix = "AMBIGUOUS: " if cr.outcome is Outcome.AMBIGUOUS else ""
+            ET.SubElement(case, "skipped", message=_x(prefix + (cr.reason or cr.summary)))
         elif cr.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.BUILD_FAILED):
             counts["errors"] += 1
             el = ET.SubElement(case, "error", message=_x(cr.reason or cr.summary), type=cr.outcome.value)

@@ -47,7 +47,8 @@ class _Config:
     """Just the options EnginePool reads."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.options = {"repro_platform": "cpu", "known_bugs": None, "repro_reports": tmp_path / "reports"}
+        self.options = {"repro_platform": "cpu", "known_bugs": None, "repro_reports": tmp_path / "reports",
+                        "vllm_model": None, "vllm_engine_arg": [], "vllm_engine_args": [], "vllm_preset": None}
 
     def getoption(self, name: str) -> Any:
         return self.options[name]
