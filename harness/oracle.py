@@ -178,8 +178,18 @@ def shift_ambiguity(reference: Sequence[int], observed: Sequence[int], verdict: 
         return None
     at = min(points)
     window = " ".join(str(t) for t in reference[max(0, at - 2): at + 6])
-    return (f"the stream fits {' and '.join(sorted(fits))} alike: the reference repeats itself from index {at} on "
+    return (f"the stream fits {_readings(fits)} alike: the reference repeats itself from index {at} on "
             f"({window} …), so a shift there cannot be seen")
+
+
+def _readings(fits: set[str]) -> str:
+    """``{"OK", "LOSS(1)", "LOSS(2)", "DUPLICATE(2)"}`` -> ``OK, LOSS(1,2), DUPLICATE(2)``."""
+    parts = ["OK"] if "OK" in fits else []
+    for kind in (Outcome.LOSS.value, Outcome.DUPLICATE.value):
+        sizes = sorted(int(f[len(kind) + 1:-1]) for f in fits if f.startswith(kind + "("))
+        if sizes:
+            parts.append(f"{kind}({','.join(map(str, sizes))})")
+    return ", ".join(parts)
 
 
 def reference_split(record: dict[str, Any]) -> int | None:
