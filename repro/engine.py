@@ -164,7 +164,8 @@ def rejected_engine_args(spec: Spec, model: LoadedModel, exc: BaseException) -> 
         return None
     text = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
     if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
-        return f"vLLM rejected engine argument(s) {sorted(extra)}: {text}"
+        named = [k for k in extra if f"'{k}'" in str(exc)]
+        return f"vLLM rejected engine argument(s) {named or sorted(extra)}: {text}"
     if _config_error(spec, model, extra) is None or _config_error(spec, model, {}) is not None:
         return None
     culprits = [k for k in extra if _config_error(spec, model, {o: v for o, v in extra.items() if o != k}) is None]
@@ -176,8 +177,8 @@ def _requested(spec: Spec) -> dict[str, Any]:
     out = {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
            "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
     if eng.extra:
-        # Further engine arguments the engine was started with (a fixed KV cache when engines share a GPU):
-        # every report says what really ran.
+        # Further engine arguments the engine was started with (the user's; a fixed KV cache when engines
+        # share a GPU): every report says what really ran.
         out["engine_args"] = dict(eng.extra)
     return out
 
@@ -207,7 +208,7 @@ def _facts(spec: Spec, model: LoadedModel) -> dict[str, Any]:
     }
 
 
-def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any]) -> Any:
+def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], weight_transfer: Any) -> Any:
     """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -219,7 +220,7 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any]) 
         _refuse_all(spec, emit, info, str(exc))
         return None
     try:
-        return AsyncLLM.from_engine_args(_engine_args(spec, model, _weight_transfer_config(spec)))
+        return AsyncLLM.from_engine_args(_engine_args(spec, model, weight_transfer))
     except Exception as exc:
         refused = refused_setting(_requested(spec), exc) or rejected_engine_args(spec, model, exc)
         if refused is None:
@@ -231,9 +232,10 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any]) 
 async def run_engine(spec: Spec, emit: Emitter) -> None:
     """Start the engine for ``spec`` and run every scenario; emit events as they happen."""
     model = load_model(spec.model_kind, spec.model_params, Path(spec.model_cache))
-    info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model))}
+    weight_transfer = _weight_transfer_config(spec)
+    info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model, weight_transfer))}
     t0 = time.monotonic()
-    llm = _start(spec, model, emit, info)
+    llm = _start(spec, model, emit, info, weight_transfer)
     if llm is None:
         return
     from vllm.v1.engine.async_llm import AsyncLLM
