@@ -317,3 +317,15 @@ def test_model_kinds_resolve_in_the_engine(tmp_path: Path) -> None:
         load_model("path", {"path": "a", "name": "b"}, tmp_path)
     bigram = load_model("bigram-cycle", {}, tmp_path / "cache")
     assert bigram.defaults == {"dtype": "float32"} and bigram.perm is not None and len(bigram.perm) == 512
+
+
+def test_compare_warns_when_the_two_reports_ran_different_set_ups() -> None:
+    from harness.compare import compare
+    from harness.results import Results
+
+    mine = Results((), {"model": {"kind": "qwen3-random", "label": "qwen3-random"},
+                        "engine_args": {"enable_prefix_caching": False}})
+    warnings = compare(Results((), {}), mine).warnings
+    assert any("A ran model bigram-cycle with no engine arguments, B model qwen3-random with "
+               "enable_prefix_caching=False" in w for w in warnings), warnings
+    assert not any("model" in w for w in compare(mine, mine).warnings)
