@@ -38,9 +38,9 @@ from repro.wire import OWNED_ENGINE_ARGS
 
 BIGRAM = "bigram-cycle"
 BUILTIN_MODELS: dict[str, str] = {
-    BIGRAM: "1-layer Llama whose greedy stream walks one permutation cycle (no token ever repeats): the default",
-    QWEN3_RANDOM: "random-weight Qwen3 (128-wide heads, GQA, q/k norms): ~29M parameters on cpu, Qwen3-0.6B's "
-                  "shape (~0.75B, bfloat16) on cuda; built locally, no hub",
+    BIGRAM: "the default: a 1-layer Llama whose greedy stream walks one permutation cycle, no token ever repeats",
+    QWEN3_RANDOM: "a random-weight Qwen3 with 128-wide heads, GQA and q/k norms: ~29M parameters on cpu, "
+                  "Qwen3-0.6B's shape, ~0.75B in bfloat16, on cuda; built locally, no hub",
 }
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -61,8 +61,8 @@ class Preset:
     def describe(self) -> str:
         axes = " ".join(f"--{k} {v}" for k, v in self.axes.items())
         return (f"{self.name} = engine args {_kv(self.engine_args)}; on cuda also {_kv(self.cuda_engine_args)}, "
-                f"--gpu-memory-utilization {self.gpu_memory_utilization}, {axes}; model {self.model} unless --model "
-                f"(source: {self.source})")
+                f"--gpu-memory-utilization {self.gpu_memory_utilization} and, for matrix where you choose none, "
+                f"{axes}; model {self.model} unless --model. Source: {self.source}")
 
 
 def _kv(args: Mapping[str, Any]) -> str:
