@@ -39,7 +39,7 @@ from repro.wire import OWNED_ENGINE_ARGS
 BIGRAM = "bigram-cycle"
 BUILTIN_MODELS: dict[str, str] = {
     BIGRAM: "the default: a 1-layer Llama whose greedy stream walks one permutation cycle, no token ever repeats",
-    QWEN3_RANDOM: "a random-weight Qwen3 with 128-wide heads, GQA and q/k norms: ~29M parameters on cpu, "
+    QWEN3_RANDOM: "a random-weight Qwen3 with 128-wide heads, GQA and q/k norms: ~46M parameters on cpu, "
                   "Qwen3-0.6B's shape, ~0.75B in bfloat16, on cuda; built locally, no hub",
 }
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
