@@ -112,6 +112,9 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
             raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.pause_after >= args.max_tokens:
         raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    retry = getattr(args, "retry_infra", 0)
+    if retry < 0:
+        raise BadInput(f"--retry-infra must be 0 or more, got {retry}")
     return RunConfig(
         platform=platform,
         work_dir=args.reports,
@@ -122,6 +125,7 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
         scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
                          "pause_after": args.pause_after},
         gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
+        retry_infra=retry,
     )
 
 

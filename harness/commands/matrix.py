@@ -14,7 +14,13 @@ from harness import execute
 from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log, run_context
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
-from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheelhouse_options
+from harness.commands.options import (
+    add_index_options,
+    add_retry_option,
+    add_run_options,
+    add_version_options,
+    add_wheelhouse_options,
+)
 from harness.context import Progress
 from harness.core.axes import AXES
 from harness.errors import BadInput
@@ -258,6 +264,7 @@ class MatrixCommand(Command):
         add_version_options(parser)
         _add_axis_options(parser)
         add_run_options(parser, reports="reports")
+        add_retry_option(parser)
         add_wheelhouse_options(parser)
         _add_run_mode_options(parser)
         add_index_options(parser)

@@ -61,3 +61,11 @@ def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.05,
                    help="cuda only: fraction of GPU memory for a tiny model (default 0.05)")
+
+
+def add_retry_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retry-infra", type=int, default=0, metavar="N",
+                   help="run a cell that came out ERROR or TIMEOUT (the engine died outside vLLM's own code, hung, "
+                        "or was killed) again on a fresh engine, up to N more times; the cell's result is its last "
+                        "attempt and lists every attempt. CRASH, token faults, FLAKY, UNSUPPORTED and BUILD-FAILED "
+                        "are never retried (default 0)")

@@ -371,19 +371,19 @@ class Attempt:
     summary: str = ""
     reason: str | None = None
     duration_s: float | None = None  # the cell's scenario, as in CellResult
-    wall_s: float | None = None  # the engine process of this attempt, start to end
+    elapsed_s: float | None = None  # from the start of this attempt's engine to the cell's result
     started: str | None = None  # ISO time the attempt's engine started
     engine_dir: str | None = None  # spec, event log and vLLM log of this attempt's engine
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "outcome": self.outcome, "label": self.label, "summary": self.summary,
-                "reason": self.reason, "duration_s": self.duration_s, "wall_s": self.wall_s, "started": self.started,
-                "engine_dir": self.engine_dir}
+                "reason": self.reason, "duration_s": self.duration_s, "elapsed_s": self.elapsed_s,
+                "started": self.started, "engine_dir": self.engine_dir}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Attempt:
         return cls(int(d["n"]), str(d["outcome"]), str(d.get("label") or ""), str(d.get("summary") or ""),
-                   d.get("reason"), d.get("duration_s"), d.get("wall_s"), d.get("started"), d.get("engine_dir"))
+                   d.get("reason"), d.get("duration_s"), d.get("elapsed_s"), d.get("started"), d.get("engine_dir"))
 
 
 def _record(value: Any, kind: type[Any]) -> Any:
