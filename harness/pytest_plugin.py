@@ -1,8 +1,10 @@
 """pytest plugin: the matrix as test items (``pytest -k post_resume``), engines shared per engine config.
 
-Loaded by ``tests/conftest.py``.  Never imports vllm or torch: engines run in
-their own environments through :class:`harness.session.EngineSession`, the one engine driver run
-interactively.
+Loaded by the checkout's ``pyproject.toml`` (``addopts = -p harness.pytest_plugin``), from
+whichever vllm-repro is installed (tox's, or one from an air-gapped node's bundle); not a
+``pytest11`` entry point, whose hooks (the xdist scheduler among them) would load in every
+other project's pytest.  Never imports vllm or torch: engines run in their own environments
+through :class:`harness.session.EngineSession`, the one engine driver run interactively.
 
 * ``--vllm-versions``, ``--executors``, ``--platform`` choose the cells
   (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_EXECUTORS`` /
