@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import sched_tier
+from harness.core.scenarios import PROFILES
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
@@ -92,13 +93,15 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
-    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU).
+    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU); they go on top of the
+    engine arguments of the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need).
     """
+    engine_args = {**PROFILES[engine.profile].args, **(extra or {})}
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
-                          batch_invariant=engine.batch_invariant, extra=dict(extra or {})),
+                          batch_invariant=engine.batch_invariant, extra=engine_args),
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
