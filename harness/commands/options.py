@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.envs import source_options
 from harness.matrix import PLATFORMS
 
 
@@ -37,13 +38,8 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
 
 def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("air-gapped installs")
-    g.add_argument("--wheelhouse", type=Path, default=None,
-                   help="install vLLM from this wheelhouse folder (see `vllm-repro wheelhouse`), no network: onto "
-                        "--base-python, which already holds torch")
-    g.add_argument("--base-python", default=None,
-                   help="with --wheelhouse: the interpreter holding torch (default: $VLLM_REPRO_BASE_PYTHON, else "
-                        "the first of the one running vllm-repro, the one its venv was made from, python3 on PATH "
-                        "that holds torch)")
+    for flag, kwargs in source_options():  # the pytest plugin adds the same two
+        g.add_argument(flag, **kwargs)
 
 
 def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
