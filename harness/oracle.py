@@ -295,55 +295,78 @@ def _expected_got(reference: Sequence[int], observed: Sequence[int], i: int, off
 # --------------------------------------------------------------------------- what the streams can prove
 
 
-def _shifted(reference: Sequence[int], kind: Outcome, j: int, d: int) -> list[int] | None:
-    """The reference with ``d`` tokens lost (LOSS) or repeated (DUPLICATE) at index ``j``."""
-    ref = list(reference)
-    if kind is Outcome.LOSS:
-        return ref[:j] + ref[j + d:]
-    return ref[:j] + ref[j - d:] if j - d >= 0 else None
+def _apply(reference: Sequence[int], events: Sequence[FaultEvent], n: int) -> list[int] | None:
+    """The ``n`` tokens a stream shows when ``events`` shift it against ``reference`` (None: past either end)."""
+    evs = sorted(events, key=lambda e: e.at)
+    out: list[int] = []
+    off = k = 0
+    for i in range(n):
+        while k < len(evs) and evs[k].at == i:
+            off, k = off + evs[k].shift, k + 1
+        if not 0 <= i + off < len(reference):
+            return None
+        out.append(reference[i + off])
+    return out
+
+
+def _reading(events: Sequence[FaultEvent]) -> str:
+    return events_label(sorted(events, key=lambda e: e.at), with_index=False) if events else "OK"
+
+
+def _variants(base: tuple[FaultEvent, ...], points: Iterable[int], max_shift: int) -> list[list[FaultEvent]]:
+    """Readings near ``base``: itself, one event fewer, one more at a point, one moved, resized or turned."""
+    shapes = [(kind, d) for d in range(1, max_shift + 1) for kind in SHIFTS]
+    out = [list(base)] + [[*base[:i], *base[i + 1:]] for i in range(len(base))]
+    taken = {e.at for e in base}
+    out += [[*base, FaultEvent(kind, d, p)] for p in points if p not in taken for kind, d in shapes]
+    for i, e in enumerate(base):
+        out += [[*base[:i], FaultEvent(kind, d, at), *base[i + 1:]]
+                for at in range(max(0, e.at - max_shift), e.at + 1) for kind, d in shapes]
+    return out
+
+
+def readings(reference: Sequence[int], observed: Sequence[int], base: Sequence[FaultEvent], points: Iterable[int],
+             max_shift: int = 8) -> set[str]:
+    """Every reading near ``base`` (see :func:`_variants`) that ``observed`` fits exactly, spelled as
+    StreamVerdict.short spells it ("OK", "LOSS(1)", "LOSS(1; 1)", ...)."""
+    obs = list(observed)
+    return {_reading(evs) for evs in _variants(tuple(base), points, max_shift)
+            if _apply(reference, evs, len(obs)) == obs}
 
 
 def explanations(reference: Sequence[int], observed: Sequence[int], points: Iterable[int],
                  max_shift: int = 8) -> set[str]:
     """Every reading of ``observed`` it fits exactly: "OK", or one fault event "LOSS(d)" / "DUPLICATE(d)" at one
-    of ``points`` (spelled as StreamVerdict.short spells them)."""
-    obs, n = list(observed), len(observed)
-    fits = {"OK"} if list(reference[:n]) == obs and len(reference) >= n else set()
-    for j in points:
-        for d in range(1, max_shift + 1):
-            for kind in (Outcome.LOSS, Outcome.DUPLICATE):
-                pred = _shifted(reference, kind, j, d)
-                if pred is not None and len(pred) >= n and pred[:n] == obs:
-                    fits.add(f"{kind.value}({d})")
-    return fits
+    of ``points``."""
+    return readings(reference, observed, (), points, max_shift)
 
 
 def shift_ambiguity(reference: Sequence[int], observed: Sequence[int], verdict: StreamVerdict,
                     critical: Sequence[int], max_shift: int = 8) -> str | None:
-    """Why ``verdict`` (OK, LOSS or DUPLICATE) is not proven by the streams, or None when it is.
+    """Why ``verdict`` (OK, or shifts) is not proven by the streams, or None when it is.
 
     ``critical``: where a fault would strike (the pause indices of a frozen request, 0 for one submitted
-    during or after a pause).  An OK stream proves nothing when a lost or repeated token there would have
-    left it unchanged (the reference repeats itself from there on); a LOSS or DUPLICATE proves nothing when
-    another shift fits the stream as well (a period-2 loop: losing one token is repeating one).  A shift
-    whose index alone is uncertain (inside a run of one token) still proves its kind and size.
+    during or after a pause).  The verdict proves nothing when another reading near it fits the stream as
+    well: a lost or repeated token at a critical index that would have left the stream unchanged (the
+    reference repeats itself from there on), or another shift in place of one of its own (a period-2 loop:
+    losing one token is repeating one).  A shift whose index alone is uncertain (inside a run of one token)
+    still proves its kind and size.
     """
     if verdict.outcome not in (Outcome.OK, *SHIFTS):
         return None
+    base = verdict.events if verdict.outcome in SHIFTS else ()
+    if verdict.outcome in SHIFTS and not base:  # a verdict built by hand, without its events
+        base = (FaultEvent(verdict.outcome, verdict.k or 1, verdict.at or 0),)
     points = {c for c in critical if 0 <= c < len(observed)}
-    for at in [e.at for e in verdict.events] or ([verdict.at] if verdict.at is not None else []):
-        points |= set(range(max(0, at - max_shift), at + 1))
-    if not points:
+    if not points and not base:
         return None
-    fits = explanations(reference, observed, sorted(points), max_shift)
-    if len(verdict.events) > 1:
-        fits.add(verdict.short)  # a reading of several events fits by construction; one event is tried above
+    fits = readings(reference, observed, base, sorted(points), max_shift)
     if len(fits) < 2:
         return None
-    at = min(points)
+    at = min(points | {e.at for e in base})
     window = " ".join(str(t) for t in reference[max(0, at - 2): at + 6])
-    return (f"the stream fits {_readings(fits)} alike: the reference repeats itself from index {at} on "
-            f"({window} …), so a shift there cannot be seen")
+    return (f"the stream fits {_readings(fits)} alike: the reference repeats itself where a shift would show "
+            f"(from index {at}: {window} …), so the shift cannot be told")
 
 
 def _readings(fits: set[str]) -> str:

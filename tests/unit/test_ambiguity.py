@@ -45,7 +45,7 @@ def test_a_stream_stuck_on_one_token_cannot_show_a_loss() -> None:
         v = classify_request(_frozen("r", observed, STUCK)).verdict
         assert v.outcome is Outcome.AMBIGUOUS, v
         assert "fits OK, LOSS(1,2,3,4,5,6,7,8), DUPLICATE(1,2) alike" in v.detail
-        assert "repeats itself from index 6" in v.detail
+        assert "repeats itself where a shift would show (from index 6" in v.detail
 
 
 def test_in_a_two_token_loop_a_lost_token_is_a_repeated_one() -> None:
@@ -64,6 +64,17 @@ def test_a_repeat_that_a_shift_crosses_still_proves_the_shift() -> None:
     ref = [1, 2, 3, 4, 5, 6, 5, 5, 5, 9, *range(20, 20 + N)]
     v = classify_request(_frozen("r", _lose(ref, PAUSE), ref)).verdict
     assert v.outcome is Outcome.LOSS and v.k == 1
+
+
+def test_a_loss_at_each_of_two_pauses_is_proven_on_varied_tokens_and_not_in_a_loop() -> None:
+    twice = _lose(_lose(DISTINCT, PAUSE), 15)
+    rec = _frozen("r", twice, DISTINCT)
+    rec["pauses"].append({**rec["pauses"][0], "k": 1, "client_tokens": 15, "engine_tokens": 15})
+    assert classify_request(rec).verdict.label == "LOSS(1 at 6; 1 at 15)"
+    looped = [*DISTINCT[:12], *([7] * (N + 8))]  # stuck on one token from index 12: the second loss is invisible
+    rec = {**rec, "observed": _lose(_lose(looped, PAUSE), 15), "reference": looped}
+    v = classify_request(rec).verdict
+    assert v.outcome is Outcome.AMBIGUOUS and "OK" not in v.detail and "LOSS(1)" in v.detail
 
 
 def test_a_request_with_no_post_resume_token_is_not_questioned() -> None:
