@@ -379,3 +379,15 @@ def test_no_running_request_reset_is_unsupported_before_any_request(monkeypatch:
         with pytest.raises(ScenarioUnsupported, match=r"reset_prefix_cache\(\) takes no reset_running_requests="):
             _play(llm, scenario, {"clear_cache": False} if scenario == "manual_reset" else {}, monkeypatch)
         assert llm.calls == [] and llm.reqs == {}
+
+
+def test_reports_show_no_mode_for_a_scenario_that_does_not_pause() -> None:
+    from harness.report import markdown
+    from harness.results import Results, judged_result
+
+    rec = {**_rec(REF[:20], REF, [_op("reset", 8)]), "rid": "reset_inflight-r00"}
+    cells = tuple(judged_result(Cell("0.21.0", "mp", True, scenario=name), cell_verdict([rec]), [rec], None, 1.0)
+                  for name in ("reset-inflight", "pause"))
+    text = markdown(Results(cells, {"platform": "cpu"}))
+    assert "| `vllm0.21.0-mp-async_on-reset_inflight` | 0.21.0 | mp | on | - | - | OK |" in text
+    assert "| `vllm0.21.0-mp-async_on-keep-clear` | 0.21.0 | mp | on | keep | true | OK |" in text
