@@ -431,16 +431,20 @@ def check_reset_api(llm: Any) -> None:
 def reset_action(llm: Any) -> PauseAction:
     """A pause action: ``reset_prefix_cache(reset_running_requests=True)``, as RL frameworks call it by hand.
 
-    Returns the engine's view of every request right after (status, tokens, the discard it was marked
-    for) for the event log: the evidence of what the reset did to the frozen requests.
+    Returns the engine's view of every request right before (frames in flight: num_output_placeholders)
+    and right after (status, tokens, the discard it was marked for) for the event log: the evidence of
+    what the reset did to the frozen requests.
     """
-    async def act() -> dict[str, Any]:
-        ok = await llm.reset_prefix_cache(reset_running_requests=True)
+    async def progress() -> dict[str, Any]:
         try:
-            after = await llm.engine_core.call_utility_async("repro_request_progress")
+            return dict(await llm.engine_core.call_utility_async("repro_request_progress"))
         except Exception as exc:
-            after = {"unavailable": repr(exc)}
-        return {"explicit_reset": True, "reset_ok": ok, "after_reset": after}
+            return {"unavailable": repr(exc)}
+
+    async def act() -> dict[str, Any]:
+        before = await progress()
+        ok = await llm.reset_prefix_cache(reset_running_requests=True)
+        return {"explicit_reset": True, "reset_ok": ok, "before_reset": before, "after_reset": await progress()}
 
     return act
 

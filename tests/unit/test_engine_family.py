@@ -349,6 +349,7 @@ def test_manual_reset_on_a_fake_engine(bug: str | None, label: str, monkeypatch:
                 assert rv.verdict.label == f"LOSS(1 at {fpr['index']})"
     (action,) = [e for e in out["events"] if e["event"] == "pause_action"]
     assert action["explicit_reset"] is True and action["reset_ok"] is True
+    assert {v["status"] for v in action["before_reset"].values()} == {"RUNNING"}
     assert {v["status"] for v in action["after_reset"].values()} == {"PREEMPTED"}
 
 
