@@ -321,10 +321,14 @@ def classify_request(record: dict[str, Any]) -> RequestVerdict:
     rid = record["rid"]
     ref, obs = record["reference"], record["observed"]
     pauses = record.get("pauses") or []
-    running = bool(pauses)
-    aborted = any(p.get("mode") == "abort" for p in pauses)
+    # In-flight operations (a reset or an abort with no pause) count as the pause does: the request ran
+    # through one; aborted by one, it may end early.
+    interrupts = record.get("interrupts") or []
+    running = bool(pauses or interrupts)
+    aborted = any(p.get("mode") == "abort" for p in pauses) or any(
+        i.get("op") == "abort" and i.get("target") for i in interrupts)
     frozen = [p for p in pauses if p.get("frozen")]
-    pause_index = pauses[0]["client_tokens"] if pauses else None
+    pause_index = (pauses or interrupts)[0]["client_tokens"] if running else None
     fpr: dict[str, int | None] | None = None
     if frozen:
         idx = frozen[0]["client_tokens"]

@@ -32,7 +32,7 @@ from typing import Any
 
 from harness import sched_tier
 from harness.core.records import Attempt
-from harness.core.scenarios import PROFILES
+from harness.core.scenarios import PROFILES, pauses
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
@@ -141,18 +141,32 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 
 
+# Catalogue scenarios played by the engine's weight-sync runner (manual-reset-reload: with the client's own reset).
+_WEIGHT_SYNC = {"weight-sync": False, "manual-reset-reload": True}
+
+
 def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
     """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
-    params: dict[str, Any] = {**cfg.scenario_params, "clear_cache": cell.clear_cache}
-    if cell.scenario == "pause":
-        name = cell.mode
-    else:
-        name = cell.scenario.replace("-", "_")
-        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
-        if cfg.weight_sync_fresh_check:
-            params["fresh_engine_check"] = True
+    name, params = _engine_scenario(cell, cfg)
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
     return ScenarioSpec(repeat_id(cell.scenario_id, rep), name, params, scenario_seed(cell.scenario_id))
+
+
+def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache)."""
+    params: dict[str, Any] = dict(cfg.scenario_params)
+    if pauses(cell.scenario):
+        params["clear_cache"] = cell.clear_cache
+    if cell.scenario == "pause":
+        return cell.mode, params
+    if cell.scenario in _WEIGHT_SYNC:
+        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
+        if _WEIGHT_SYNC[cell.scenario]:
+            params["explicit_reset"] = True
+        if cfg.weight_sync_fresh_check:
+            params["fresh_engine_check"] = True
+        return "weight_sync", params
+    return cell.scenario.replace("-", "_"), params
 
 
 def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:

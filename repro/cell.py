@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from repro import crash
-from repro.models import expected_continuation
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import (
     EngineContext,
     Plan,
     ScenarioTimeout,
     ScenarioUnsupported,
-    run_plan,
-    run_reference,
+    run_with_reference,
 )
 
 Emit = Callable[..., None]  # emit(kind, **fields): one event, checked against repro.wire
@@ -135,16 +132,7 @@ async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout
     if sc["scenario"] in RUNNERS:
         # Scenarios that change the engine (weight sync) drive it themselves.
         return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)
-    t0 = time.monotonic()
-    refs = await run_reference(llm, plan, timeout, sc["id"])
-    records, events = await run_plan(llm, plan, timeout)
-    for rec in records:
-        rec["reference"] = refs[rec["rid"]]
-        analytic = expected_continuation(perm, rec["prompt"][-1], len(rec["reference"]))
-        # The engine's own no-pause run must follow the model's cycle; if it
-        # does not, the model (not the scheduler) is at fault.
-        rec["reference_matches_model"] = rec["reference"] == analytic
-    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
+    return await run_with_reference(llm, plan, perm, sc["id"], timeout)
 
 
 def refused_setting(requested: dict[str, Any], exc: BaseException) -> str | None:

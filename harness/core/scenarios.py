@@ -80,6 +80,16 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),
              refs=("vllm#42043",)),
+    # vLLM's own tests/v1/core/test_reset_prefix_cache_e2e.py shape, on AsyncLLM: no pause, the engine busy.
+    Scenario("reset-inflight", "reset_prefix_cache(reset_running_requests=True) twice while requests generate, "
+             "no pause", refs=("vllm#42043", "PR #42117")),
+    # What RL frameworks write by hand instead of clear_cache=True.
+    Scenario("manual-reset", "keep pause without clear_cache, explicit reset_prefix_cache(reset_running_requests="
+             "True), resume", modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
+    Scenario("manual-reset-reload", "keep pause without clear_cache, swap the weights, explicit reset, resume",
+             modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
+    Scenario("abort-some", "abort every other running request mid-stream, the rest continue, new ones start",
+             refs=()),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
