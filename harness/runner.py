@@ -22,12 +22,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness import sched_tier
 from harness.core.scenarios import PROFILES
+from harness.core.scenarios import scenario as scenario_of
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
@@ -93,10 +94,13 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
-    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU); they go on top of the
-    engine arguments of the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need).
+    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU).  The engine arguments of
+    the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need) win over them: a profile
+    states what its scenarios test, a backend only what it can afford.  (The tiny-kv profile's
+    ``num_gpu_blocks_override`` and a shared GPU's ``kv_cache_memory_bytes`` are different keys and compose:
+    vLLM sizes the cache from the bytes, then caps the block count at the override.)
     """
-    engine_args = {**PROFILES[engine.profile].args, **(extra or {})}
+    engine_args = {**(extra or {}), **PROFILES[engine.profile].args}
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
@@ -135,13 +139,24 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
 
 
 def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
-    """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
-    params: dict[str, Any] = {**cfg.scenario_params, "clear_cache": cell.clear_cache}
+    """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``).
+
+    The run's common parameters (``num_requests``, ``max_tokens``, ``pause_after``) reach every scenario; a
+    scenario that never pauses gets no ``pause_after``, ``mode`` or ``clear_cache`` (it has none).
+    """
+    params: dict[str, Any] = {**cfg.scenario_params}
+    shape = scenario_of(cell.scenario)
     if cell.scenario == "pause":
         name = cell.mode
+        params["clear_cache"] = cell.clear_cache
+    elif shape is not None and not shape.pauses:
+        name = cell.scenario.replace("-", "_")
+        params.pop("pause_after", None)
     else:
         name = cell.scenario.replace("-", "_")
-        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
+        params.update(mode=cell.mode, clear_cache=cell.clear_cache)
+    if cell.scenario == "weight-sync":
+        params["weight_transfer"] = weight_transfer(cell, cfg)
         if cfg.weight_sync_fresh_check:
             params["fresh_engine_check"] = True
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
@@ -475,9 +490,27 @@ def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None)
     status = ev.get("status")
     if status == "ran":
         verdict = cell_verdict(ev["records"])
-        return judged_result(cell, verdict, ev["records"], info, ev.get("duration_s"))
+        return with_precondition(judged_result(cell, verdict, ev["records"], info, ev.get("duration_s")),
+                                 ev.get("precondition"))
     if status == "unsupported":
         return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), info)
     if status == "timeout":
         return infra_result(cell, Outcome.TIMEOUT, ev.get("reason", "timeout"), info)
     return infra_result(cell, Outcome.ERROR, ev.get("reason", f"scenario status {status!r}"), info)
+
+
+def with_precondition(res: CellResult, pre: Any) -> CellResult:
+    """A judged result and its scenario's precondition (engine-profile scenarios: did the event happen?).
+
+    Met: the summary says what happened ("OK 8/8; 12 preemption(s) in 6/8 requests").  Not met: a cell whose
+    streams are all right tested nothing and is UNSUPPORTED with the reason (its records kept); a wrong stream
+    stays the finding it is, the unmet precondition added to its summary.
+    """
+    if not isinstance(pre, dict):
+        return res
+    what = str(pre.get("what") or "")
+    if pre.get("met"):
+        return replace(res, summary=f"{res.summary}; {what}" if what else res.summary)
+    if res.outcome is Outcome.OK:
+        return replace(res, outcome=Outcome.UNSUPPORTED, summary=what, reason=what, label=Outcome.UNSUPPORTED.value)
+    return replace(res, summary=f"{res.summary} ({what})")

@@ -145,15 +145,30 @@ async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
 
 
+# Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words
+# its refusal uses: CPU's ``ValueError: Sleep mode is not supported on current platform.``; a speculative method
+# this version lacks, or async scheduling refused with it ("only supported with EAGLE/MTP/Draft Model/NGram GPU
+# kind of speculative decoding").
+PROFILE_REFUSALS: dict[str, tuple[str, ...]] = {
+    "enable_sleep_mode": ("sleep mode",),
+    "speculative_config": ("specul", "ngram", "draft"),
+}
+
+
 def refused_setting(requested: dict[str, Any], exc: BaseException) -> str | None:
     """The reason when vLLM's start-up refused an optional engine setting we asked for, else None.
 
     e.g. 0.22 without Triton: ``ValueError: VLLM_USE_V2_MODEL_RUNNER requires Triton.``, 0.21's
-    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, or an attention backend refused with
-    ``batch invariance not supported``.  Any other start-up failure stays an error.
+    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, an attention backend refused with
+    ``batch invariance not supported``, or a profile's engine argument (:data:`PROFILE_REFUSALS`).  Any other
+    start-up failure stays an error.
     """
     text = f"{type(exc).__name__}: {exc}"
     first = (text.splitlines() or [text])[0][:300]
+    args = requested.get("engine_args") or {}
+    for arg, words in PROFILE_REFUSALS.items():
+        if arg in args and any(w in text.lower() for w in words):
+            return f"vLLM refused {arg}={args[arg]!r}: {first}"
     if requested.get("model_runner") == "v2" and "V2_MODEL_RUNNER" in text:
         return f"vLLM refused model runner v2: {first}"
     if requested.get("batch_invariant") and ("batch invariance" in text.lower() or "BATCH_INVARIANT" in text):
