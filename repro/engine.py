@@ -21,6 +21,7 @@ library, numpy, and vLLM.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -116,7 +117,9 @@ def _engine_args(spec: Spec, model_dir: Path, weight_transfer: Any = None) -> An
     if weight_transfer is not None:
         # vLLM versions with WeightTransferConfig take it as an engine argument.
         kwargs["weight_transfer_config"] = weight_transfer
-    kwargs.update(eng.extra)
+    # A copy: vLLM writes into nested arguments (SpeculativeConfig adds its target ModelConfig to the
+    # speculative_config dict), and the spec's own values must stay what the engine reports it asked for.
+    kwargs.update(copy.deepcopy(eng.extra))
     return AsyncEngineArgs(**kwargs)
 
 
@@ -127,7 +130,7 @@ def _requested(spec: Spec) -> dict[str, Any]:
     if eng.extra:
         # Further engine arguments the engine was started with (a fixed KV cache when engines share a GPU):
         # every report says what really ran.
-        out["engine_args"] = dict(eng.extra)
+        out["engine_args"] = copy.deepcopy(eng.extra)
     return out
 
 
