@@ -484,3 +484,27 @@ def test_a_workers_startup_failure_in_the_log_is_the_root_cause_of_a_refusal(tmp
     assert refused_setting({}, front, causes) is None
     assert refused_setting({"engine_args": {"enable_sleep_mode": True}}, front, causes) is None
     assert root_causes(tmp_path / "missing.log") == []
+
+
+def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """vLLM's SpeculativeConfig writes its target ModelConfig into the dict it was given: the spec must not see it."""
+    import sys
+    import types
+
+    from repro import engine
+    from repro.wire import EngineSpec, Spec
+
+    class AsyncEngineArgs:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+            kw["speculative_config"]["target_model_config"] = object()
+
+    mod = types.ModuleType("vllm.engine.arg_utils")
+    mod.AsyncEngineArgs = AsyncEngineArgs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", mod)
+    extra = {"speculative_config": {"method": "ngram_gpu"}}
+    spec = Spec("e", EngineSpec("mp", True, extra=extra), {}, str(tmp_path), 60.0, ())
+    args = engine._engine_args(spec, tmp_path)
+    assert "target_model_config" in args.kw["speculative_config"]
+    assert engine._requested(spec)["engine_args"] == {"speculative_config": {"method": "ngram_gpu"}}
+    assert spec.engine.extra == extra and "target_model_config" not in extra["speculative_config"]
