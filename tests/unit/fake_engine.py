@@ -121,8 +121,8 @@ class FakeLLM:
     async def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> Any:
         self.calls.append(method)
         if method == "repro_worker_probe":
-            return [{"worker_class": "tests.unit.fake_engine.Worker",
-                     "model_runner_class": "tests.unit.fake_engine.Worker"}]
+            return [{"worker_class": "fake_engine.Worker",
+                     "model_runner_class": "fake_engine.Worker"}]
         return [None]
 
     # ------------------------------------------------------------------ engine-core utilities

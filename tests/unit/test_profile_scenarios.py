@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import SP, FakeLLM
 
 import repro.scenarios.base as base
 from harness.core.scenarios import BY_SCENARIO, PROFILES
@@ -27,7 +28,6 @@ from repro.models import BigramCycleSpec, build_checkpoint, cycle_permutation, e
 from repro.scenarios import RUNNERS, SCENARIOS, chunked, preempt, sleep, spec_ngram
 from repro.scenarios._profile import per_request
 from repro.scenarios.base import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
-from tests.unit.fake_engine import SP, FakeLLM
 
 pytestmark = pytest.mark.unit
 
