@@ -32,7 +32,8 @@ from typing import Any
 
 from harness import sched_tier
 from harness.core.records import Attempt
-from harness.core.scenarios import PROFILES, pauses
+from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
+from harness.core.scenarios import scenario as scenario_of
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
@@ -100,10 +101,13 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
-    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU); they go on top of the
-    engine arguments of the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need).
+    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU).  The engine arguments of
+    the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need) win over them: a profile
+    states what its scenarios test, a backend only what it can afford.  (The tiny-kv profile's
+    ``num_gpu_blocks_override`` and a shared GPU's ``kv_cache_memory_bytes`` are different keys and compose:
+    vLLM sizes the cache from the bytes, then caps the block count at the override.)
     """
-    engine_args = {**PROFILES[engine.profile].args, **(extra or {})}
+    engine_args = {**(extra or {}), **PROFILES[engine.profile].args}
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
@@ -155,8 +159,12 @@ def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
 def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache)."""
     params: dict[str, Any] = dict(cfg.scenario_params)
+    shape = scenario_of(cell.scenario)
     if pauses(cell.scenario):
         params["clear_cache"] = cell.clear_cache
+    if shape is not None and not shape.takes_trigger:
+        # Its own events (preemption, chunks, drafts) are the fault points: no trigger count.
+        params.pop("pause_after", None)
     if cell.scenario == "pause":
         return cell.mode, params
     if cell.scenario in _WEIGHT_SYNC:
@@ -166,6 +174,8 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
         if cfg.weight_sync_fresh_check:
             params["fresh_engine_check"] = True
         return "weight_sync", params
+    if shape is not None and shape.pauses and shape.profile != DEFAULT_PROFILE:
+        params["mode"] = cell.mode  # the profile scenarios that pause (sleep, spec-ngram-pause) take their mode
     return cell.scenario.replace("-", "_"), params
 
 
@@ -566,7 +576,8 @@ def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None)
     status = ev.get("status")
     if status == "ran":
         verdict = cell_verdict(ev["records"])
-        return judged_result(cell, verdict, ev["records"], info, ev.get("duration_s"))
+        return with_precondition(judged_result(cell, verdict, ev["records"], info, ev.get("duration_s")),
+                                 ev.get("precondition"))
     if status == "unsupported":
         return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), info)
     if status == "timeout":
@@ -581,3 +592,20 @@ def crash_reason(ev: dict[str, Any]) -> str:
     """A crash event's reason, with the vLLM source line it names when the reason does not quote it already."""
     reason, source = str(ev.get("reason") or "vLLM raised"), str(ev.get("vllm_source") or "")
     return reason if not source or source in reason else f"{reason} ({source})"
+
+
+def with_precondition(res: CellResult, pre: Any) -> CellResult:
+    """A judged result and its scenario's precondition (engine-profile scenarios: did the event happen?).
+
+    Met: the summary says what happened ("OK 8/8; 12 preemption(s) in 6/8 requests").  Not met: a cell whose
+    streams are all right tested nothing and is UNSUPPORTED with the reason (its records kept); a wrong stream
+    stays the finding it is, the unmet precondition added to its summary.
+    """
+    if not isinstance(pre, dict):
+        return res
+    what = str(pre.get("what") or "")
+    if pre.get("met"):
+        return replace(res, summary=f"{res.summary}; {what}" if what else res.summary)
+    if res.outcome is Outcome.OK:
+        return replace(res, outcome=Outcome.UNSUPPORTED, summary=what, reason=what, label=Outcome.UNSUPPORTED.value)
+    return replace(res, summary=f"{res.summary} ({what})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from repro import crash
@@ -135,15 +135,53 @@ async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout
     return await run_with_reference(llm, plan, perm, sc["id"], timeout)
 
 
-def refused_setting(requested: dict[str, Any], exc: BaseException) -> str | None:
+# Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words
+# its refusal uses: CPU's ``ValueError: Sleep mode is not supported on current platform.``; a speculative method
+# this version lacks, or async scheduling refused with it ("only supported with EAGLE/MTP/Draft Model/NGram GPU
+# kind of speculative decoding").
+PROFILE_REFUSALS: dict[str, tuple[str, ...]] = {
+    "enable_sleep_mode": ("sleep mode",),
+    "speculative_config": ("specul", "ngram", "draft"),
+}
+
+
+def vllm_message(exc: BaseException) -> str:
+    """vLLM's own words in ``exc``: a pydantic ValidationError (vLLM's config classes, 0.2x) wraps them as
+    ``1 validation error for ModelConfig / Value error, <message> [type=...]``; its ``errors()`` hold them."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            msgs = [str(e.get("msg", "")) for e in errors()]
+        except Exception:
+            msgs = []
+        if any(msgs):
+            return "; ".join(m for m in msgs if m)[:300]
+    text = str(exc)
+    return (text.splitlines() or [text])[0][:300]
+
+
+def refused_setting(requested: dict[str, Any], exc: BaseException,
+                    causes: Sequence[Sequence[str]] = ()) -> str | None:
     """The reason when vLLM's start-up refused an optional engine setting we asked for, else None.
 
     e.g. 0.22 without Triton: ``ValueError: VLLM_USE_V2_MODEL_RUNNER requires Triton.``, 0.21's
-    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, or an attention backend refused with
-    ``batch invariance not supported``.  Any other start-up failure stays an error.
+    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, an attention backend refused with
+    ``batch invariance not supported``, or a profile's engine argument (:data:`PROFILE_REFUSALS`), refused
+    in ``exc`` itself or in a vLLM process's traceback that ``causes`` holds (``repro.rootcause``: a worker
+    that raised while starting, its root cause only in the log).  Any other start-up failure stays an error.
     """
     text = f"{type(exc).__name__}: {exc}"
     first = (text.splitlines() or [text])[0][:300]
+    args = requested.get("engine_args") or {}
+    for arg, words in PROFILE_REFUSALS.items():
+        if arg not in args:
+            continue
+        if any(w in text.lower() for w in words):
+            return f"vLLM refused {arg}={args[arg]!r}: {type(exc).__name__}: {vllm_message(exc)}"
+        for tb in reversed(causes):
+            frames = [ln.strip() for ln in tb[:-1] if any(w in ln.lower() for w in words)]
+            if frames and tb:
+                return f"vLLM could not start with {arg}={args[arg]!r}: {tb[-1][:300]} (raised at `{frames[-1]}`)"
     if requested.get("model_runner") == "v2" and "V2_MODEL_RUNNER" in text:
         return f"vLLM refused model runner v2: {first}"
     if requested.get("batch_invariant") and ("batch invariance" in text.lower() or "BATCH_INVARIANT" in text):

@@ -21,6 +21,7 @@ library, numpy, and vLLM.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ from typing import Any
 from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
+from repro.rootcause import root_causes
 from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
@@ -117,7 +119,9 @@ def _engine_args(spec: Spec, model_dir: Path, weight_transfer: Any = None) -> An
     if weight_transfer is not None:
         # vLLM versions with WeightTransferConfig take it as an engine argument.
         kwargs["weight_transfer_config"] = weight_transfer
-    kwargs.update(eng.extra)
+    # A copy: vLLM writes into nested arguments (SpeculativeConfig adds its target ModelConfig to the
+    # speculative_config dict), and the spec's own values must stay what the engine reports it asked for.
+    kwargs.update(copy.deepcopy(eng.extra))
     return AsyncEngineArgs(**kwargs)
 
 
@@ -128,7 +132,7 @@ def _requested(spec: Spec) -> dict[str, Any]:
     if eng.extra:
         # Further engine arguments the engine was started with (a fixed KV cache when engines share a GPU):
         # every report says what really ran.
-        out["engine_args"] = dict(eng.extra)
+        out["engine_args"] = copy.deepcopy(eng.extra)
     return out
 
 
@@ -174,7 +178,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
     try:
         llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
     except Exception as exc:
-        refused = refused_setting(_requested(spec), exc)
+        refused = refused_setting(_requested(spec), exc, root_causes())
         if refused is None:
             raise
         _refuse_all(spec, emit, info, refused)

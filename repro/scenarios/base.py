@@ -57,6 +57,10 @@ class PauseSpec:
     clear_cache: bool
     after_tokens: int  # pause once every running request has this many tokens
     action: PauseAction | None = field(default=None, compare=False)
+    # What pauses and resumes the engine, when not pause_generation(mode, clear_cache) / resume_generation()
+    # (the sleep scenario: sleep(level, mode) / wake_up()); each returns facts for the event log.
+    enter: PauseAction | None = field(default=None, compare=False)
+    leave: PauseAction | None = field(default=None, compare=False)
 
 
 INFLIGHT_OPS = ("reset", "abort")
@@ -90,7 +94,8 @@ class RequestSpec:
     prompt: list[int]
     max_tokens: int
     # "start", or ("during", k) / ("after", k): submitted while pause k is in
-    # effect, or right after resume k; ("after_op", k): right after in-flight operation k.
+    # effect, or right after resume k; ("after_op", k): right after in-flight operation k;
+    # ("tokens", n): once every request submitted at start has n tokens (or ended), before any pause.
     submit: tuple[str, int] | str = "start"
 
 
@@ -239,9 +244,13 @@ class _Driver:
         self.events.append({"t": self._now(), "event": "pause", "k": k, "mode": p.mode,
                             "clear_cache": p.clear_cache, "client_tokens": before})
         try:
-            await asyncio.wait_for(
-                self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
-            )
+            if p.enter is not None:
+                info = await asyncio.wait_for(p.enter(), self.timeout)
+                self.events.append({"t": self._now(), "event": "pause_enter", "k": k, **info})
+            else:
+                await asyncio.wait_for(
+                    self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
+                )
         except TimeoutError as exc:
             # Say what the engine still holds: the evidence for a hang report.
             try:
@@ -298,7 +307,11 @@ class _Driver:
             await self._act(k, p.action)
         self._submit(self._phase("during", k))
         self.events.append({"t": self._now(), "event": "resume", "k": k})
-        await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+        if p.leave is not None:
+            info = await asyncio.wait_for(p.leave(), self.timeout)
+            self.events.append({"t": self._now(), "event": "pause_leave", "k": k, **info})
+        else:
+            await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
         self._submit(self._phase("after", k))
 
     async def _inflight(self, k: int, op: InflightSpec) -> None:
@@ -343,6 +356,15 @@ class _Driver:
             return {"reset_ok": ok}
         await self.llm.abort(list(op.targets))
         return {"aborted": list(op.targets)}
+    async def _waves(self) -> None:
+        """Submit the ("tokens", n) requests, smallest n first, each once every start request has n tokens."""
+        first = [s for s in self.streams.values() if s.spec.submit == "start"]
+        for n in sorted({int(r.submit[1]) for r in self.plan.requests if _kind(r.submit) == "tokens"}):
+            await self._wait_until(f"{n} tokens in every request submitted at start",
+                                   lambda n=n: all(s.done or len(s.tokens) >= n for s in first))
+            rids = [r.rid for r in self.plan.requests if _kind(r.submit) == "tokens" and int(r.submit[1]) == n]
+            self.events.append({"t": self._now(), "event": "submit_wave", "after_tokens": n, "requests": rids})
+            self._submit(rids)
 
     async def _act(self, k: int, action: PauseAction) -> None:
         t0 = self._now()
@@ -361,6 +383,7 @@ class _Driver:
     async def run(self) -> list[dict[str, Any]]:
         try:
             self._submit([r.rid for r in self.plan.requests if r.submit == "start"])
+            await self._waves()
             for k, op in enumerate(self.plan.inflight):
                 await self._inflight(k, op)
             for k, p in enumerate(self.plan.pauses):
@@ -391,6 +414,10 @@ class _Driver:
             # every request listed ran through the operation (the known-bug table's "running at pause").
             rec["interrupts"] = s.interrupts
         return rec
+
+
+def _kind(submit: tuple[str, int] | str | list[Any]) -> str:
+    return submit if isinstance(submit, str) else str(submit[0])
 
 
 def _vllm_api() -> tuple[Any, Any]:
