@@ -25,6 +25,7 @@ from rich.text import Text
 
 from harness.core.axes import SORT_ORDER
 from harness.core.records import RequestRecord, RequestVerdictRecord
+from harness.core.scenarios import pauses
 from harness.core.versions import version_key
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
@@ -273,7 +274,9 @@ def _cell_row(cr: CellResult) -> list[Any]:
     c = cr.cell
     eff_async, eff_exec = _effective(cr)
     axes = "".join(f" {s}" for s in c.variant)
-    return [f"`{cr.id}`", c.version, c.executor + axes, _on_off(c.async_on), c.mode, str(c.clear_cache).lower(),
+    # A scenario that never pauses carries the default mode and clear_cache without playing them.
+    mode, clear = (c.mode, str(c.clear_cache).lower()) if pauses(c.scenario) else ("-", "-")
+    return [f"`{cr.id}`", c.version, c.executor + axes, _on_off(c.async_on), mode, clear,
             f"**{cr.outcome.value}**" if cr.outcome is not Outcome.OK else cr.outcome.value, _detail(cr),
             _expectation(cr, markdown=True), eff_async, eff_exec]
 

@@ -32,7 +32,8 @@ from typing import Any
 
 from harness import sched_tier
 from harness.core.records import Attempt
-from harness.core.scenarios import PROFILES
+from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
+from harness.core.scenarios import scenario as scenario_of
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
@@ -112,15 +113,13 @@ def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
                       scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one merge point of the engine arguments an engine gets on top of ``repro.engine``'s defaults.
 
-    Later wins: the engine profile's (``profile``: what the cell's scenario needs, harness.core.scenarios),
-    the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), then the user's
-    (``cfg.engine_args``: preset, files, ``--engine-arg``), except where the profile sets the same argument:
-    a scenario needs its arguments to mean what its id says, so there the profile's value stays (the engine
-    reports every argument it got).  Arguments a cell's axes decide never get here (harness.engine_args
-    refuses them).
+    Later wins: the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), the user's
+    (``cfg.engine_args``: preset, files, ``--engine-arg``), then the engine profile's (``profile``: what the
+    cell's scenario needs, harness.core.scenarios): a profile states what its scenarios test, so its value
+    stays even where the user set the same argument (the engine reports every argument it got).  Arguments a
+    cell's axes decide never get here (harness.engine_args refuses them).
     """
-    profile = profile or {}
-    return {**profile, **(scheduling or {}), **{k: v for k, v in cfg.engine_args.items() if k not in profile}}
+    return {**(scheduling or {}), **cfg.engine_args, **(profile or {})}
 
 
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
@@ -128,8 +127,10 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
     ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
-    with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
-    :func:`merge_engine_args`.
+    with the user's and the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) by
+    :func:`merge_engine_args`.  (The tiny-kv profile's ``num_gpu_blocks_override`` and a shared GPU's
+    ``kv_cache_memory_bytes`` are different keys and compose: vLLM sizes the cache from the bytes, then caps
+    the block count at the override.)
     """
     engine_args = merge_engine_args(cfg, dict(PROFILES[engine.profile].args), extra)
     return Spec(
@@ -170,18 +171,38 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 
 
+# Catalogue scenarios played by the engine's weight-sync runner (manual-reset-reload: with the client's own reset).
+_WEIGHT_SYNC = {"weight-sync": False, "manual-reset-reload": True}
+
+
 def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
     """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
-    params: dict[str, Any] = {**cfg.scenario_params, "clear_cache": cell.clear_cache}
-    if cell.scenario == "pause":
-        name = cell.mode
-    else:
-        name = cell.scenario.replace("-", "_")
-        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
-        if cfg.weight_sync_fresh_check:
-            params["fresh_engine_check"] = True
+    name, params = _engine_scenario(cell, cfg)
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
     return ScenarioSpec(repeat_id(cell.scenario_id, rep), name, params, scenario_seed(cell.scenario_id))
+
+
+def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache)."""
+    params: dict[str, Any] = dict(cfg.scenario_params)
+    shape = scenario_of(cell.scenario)
+    if pauses(cell.scenario):
+        params["clear_cache"] = cell.clear_cache
+    if shape is not None and not shape.takes_trigger:
+        # Its own events (preemption, chunks, drafts) are the fault points: no trigger count.
+        params.pop("pause_after", None)
+    if cell.scenario == "pause":
+        return cell.mode, params
+    if cell.scenario in _WEIGHT_SYNC:
+        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
+        if _WEIGHT_SYNC[cell.scenario]:
+            params["explicit_reset"] = True
+        if cfg.weight_sync_fresh_check:
+            params["fresh_engine_check"] = True
+        return "weight_sync", params
+    if shape is not None and shape.pauses and shape.profile != DEFAULT_PROFILE:
+        params["mode"] = cell.mode  # the profile scenarios that pause (sleep, spec-ngram-pause) take their mode
+    return cell.scenario.replace("-", "_"), params
 
 
 def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
@@ -590,7 +611,8 @@ def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None)
     status = ev.get("status")
     if status == "ran":
         verdict = cell_verdict(ev["records"])
-        return judged_result(cell, verdict, ev["records"], info, ev.get("duration_s"))
+        return with_precondition(judged_result(cell, verdict, ev["records"], info, ev.get("duration_s")),
+                                 ev.get("precondition"))
     if status == "unsupported":
         return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), info)
     if status == "timeout":
@@ -605,3 +627,20 @@ def crash_reason(ev: dict[str, Any]) -> str:
     """A crash event's reason, with the vLLM source line it names when the reason does not quote it already."""
     reason, source = str(ev.get("reason") or "vLLM raised"), str(ev.get("vllm_source") or "")
     return reason if not source or source in reason else f"{reason} ({source})"
+
+
+def with_precondition(res: CellResult, pre: Any) -> CellResult:
+    """A judged result and its scenario's precondition (engine-profile scenarios: did the event happen?).
+
+    Met: the summary says what happened ("OK 8/8; 12 preemption(s) in 6/8 requests").  Not met: a cell whose
+    streams are all right tested nothing and is UNSUPPORTED with the reason (its records kept); a wrong stream
+    stays the finding it is, the unmet precondition added to its summary.
+    """
+    if not isinstance(pre, dict):
+        return res
+    what = str(pre.get("what") or "")
+    if pre.get("met"):
+        return replace(res, summary=f"{res.summary}; {what}" if what else res.summary)
+    if res.outcome is Outcome.OK:
+        return replace(res, outcome=Outcome.UNSUPPORTED, summary=what, reason=what, label=Outcome.UNSUPPORTED.value)
+    return replace(res, summary=f"{res.summary} ({what})")

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from repro import crash
-from repro.models import expected_continuation
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import (
     EngineContext,
     Plan,
     ScenarioTimeout,
     ScenarioUnsupported,
-    run_plan,
-    run_reference,
+    run_with_reference,
 )
 
 Emit = Callable[..., None]  # emit(kind, **fields): one event, checked against repro.wire
@@ -129,39 +126,70 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
     return SCENARIOS[name](sc["id"], sc.get("params", {}), vocab, int(sc.get("seed", 0)))
 
 
+# Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
+# weight-sync runner says why itself, in its own words.
+BIGRAM_RUNNERS = frozenset(set(RUNNERS) - {"weight_sync"})
+
+
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
     plan = _build_plan(sc, ctx.vocab)  # validates the parameters of every scenario
+    if ctx.perm is None and sc["scenario"] in BIGRAM_RUNNERS:
+        raise ScenarioUnsupported(
+            f"the {sc['scenario']} scenario builds its requests or its reference from the bigram-cycle model's "
+            f"cycle; with the {ctx.model_kind} model it cannot (run it with --model bigram-cycle, the default)")
     if sc["scenario"] in RUNNERS:
         # Scenarios that change the engine (weight sync) drive it themselves.
         return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)
-    t0 = time.monotonic()
-    refs = await run_reference(llm, plan, timeout, sc["id"])
-    # A model whose stream is not known in advance is judged against the engine's own no-pause run, which
-    # must not depend on how requests are batched: a second reference, batched as the paused run is (the
-    # later requests joining once the first ones reach the pause), shows when it does (harness.oracle).
-    repeat = None if ctx.perm is not None else await run_reference(llm, plan, timeout, sc["id"], staggered=True)
-    records, events = await run_plan(llm, plan, timeout)
-    for rec in records:
-        rec["reference"] = refs[rec["rid"]]
-        if repeat is not None:
-            rec["reference_repeat"] = repeat[rec["rid"]]
-        if ctx.perm is not None:
-            analytic = expected_continuation(ctx.perm, rec["prompt"][-1], len(rec["reference"]))
-            # The engine's own no-pause run must follow the model's cycle; if it
-            # does not, the model (not the scheduler) is at fault.
-            rec["reference_matches_model"] = rec["reference"] == analytic
-    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
+    return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout)
 
 
-def refused_setting(requested: dict[str, Any], exc: BaseException) -> str | None:
+# Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words
+# its refusal uses: CPU's ``ValueError: Sleep mode is not supported on current platform.``; a speculative method
+# this version lacks, or async scheduling refused with it ("only supported with EAGLE/MTP/Draft Model/NGram GPU
+# kind of speculative decoding").
+PROFILE_REFUSALS: dict[str, tuple[str, ...]] = {
+    "enable_sleep_mode": ("sleep mode",),
+    "speculative_config": ("specul", "ngram", "draft"),
+}
+
+
+def vllm_message(exc: BaseException) -> str:
+    """vLLM's own words in ``exc``: a pydantic ValidationError (vLLM's config classes, 0.2x) wraps them as
+    ``1 validation error for ModelConfig / Value error, <message> [type=...]``; its ``errors()`` hold them."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            msgs = [str(e.get("msg", "")) for e in errors()]
+        except Exception:
+            msgs = []
+        if any(msgs):
+            return "; ".join(m for m in msgs if m)[:300]
+    text = str(exc)
+    return (text.splitlines() or [text])[0][:300]
+
+
+def refused_setting(requested: dict[str, Any], exc: BaseException,
+                    causes: Sequence[Sequence[str]] = ()) -> str | None:
     """The reason when vLLM's start-up refused an optional engine setting we asked for, else None.
 
     e.g. 0.22 without Triton: ``ValueError: VLLM_USE_V2_MODEL_RUNNER requires Triton.``, 0.21's
-    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, or an attention backend refused with
-    ``batch invariance not supported``.  Any other start-up failure stays an error.
+    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, an attention backend refused with
+    ``batch invariance not supported``, or a profile's engine argument (:data:`PROFILE_REFUSALS`), refused
+    in ``exc`` itself or in a vLLM process's traceback that ``causes`` holds (``repro.rootcause``: a worker
+    that raised while starting, its root cause only in the log).  Any other start-up failure stays an error.
     """
     text = f"{type(exc).__name__}: {exc}"
     first = (text.splitlines() or [text])[0][:300]
+    args = requested.get("engine_args") or {}
+    for arg, words in PROFILE_REFUSALS.items():
+        if arg not in args:
+            continue
+        if any(w in text.lower() for w in words):
+            return f"vLLM refused {arg}={args[arg]!r}: {type(exc).__name__}: {vllm_message(exc)}"
+        for tb in reversed(causes):
+            frames = [ln.strip() for ln in tb[:-1] if any(w in ln.lower() for w in words)]
+            if frames and tb:
+                return f"vLLM could not start with {arg}={args[arg]!r}: {tb[-1][:300]} (raised at `{frames[-1]}`)"
     if requested.get("model_runner") == "v2" and "V2_MODEL_RUNNER" in text:
         return f"vLLM refused model runner v2: {first}"
     if requested.get("batch_invariant") and ("batch invariance" in text.lower() or "BATCH_INVARIANT" in text):

@@ -21,6 +21,7 @@ library, numpy, and vLLM.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import platform
@@ -34,7 +35,9 @@ from typing import Any
 from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
 from repro.model_kinds import LoadedModel, load_model
-from repro.scenarios.base import EngineContext, ScenarioUnsupported, check_pause_api
+from repro.rootcause import root_causes
+from repro.scenarios import pauses
+from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 
@@ -106,7 +109,7 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
     kwargs: dict[str, Any] = {
         "model": model.source,
         "skip_tokenizer_init": True,
-        "max_model_len": 256,
+        "max_model_len": MAX_MODEL_LEN,
         "max_num_seqs": 32,
         # Small batches keep the CPU warm-up short (it runs dummy batches up to this size).
         "max_num_batched_tokens": 256,
@@ -123,7 +126,9 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
     if weight_transfer is not None:
         # vLLM versions with WeightTransferConfig take it as an engine argument.
         kwargs["weight_transfer_config"] = weight_transfer
-    kwargs.update(eng.extra)
+    # A copy: vLLM writes into nested arguments (SpeculativeConfig adds its target ModelConfig to the
+    # speculative_config dict), and the spec's own values must stay what the engine reports it asked for.
+    kwargs.update(copy.deepcopy(eng.extra))
     return kwargs
 
 
@@ -178,9 +183,9 @@ def _requested(spec: Spec) -> dict[str, Any]:
     out = {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
            "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
     if eng.extra:
-        # Further engine arguments the engine was started with (the user's; a fixed KV cache when engines
-        # share a GPU): every report says what really ran.
-        out["engine_args"] = dict(eng.extra)
+        # Further engine arguments the engine was started with (the user's, the scenario profile's; a fixed KV
+        # cache when engines share a GPU): every report says what really ran.
+        out["engine_args"] = copy.deepcopy(eng.extra)
     return out
 
 
@@ -213,17 +218,22 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], 
     """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    try:
-        # Decided from the class, before paying for an engine start: versions
-        # without keep/wait/abort pause modes cannot run any scenario.
-        check_pause_api(AsyncLLM)
-    except ScenarioUnsupported as exc:
-        _refuse_all(spec, emit, info, str(exc))
-        return None
+    # Only which scenarios pause matters here, not the prompts: any vocabulary builds their plans.
+    vocab = model.vocab_size or 512
+    if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):
+        try:
+            # Decided from the class, before paying for an engine start: versions
+            # without keep/wait/abort pause modes cannot run any pausing scenario
+            # (the others, a reset or abort with no pause, still can: each pausing
+            # scenario then reports UNSUPPORTED itself).
+            check_pause_api(AsyncLLM)
+        except ScenarioUnsupported as exc:
+            _refuse_all(spec, emit, info, str(exc))
+            return None
     try:
         return AsyncLLM.from_engine_args(_engine_args(spec, model, weight_transfer))
     except Exception as exc:
-        refused = refused_setting(_requested(spec), exc) or rejected_engine_args(spec, model, exc)
+        refused = refused_setting(_requested(spec), exc, root_causes()) or rejected_engine_args(spec, model, exc)
         if refused is None:
             raise
         _refuse_all(spec, emit, info, refused)

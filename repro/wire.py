@@ -199,8 +199,10 @@ class EventKind:
     optional: frozenset[str] = frozenset()
 
 
+# ``precondition``: an engine-profile scenario's evidence that its event happened ({"met", "what", "evidence"};
+# repro/scenarios/_profile.py); the harness makes an unmet one UNSUPPORTED unless a stream is wrong anyway.
 _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", "weight_sync", "reason",
-                              "engine_recovered", "traceback"})
+                              "engine_recovered", "traceback", "precondition"})
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised.
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
                                     "stalled", "iterations", "frames", "setup_s", "vllm_frame", "vllm_source",

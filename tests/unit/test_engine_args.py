@@ -220,11 +220,10 @@ def test_the_spec_carries_exactly_the_users_arguments_over_the_schedulers(tmp_pa
     user = {"enable_prefix_caching": False, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 8192}
     cfg = _cfg(tmp_path, engine_args=user, model_kind="qwen3-random", model_params=asdict(SIZES["cpu"]))
     assert merge_engine_args(cfg, scheduling={"kv_cache_memory_bytes": 256 << 20}) == user  # the user's wins
-    # ... except over what a scenario's engine profile needs: that stays (under the scheduler's, as before).
+    # ... except over what a scenario's engine profile needs: that stays, over the user's and the scheduler's.
     profile = {"kv_cache_memory_bytes": 4 << 20, "num_gpu_blocks_override": 8}
     assert merge_engine_args(cfg, profile) == {**user, **profile}
-    assert merge_engine_args(cfg, profile, {"kv_cache_memory_bytes": 256 << 20}) == {
-        **user, "num_gpu_blocks_override": 8, "kv_cache_memory_bytes": 256 << 20}
+    assert merge_engine_args(cfg, profile, {"kv_cache_memory_bytes": 256 << 20}) == {**user, **profile}
     spec = build_spec(KEY, CELLS, cfg, extra={"kv_cache_memory_bytes": 256 << 20})
     assert spec.engine.extra == user
     back = Spec.from_json(json.loads(json.dumps(spec.to_json())))
@@ -334,3 +333,19 @@ def test_compare_warns_when_the_two_reports_ran_different_set_ups() -> None:
     assert any("A ran model bigram-cycle with no engine arguments, B model qwen3-random with "
                "enable_prefix_caching=False" in w for w in warnings), warnings
     assert not any("model" in w for w in compare(mine, mine).warnings)
+
+
+@pytest.mark.parametrize("scenario", ["preempt", "chunked", "sleep", "spec_ngram", "weight_sync"])
+def test_scenarios_built_on_the_bigram_cycle_are_unsupported_with_another_model(scenario: str,
+                                                                                tmp_path: Path) -> None:
+    import asyncio
+
+    from repro.cell import run_scenario
+    from repro.scenarios.base import EngineContext, ScenarioUnsupported
+
+    ctx = EngineContext(model_spec=None, model_dir=tmp_path, perm=None, model_cache=tmp_path, work_dir=tmp_path,
+                        tensor_parallel_size=1, start_engine=lambda d: None, model_kind="qwen3-random",
+                        vocab_size=32768)
+    sc = {"id": "s", "scenario": scenario, "params": {}, "seed": 0}
+    with pytest.raises(ScenarioUnsupported, match="bigram-cycle"):
+        asyncio.run(run_scenario(object(), sc, ctx, 1.0))
