@@ -251,6 +251,15 @@ def _side(name: str, source: str, results: Results) -> Side:
     )
 
 
+def _setup(results: Results) -> str:
+    """The model and engine arguments of a report (reports before --model ran the bigram-cycle model)."""
+    meta = results.meta or {}
+    model = meta.get("model") if isinstance(meta.get("model"), dict) else {}
+    args = meta.get("engine_args") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(args.items())) or "no engine arguments"
+    return f"model {model.get('label') or model.get('kind') or 'bigram-cycle'} with {shown}"
+
+
 def compare(a: Results, b: Results, a_source: str = "A", b_source: str = "B") -> Comparison:
     """Match the cells of two reports by id and say, for every cell both ran, whether they agree."""
     ia, ib = _by_id(a, a_source), _by_id(b, b_source)
@@ -274,6 +283,10 @@ def compare(a: Results, b: Results, a_source: str = "A", b_source: str = "B") ->
             return f"fault injection {', '.join(s.inject)}" if s.inject else "no fault injection"
         warnings.append(f"A ran with {inj(sa)}, B with {inj(sb)}: a token fault injected on one side only is a "
                         "difference of the runs, not of the platforms")
+    setups = (_setup(a), _setup(b))
+    if setups[0] != setups[1]:
+        warnings.append(f"A ran {setups[0]}, B {setups[1]}: their differences may be the model's or the engine "
+                        "arguments', not the platforms'")
     if not set(ia) & set(ib):
         warnings.append("the reports have no cell id in common (different vLLM versions or selections?)")
     return Comparison(sa, sb, tuple(both), tuple(one), tuple(neither), tuple(warnings))

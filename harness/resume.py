@@ -38,6 +38,9 @@ def run_record(sel: Selection, cfg: RunConfig, platform: str) -> dict[str, Any]:
             "weight_transfer": cfg.weight_transfer,
             "weight_sync_fresh_check": cfg.weight_sync_fresh_check,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "model_kind": cfg.model_kind,
+            "engine_args": cfg.engine_args,
+            "preset": cfg.preset,
         },
     }
 

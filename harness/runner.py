@@ -72,6 +72,18 @@ class RunConfig:
     weight_sync_fresh_check: bool = False
     # --retry-infra N: run a cell that came out ERROR/TIMEOUT again on a fresh engine, up to N more times
     retry_infra: int = 0
+    # The user's engine set-up (harness.engine_args): the model every engine loads (a kind of repro.wire's
+    # MODEL_KINDS and its params; the label reports show), the engine arguments on top of the engine's
+    # defaults (--preset, --engine-args, --engine-arg; merge_engine_args merges them), and the preset's name.
+    model_kind: str = "bigram-cycle"
+    model_label: str = "bigram-cycle"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+
+    @property
+    def custom_setup(self) -> bool:
+        """Whether the run loads another model or passes engine arguments of its own (not the harness's set-up)."""
+        return self.model_kind != "bigram-cycle" or bool(self.engine_args)
 
 
 def stage_repro(dst: Path) -> Path:
@@ -97,22 +109,36 @@ def scenario_seed(scenario_id: str) -> int:
     return sum((i + 1) * ord(c) for i, c in enumerate(scenario_id)) % 10_000
 
 
+def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
+                      scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one merge point of the engine arguments an engine gets on top of ``repro.engine``'s defaults.
+
+    Later wins: the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), the user's
+    (``cfg.engine_args``: preset, files, ``--engine-arg``), then the engine profile's (``profile``: what the
+    cell's scenario needs, harness.core.scenarios): a scenario needs its arguments to mean what its id says,
+    and a backend states only what it can afford.  (The tiny-kv profile's ``num_gpu_blocks_override`` and a
+    shared GPU's ``kv_cache_memory_bytes`` are different keys and compose: vLLM sizes the cache from the
+    bytes, then caps the block count at the override.)  The engine reports every argument it got; arguments
+    a cell's axes decide never get here (harness.engine_args refuses them).
+    """
+    return {**(scheduling or {}), **cfg.engine_args, **(profile or {})}
+
+
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
-    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU).  The engine arguments of
-    the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need) win over them: a profile
-    states what its scenarios test, a backend only what it can afford.  (The tiny-kv profile's
-    ``num_gpu_blocks_override`` and a shared GPU's ``kv_cache_memory_bytes`` are different keys and compose:
-    vLLM sizes the cache from the bytes, then caps the block count at the override.)
+    ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
+    with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
+    :func:`merge_engine_args`.
     """
-    engine_args = {**(extra or {}), **PROFILES[engine.profile].args}
+    engine_args = merge_engine_args(cfg, dict(PROFILES[engine.profile].args), extra)
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
                           batch_invariant=engine.batch_invariant, extra=engine_args),
+        model_kind=cfg.model_kind,
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
@@ -358,7 +384,7 @@ class EngineProcess:
 def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
     """The facts of an ``engine`` event kept in every cell result."""
     keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-            "requested", "effective", "startup_s", "probe")
+            "requested", "effective", "startup_s", "probe", "engine_kwargs")
     return {k: ev.get(k) for k in keep}
 
 
@@ -371,6 +397,9 @@ def log_tail(path: Path, n: int = 8) -> str:
 
 
 ResultHook = Callable[[CellResult], None]
+
+SCHED_TIER_SETUP = ("the scheduler tier scripts the model's outputs and starts no engine: --model, --engine-arg(s) "
+                    "and --preset apply to engine-tier cells only")
 
 
 class Cancelled(Exception):
@@ -397,6 +426,12 @@ def run_engine(
     (a token fault, CRASH, FLAKY, a repeat that showed one) and UNSUPPORTED are final at once.
     """
     tries = _Attempts(cells, cfg.retry_infra, on_result)
+    if engine.tier == "scheduler" and cfg.custom_setup:
+        # No engine to give the model or the arguments to: every cell is UNSUPPORTED, never retried.
+        cells_of = _EngineCells(cells, cfg, tries.hook(1, cfg.work_dir / "engines" / engine.id))
+        cells_of.refused = SCHED_TIER_SETUP
+        cells_of.finish(Outcome.UNSUPPORTED, SCHED_TIER_SETUP)
+        return [tries.final[c] for c in cells]
     pending = cells
     for n in range(1, cfg.retry_infra + 2):
         wd = cfg.work_dir / "engines" / engine.id

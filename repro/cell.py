@@ -127,12 +127,11 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
 
 
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
-    perm = ctx.perm
-    plan = _build_plan(sc, len(perm))  # validates the parameters of every scenario
+    plan = _build_plan(sc, ctx.vocab)  # validates the parameters of every scenario
     if sc["scenario"] in RUNNERS:
         # Scenarios that change the engine (weight sync) drive it themselves.
         return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)
-    return await run_with_reference(llm, plan, perm, sc["id"], timeout)
+    return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout)
 
 
 # Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words

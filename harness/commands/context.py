@@ -15,7 +15,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.commands.options import DEFAULT_GPU_MEMORY_UTILIZATION
 from harness.context import RunContext
+from harness.engine_args import EngineSetup, engine_setup
 from harness.envs import (
     IndexConfig,
     RecipeFor,
@@ -113,6 +115,24 @@ def run_context(ctx: Context, cfg: RunConfig, log: ResultsLog | None = None, **h
                       argv=ctx.argv, **hooks)
 
 
+def setup_of(args: argparse.Namespace, platform: str) -> EngineSetup:
+    """The user's engine set-up from ``--model``, ``--engine-arg(s)``, ``--preset``; BadInput names a bad one."""
+    return engine_setup(platform, getattr(args, "model", None), getattr(args, "engine_arg", None) or (),
+                        getattr(args, "engine_args", None) or (), getattr(args, "preset", None))
+
+
+def gpu_memory_utilization(args: argparse.Namespace, platform: str, setup: EngineSetup) -> float | None:
+    """cuda: ``--gpu-memory-utilization``, else the preset's, else the tiny model's default; None on cpu."""
+    if platform != "cuda":
+        return None
+    given = getattr(args, "gpu_memory_utilization", None)
+    if given is not None:
+        if not 0 < given <= 1:
+            raise BadInput(f"--gpu-memory-utilization {given}: give a fraction in (0, 1]")
+        return float(given)
+    return setup.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+
+
 def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:
     """The common run options as a RunConfig; BadInput names the first bad value."""
     for name in ("num_requests", "max_tokens", "pause_after", "kv_cache_gib"):
@@ -123,6 +143,7 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
     retry = getattr(args, "retry_infra", 0)
     if retry < 0:
         raise BadInput(f"--retry-infra must be 0 or more, got {retry}")
+    setup = setup_of(args, platform)
     return RunConfig(
         platform=platform,
         work_dir=args.reports,
@@ -132,8 +153,13 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
         kv_cache_gib=args.kv_cache_gib,
         scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
                          "pause_after": args.pause_after},
-        gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
+        gpu_memory_utilization=gpu_memory_utilization(args, platform, setup),
         retry_infra=retry,
+        model_kind=setup.model.kind,
+        model_params=setup.model.params,
+        model_label=setup.model.label,
+        engine_args=setup.engine_args,
+        preset=setup.preset,
     )
 
 

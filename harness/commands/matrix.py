@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness import execute
 from harness.commands.base import Command
-from harness.commands.context import Context, fresh_log, run_context
+from harness.commands.context import Context, fresh_log, run_context, setup_of
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
 from harness.commands.options import (
     add_index_options,
@@ -64,6 +64,10 @@ def matrix_axes(args: argparse.Namespace, platform: str) -> dict[str, tuple[Any,
     """
     raw = {a.option: getattr(args, "async_" if a.option == "async" else a.option.replace("-", "_"))
            for a in AXES if a.option}
+    # A preset's executor and batch-invariant mode (harness.engine_args.Preset.axes) count where the
+    # user chose none: the cell decides them, so the preset sets the axis, not an engine argument.
+    preset = setup_of(args, platform).axes if getattr(args, "preset", None) else {}
+    raw = {k: preset.get(k) if v is None else v for k, v in raw.items()}
     return selection_axes(raw, platform)
 
 
@@ -233,9 +237,20 @@ def _announce(console: Console, ctx: Context, setup: MatrixSetup, plan: MatrixPl
         console.print(f"[bold red]FAULT INJECTION[/]: {', '.join(f'{f} ({FAULTS[f]})' for f in inject)}; the "
                       "results of this run do not describe upstream vLLM")
     n_cells = len(plan.cells) + len(log.kept)
+    if setup.cfg.custom_setup:
+        announce_setup(console, setup.cfg)
     console.print(f"[bold]vllm-repro[/] {n_cells} cells on {ctx.platform}: {len(plan.engines)} engine(s) to start, "
                   f"{len(plan.unsupported)} unsupported; results stream to {log.jsonl}")
     return n_cells
+
+
+def announce_setup(console: Console, cfg: RunConfig) -> None:
+    """One line: the model and engine arguments every engine of this run gets."""
+    from rich.markup import escape
+
+    args = ", ".join(f"{k}={json.dumps(v)}" for k, v in cfg.engine_args.items()) or "none"
+    preset = f" (preset {cfg.preset})" if cfg.preset else ""
+    console.print(escape(f"model {cfg.model_label}; engine args{preset}: {args}"))
 
 
 def _sensitivity_failed(console: Console, results: Results, inject: tuple[str, ...]) -> bool:

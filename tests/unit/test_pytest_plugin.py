@@ -60,7 +60,8 @@ class _Config:
 
     def __init__(self, tmp_path: Path, platform: str = "cpu", **options: Any) -> None:
         self.options = {"repro_platform": platform, "known_bugs": None, "repro_reports": tmp_path / "reports",
-                        "wheelhouse": None, "base_python": None, "retry_infra": 0, **options}
+                        "wheelhouse": None, "base_python": None, "retry_infra": 0, "vllm_model": None,
+                        "vllm_engine_arg": [], "vllm_engine_args": [], "vllm_preset": None, **options}
         self.stash = {RECIPES: recipe_factory(platform, "3.11")}
 
     def getoption(self, name: str) -> Any:
