@@ -103,7 +103,8 @@ class BisectCommand(Command):
             raise BadInput(f"unknown --find mode {args.find!r}; valid choices: {', '.join(FIND_MODES)}")
         cfg = ctx.run_config
         template = parse_pattern(args.cell).template()
-        require_scheduler_tier(ctx.platform, ctx.wheels, (template.values["tier"],), "--cell tier=scheduler")
+        # The template names only the axes given or defaulted in it; the cell it makes has every axis.
+        require_scheduler_tier(ctx.platform, ctx.wheels, (template.at("probe").tier,), "--cell tier=scheduler")
         ctx.index  # noqa: B018 -- a bad index option is reported before bad candidates
         cands = bisect_candidates(ctx, args)
         reports, jsonl = fresh_log(args.reports, "probes.jsonl")

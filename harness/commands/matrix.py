@@ -97,12 +97,13 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
     cfg = replace(ctx.run_config, inject=inject, repeat=args.repeat, weight_transfer=args.weight_transfer,
                   n_gpus=n_gpus or 0, weight_sync_fresh_check=args.weight_sync_fresh_check)
     ctx.index  # noqa: B018 -- a bad index option is reported before a bad wheelhouse, as always
+    wheels = ctx.wheels  # --wheels with --wheelhouse is refused before the wheelhouse is read
     if args.wheelhouse:
         from harness.wheelhouse import load_manifest
 
         load_manifest(args.wheelhouse)  # a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
     axes = matrix_axes(args, platform)
-    require_scheduler_tier(platform, ctx.wheels, axes["tiers"], "--tier scheduler")
+    require_scheduler_tier(platform, wheels, axes["tiers"], "--tier scheduler")
     sel = Selection(versions=ctx.versions, **axes)
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
