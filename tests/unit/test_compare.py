@@ -222,5 +222,5 @@ def test_a_difference_each_tiers_known_bug_rules_expect_is_named_not_failed() ->
 def test_a_report_of_both_tiers_cannot_be_paired_across_them() -> None:
     mixed = annotated(sched("0.21.0", True, SCHED_REQUESTS), ran("0.21.0", True, RUNNING))
     assert not compare(mixed, mixed).across_tiers
-    with pytest.raises(BadInput, match="holds more than one tier of cell 'vllm0.21.0-mp-async_on-keep-clear'"):
+    with pytest.raises(BadInput, match=r"holds more than one tier of cell 'vllm0\.21\.0-mp-async_on-keep-clear'"):
         compare(mixed, annotated(ran("0.21.0")), "mixed.json", across_tiers=True)

