@@ -293,7 +293,7 @@ def _expected_difference(ca: CellResult, cb: CellResult, bugs: tuple[KnownBug, .
                      for c, ch in zip((ca, cb), checks, strict=True))
     ids = {ch.expected.bug for ch in checks if ch.expected.bug}
     windows = [f"{bug.id} is listed for the {_tiers_word(rule.pattern.get('tier'))} on {_window(bug.affected)}"
-               for bug in bugs if bug.id in ids for rule in bug.cells[:1]]
+               + (f": {bug.note}" if bug.note else "") for bug in bugs if bug.id in ids for rule in bug.cells[:1]]
     return f"the known-bug table expects {said}" + (f" ({'; '.join(windows)})" if windows else "")
 
 
