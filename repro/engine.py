@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 from repro.scenarios.base import EngineContext, ScenarioUnsupported, check_pause_api
@@ -224,11 +225,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bad spec {argv[0]}: {exc}", file=sys.stderr)
         return 2
     emit = Emitter(Path(argv[1]))
+    # Where the engine core reports the exception it dies of (repro.crash); inherited by every vLLM process.
+    crash_file = Path(argv[1]).resolve().with_name("engine_core_crash.json")
+    os.environ[crash.ENV_CRASH_FILE] = str(crash_file)
     emit("start", pid=os.getpid(), pgid=os.getpgid(0), engine_id=spec.engine_id, python=sys.executable)
     try:
         asyncio.run(run_engine(spec, emit))
     except BaseException as exc:
-        emit("fatal", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        reason = f"{type(exc).__name__}: {exc}"
+        report = crash.claim_report(crash_file)  # died between scenarios: no scenario claimed it
+        if report is not None:
+            reason += f"; {crash.scenario_fields(report)['reason']}"
+        emit("fatal", reason=reason, traceback=traceback.format_exc())
         return 1
     emit("done")
     return 0

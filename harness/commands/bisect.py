@@ -12,7 +12,13 @@ from pathlib import Path
 from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log
 from harness.commands.face import interruptible, stderr_console
-from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheels_option
+from harness.commands.options import (
+    add_index_options,
+    add_retry_option,
+    add_run_options,
+    add_version_options,
+    add_wheels_option,
+)
 from harness.context import RunContext
 from harness.core.pattern import parse_pattern
 from harness.envs import EnvRecipe, VllmEnv, needs_cpu_torch, package_for
@@ -91,6 +97,7 @@ class BisectCommand(Command):
                                                              "--wheels cpu, vllm for --wheels cuda)")
         add_wheels_option(parser)
         add_run_options(parser, reports="reports/bisect")
+        add_retry_option(parser)
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
