@@ -46,6 +46,7 @@ class KnownBug:
     fixed_in: str
     affected: SpecifierSet
     cells: tuple[Rule, ...]
+    note: str = ""  # why the window is what it is (shown where two tiers' windows differ: harness.compare)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
             affected = SpecifierSet(b["affected"])
             rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}") for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
-                                 rules))
+                                 rules, str(b.get("note", ""))))
         except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
             raise BadInput(f"{where}: bug #{i + 1} is malformed ({exc!r})") from exc
     return tuple(bugs)

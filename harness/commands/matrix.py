@@ -20,6 +20,7 @@ from harness.commands.options import (
     add_run_options,
     add_version_options,
     add_wheelhouse_options,
+    add_wheels_option,
 )
 from harness.context import Progress
 from harness.core.axes import AXES
@@ -28,6 +29,7 @@ from harness.faults import FAULTS, parse_inject, sensitivity_failures
 from harness.gpus import visible_gpus
 from harness.matrix import MatrixPlan, Selection, plan_cells, selection_axes
 from harness.oracle import Outcome
+from harness.platforms import require_scheduler_tier
 from harness.results import CellResult, Results, ResultsLog
 from harness.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
 from harness.runner import RunConfig
@@ -100,8 +102,11 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
     cfg = replace(ctx.run_config, inject=inject, repeat=args.repeat, weight_transfer=args.weight_transfer,
                   n_gpus=n_gpus or 0, weight_sync_fresh_check=args.weight_sync_fresh_check)
     ctx.index  # noqa: B018 -- a bad index option is reported before a bad wheelhouse, as always
+    wheels = ctx.wheels  # --wheels with --wheelhouse is refused before the wheelhouse is read
     ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse, or no base for it, is bad input, not N BUILD-FAILED cells
-    sel = Selection(versions=ctx.versions, **matrix_axes(args, platform))
+    axes = matrix_axes(args, platform)
+    require_scheduler_tier(platform, wheels, axes["tiers"], "--tier scheduler")
+    sel = Selection(versions=ctx.versions, **axes)
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
 
@@ -279,6 +284,7 @@ class MatrixCommand(Command):
         add_version_options(parser)
         _add_axis_options(parser)
         add_run_options(parser, reports="reports")
+        add_wheels_option(parser)
         add_retry_option(parser)
         add_wheelhouse_options(parser)
         _add_run_mode_options(parser)
@@ -289,7 +295,7 @@ class MatrixCommand(Command):
 
         setup = matrix_setup(ctx, args)
         console = stderr_console()
-        log = prepare_log(args.reports, args.resume, run_record(setup.selection, setup.cfg, ctx.platform))
+        log = prepare_log(args.reports, args.resume, run_record(setup.selection, setup.cfg, ctx.platform, ctx.wheels))
         if args.resume:
             console.print(f"[bold]resuming[/] {args.reports}: {len(log.kept)} finished cell(s) kept")
         plan = pending_plan(setup, ctx.platform, log.kept)

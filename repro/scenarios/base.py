@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 from repro.models import BigramCycleSpec, expected_continuation
 
 PAUSE_MODES = ("keep", "wait", "abort")
+# The engine's max_model_len (repro.engine): prompt + max_tokens + REFERENCE_MARGIN must fit.
+MAX_MODEL_LEN = 256
 # A reference run's stand-in for a pause: nothing pauses, the requests submitted during or after the pause
 # join at its trigger, so the reference is batched as the paused run is.
 STAGGER = "stagger"
-# The engine's max_model_len (repro.engine): prompt + max_tokens + REFERENCE_MARGIN must fit.
-MAX_MODEL_LEN = 256
 
 
 class ScenarioUnsupported(Exception):
@@ -529,15 +529,6 @@ async def run_unpaused(llm: Any, requests: list[RequestSpec], timeout: float, wh
     return [rec["observed"] for rec in records]
 
 
-def _stagger_submit(submit: tuple[str, int] | str, n_pauses: int) -> tuple[str, int] | str:
-    """Where a request joins the staggered reference: at its pause's stagger point, or (submitted after an
-    in-flight operation) at that operation's, which follow the pauses' points."""
-    if isinstance(submit, str):
-        return submit
-    kind, k = submit
-    return ("after", n_pauses + k) if kind == "after_op" else (kind, k)
-
-
 async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str,
                         staggered: bool = False) -> dict[str, list[int]]:
     """Greedy streams of every request in ``plan`` on the same engine, with no pause.
@@ -547,13 +538,12 @@ async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str,
     """
     name = "ref2" if staggered else "ref"
     reqs = [RequestSpec(f"{tag}-{name}-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN,
-                        _stagger_submit(r.submit, len(plan.pauses)) if staggered else "start")
+                        r.submit if staggered and _kind(r.submit) in ("during", "after") else "start")
             for r in plan.requests]
     if not staggered:
         streams = await run_unpaused(llm, reqs, timeout, "reference")
         return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
-    # One stagger point per pause, then one per in-flight operation (no plan mixes the two yet).
-    pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in [*plan.pauses, *plan.inflight]]
+    pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in plan.pauses]
     sp_cls, kind = _vllm_api()
     records = await _Driver(llm, Plan(reqs, pauses), timeout, sp_cls, kind).run()
     for rec in records:
@@ -566,11 +556,11 @@ async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: 
                              timeout: float) -> dict[str, Any]:
     """The engine's no-pause reference of every request, then ``plan``: the ``scenario`` event's data.
 
-    With the bigram-cycle model (``perm``), each record carries whether its reference follows the model's
-    cycle (if it does not, the model, not the scheduler, is at fault).  Any other model's stream is not known
-    in advance, so its reference must not depend on how requests are batched: a second reference, batched as
-    the paused run is (the later requests joining once the first ones reach the pause), shows when it does
-    (``reference_repeat``; harness.oracle).
+    Each record carries its ``reference`` and, for the bigram-cycle model (``perm``), whether that follows
+    the model's cycle (if it does not, the model, not the scheduler, is at fault).  A model whose stream is
+    not known in advance is judged against the engine's own no-pause run, which must not depend on how
+    requests are batched: a second reference, batched as the paused run is (the later requests joining once
+    the first ones reach the pause), shows when it does (harness.oracle).
     """
     check_plan_api(llm, plan)  # before paying for the reference
     t0 = time.monotonic()
@@ -581,8 +571,7 @@ async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: 
         rec["reference"] = refs[rec["rid"]]
         if repeat is not None:
             rec["reference_repeat"] = repeat[rec["rid"]]
-        else:
-            assert perm is not None
+        if perm is not None:
             rec["reference_matches_model"] = rec["reference"] == expected_continuation(
                 perm, rec["prompt"][-1], len(rec["reference"]))
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}

@@ -220,7 +220,7 @@ def test_the_spec_carries_exactly_the_users_arguments_over_the_schedulers(tmp_pa
     user = {"enable_prefix_caching": False, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 8192}
     cfg = _cfg(tmp_path, engine_args=user, model_kind="qwen3-random", model_params=asdict(SIZES["cpu"]))
     assert merge_engine_args(cfg, scheduling={"kv_cache_memory_bytes": 256 << 20}) == user  # the user's wins
-    # ... except over what a scenario's engine profile needs: that stays, over the user's and the scheduler's.
+    # ... except what a scenario's engine profile needs: that stays, over the user's and the scheduler's.
     profile = {"kv_cache_memory_bytes": 4 << 20, "num_gpu_blocks_override": 8}
     assert merge_engine_args(cfg, profile) == {**user, **profile}
     assert merge_engine_args(cfg, profile, {"kv_cache_memory_bytes": 256 << 20}) == {**user, **profile}
