@@ -376,6 +376,7 @@ class _Driver:
             return {"reset_ok": ok}
         await self.llm.abort(list(op.targets))
         return {"aborted": list(op.targets)}
+
     async def _waves(self) -> None:
         """Submit the ("tokens", n) requests, smallest n first, each once every start request has n tokens."""
         first = [s for s in self.streams.values() if s.spec.submit == "start"]

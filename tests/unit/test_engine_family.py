@@ -95,6 +95,12 @@ def test_the_42043_keep_rule_does_not_cover_the_non_pausing_cells() -> None:
         assert expectation(Cell("0.21.0", "mp", True, scenario=name), bugs).outcome is Outcome.OK
     assert expectation(Cell("0.21.0", "mp", True, "keep", True), bugs).label == "LOSS(1)"
     assert expectation(Cell("0.21.0", "mp", True, "keep", True, scenario="weight-sync"), bugs).label == "LOSS(1)"
+    # The manual reset: bisected window 0.17.0..0.21.0, async on only.
+    for name in ("manual-reset", "manual-reset-reload"):
+        got = {(v, a): expectation(Cell(v, "mp", a, "keep", False, scenario=name), bugs).label
+               for v in ("0.16.0", "0.17.0", "0.21.0", "0.22.0") for a in (True, False)}
+        assert {k for k, label in got.items() if label != "OK"} == {("0.17.0", True), ("0.21.0", True)}
+        assert got[("0.21.0", True)] == "LOSS(1)"
 
 
 # --------------------------------------------------------------------------- plans
