@@ -62,7 +62,9 @@ class CellRecorder:
             res = annotate(res, self.bugs)
             self.log.append(res)
             self.done[res.id] = res
-            self.say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
+            earlier = ", ".join(a.label or a.outcome for a in res.attempts[:-1])
+            retried = f" (attempt {len(res.attempts)}; earlier: {earlier})" if res.attempts else ""
+            self.say(Progress("cell", f"{res.id}: {res.summary}{retried}", res.cell.engine, res))
 
     def sequential(self) -> list[CellResult]:
         """Every recorded cell in the order a one-engine-at-a-time run records them: unsupported, then by engine."""
@@ -90,4 +92,5 @@ def run_meta(
         "engine_starts": engine_starts,
         "inject": list(cfg.inject),
         "repeat": cfg.repeat,
+        "retry_infra": cfg.retry_infra,
     }

@@ -17,7 +17,7 @@ from harness.runner import RunConfig
 
 RUN_FILE = "run.json"
 RUN_SCHEMA = "vllm-repro/run"
-RUN = Schema(RUN_SCHEMA, 1)  # run.json has its own version: results schema 2 left it unchanged
+RUN = Schema(RUN_SCHEMA, 1)  # run.json has its own version: results schemas 2 and 3 left it unchanged
 # Outcomes a resumed run keeps; the others (ERROR, TIMEOUT, BUILD-FAILED) are run again.
 KEEP = frozenset(o for o in Outcome if not o.is_infra) | {Outcome.UNSUPPORTED}
 

@@ -6,9 +6,12 @@ worker processes it spawns share one process group that is killed when the
 run ends, however it ends.  The spec it writes and the events it reads are
 checked against ``repro.wire``.  :func:`run_engine` runs a whole engine
 config (the matrix, bisect, the Ray task); ``harness.session.EngineSession``
-drives the same process interactively (pytest, ``plan``).  A crash is ERROR
-and a hang TIMEOUT for exactly the cells of that engine whose scenario had not
-reported yet; cells already reported keep their results.
+drives the same process interactively (pytest, ``plan``).  An engine process
+that dies is ERROR and a hang TIMEOUT for exactly the cells of that engine
+whose scenario had not reported yet; cells already reported keep their
+results.  A scenario under which the engine core died of an exception raised
+in vLLM's own code is CRASH (``repro.crash``).  ``--retry-infra N`` runs the
+ERROR/TIMEOUT cells again on a fresh engine.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from harness import sched_tier
-from harness.core.scenarios import PROFILES
+from harness.core.records import Attempt
+from harness.core.scenarios import PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.envs import VllmEnv
 from harness.matrix import Cell, EngineKey
@@ -65,6 +70,8 @@ class RunConfig:
     # weight-sync: also check the post-swap streams on a fresh engine loaded with B, as upstream's
     # example does (costs an engine start per weight-sync cell; on a GPU the two share its memory)
     weight_sync_fresh_check: bool = False
+    # --retry-infra N: run a cell that came out ERROR/TIMEOUT again on a fresh engine, up to N more times
+    retry_infra: int = 0
 
 
 def stage_repro(dst: Path) -> Path:
@@ -138,29 +145,36 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 
 
-def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
-    """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``).
+# Catalogue scenarios played by the engine's weight-sync runner (manual-reset-reload: with the client's own reset).
+_WEIGHT_SYNC = {"weight-sync": False, "manual-reset-reload": True}
 
-    The run's common parameters (``num_requests``, ``max_tokens``, ``pause_after``) reach every scenario; a
-    scenario that never pauses gets no ``pause_after``, ``mode`` or ``clear_cache`` (it has none).
-    """
-    params: dict[str, Any] = {**cfg.scenario_params}
-    shape = scenario_of(cell.scenario)
-    if cell.scenario == "pause":
-        name = cell.mode
-        params["clear_cache"] = cell.clear_cache
-    elif shape is not None and not shape.pauses:
-        name = cell.scenario.replace("-", "_")
-        params.pop("pause_after", None)
-    else:
-        name = cell.scenario.replace("-", "_")
-        params.update(mode=cell.mode, clear_cache=cell.clear_cache)
-    if cell.scenario == "weight-sync":
-        params["weight_transfer"] = weight_transfer(cell, cfg)
-        if cfg.weight_sync_fresh_check:
-            params["fresh_engine_check"] = True
+
+def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
+    """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
+    name, params = _engine_scenario(cell, cfg)
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
     return ScenarioSpec(repeat_id(cell.scenario_id, rep), name, params, scenario_seed(cell.scenario_id))
+
+
+def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache, and
+    scenarios without an event at a token count, harness.core.scenarios ``trigger``, no ``pause_after``)."""
+    params: dict[str, Any] = dict(cfg.scenario_params)
+    shape = scenario_of(cell.scenario)
+    if shape is not None and not shape.trigger:
+        params.pop("pause_after", None)
+    if pauses(cell.scenario):
+        params["clear_cache"] = cell.clear_cache
+    if cell.scenario == "pause":
+        return cell.mode, params
+    if cell.scenario in _WEIGHT_SYNC:
+        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
+        if _WEIGHT_SYNC[cell.scenario]:
+            params["explicit_reset"] = True
+        if cfg.weight_sync_fresh_check:
+            params["fresh_engine_check"] = True
+        return "weight_sync", params
+    return cell.scenario.replace("-", "_"), params
 
 
 def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
@@ -374,12 +388,32 @@ def run_engine(
     engine's other scenarios finish.  ``extra_env`` (its GPUs) and ``engine_extra``
     (further engine arguments) come from the backend that schedules it; ``cancel``
     set stops the engine (its process group killed) and raises :class:`Cancelled`.
+
+    ``cfg.retry_infra`` N: a cell that comes out ERROR or TIMEOUT (the engine crashed outside vLLM's code,
+    hung, or was killed) runs again on a fresh engine with the others that did, up to N more times; its
+    result is the last attempt's and lists every attempt (:class:`harness.core.records.Attempt`).  A finding
+    (a token fault, CRASH, FLAKY, a repeat that showed one) and UNSUPPORTED are final at once.
     """
-    cells_of = _EngineCells(cells, cfg, on_result)
+    tries = _Attempts(cells, cfg.retry_infra, on_result)
+    pending = cells
+    for n in range(1, cfg.retry_infra + 2):
+        wd = cfg.work_dir / "engines" / engine.id
+        _run_attempt(env, engine, pending, cfg, tries.hook(n, wd if n == 1 else wd / f"attempt-{n}"),
+                     on_event, extra_env, engine_extra, cancel)
+        pending = tries.pending()
+        if not pending:
+            break
+    return [tries.final[c] for c in cells]
+
+
+def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, hook: _AttemptHook,
+                 on_event: EventHook | None, extra_env: dict[str, str] | None, engine_extra: dict[str, Any] | None,
+                 cancel: threading.Event | None) -> None:
+    """One engine process for ``cells``: every cell's result goes to ``hook``, whatever happens to the engine."""
+    cells_of = _EngineCells(cells, cfg, hook)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
     limit = cfg.engine_timeout * max(1, cfg.repeat)
-    proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / engine.id, cells, extra_env=extra_env,
-                         engine_extra=engine_extra)
+    proc = EngineProcess(env, engine, cfg, hook.engine_dir, cells, extra_env=extra_env, engine_extra=engine_extra)
     try:
         timed_out = _follow(proc, engine, cells_of, limit, on_event, cancel)
     finally:
@@ -390,7 +424,57 @@ def run_engine(
     else:
         dead = cells_of.fatal or f"engine process exited with code {proc.proc.returncode}"
         why = (Outcome.ERROR, f"{dead} before this scenario reported; last log lines: {proc.log_tail()}")
-    return cells_of.finish(*why)
+    cells_of.finish(*why)
+
+
+def retryable(res: CellResult) -> bool:
+    """Whether ``--retry-infra`` runs this cell again: ERROR or TIMEOUT, and no run of it found anything."""
+    if not res.outcome.is_retryable:
+        return False
+    seen = res.repeats.outcomes if res.repeats is not None else {}
+    return not any(o in _FINDINGS for o in seen)
+
+
+_FINDINGS = frozenset(o.value for o in Outcome if o.is_finding)
+
+
+class _AttemptHook:
+    """Where attempt ``n``'s results go: kept for another attempt, or final (with every attempt listed)."""
+
+    def __init__(self, tries: _Attempts, n: int, engine_dir: Path) -> None:
+        self.tries, self.n, self.engine_dir = tries, n, engine_dir
+        self.started, self.t0 = datetime.now().astimezone().isoformat(timespec="seconds"), time.monotonic()
+
+    def __call__(self, res: CellResult) -> None:
+        self.tries.take(self, res)
+
+
+class _Attempts:
+    """The attempts at the cells of one engine config (``--retry-infra``)."""
+
+    def __init__(self, cells: tuple[Cell, ...], retries: int, on_result: ResultHook | None) -> None:
+        self.cells, self.retries, self.on_result = cells, retries, on_result
+        self.history: dict[Cell, list[Attempt]] = {c: [] for c in cells}
+        self.final: dict[Cell, CellResult] = {}
+
+    def hook(self, n: int, engine_dir: Path) -> _AttemptHook:
+        return _AttemptHook(self, n, engine_dir)
+
+    def take(self, hook: _AttemptHook, res: CellResult) -> None:
+        elapsed = round(time.monotonic() - hook.t0, 3)
+        self.history[res.cell].append(Attempt(hook.n, res.outcome.value, res.label, res.summary, res.reason,
+                                              res.duration_s, elapsed, hook.started, str(hook.engine_dir)))
+        if hook.n <= self.retries and retryable(res):
+            return  # another attempt comes
+        if len(self.history[res.cell]) > 1:
+            res = replace(res, attempts=tuple(self.history[res.cell]))
+        self.final[res.cell] = res
+        if self.on_result is not None:
+            self.on_result(res)
+
+    def pending(self) -> tuple[Cell, ...]:
+        """The cells still without a final result (to run again)."""
+        return tuple(c for c in self.cells if c not in self.final)
 
 
 def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limit: float,
@@ -496,7 +580,16 @@ def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None)
         return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), info)
     if status == "timeout":
         return infra_result(cell, Outcome.TIMEOUT, ev.get("reason", "timeout"), info)
+    if status == "crash":
+        # vLLM's own code raised in the engine core while the scenario drove it (repro.crash): a finding.
+        return infra_result(cell, Outcome.CRASH, crash_reason(ev), info)
     return infra_result(cell, Outcome.ERROR, ev.get("reason", f"scenario status {status!r}"), info)
+
+
+def crash_reason(ev: dict[str, Any]) -> str:
+    """A crash event's reason, with the vLLM source line it names when the reason does not quote it already."""
+    reason, source = str(ev.get("reason") or "vLLM raised"), str(ev.get("vllm_source") or "")
+    return reason if not source or source in reason else f"{reason} ({source})"
 
 
 def with_precondition(res: CellResult, pre: Any) -> CellResult:

@@ -10,20 +10,19 @@ AsyncScheduler); ``run_cell`` runs one scenario on it and emits its
 from __future__ import annotations
 
 import asyncio
-import time
+import os
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from repro.models import expected_continuation
+from repro import crash
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import (
     EngineContext,
     Plan,
     ScenarioTimeout,
     ScenarioUnsupported,
-    run_plan,
-    run_reference,
+    run_with_reference,
 )
 
 Emit = Callable[..., None]  # emit(kind, **fields): one event, checked against repro.wire
@@ -133,16 +132,7 @@ async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout
     if sc["scenario"] in RUNNERS:
         # Scenarios that change the engine (weight sync) drive it themselves.
         return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)
-    t0 = time.monotonic()
-    refs = await run_reference(llm, plan, timeout, sc["id"])
-    records, events = await run_plan(llm, plan, timeout)
-    for rec in records:
-        rec["reference"] = refs[rec["rid"]]
-        analytic = expected_continuation(perm, rec["prompt"][-1], len(rec["reference"]))
-        # The engine's own no-pause run must follow the model's cycle; if it
-        # does not, the model (not the scheduler) is at fault.
-        rec["reference_matches_model"] = rec["reference"] == analytic
-    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
+    return await run_with_reference(llm, plan, perm, sc["id"], timeout)
 
 
 # Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words
@@ -201,16 +191,32 @@ def refused_setting(requested: dict[str, Any], exc: BaseException,
 
 async def run_cell(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, unsupported: str | None,
                    emit: Emit) -> None:
-    """Run one scenario and emit its result event; only a dead engine propagates."""
+    """Run one scenario and emit its result event; only a dead engine propagates.
+
+    When the engine core died of an exception while the scenario ran, the event is its crash report
+    (``repro.crash``): status ``crash`` when vLLM's own code raised, else ``error``, whatever the scenario
+    itself saw (request errors, EngineDeadError, a wait that timed out).
+    """
     if unsupported is not None:
         emit("scenario", id=sc["id"], status="unsupported", reason=unsupported)
         return
+    fields = await _scenario_fields(llm, sc, ctx, timeout)
+    report = crash.claim_report(os.environ.get(crash.ENV_CRASH_FILE))
+    if report is not None:
+        fields = crash.scenario_fields(report)
+    elif fields["status"] == "ran":
+        fields["probe_after"] = await probe_engine(llm)
+    emit("scenario", id=sc["id"], **fields)
+    if fields["status"] != "ran" and getattr(llm, "errored", False):
+        raise RuntimeError(f"engine is dead ({fields['reason']}); the remaining scenarios cannot run")
+
+
+async def _scenario_fields(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
+    """The scenario event's fields as the scenario saw it: ran (with its records), unsupported, timeout or error."""
     try:
-        result = await run_scenario(llm, sc, ctx, timeout)
-        after = await probe_engine(llm)
-        emit("scenario", id=sc["id"], status="ran", **result, probe_after=after)
+        return {"status": "ran", **await run_scenario(llm, sc, ctx, timeout)}
     except ScenarioUnsupported as exc:
-        emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
+        return {"status": "unsupported", "reason": str(exc)}
     except ScenarioTimeout as exc:
         # A timeout usually strikes while paused: resume so the next scenario
         # does not inherit a paused engine (its requests were cancelled).
@@ -219,9 +225,6 @@ async def run_cell(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: fl
             await asyncio.wait_for(llm.resume_generation(), timeout)
         except Exception:
             recovered = False
-        emit("scenario", id=sc["id"], status="timeout", reason=str(exc), engine_recovered=recovered)
+        return {"status": "timeout", "reason": str(exc), "engine_recovered": recovered}
     except Exception as exc:
-        emit("scenario", id=sc["id"], status="error",
-             reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        if getattr(llm, "errored", False):
-            raise RuntimeError("engine is dead; the remaining scenarios cannot run") from exc
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}

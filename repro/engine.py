@@ -31,10 +31,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 from repro.rootcause import root_causes
-from repro.scenarios.base import EngineContext, ScenarioUnsupported, check_pause_api
+from repro.scenarios import pauses
+from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 
@@ -101,7 +103,7 @@ def _engine_args(spec: Spec, model_dir: Path, weight_transfer: Any = None) -> An
         "model": str(model_dir),
         "skip_tokenizer_init": True,
         "dtype": "float32",
-        "max_model_len": 256,
+        "max_model_len": MAX_MODEL_LEN,
         "max_num_seqs": 32,
         # Small batches keep the CPU warm-up short (it runs dummy batches up to this size).
         "max_num_batched_tokens": 256,
@@ -161,13 +163,17 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
         "device_name": _device_name(),
         "model": {"kind": spec.model_kind, "key": mspec.key(), "path": str(model_dir)},
     }
-    try:
-        # Decided from the class, before paying for an engine start: versions
-        # without keep/wait/abort pause modes cannot run any scenario.
-        check_pause_api(AsyncLLM)
-    except ScenarioUnsupported as exc:
-        _refuse_all(spec, emit, info, str(exc))
-        return
+    vocab = len(load_perm(model_dir))
+    if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):
+        try:
+            # Decided from the class, before paying for an engine start: versions
+            # without keep/wait/abort pause modes cannot run any pausing scenario
+            # (the others, a reset or abort with no pause, still can: each pausing
+            # scenario then reports UNSUPPORTED itself).
+            check_pause_api(AsyncLLM)
+        except ScenarioUnsupported as exc:
+            _refuse_all(spec, emit, info, str(exc))
+            return
     t0 = time.monotonic()
     try:
         llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
@@ -228,11 +234,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bad spec {argv[0]}: {exc}", file=sys.stderr)
         return 2
     emit = Emitter(Path(argv[1]))
+    # Where the engine core reports the exception it dies of (repro.crash); inherited by every vLLM process.
+    crash_file = Path(argv[1]).resolve().with_name("engine_core_crash.json")
+    os.environ[crash.ENV_CRASH_FILE] = str(crash_file)
     emit("start", pid=os.getpid(), pgid=os.getpgid(0), engine_id=spec.engine_id, python=sys.executable)
     try:
         asyncio.run(run_engine(spec, emit))
     except BaseException as exc:
-        emit("fatal", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        reason = f"{type(exc).__name__}: {exc}"
+        report = crash.claim_report(crash_file)  # died between scenarios: no scenario claimed it
+        if report is not None:
+            reason += f"; {crash.scenario_fields(report)['reason']}"
+        emit("fatal", reason=reason, traceback=traceback.format_exc())
         return 1
     emit("done")
     return 0

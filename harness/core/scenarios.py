@@ -51,6 +51,9 @@ class Scenario:
     tiers: tuple[str, ...] = ("engine",)
     refs: tuple[str, ...] = ()  # vLLM issues/PRs it is about
     spelling: str | None = None  # its id segment (None: the name with "_" for "-"; "": left out of ids)
+    # Whether it takes the run's ``pause_after`` (--pause-after) as the token count of its event (a pause, a
+    # reset, an abort, a second wave); a scenario with no such event is not passed one.
+    trigger: bool = True
 
     @property
     def pauses(self) -> bool:
@@ -108,11 +111,22 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),
              refs=("vllm#42043",)),
+    # vLLM's own tests/v1/core/test_reset_prefix_cache_e2e.py shape, on AsyncLLM: no pause, the engine busy.
+    Scenario("reset-inflight", "reset_prefix_cache(reset_running_requests=True) twice while requests generate, "
+             "no pause", refs=("vllm#42043", "PR #42117")),
+    # What RL frameworks write by hand instead of clear_cache=True.
+    Scenario("manual-reset", "keep pause without clear_cache, explicit reset_prefix_cache(reset_running_requests="
+             "True), resume", modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
+    Scenario("manual-reset-reload", "keep pause without clear_cache, swap the weights, explicit reset, resume",
+             modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
+    Scenario("abort-some", "abort every other running request mid-stream, the rest continue, new ones start",
+             refs=()),
     # repro/scenarios/preempt.py: every request must resume from KV-pressure preemption with exactly its solo
     # stream; a run that provoked no preemption is UNSUPPORTED (failed precondition), never OK.
     Scenario("preempt", "more long requests than the tiny KV cache holds: preempted requests must resume exactly",
-             profile="tiny-kv", refs=("PR #48245", "PR #47900")),
-    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode.
+             profile="tiny-kv", refs=("PR #48245", "PR #47900"), trigger=False),
+    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode; the second wave
+    # arrives once the first has pause_after tokens.
     Scenario("chunked", "many long prompts chunk-prefilled beside running decodes (32-token step budget)",
              profile="chunked", refs=("vllm#57562",)),
     # repro/scenarios/sleep.py: sleep(level=1), wake_up, then sleep(level=2), wake weights, reload, wake the KV
@@ -123,7 +137,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # rejected where the prompt's copy ends).  Two names on one engine (profile): without a pause, and with a
     # keep pause (clear_cache true: the force-preemption with draft tokens in flight of PR #46066; false: plain).
     Scenario("spec-ngram", "n-gram speculative decoding of concurrent requests, no pause",
-             profile="spec-ngram", refs=("PR #46066", "PR #48245")),
+             profile="spec-ngram", refs=("PR #46066", "PR #48245"), trigger=False),
     Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
              modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
 )

@@ -28,7 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.crash import innermost_vllm_frame, vllm_crash_site
 from repro.sched.script import Setup
+
+__all__ = ["Adapter", "Unsupported", "fit_kwargs", "force_cpu_platform", "init_of", "innermost_vllm_frame",
+           "one_line", "vllm_crash_site"]  # the crash-site helpers live in repro.crash (shared with the engine tier)
 
 # The one attention layer of the bigram checkpoint (the KV-cache group names it).
 LAYER_NAME = "model.layers.0.self_attn.attn"
@@ -106,25 +110,6 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()
                       and not line.strip().startswith("For further information"))
     return text[:limit]
-
-
-def innermost_vllm_frame(exc: BaseException) -> str | None:
-    """``file:line:function`` of the innermost traceback frame inside the vllm package, or None."""
-    site = vllm_crash_site(exc)
-    return None if site is None else site[0]
-
-
-def vllm_crash_site(exc: BaseException) -> tuple[str, str] | None:
-    """(``vllm/...py:line:function``, its source line) of the innermost frame inside the vllm package."""
-    import traceback
-
-    found = None
-    for fr in traceback.extract_tb(exc.__traceback__):
-        parts = Path(fr.filename).parts
-        if "vllm" in parts:
-            rel = Path(*parts[len(parts) - parts[::-1].index("vllm") - 1:])
-            found = (f"{rel}:{fr.lineno}:{fr.name}", (fr.line or "").strip())
-    return found
 
 
 class Adapter:
