@@ -510,3 +510,23 @@ def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, t
     assert "target_model_config" in args.kw["speculative_config"]
     assert engine._requested(spec)["engine_args"] == {"speculative_config": {"method": "ngram_gpu"}}
     assert spec.engine.extra == extra and "target_model_config" not in extra["speculative_config"]
+
+
+def test_progress_says_a_refused_engine_did_not_start() -> None:
+    import io
+
+    from rich.console import Console
+
+    from harness.commands.matrix import MatrixProgress
+    from harness.context import Progress
+
+    out = io.StringIO()
+    show = MatrixProgress(Console(file=out, width=200), 1, 0)
+    show(Progress("event", "", event={"event": "engine", "vllm_version": "0.32.0", "torch_version": "2.13.0",
+                                      "started": False, "effective": None, "startup_s": None}))
+    show(Progress("event", "", event={"event": "engine", "vllm_version": "0.32.0", "torch_version": "2.13.0",
+                                      "startup_s": 31.5, "effective": {"executor_class": "MultiprocExecutor",
+                                                                       "async_scheduling": True}}))
+    assert out.getvalue().splitlines() == [
+        "  engine not started: vLLM 0.32.0, torch 2.13.0",
+        "  engine up in 31.5s: vLLM 0.32.0, torch 2.13.0, executor MultiprocExecutor, effective async True"]
