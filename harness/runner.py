@@ -183,14 +183,14 @@ def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
 
 
 def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
-    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache)."""
+    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache, and
+    scenarios without an event at a token count, harness.core.scenarios ``trigger``, no ``pause_after``)."""
     params: dict[str, Any] = dict(cfg.scenario_params)
     shape = scenario_of(cell.scenario)
+    if shape is not None and not shape.trigger:
+        params.pop("pause_after", None)
     if pauses(cell.scenario):
         params["clear_cache"] = cell.clear_cache
-    if shape is not None and not shape.takes_trigger:
-        # Its own events (preemption, chunks, drafts) are the fault points: no trigger count.
-        params.pop("pause_after", None)
     if cell.scenario == "pause":
         return cell.mode, params
     if cell.scenario in _WEIGHT_SYNC:

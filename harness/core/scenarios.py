@@ -50,10 +50,10 @@ class Scenario:
     profile: str = DEFAULT_PROFILE
     tiers: tuple[str, ...] = ("engine",)
     refs: tuple[str, ...] = ()  # vLLM issues/PRs it is about
-    # Takes the run's trigger count (``pause_after``: when the pause, reset or abort happens); scenarios whose
-    # fault points are the engine's own events (preemption, chunks, drafts) take none.
-    takes_trigger: bool = True
     spelling: str | None = None  # its id segment (None: the name with "_" for "-"; "": left out of ids)
+    # Whether it takes the run's ``pause_after`` (--pause-after) as the token count of its event (a pause, a
+    # reset, an abort, a second wave); a scenario with no such event is not passed one.
+    trigger: bool = True
 
     @property
     def pauses(self) -> bool:
@@ -124,10 +124,11 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # repro/scenarios/preempt.py: every request must resume from KV-pressure preemption with exactly its solo
     # stream; a run that provoked no preemption is UNSUPPORTED (failed precondition), never OK.
     Scenario("preempt", "more long requests than the tiny KV cache holds: preempted requests must resume exactly",
-             profile="tiny-kv", refs=("PR #48245", "PR #47900"), takes_trigger=False),
-    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode.
+             profile="tiny-kv", refs=("PR #48245", "PR #47900"), trigger=False),
+    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode; the second wave
+    # arrives once the first has pause_after tokens.
     Scenario("chunked", "many long prompts chunk-prefilled beside running decodes (32-token step budget)",
-             profile="chunked", refs=("vllm#57562",), takes_trigger=False),
+             profile="chunked", refs=("vllm#57562",)),
     # repro/scenarios/sleep.py: sleep(level=1), wake_up, then sleep(level=2), wake weights, reload, wake the KV
     # cache, in the middle of generation; sleep always clears the prefix cache (level >= 1).
     Scenario("sleep", "sleep(level=1) and sleep(level=2) in keep mode mid-generation, wake_up, check every token",
@@ -136,7 +137,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # rejected where the prompt's copy ends).  Two names on one engine (profile): without a pause, and with a
     # keep pause (clear_cache true: the force-preemption with draft tokens in flight of PR #46066; false: plain).
     Scenario("spec-ngram", "n-gram speculative decoding of concurrent requests, no pause",
-             profile="spec-ngram", refs=("PR #46066", "PR #48245"), takes_trigger=False),
+             profile="spec-ngram", refs=("PR #46066", "PR #48245"), trigger=False),
     Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
              modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
 )
