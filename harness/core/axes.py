@@ -175,7 +175,7 @@ AXES: tuple[Axis, ...] = (
          spellings=(("engine", ""), ("scheduler", "sched")),
          option="tier", what="tier", plural="tiers", selection_default=("engine",),
          help="engine (a real AsyncLLM engine per config, default) or scheduler (vLLM's scheduler driven "
-              "in-process; not implemented yet: its cells are UNSUPPORTED)"),
+              "in-process with scripted model outputs)"),
 )
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}

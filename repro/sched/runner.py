@@ -69,6 +69,9 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
     except Unsupported as exc:
         return {**base, "status": "unsupported", "reason": str(exc)}
     base["scheduler_class"] = f"{type(sched).__module__}.{type(sched).__qualname__}"
+    spec_cfg = getattr(getattr(sched, "vllm_config", None), "speculative_config", None)
+    if spec_cfg is not None:  # the drafter kind vLLM accepted with async scheduling (adapter._spec_config)
+        base["spec_method"] = str(getattr(spec_cfg, "method", None))
     setup_s = round(time.monotonic() - t0, 3)
     try:
         ex.play()
