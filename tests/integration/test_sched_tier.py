@@ -36,6 +36,7 @@ import pytest
 from harness.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
 from harness.oracle import Outcome, cell_verdict
 from harness.runner import stage_repro
+from repro.sched.script import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.integration]
 
@@ -72,7 +73,7 @@ def _run(version: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, dict[s
     env = ensure_env(default_recipe("cpu", version, python, index_config_from_env()), cache)
     stage = stage_repro(tmp_path / f"stage-{version}")
     spec = tmp_path / f"spec-{version}.json"
-    spec.write_text(json.dumps({"schema_version": 1, "version_label": version,
+    spec.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "version_label": version,
                                 "model_cache": str(cache / "models"), "scenarios": SCENARIOS}))
     out = tmp_path / f"out-{version}.jsonl"
     t0 = time.monotonic()
@@ -121,7 +122,7 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
     if version == "0.21.0":
         # The lost frame carried the request's last token and the scheduler's placeholder count stays one
         # too high, so it never schedules that token again: the request hangs (the engine tier would TIMEOUT).
-        assert last["stalled"] == "run to completion: not reached after 200 iterations"
+        assert last["stalled"] == "run to completion: nothing scheduled or delivered in 64 iterations"
         assert last["records"][0]["finish_reason"] is None and len(last["records"][0]["observed"]) == 5
     else:
         assert last["stalled"] is None and cell_verdict(last["records"]).outcome is Outcome.OK
