@@ -128,8 +128,8 @@ def sched_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None,
                  judge: Callable[[Cell, dict[str, Any], dict[str, Any]], CellResult]) -> CellResult:
     """A scheduler-tier ``scenario`` event as a cell result: ``judge`` (the engine tier's rules) for streams,
     unsupported and error.  A crash in vLLM's own code is CRASH; a stall (vLLM never finished a request) is
-    TIMEOUT (:func:`sched_verdict`); a cell whose scheduler class is not the one its async axis names, or a preemption shape in which vLLM
-    preempted nothing, is UNSUPPORTED, never judged."""
+    TIMEOUT (:func:`sched_verdict`); a cell whose scheduler class is not the one its async axis names, or a
+    preemption shape in which vLLM preempted nothing, is UNSUPPORTED, never judged."""
     cls = str(ev.get("scheduler_class") or "")
     effective = {"async_scheduling": cls.endswith(".AsyncScheduler"), "executor_class": cls.rsplit(".", 1)[-1] or None}
     if ev.get("spec_method"):  # the drafter vLLM accepted with async scheduling (EAGLE on every release)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import SP, Completion, Output
 
 import repro.scenarios.base as base
 from harness.core.cell import Cell, parse_cell_id
@@ -199,24 +199,8 @@ def test_aborted_requests_may_end_early_and_the_others_may_not() -> None:
 # --------------------------------------------------------------------------- played on a fake engine
 
 
-@dataclass
-class _SP:
-    temperature: float
-    max_tokens: int
-    ignore_eos: bool
-    output_kind: Any
-    detokenize: bool
-
-
-@dataclass
-class _Completion:
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclass
-class _Output:
-    outputs: list[_Completion]
+# The sampling parameters and outputs an AsyncLLM takes and yields, shared with the profile tests.
+_SP, _Completion, _Output = SP, Completion, Output
 
 
 class FakeLLM:
