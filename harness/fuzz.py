@@ -60,6 +60,7 @@ class Falsifying:
     ops: int
     shrunk: bool  # recorded in Hypothesis' final replay of the shrunk example
     verdict: CellVerdict  # the script replayed as an ``ops`` scenario, judged as ``plan`` judges it
+    hypothesis_ops: int | None = None  # ops of Hypothesis' shrunk example, before repro.sched.opmodel.minimise
 
     def ops_text(self) -> str:
         """The ops on one line: ``add r0; reset (2 in flight); run``."""
@@ -177,7 +178,7 @@ def fuzz_result(version: str, spec: FuzzSpec, run: SchedRun) -> FuzzResult:
 def falsifying(doc: dict[str, Any]) -> Falsifying:
     """A ``fuzz`` event's falsifying example, its replay judged by the scheduler tier's one rule."""
     return Falsifying(dict(doc["script"]), str(doc.get("failure", "")), int(doc.get("ops", 0)),
-                      bool(doc.get("shrunk")), sched_tier.sched_verdict(doc["replay"]))
+                      bool(doc.get("shrunk")), sched_tier.sched_verdict(doc["replay"]), doc.get("hypothesis_ops"))
 
 
 def plan_document(r: FuzzResult) -> dict[str, Any]:

@@ -118,7 +118,8 @@ def show(r: FuzzResult, plan: Path | None) -> None:
     if r.falsifying is None or plan is None:
         return
     f = r.falsifying
-    print(f"  shrunk to {f.ops} ops: {f.ops_text()}" + ("" if f.shrunk else " (not Hypothesis' final replay)"))
+    by = f" (Hypothesis: {f.hypothesis_ops})" if f.hypothesis_ops not in (None, f.ops) else ""
+    print(f"  shrunk to {f.ops} ops{by}: {f.ops_text()}" + ("" if f.shrunk else " (not Hypothesis' final replay)"))
     print(f"  state machine: {f.failure}")
     print(f"  replay: vllm-repro plan {plan} --versions {r.version}")
     print(json.dumps(plan_document(r), indent=2))

@@ -57,7 +57,9 @@ from repro.sched.opmodel import (
     PROMPT_ALPHABET,
     FuzzState,
     drawn_setup,
+    failure_kind,
     finish_fault,
+    minimise,
     prompt_tokens,
     setup_for,
     stream_fault,
@@ -75,6 +77,7 @@ class Failure:
     script: Script
     failure: str  # the exception Hypothesis saw: "AssertionError: r0: position 3: ..."
     final: bool  # recorded during Hypothesis' final replay of the shrunk example
+    kind: str  # opmodel.failure_kind: what a smaller script must hit to fail alike
 
 
 @dataclass
@@ -96,7 +99,7 @@ class FuzzStats:
             self.examples_to_failure = self.examples
         final = _is_final(current_build_context)
         if self.failure is None or final or not self.failure.final:
-            self.failure = Failure(state.script(), describe(exc), final)
+            self.failure = Failure(state.script(), describe(exc), final, kind_of(exc))
 
     def coverage(self) -> dict[str, Any]:
         return {"ops": dict(sorted(self.ops.items())), "setups": dict(sorted(self.setups.items())),
@@ -111,6 +114,11 @@ def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     site = vllm_crash_site(exc)
     return text if site is None else f"{text} {site[1]} at {site[0]}".replace(":  ", ": ")
+
+
+def kind_of(exc: BaseException) -> str:
+    site = vllm_crash_site(exc)
+    return failure_kind(str(exc), None if site is None else site[0])
 
 
 def _is_final(context: Callable[[], Any]) -> bool:
@@ -179,10 +187,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.state is not None and self.ex is not None
         self.state.record(op)
         self.run.stats.ops[op.op] += 1
-        try:
-            entry = self.ex.apply(op)
-        except StopIteration:  # the executor's bound: vLLM never finished a request
-            raise AssertionError(f"stalled: {self.ex.stalled}") from None
+        entry = apply(self.ex, op)
         if entry.get("in_flight_at_reset"):
             self.run.stats.inflight_resets += 1
         return entry
@@ -251,9 +256,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _check_streams(self) -> None:
         assert self.ex is not None
-        for s in self.ex.streams.values():
-            fault = stream_fault(s.reference, s.observed, s.max_tokens) if s.submitted else None
-            assert fault is None, f"{s.rid}: {fault}"
+        check_streams(self.ex)
 
     def teardown(self) -> None:
         if self.ex is None or self.state is None or self.failed:
@@ -264,11 +267,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.ex is not None and self.state is not None
         for op in self.state.tear_down():
             self._apply(op)
-        self._check_streams()
-        for s in self.ex.streams.values():
-            fault = finish_fault(len(s.observed), s.max_tokens, s.finish_reason, s.aborted) if s.submitted else None
-            assert fault is None, f"{s.rid}: {fault}"
+        check_streams(self.ex)
+        check_finished(self.ex)
         _count_finish(self.ex, self.run.stats)
+
+
+def apply(ex: Executor, op: Op) -> dict[str, Any]:
+    """One op; the executor's bound (vLLM never finished a request) as the failure it is."""
+    try:
+        return ex.apply(op)
+    except StopIteration:
+        raise AssertionError(f"stalled: {ex.stalled}") from None
+
+
+def check_streams(ex: Executor) -> None:
+    """The invariant: every delivered stream is the tokens of its positions."""
+    for s in ex.streams.values():
+        fault = stream_fault(s.reference, s.observed, s.max_tokens) if s.submitted else None
+        assert fault is None, f"{s.rid}: {fault}"
+
+
+def check_finished(ex: Executor) -> None:
+    """After the run to completion: every request not aborted finished with all its tokens."""
+    for s in ex.streams.values():
+        fault = finish_fault(len(s.observed), s.max_tokens, s.finish_reason, s.aborted) if s.submitted else None
+        assert fault is None, f"{s.rid}: {fault}"
 
 
 def _count_finish(ex: Executor, stats: FuzzStats) -> None:
@@ -306,7 +329,8 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec) -> 
         return {"status": "unsupported", "reason": "; ".join(f"{k}: {v}" for k, v in dropped.items()),
                 "dropped": dropped}
     stats = FuzzStats()
-    machine = type("SchedulerMachine", (SchedulerMachine,), {"run": FuzzRun(adapter, model_dir, perm, usable, stats)})
+    run = FuzzRun(adapter, model_dir, perm, usable, stats)
+    machine = type("SchedulerMachine", (SchedulerMachine,), {"run": run})
     t0, c0 = time.monotonic(), time.process_time()
     raised = _run_machine(machine, usable)
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
@@ -322,7 +346,7 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec) -> 
         # Hypothesis itself refused (a health check, a flaky example): no finding, and not a clean run either.
         return {**out, "status": "error", "reason": f"Hypothesis stopped: {raised}", "traceback": raised.tb}
     if stats.failure is not None:
-        out["falsifying"] = _falsifying(adapter, model_dir, perm, stats.failure)
+        out["falsifying"] = _falsifying(run, stats.failure)
     return out
 
 
@@ -350,11 +374,30 @@ def _run_machine(machine: type, spec: FuzzSpec) -> Raised | None:
     return None
 
 
-def _falsifying(adapter: Any, model_dir: Path, perm: list[int], failure: Failure) -> dict[str, Any]:
-    """The shrunk example: its op script, Hypothesis' failure, and the script replayed as an ``ops`` scenario."""
+def _falsifying(run: FuzzRun, failure: Failure) -> dict[str, Any]:
+    """The shrunk example, minimised further (:func:`opmodel.minimise`): its op script, Hypothesis' failure, and the
+    script replayed as an ``ops`` scenario."""
     from repro.sched.runner import run_scenario
 
-    params = failure.script.to_dict()
-    replay = run_scenario(adapter, {"id": "falsifying", "scenario": "ops", "params": params}, model_dir, perm)
-    return {"script": params, "failure": failure.failure, "ops": len(failure.script.ops),
-            "shrunk": failure.final, "replay": replay}
+    script = minimise(failure.script, lambda smaller: fails_alike(run, smaller, failure.kind))
+    params = script.to_dict()
+    replay = run_scenario(run.adapter, {"id": "falsifying", "scenario": "ops", "params": params}, run.model_dir,
+                          run.perm)
+    return {"script": params, "failure": failure.failure, "ops": len(script.ops), "shrunk": failure.final,
+            "hypothesis_ops": len(failure.script.ops), "replay": replay}
+
+
+def fails_alike(run: FuzzRun, script: Script, kind: str) -> bool:
+    """Whether ``script``, played on a fresh scheduler with the machine's checks, fails with a failure of ``kind``."""
+    try:
+        sched = run.adapter.scheduler(run.model_dir, script.setup)
+        ex = Executor(script, sched, run.adapter, run.perm, run.adapter.block_hasher(script.setup.block_size))
+        for op in script.ops:
+            apply(ex, op)
+            check_streams(ex)
+        check_finished(ex)
+    except Unsupported:
+        return False
+    except Exception as exc:
+        return kind_of(exc) == kind
+    return False

@@ -17,7 +17,7 @@ makes live here, so they can be tested without vLLM:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from repro.sched.script import Op, RequestSpec, Script, Setup
@@ -164,3 +164,57 @@ def finish_fault(observed: int, max_tokens: int, finish_reason: str | None, abor
     if observed != max_tokens:
         return f"finished ({finish_reason}) with {observed} of {max_tokens} tokens"
     return None
+
+
+# --------------------------------------------------------------------------- after Hypothesis' shrinking
+
+
+def failure_kind(message: str, vllm_site: str | None) -> str:
+    """What kind of failure an example hit, for telling whether a smaller script fails *alike*: vLLM raising
+    (at that frame), a stall, a stream off its positions, or a request not finished."""
+    if vllm_site is not None:
+        return f"crash at {vllm_site}"
+    if "stalled:" in message:
+        return "stall"
+    if "position" in message or "tokens delivered, max_tokens" in message:
+        return "stream"
+    if "finished" in message:
+        return "finish"
+    return message.split(":", 1)[0]
+
+
+def reductions(script: Script) -> Iterator[Script]:
+    """Smaller scripts than ``script``, biggest cuts first: a request with every op naming it, a pause with the
+    resume that follows it, any one other op.  The teardown's last ``run`` stays, so each still runs to
+    completion."""
+    ops = list(script.ops)
+    for req in script.requests:
+        if len(script.requests) > 1:
+            yield Script(script.setup, tuple(r for r in script.requests if r.rid != req.rid),
+                         tuple(o for o in ops if o.rid != req.rid))
+    for i, op in enumerate(ops):
+        if op.op == "pause":
+            j = next((k for k in range(i + 1, len(ops)) if ops[k].op == "resume"), None)
+            if j is not None:
+                yield Script(script.setup, script.requests, tuple(o for k, o in enumerate(ops) if k not in (i, j)))
+    for i, op in enumerate(ops):
+        if op.op not in ("add", "resume") and not (op.op == "run" and i == len(ops) - 1):
+            yield Script(script.setup, script.requests, tuple(ops[:i] + ops[i + 1:]))
+
+
+def minimise(script: Script, fails: Callable[[Script], bool], budget: int = 300) -> Script:
+    """Greedy delta debugging after Hypothesis: take the first reduction that still ``fails`` until none does (or
+    ``budget`` tries are spent).  Hypothesis deletes one rule at a time, so a pause/resume pair, or a request
+    whose every op would have to go at once, can survive its shrinking."""
+    tries = 0
+    while tries < budget:
+        for smaller in reductions(script):
+            tries += 1
+            if fails(smaller):
+                script = smaller
+                break
+            if tries >= budget:
+                break
+        else:
+            break
+    return script

@@ -16,13 +16,16 @@ from repro.sched.opmodel import (
     MIN_BLOCKS,
     PROMPT_ALPHABET,
     FuzzState,
+    failure_kind,
     finish_fault,
     fit_request,
+    minimise,
     prompt_tokens,
+    reductions,
     setup_for,
     stream_fault,
 )
-from repro.sched.script import REFERENCE_SLACK, Op, build_script, reference_stream, token_at
+from repro.sched.script import REFERENCE_SLACK, Op, Script, build_script, reference_stream, token_at
 
 pytestmark = pytest.mark.unit
 
@@ -142,3 +145,33 @@ def test_finish_fault() -> None:
     assert finish_fault(2, 4, None, aborted=True) is None, "an aborted request is done"
     assert finish_fault(2, 4, None, aborted=False) == "never finished (2 of 4 tokens delivered)"
     assert finish_fault(3, 4, "length", aborted=False) == "finished (length) with 3 of 4 tokens"
+
+
+def test_failure_kinds_tell_what_a_smaller_script_must_hit() -> None:
+    assert failure_kind("r0: position 2: delivered 9, ...", None) == "stream"
+    assert failure_kind("r0: 5 tokens delivered, max_tokens=4", None) == "stream"
+    assert failure_kind("stalled: run to completion: nothing scheduled", None) == "stall"
+    assert failure_kind("r1: never finished (2 of 4 tokens delivered)", None) == "finish"
+    assert failure_kind("", "vllm/v1/core/sched/async_scheduler.py:53:f") == \
+        "crash at vllm/v1/core/sched/async_scheduler.py:53:f"
+
+
+def test_minimise_drops_what_the_failure_does_not_need() -> None:
+    state = _state(depth=2, max_requests=4)
+    for op in (state.add((5,), 4)[0], Op("pause"), Op("resume"), state.add((6,), 4)[0], Op("step", n=2),
+               Op("drain"), state.reset(0), Op("pause")):
+        state.record(op)
+    script = state.script()
+    # A stand-in failure: it needs r1 added and a reset with nothing in flight, nothing else.
+    needs = {Op("add", rid="r1"), Op("reset", in_flight=0)}
+
+    def fails(s: Script) -> bool:
+        return needs <= set(s.ops)
+
+    small = minimise(script, fails)
+    assert [o.op for o in small.ops] == ["add", "reset", "run"] and [r.rid for r in small.requests] == ["r1"]
+    assert small.ops[-1] == Op("run"), "the teardown's run stays: a replay still runs to completion"
+    assert minimise(script, lambda s: False) == script
+    for smaller in reductions(script):
+        assert len(smaller.ops) < len(script.ops)
+        build_script("ops", smaller.to_dict(), VOCAB)  # every reduction is a valid script
