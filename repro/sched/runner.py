@@ -69,6 +69,9 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
     except Unsupported as exc:
         return {**base, "status": "unsupported", "reason": str(exc)}
     base["scheduler_class"] = f"{type(sched).__module__}.{type(sched).__qualname__}"
+    spec_cfg = getattr(getattr(sched, "vllm_config", None), "speculative_config", None)
+    if spec_cfg is not None:  # the drafter kind vLLM accepted with async scheduling (adapter._spec_config)
+        base["spec_method"] = str(getattr(spec_cfg, "method", None))
     setup_s = round(time.monotonic() - t0, 3)
     try:
         ex.play()
@@ -91,19 +94,10 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
 
 
 def _raised_in_vllm(exc: BaseException) -> bool:
-    """The exception left vLLM's code last (the innermost frame of the traceback is in the vllm package
-    or in code vLLM called), rather than our own code after vLLM returned."""
-    import traceback as tb
+    """The exception left vLLM's code last, rather than our own code after vLLM returned (repro.crash)."""
+    from repro.crash import raised_in_vllm
 
-    frames = tb.extract_tb(exc.__traceback__)
-    here = str(Path(__file__).resolve().parent)
-    # Walk from the innermost frame out: the first frame of ours means we raised it ourselves.
-    for fr in reversed(frames):
-        if "vllm" in Path(fr.filename).parts:
-            return True
-        if str(Path(fr.filename).resolve()).startswith(here):
-            return False
-    return False
+    return raised_in_vllm(exc, ours=(str(Path(__file__).resolve().parent),))
 
 
 def scenario_stream(spec: dict[str, Any], stdin: TextIO) -> Iterator[dict[str, Any]]:

@@ -25,6 +25,10 @@ class ToyRequest:
         self.is_prefill_chunk = False
         self.num_preemptions = 0
 
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + len(self.output)
+
 
 class ToyScheduler:
     """An async scheduler in miniature; ``flag=True`` discards one frame after any reset (0.21)."""
