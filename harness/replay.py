@@ -98,7 +98,9 @@ def replay_sched_plan(script: dict[str, Any], versions: Sequence[str], ctx: RunC
             continue
         verdict = sched_tier.sched_verdict(ev)
         records = ev.get("records") or []
-        by_rid = {rv.rid: rv.verdict.label for rv in verdict.requests}
+        # A crash has no per-request verdict of its own: each stream is judged as far as it got.
+        judged = verdict.requests or (cell_verdict(records).requests if records else ())
+        by_rid = {rv.rid: rv.verdict.label for rv in judged}
         yield PlanReplay(engine, status=status, reason=ev.get("reason"), verdict=verdict, requests=tuple(
             _request(rec["rid"], by_rid.get(rec["rid"], "-"), rec) for rec in records))
 

@@ -49,7 +49,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from repro.sched.adapter import Unsupported, vllm_crash_site
+from repro.crash import vllm_crash_site
+from repro.sched.adapter import Unsupported
 from repro.sched.executor import Executor
 from repro.sched.opmodel import (
     MAX_PROMPT,
