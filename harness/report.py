@@ -25,6 +25,7 @@ from rich.text import Text
 
 from harness.core.axes import SORT_ORDER
 from harness.core.records import RequestRecord, RequestVerdictRecord
+from harness.core.scenarios import pauses
 from harness.core.versions import version_key
 from harness.oracle import Outcome
 from harness.results import CellResult, Results
@@ -37,10 +38,12 @@ WINDOW = 3  # tokens shown on each side of the pause index
 
 OUTCOME_STYLES = {
     Outcome.OK: "green",
+    Outcome.AMBIGUOUS: "yellow",
     Outcome.LOSS: "bold red",
     Outcome.DUPLICATE: "bold red",
     Outcome.DIVERGED: "bold red",
     Outcome.TRUNCATED: "red",
+    Outcome.CRASH: "bold red",
     Outcome.UNSUPPORTED: "dim yellow",
     Outcome.ERROR: "magenta",
     Outcome.TIMEOUT: "magenta",
@@ -95,10 +98,20 @@ def _effective(cr: CellResult) -> tuple[str, str]:
 
 
 def _detail(cr: CellResult) -> str:
-    # The summary, plus the reason when the summary does not already say it.
-    if cr.reason and cr.reason not in cr.summary:
-        return f"{cr.summary}: {cr.reason}"
-    return cr.summary
+    # The summary, plus the reason when the summary does not already say it, plus the attempts of a retried cell.
+    text = f"{cr.summary}: {cr.reason}" if cr.reason and cr.reason not in cr.summary else cr.summary
+    return f"{text} {_attempts_note(cr)}" if cr.attempts else text
+
+
+def _attempts_note(cr: CellResult) -> str:
+    # "[attempts: 1 ERROR, 2 OK]": a cell --retry-infra ran again.
+    return "[attempts: " + ", ".join(f"{a.n} {a.label or a.outcome}" for a in cr.attempts) + "]"
+
+
+def _attempt_rows(cells: Sequence[CellResult]) -> list[list[Any]]:
+    return [[f"`{cr.id}`", a.n, a.label or a.outcome, a.reason or a.summary,
+             "" if a.elapsed_s is None else f"{a.elapsed_s:.1f}", a.engine_dir or ""]
+            for cr in cells for a in cr.attempts]
 
 
 _NO_VERDICT = RequestVerdictRecord(None)
@@ -220,6 +233,9 @@ def _meta_lines(results: Results) -> list[str]:
     lines = []
     if (meta.get("repeat") or 1) > 1:
         lines.append(f"- repeat: every cell ran {meta['repeat']} times on its engine; FLAKY = runs disagree")
+    if meta.get("retry_infra"):
+        lines.append(f"- retry-infra: a cell that came out ERROR or TIMEOUT ran again on a fresh engine, up to "
+                     f"{meta['retry_infra']} more times (every attempt under Retried cells)")
     for key in ("created", "platform", "host", "versions", "device", "driver", "note"):
         value = meta.get(key)
         if value is None or value == "":
@@ -227,12 +243,43 @@ def _meta_lines(results: Results) -> list[str]:
         if isinstance(value, list | tuple):
             value = ", ".join(str(v) for v in value)
         lines.append(f"- {key}: {value}")
+    lines += setup_lines(meta)
     engines = sorted({(str(e.vllm_version), str(e.torch_version), str(e.device_name))
                       for e in (c.engine for c in results.cells) if e and e.vllm_version},
                      key=lambda t: version_key(t[0]))
     for vllm, torch, device in engines:
         lines.append(f"- engine: vLLM {vllm}, torch {torch}, device {device}")
+    lines += _env_lines(meta.get("envs"))
     lines.append(f"- cells: {len(results.cells)}")
+    return lines
+
+
+def setup_lines(meta: dict[str, Any]) -> list[str]:
+    """The model, engine arguments and preset of the run (absent from reports written before they existed)."""
+    lines = []
+    model = meta.get("model")
+    if isinstance(model, dict):
+        params = model.get("params") or {}
+        shown = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("path", "name"))
+        lines.append(f"- model: {model.get('label') or model.get('kind')}" + (f" ({shown})" if shown else ""))
+    if meta.get("preset"):
+        lines.append(f"- preset: {meta['preset']}")
+    if "engine_args" in meta:
+        args = meta.get("engine_args") or {}
+        lines.append("- engine args: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
+                                          or "none beyond the harness's defaults"))
+    return lines
+
+
+def _env_lines(envs: Any) -> list[str]:
+    """One line per version whose env is not its platform's plain build: a CUDA build on a CPU torch
+    (harness.envbuild.cputorch) says so, with the torch vLLM pins and what was left out."""
+    lines = []
+    for version, env in (envs or {}).items() if isinstance(envs, dict) else ():
+        if isinstance(env, dict) and env.get("left_out"):
+            lines.append(f"- env {version}: package {env.get('package')} (a CUDA build) on torch "
+                         f"{env.get('torch_version')} (vLLM pins torch {env.get('torch_pinned')}), "
+                         f"{len(env['left_out'])} CUDA packages left out")
     return lines
 
 
@@ -240,7 +287,9 @@ def _cell_row(cr: CellResult) -> list[Any]:
     c = cr.cell
     eff_async, eff_exec = _effective(cr)
     axes = "".join(f" {s}" for s in c.variant)
-    return [f"`{cr.id}`", c.version, c.executor + axes, _on_off(c.async_on), c.mode, str(c.clear_cache).lower(),
+    # A scenario that never pauses carries the default mode and clear_cache without playing them.
+    mode, clear = (c.mode, str(c.clear_cache).lower()) if pauses(c.scenario) else ("-", "-")
+    return [f"`{cr.id}`", c.version, c.executor + axes, _on_off(c.async_on), mode, clear,
             f"**{cr.outcome.value}**" if cr.outcome is not Outcome.OK else cr.outcome.value, _detail(cr),
             _expectation(cr, markdown=True), eff_async, eff_exec]
 
@@ -256,6 +305,8 @@ def _details(cr: CellResult) -> list[str]:
     if cr.counts:
         lines[-1] += " — " + ", ".join(f"{k}: {n}" for k, n in cr.counts.items())
     lines.append("")
+    if not cr.requests:  # a CRASH: the reason names vLLM's frame; the engine's log has the traceback
+        return lines
     rows = []
     for req in cr.requests:
         v = _verdict(req)
@@ -289,6 +340,13 @@ def markdown(results: Results) -> str:
     header = ["cell", "vLLM", "executor", "async", "mode", "clear_cache", "outcome", "summary / reason",
               "known bugs", "effective async", "executor class"]
     lines += _md_table(header, (_cell_row(c) for c in cells))
+    retried = [c for c in cells if c.attempts]
+    if retried:
+        lines += ["", "## Retried cells", "",
+                  "Infrastructure failures (ERROR, TIMEOUT) ran again on a fresh engine (--retry-infra); the "
+                  "cell's outcome is its last attempt's.", ""]
+        lines += _md_table(["cell", "attempt", "outcome", "summary / reason", "seconds to result", "engine files"],
+                           _attempt_rows(retried))
     faulty = [c for c in cells if c.outcome.is_finding or c.outcome is Outcome.FLAKY]
     if faulty:
         lines += ["", "## Token faults", "",
@@ -354,9 +412,11 @@ def junit_xml(results: Results) -> str:
         total += duration
         case = ET.SubElement(suite, "testcase", classname=f"vllm-repro.{cr.cell.version}", name=cr.id,
                              time=f"{duration:.3f}")
-        if cr.outcome is Outcome.UNSUPPORTED:
+        if cr.outcome in (Outcome.UNSUPPORTED, Outcome.AMBIGUOUS):
+            # AMBIGUOUS ran but proves nothing either way: neither a pass nor a failure.
             counts["skipped"] += 1
-            ET.SubElement(case, "skipped", message=_x(cr.reason or cr.summary))
+            prefix = "AMBIGUOUS: " if cr.outcome is Outcome.AMBIGUOUS else ""
+            ET.SubElement(case, "skipped", message=_x(prefix + (cr.reason or cr.summary)))
         elif cr.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.BUILD_FAILED):
             counts["errors"] += 1
             el = ET.SubElement(case, "error", message=_x(cr.reason or cr.summary), type=cr.outcome.value)
@@ -365,6 +425,9 @@ def junit_xml(results: Results) -> str:
             counts["failures"] += 1
             el = ET.SubElement(case, "failure", message=_x(cr.summary), type=cr.outcome.value)
             el.text = _x("\n".join([cr.summary, *_fault_lines(cr)]))
+        if cr.attempts:
+            ET.SubElement(case, "system-out").text = _x("\n".join(
+                f"attempt {a.n}: {a.label or a.outcome}: {a.reason or a.summary}" for a in cr.attempts))
     suite.set("tests", str(len(cells)))
     for key, n in counts.items():
         suite.set(key, str(n))

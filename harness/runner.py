@@ -6,14 +6,18 @@ worker processes it spawns share one process group that is killed when the
 run ends, however it ends.  The spec it writes and the events it reads are
 checked against ``repro.wire``.  :func:`run_engine` runs a whole engine
 config (the matrix, bisect, the Ray task); ``harness.session.EngineSession``
-drives the same process interactively (pytest, ``plan``).  A crash is ERROR
-and a hang TIMEOUT for exactly the cells of that engine whose scenario had not
-reported yet; cells already reported keep their results.
+drives the same process interactively (pytest, ``plan``).  An engine process
+that dies is ERROR and a hang TIMEOUT for exactly the cells of that engine
+whose scenario had not reported yet; cells already reported keep their
+results.  A scenario under which the engine core died of an exception raised
+in vLLM's own code is CRASH (``repro.crash``).  ``--retry-infra N`` runs the
+ERROR/TIMEOUT cells again on a fresh engine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -21,14 +25,18 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from harness import sched_tier
-from harness.core.scenarios import PROFILES
+from harness.core.records import Attempt
+from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
+from harness.core.scenarios import scenario as scenario_of
 from harness.envs import VllmEnv
+from harness.errors import ReproError
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
 from harness.repeat import aggregate
@@ -64,10 +72,25 @@ class RunConfig:
     # weight-sync: also check the post-swap streams on a fresh engine loaded with B, as upstream's
     # example does (costs an engine start per weight-sync cell; on a GPU the two share its memory)
     weight_sync_fresh_check: bool = False
+    # --retry-infra N: run a cell that came out ERROR/TIMEOUT again on a fresh engine, up to N more times
+    retry_infra: int = 0
+    # The user's engine set-up (harness.engine_args): the model every engine loads (a kind of repro.wire's
+    # MODEL_KINDS and its params; the label reports show), the engine arguments on top of the engine's
+    # defaults (--preset, --engine-args, --engine-arg; merge_engine_args merges them), and the preset's name.
+    model_kind: str = "bigram-cycle"
+    model_label: str = "bigram-cycle"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+
+    @property
+    def custom_setup(self) -> bool:
+        """Whether the run loads another model or passes engine arguments of its own (not the harness's set-up)."""
+        return self.model_kind != "bigram-cycle" or bool(self.engine_args)
 
 
-def stage_repro(dst: Path) -> Path:
-    """Copy the ``repro`` package and a dist-info declaring its vLLM plugin into ``dst``.
+def stage_repro(dst: Path, distributions: Sequence[str] = ()) -> Path:
+    """Copy the ``repro`` package and a dist-info declaring its vLLM plugin into ``dst``, and the files of the named
+    pure-Python ``distributions`` of the harness's own environment beside it (see :func:`stage_distribution`).
 
     ``dst`` goes on PYTHONPATH of the engine process (and so of every process
     vLLM spawns): ``importlib.metadata`` finds the dist-info there, and vLLM
@@ -81,7 +104,34 @@ def stage_repro(dst: Path) -> Path:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-repro-plugin\nVersion: 0\n")
     (info / "entry_points.txt").write_text("[vllm.general_plugins]\nrepro_shim = repro.shim:register\n")
+    for name in distributions:
+        stage_distribution(name, dst)
     return dst
+
+
+def stage_distribution(name: str, dst: Path) -> int:
+    """Copy the installed files of distribution ``name`` (a pure-Python one: the scheduler-tier fuzzer's
+    Hypothesis and its one dependency) from the harness's environment into ``dst``; how many.
+
+    Why copied rather than installed into the vLLM env: an env is cached by its recipe, and an extra package
+    would change the key of every env (or mutate a shared one); a copy needs no index (air-gapped nodes too)
+    and runs the very version the harness was tested with.  Scripts outside site-packages are left out.
+    """
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ReproError(f"{name} is not installed next to vllm-repro, which copies it into the vLLM env "
+                         f"(pip install 'vllm-repro' installs it)") from exc
+    copied = 0
+    for rel in dist.files or ():
+        src = Path(str(dist.locate_file(rel)))
+        if ".." in rel.parts or "__pycache__" in rel.parts or not src.is_file():
+            continue
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, target)
+        copied += 1
+    return copied
 
 
 def scenario_seed(scenario_id: str) -> int:
@@ -89,19 +139,36 @@ def scenario_seed(scenario_id: str) -> int:
     return sum((i + 1) * ord(c) for i, c in enumerate(scenario_id)) % 10_000
 
 
+def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
+                      scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one merge point of the engine arguments an engine gets on top of ``repro.engine``'s defaults.
+
+    Later wins: the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), the user's
+    (``cfg.engine_args``: preset, files, ``--engine-arg``), then the engine profile's (``profile``: what the
+    cell's scenario needs, harness.core.scenarios): a scenario needs its arguments to mean what its id says,
+    and a backend states only what it can afford.  (The tiny-kv profile's ``num_gpu_blocks_override`` and a
+    shared GPU's ``kv_cache_memory_bytes`` are different keys and compose: vLLM sizes the cache from the
+    bytes, then caps the block count at the override.)  The engine reports every argument it got; arguments
+    a cell's axes decide never get here (harness.engine_args refuses them).
+    """
+    return {**(scheduling or {}), **cfg.engine_args, **(profile or {})}
+
+
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
-    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU); they go on top of the
-    engine arguments of the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need).
+    ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
+    with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
+    :func:`merge_engine_args`.
     """
-    engine_args = {**PROFILES[engine.profile].args, **(extra or {})}
+    engine_args = merge_engine_args(cfg, dict(PROFILES[engine.profile].args), extra)
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
                           batch_invariant=engine.batch_invariant, extra=engine_args),
+        model_kind=cfg.model_kind,
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
@@ -134,18 +201,38 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 
 
+# Catalogue scenarios played by the engine's weight-sync runner (manual-reset-reload: with the client's own reset).
+_WEIGHT_SYNC = {"weight-sync": False, "manual-reset-reload": True}
+
+
 def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
     """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
-    params: dict[str, Any] = {**cfg.scenario_params, "clear_cache": cell.clear_cache}
-    if cell.scenario == "pause":
-        name = cell.mode
-    else:
-        name = cell.scenario.replace("-", "_")
-        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
-        if cfg.weight_sync_fresh_check:
-            params["fresh_engine_check"] = True
+    name, params = _engine_scenario(cell, cfg)
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
     return ScenarioSpec(repeat_id(cell.scenario_id, rep), name, params, scenario_seed(cell.scenario_id))
+
+
+def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache, and
+    scenarios without an event at a token count, harness.core.scenarios ``trigger``, no ``pause_after``)."""
+    params: dict[str, Any] = dict(cfg.scenario_params)
+    shape = scenario_of(cell.scenario)
+    if shape is not None and not shape.trigger:
+        params.pop("pause_after", None)
+    if pauses(cell.scenario):
+        params["clear_cache"] = cell.clear_cache
+    if cell.scenario == "pause":
+        return cell.mode, params
+    if cell.scenario in _WEIGHT_SYNC:
+        params.update(mode=cell.mode, weight_transfer=weight_transfer(cell, cfg))
+        if _WEIGHT_SYNC[cell.scenario]:
+            params["explicit_reset"] = True
+        if cfg.weight_sync_fresh_check:
+            params["fresh_engine_check"] = True
+        return "weight_sync", params
+    if shape is not None and shape.pauses and shape.profile != DEFAULT_PROFILE:
+        params["mode"] = cell.mode  # the profile scenarios that pause (sleep, spec-ngram-pause) take their mode
+    return cell.scenario.replace("-", "_"), params
 
 
 def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
@@ -263,17 +350,21 @@ class EngineProcess:
 
     def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
                  interactive: bool = False, extra_env: dict[str, str] | None = None,
-                 engine_extra: dict[str, Any] | None = None) -> None:
+                 engine_extra: dict[str, Any] | None = None, spec: dict[str, Any] | None = None,
+                 distributions: Sequence[str] = ()) -> None:
+        """``spec``: the spec document itself (a scheduler-tier ``plan`` or ``fuzz``) instead of the one ``cells``
+        make; ``distributions``: staged beside ``repro`` (:func:`stage_repro`)."""
         # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
         self.wd = wd.resolve()
         if self.wd.exists():
             shutil.rmtree(self.wd)
         self.wd.mkdir(parents=True)
-        stage = stage_repro(self.wd / "pkg")
+        stage = stage_repro(self.wd / "pkg", distributions)
         self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
                                                            self.wd / "engine.log")
-        doc = (_sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
-               else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
+        doc = spec if spec is not None else (
+            _sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
+            else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
         self.spec_path.write_text(json.dumps(doc, indent=2))
         module = sched_tier.MODULE if engine.tier == "scheduler" else ENGINE_MODULE
         self.tail = EventTail(self.events_path)
@@ -327,7 +418,7 @@ class EngineProcess:
 def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
     """The facts of an ``engine`` event kept in every cell result."""
     keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-            "requested", "effective", "startup_s", "probe")
+            "requested", "effective", "startup_s", "probe", "engine_kwargs")
     return {k: ev.get(k) for k in keep}
 
 
@@ -340,6 +431,9 @@ def log_tail(path: Path, n: int = 8) -> str:
 
 
 ResultHook = Callable[[CellResult], None]
+
+SCHED_TIER_SETUP = ("the scheduler tier scripts the model's outputs and starts no engine: --model, --engine-arg(s) "
+                    "and --preset apply to engine-tier cells only")
 
 
 class Cancelled(Exception):
@@ -359,12 +453,38 @@ def run_engine(
     engine's other scenarios finish.  ``extra_env`` (its GPUs) and ``engine_extra``
     (further engine arguments) come from the backend that schedules it; ``cancel``
     set stops the engine (its process group killed) and raises :class:`Cancelled`.
+
+    ``cfg.retry_infra`` N: a cell that comes out ERROR or TIMEOUT (the engine crashed outside vLLM's code,
+    hung, or was killed) runs again on a fresh engine with the others that did, up to N more times; its
+    result is the last attempt's and lists every attempt (:class:`harness.core.records.Attempt`).  A finding
+    (a token fault, CRASH, FLAKY, a repeat that showed one) and UNSUPPORTED are final at once.
     """
-    cells_of = _EngineCells(cells, cfg, on_result)
+    tries = _Attempts(cells, cfg.retry_infra, on_result)
+    if engine.tier == "scheduler" and cfg.custom_setup:
+        # No engine to give the model or the arguments to: every cell is UNSUPPORTED, never retried.
+        cells_of = _EngineCells(cells, cfg, tries.hook(1, cfg.work_dir / "engines" / engine.id))
+        cells_of.refused = SCHED_TIER_SETUP
+        cells_of.finish(Outcome.UNSUPPORTED, SCHED_TIER_SETUP)
+        return [tries.final[c] for c in cells]
+    pending = cells
+    for n in range(1, cfg.retry_infra + 2):
+        wd = cfg.work_dir / "engines" / engine.id
+        _run_attempt(env, engine, pending, cfg, tries.hook(n, wd if n == 1 else wd / f"attempt-{n}"),
+                     on_event, extra_env, engine_extra, cancel)
+        pending = tries.pending()
+        if not pending:
+            break
+    return [tries.final[c] for c in cells]
+
+
+def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, hook: _AttemptHook,
+                 on_event: EventHook | None, extra_env: dict[str, str] | None, engine_extra: dict[str, Any] | None,
+                 cancel: threading.Event | None) -> None:
+    """One engine process for ``cells``: every cell's result goes to ``hook``, whatever happens to the engine."""
+    cells_of = _EngineCells(cells, cfg, hook)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
     limit = cfg.engine_timeout * max(1, cfg.repeat)
-    proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / engine.id, cells, extra_env=extra_env,
-                         engine_extra=engine_extra)
+    proc = EngineProcess(env, engine, cfg, hook.engine_dir, cells, extra_env=extra_env, engine_extra=engine_extra)
     try:
         timed_out = _follow(proc, engine, cells_of, limit, on_event, cancel)
     finally:
@@ -375,7 +495,57 @@ def run_engine(
     else:
         dead = cells_of.fatal or f"engine process exited with code {proc.proc.returncode}"
         why = (Outcome.ERROR, f"{dead} before this scenario reported; last log lines: {proc.log_tail()}")
-    return cells_of.finish(*why)
+    cells_of.finish(*why)
+
+
+def retryable(res: CellResult) -> bool:
+    """Whether ``--retry-infra`` runs this cell again: ERROR or TIMEOUT, and no run of it found anything."""
+    if not res.outcome.is_retryable:
+        return False
+    seen = res.repeats.outcomes if res.repeats is not None else {}
+    return not any(o in _FINDINGS for o in seen)
+
+
+_FINDINGS = frozenset(o.value for o in Outcome if o.is_finding)
+
+
+class _AttemptHook:
+    """Where attempt ``n``'s results go: kept for another attempt, or final (with every attempt listed)."""
+
+    def __init__(self, tries: _Attempts, n: int, engine_dir: Path) -> None:
+        self.tries, self.n, self.engine_dir = tries, n, engine_dir
+        self.started, self.t0 = datetime.now().astimezone().isoformat(timespec="seconds"), time.monotonic()
+
+    def __call__(self, res: CellResult) -> None:
+        self.tries.take(self, res)
+
+
+class _Attempts:
+    """The attempts at the cells of one engine config (``--retry-infra``)."""
+
+    def __init__(self, cells: tuple[Cell, ...], retries: int, on_result: ResultHook | None) -> None:
+        self.cells, self.retries, self.on_result = cells, retries, on_result
+        self.history: dict[Cell, list[Attempt]] = {c: [] for c in cells}
+        self.final: dict[Cell, CellResult] = {}
+
+    def hook(self, n: int, engine_dir: Path) -> _AttemptHook:
+        return _AttemptHook(self, n, engine_dir)
+
+    def take(self, hook: _AttemptHook, res: CellResult) -> None:
+        elapsed = round(time.monotonic() - hook.t0, 3)
+        self.history[res.cell].append(Attempt(hook.n, res.outcome.value, res.label, res.summary, res.reason,
+                                              res.duration_s, elapsed, hook.started, str(hook.engine_dir)))
+        if hook.n <= self.retries and retryable(res):
+            return  # another attempt comes
+        if len(self.history[res.cell]) > 1:
+            res = replace(res, attempts=tuple(self.history[res.cell]))
+        self.final[res.cell] = res
+        if self.on_result is not None:
+            self.on_result(res)
+
+    def pending(self) -> tuple[Cell, ...]:
+        """The cells still without a final result (to run again)."""
+        return tuple(c for c in self.cells if c not in self.final)
 
 
 def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limit: float,
@@ -475,9 +645,36 @@ def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None)
     status = ev.get("status")
     if status == "ran":
         verdict = cell_verdict(ev["records"])
-        return judged_result(cell, verdict, ev["records"], info, ev.get("duration_s"))
+        return with_precondition(judged_result(cell, verdict, ev["records"], info, ev.get("duration_s")),
+                                 ev.get("precondition"))
     if status == "unsupported":
         return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), info)
     if status == "timeout":
         return infra_result(cell, Outcome.TIMEOUT, ev.get("reason", "timeout"), info)
+    if status == "crash":
+        # vLLM's own code raised in the engine core while the scenario drove it (repro.crash): a finding.
+        return infra_result(cell, Outcome.CRASH, crash_reason(ev), info)
     return infra_result(cell, Outcome.ERROR, ev.get("reason", f"scenario status {status!r}"), info)
+
+
+def crash_reason(ev: dict[str, Any]) -> str:
+    """A crash event's reason, with the vLLM source line it names when the reason does not quote it already."""
+    reason, source = str(ev.get("reason") or "vLLM raised"), str(ev.get("vllm_source") or "")
+    return reason if not source or source in reason else f"{reason} ({source})"
+
+
+def with_precondition(res: CellResult, pre: Any) -> CellResult:
+    """A judged result and its scenario's precondition (engine-profile scenarios: did the event happen?).
+
+    Met: the summary says what happened ("OK 8/8; 12 preemption(s) in 6/8 requests").  Not met: a cell whose
+    streams are all right tested nothing and is UNSUPPORTED with the reason (its records kept); a wrong stream
+    stays the finding it is, the unmet precondition added to its summary.
+    """
+    if not isinstance(pre, dict):
+        return res
+    what = str(pre.get("what") or "")
+    if pre.get("met"):
+        return replace(res, summary=f"{res.summary}; {what}" if what else res.summary)
+    if res.outcome is Outcome.OK:
+        return replace(res, outcome=Outcome.UNSUPPORTED, summary=what, reason=what, label=Outcome.UNSUPPORTED.value)
+    return replace(res, summary=f"{res.summary} ({what})")

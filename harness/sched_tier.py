@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.cell import Cell, EngineKey
-from harness.oracle import Outcome
+from harness.oracle import CellVerdict, Outcome, cell_verdict
 from harness.results import CellResult, infra_result
 from repro.sched.script import SCHEMA_VERSION
+from repro.wire import FuzzSpec
 
 MODULE = "repro.sched"
 
@@ -106,10 +107,14 @@ def sched_scenario(cell: Cell, scenario_id: str, seed: int) -> dict[str, Any]:
 
 
 def sched_spec(engine: EngineKey, scenarios: list[dict[str, Any]], model_cache: str,
-               model_params: dict[str, Any]) -> dict[str, Any]:
-    """The spec of one scheduler-tier process: every scenario of the cells of ``engine``."""
-    return {"schema_version": SCHEMA_VERSION, "version_label": engine.version, "model_cache": model_cache,
+               model_params: dict[str, Any], fuzz: FuzzSpec | None = None) -> dict[str, Any]:
+    """The spec of one scheduler-tier process: every scenario of the cells of ``engine`` (or of a ``plan``), and
+    with ``fuzz`` a fuzz run after them (its many small events flushed, not fsynced)."""
+    spec = {"schema_version": SCHEMA_VERSION, "version_label": engine.version, "model_cache": model_cache,
             "model": {"kind": "bigram-cycle", "params": dict(model_params)}, "scenarios": scenarios}
+    if fuzz is not None:
+        spec.update(fuzz=fuzz.to_json(), fsync=False)
+    return spec
 
 
 def sched_info(ev: dict[str, Any]) -> dict[str, Any]:
@@ -123,16 +128,16 @@ def sched_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None,
                  judge: Callable[[Cell, dict[str, Any], dict[str, Any]], CellResult]) -> CellResult:
     """A scheduler-tier ``scenario`` event as a cell result: ``judge`` (the engine tier's rules) for streams,
     unsupported and error.  A crash in vLLM's own code is CRASH; a stall (vLLM never finished a request) is
-    TIMEOUT; a cell whose scheduler class is not the one its async axis names, or a preemption shape in which vLLM
-    preempted nothing, is UNSUPPORTED, never judged."""
+    TIMEOUT (:func:`sched_verdict`); a cell whose scheduler class is not the one its async axis names, or a
+    preemption shape in which vLLM preempted nothing, is UNSUPPORTED, never judged."""
     cls = str(ev.get("scheduler_class") or "")
     effective = {"async_scheduling": cls.endswith(".AsyncScheduler"), "executor_class": cls.rsplit(".", 1)[-1] or None}
     if ev.get("spec_method"):  # the drafter vLLM accepted with async scheduling (EAGLE on every release)
         effective["spec_method"] = ev["spec_method"]
     info = {**(info or {}), "effective": effective}
     if ev.get("status") == "crash":
-        return infra_result(cell, Outcome.CRASH, f"{ev['reason']} ({ev.get('vllm_source') or 'vLLM raised'})",
-                            info)
+        v = sched_verdict(ev)
+        return infra_result(cell, v.outcome, v.reason or v.summary, info)
     if ev.get("status") == "ran" and cls.endswith(".AsyncScheduler") != cell.async_on:
         return infra_result(cell, Outcome.UNSUPPORTED, f"asked for async {'on' if cell.async_on else 'off'} but "
                                                        f"vLLM built {cls or 'no scheduler'}", info)
@@ -142,6 +147,28 @@ def sched_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None,
         return infra_result(cell, Outcome.UNSUPPORTED, "the KV cache never ran short: vLLM preempted no request, so "
                                                        "the run says nothing about preemption", info)
     if ev.get("status") == "ran" and ev.get("stalled"):
-        return infra_result(cell, Outcome.TIMEOUT, f"vLLM's scheduler never finished a request: {ev['stalled']}",
-                            info)
+        v = sched_verdict(ev)
+        return infra_result(cell, v.outcome, v.reason or v.summary, info)
     return judge(cell, ev, info)
+
+
+def sched_verdict(ev: dict[str, Any]) -> CellVerdict:
+    """One scheduler-tier ``scenario`` event judged on its own (``plan`` and ``fuzz`` judge a script this way;
+    the matrix through :func:`sched_result`): CRASH when vLLM's code raised, TIMEOUT when vLLM never finished a
+    request (``stalled``; the streams' own verdict kept in the summary), else the oracle's verdict of the streams;
+    UNSUPPORTED and ERROR with the scenario's reason."""
+    status = ev.get("status")
+    if status == "crash":
+        reason = f"{ev['reason']} ({ev.get('vllm_source') or 'vLLM raised'})"
+        return CellVerdict(Outcome.CRASH, f"CRASH: {reason}", reason=reason)
+    if status != "ran":
+        outcome = Outcome.UNSUPPORTED if status == "unsupported" else Outcome.ERROR
+        reason = str(ev.get("reason") or f"scenario status {status!r}")
+        return CellVerdict(outcome, reason, reason=reason)
+    streams = cell_verdict(ev["records"])
+    if not ev.get("stalled"):
+        return streams
+    reason = f"vLLM's scheduler never finished a request: {ev['stalled']}"
+    summary = f"TIMEOUT: {reason}" + (
+        "" if streams.outcome in (Outcome.OK, Outcome.TRUNCATED) else f"; streams: {streams.summary}")
+    return CellVerdict(Outcome.TIMEOUT, summary, streams.counts, streams.requests, reason)

@@ -1,4 +1,5 @@
-"""Engines side by side: how many at once, on which GPUs (pure; ``harness.local`` runs them).
+"""Engines side by side: how many at once, on which GPUs, how each starts (``harness.local`` runs them in threads,
+the pytest plugin in xdist workers through ``harness.gpus``' file locks).
 
 One engine of the tiny model uses about 5 % of an H200's memory and one CPU core, and its start-up (15-44 s
 on an H200, 26-80 s on 2 CPU cores) is per-process work that overlaps well: measured on one H200, four
@@ -9,14 +10,19 @@ Concurrent start-ups on one GPU must not break each other: vLLM's memory profili
 process allocates meanwhile (seen: "No available memory for the cache blocks" and "Error in memory
 profiling ... release GPU memory while vLLM is profiling").  Where the vLLM version has
 ``kv_cache_memory_bytes`` the engine gets a fixed KV cache and skips that profiling; elsewhere its
-start-up holds the GPU's start-up lock until the engine reports ready (``harness.local``).
+start-up holds the GPU's start-up lock until the engine reports ready (``engine_start`` decides which).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.envs import VllmEnv
 
 # A fixed KV cache for engines sharing a GPU: the bigram model needs well under 1 MiB per request.
 SHARED_GPU_KV_BYTES = 256 * 2**20
@@ -49,6 +55,13 @@ def auto_jobs(platform: str, gpus: Sequence[str], gpu_memory_utilization: float 
     return Capacity(jobs=max(1, min(per_gpu * len(gpus), cores - 1)), gpus=tuple(gpus), per_gpu=per_gpu)
 
 
+def for_workers(cap: Capacity, workers: int) -> Capacity:
+    """``cap`` where at most ``workers`` engines can run at once (pytest-xdist workers run one engine each): with
+    one worker no GPU is shared, so engines keep vLLM's own memory profiling and start without waiting."""
+    jobs = max(1, min(cap.jobs, workers))
+    return Capacity(jobs, cap.gpus, min(cap.per_gpu, jobs)) if cap.gpus else Capacity(jobs)
+
+
 def capacity(jobs: int, platform: str, gpus: Sequence[str], gpu_memory_utilization: float | None) -> Capacity:
     """``--jobs N`` (0: automatic): N engines at once, spread over the GPUs."""
     if jobs <= 0:
@@ -78,16 +91,11 @@ class Slots:
         """GPUs for an engine that needs ``need`` of them (``()`` on cpu), or None when it must wait."""
         if self.running >= self.cap.jobs:
             return None
-        if need:
-            # The least loaded GPUs first (ties in visible order), so engines spread before they stack.
-            order = sorted((g for g in self.cap.gpus if self.free[g] > 0), key=lambda g: -self.free[g])
-            if len(order) < need:
-                return None
-            chosen = tuple(sorted(order[:need], key=self.cap.gpus.index))
-            for g in chosen:
-                self.free[g] -= 1
-        else:
-            chosen = ()
+        chosen = pick_gpus(self.free, self.cap.gpus, need)
+        if chosen is None:
+            return None
+        for g in chosen:
+            self.free[g] -= 1
         self.running += 1
         return chosen
 
@@ -96,3 +104,41 @@ class Slots:
         for g in gpus:
             self.free[g] += 1
         self.running -= 1
+
+
+def pick_gpus(free: Mapping[str, int], gpus: Sequence[str], need: int) -> tuple[str, ...] | None:
+    """The ``need`` GPUs an engine goes on, given each GPU's free slots: the least loaded first (ties in visible
+    order), so engines spread before they stack; ``()`` when it needs none, None when too few have a free slot."""
+    order = sorted((g for g in gpus if free.get(g, 0) > 0), key=lambda g: -free[g])
+    if len(order) < need:
+        return None
+    return tuple(sorted(order[:need], key=list(gpus).index))
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """How an engine on ``gpus`` starts beside others: its extra engine arguments (a fixed KV cache), and the GPUs
+    whose start-up lock it holds from spawn until it reports ready (its memory profiling must run alone there)."""
+
+    engine_extra: dict[str, Any] | None = None
+    startup_locks: tuple[str, ...] = ()
+
+
+def engine_start(cap: Capacity, gpus: tuple[str, ...], env: VllmEnv) -> EngineStart:
+    """The start of an engine on ``gpus`` under ``cap``, for the matrix's threads and pytest's workers alike."""
+    if not cap.shares_gpus or not gpus:
+        return EngineStart()  # a GPU of its own: vLLM's memory profiling, as in a one-at-a-time run
+    if supports_fixed_kv(env):
+        return EngineStart(engine_extra={"kv_cache_memory_bytes": SHARED_GPU_KV_BYTES})
+    return EngineStart(startup_locks=gpus)
+
+
+def supports_fixed_kv(env: VllmEnv) -> bool:
+    """Whether the env's vLLM takes ``kv_cache_memory_bytes`` (read from its source; the harness never imports
+    vllm).  Then a fixed KV cache skips the memory profiling that concurrent start-ups on one GPU break."""
+    for args in Path(env.path).glob("lib/python3*/site-packages/vllm/engine/arg_utils.py"):
+        try:
+            return "kv_cache_memory_bytes" in args.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    return False

@@ -45,9 +45,11 @@ class EngineDied(ReproError):
 class EngineSession:
     """One engine config, started once, running any number of scenarios."""
 
-    def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, extra_env: dict[str, str] | None = None):
+    def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, extra_env: dict[str, str] | None = None,
+                 engine_extra: dict[str, Any] | None = None):
         self.env, self.engine, self.cfg = env, engine, cfg
         self.extra_env = extra_env or {}
+        self.engine_extra = engine_extra  # further engine arguments (a fixed KV cache on a shared GPU)
         self.process: EngineProcess | None = None
         self.engine_event: dict[str, Any] | None = None
         self.dead_reason: str | None = None
@@ -57,7 +59,7 @@ class EngineSession:
     def start(self) -> dict[str, Any]:
         """Start the engine and wait for its ``engine`` event (start-up facts and effective settings)."""
         self.process = EngineProcess(self.env, self.engine, self.cfg, self.wd, interactive=True,
-                                     extra_env=self.extra_env)
+                                     extra_env=self.extra_env, engine_extra=self.engine_extra)
         if os.environ.get(ENGINE_LOG_ENV):
             with open(os.environ[ENGINE_LOG_ENV], "a") as f:
                 f.write(f"{self.engine.id} {os.getpid()} {self.process.pgid}\n")

@@ -9,6 +9,10 @@
 * ``latest``: the newest such release;
 * ``installed``: the vLLM already installed in a given Python environment
   (no env build).
+
+With ``--wheelhouse`` (an air-gapped node) ranges and ``latest`` resolve from
+the versions the wheelhouse holds (:func:`wheelhouse_fetch`), never from the
+network: ``latest`` is the newest release in the bundle.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import re
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
@@ -71,6 +76,24 @@ def fetch_releases(package: str, index_url: str | None) -> list[Release]:
         Release(v, tuple(e["tags"]), e["rp"], bool(e["yanked"]))  # type: ignore[arg-type]
         for v, e in by_version.items()
     ]
+
+
+def wheelhouse_fetch(folder: Path) -> Fetch:
+    """A :data:`Fetch` that lists the releases a wheelhouse holds (its ``wheelhouse.json``), for ranges and
+    ``latest`` on a node without network.  BadInput when the folder is no wheelhouse or holds another package."""
+    from harness.wheelhouse import WheelhouseError, load_manifest
+
+    def fetch(package: str, _index_url: str | None) -> list[Release]:
+        try:
+            manifest = load_manifest(folder)
+        except WheelhouseError as exc:
+            raise BadInput(str(exc)) from exc
+        if manifest.package != package:
+            raise BadInput(f"the wheelhouse {folder} holds {manifest.package}, not {package}; build one for this "
+                           "platform with 'vllm-repro wheelhouse'")
+        return [Release(v, (manifest.platform,), None, False) for v in manifest.versions]
+
+    return fetch
 
 
 def _runs_here(rel: Release, machine: str) -> bool:

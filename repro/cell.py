@@ -10,20 +10,19 @@ AsyncScheduler); ``run_cell`` runs one scenario on it and emits its
 from __future__ import annotations
 
 import asyncio
-import time
+import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from repro.models import expected_continuation
+from repro import crash
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import (
     EngineContext,
     Plan,
     ScenarioTimeout,
     ScenarioUnsupported,
-    run_plan,
-    run_reference,
+    run_with_reference,
 )
 
 Emit = Callable[..., None]  # emit(kind, **fields): one event, checked against repro.wire
@@ -127,33 +126,70 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
     return SCENARIOS[name](sc["id"], sc.get("params", {}), vocab, int(sc.get("seed", 0)))
 
 
+# Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
+# weight-sync runner says why itself, in its own words.
+BIGRAM_RUNNERS = frozenset(set(RUNNERS) - {"weight_sync"})
+
+
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
-    perm = ctx.perm
-    plan = _build_plan(sc, len(perm))  # validates the parameters of every scenario
+    plan = _build_plan(sc, ctx.vocab)  # validates the parameters of every scenario
+    if ctx.perm is None and sc["scenario"] in BIGRAM_RUNNERS:
+        raise ScenarioUnsupported(
+            f"the {sc['scenario']} scenario builds its requests or its reference from the bigram-cycle model's "
+            f"cycle; with the {ctx.model_kind} model it cannot (run it with --model bigram-cycle, the default)")
     if sc["scenario"] in RUNNERS:
         # Scenarios that change the engine (weight sync) drive it themselves.
         return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)
-    t0 = time.monotonic()
-    refs = await run_reference(llm, plan, timeout, sc["id"])
-    records, events = await run_plan(llm, plan, timeout)
-    for rec in records:
-        rec["reference"] = refs[rec["rid"]]
-        analytic = expected_continuation(perm, rec["prompt"][-1], len(rec["reference"]))
-        # The engine's own no-pause run must follow the model's cycle; if it
-        # does not, the model (not the scheduler) is at fault.
-        rec["reference_matches_model"] = rec["reference"] == analytic
-    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
+    return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout)
 
 
-def refused_setting(requested: dict[str, Any], exc: BaseException) -> str | None:
+# Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words
+# its refusal uses: CPU's ``ValueError: Sleep mode is not supported on current platform.``; a speculative method
+# this version lacks, or async scheduling refused with it ("only supported with EAGLE/MTP/Draft Model/NGram GPU
+# kind of speculative decoding").
+PROFILE_REFUSALS: dict[str, tuple[str, ...]] = {
+    "enable_sleep_mode": ("sleep mode",),
+    "speculative_config": ("specul", "ngram", "draft"),
+}
+
+
+def vllm_message(exc: BaseException) -> str:
+    """vLLM's own words in ``exc``: a pydantic ValidationError (vLLM's config classes, 0.2x) wraps them as
+    ``1 validation error for ModelConfig / Value error, <message> [type=...]``; its ``errors()`` hold them."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            msgs = [str(e.get("msg", "")) for e in errors()]
+        except Exception:
+            msgs = []
+        if any(msgs):
+            return "; ".join(m for m in msgs if m)[:300]
+    text = str(exc)
+    return (text.splitlines() or [text])[0][:300]
+
+
+def refused_setting(requested: dict[str, Any], exc: BaseException,
+                    causes: Sequence[Sequence[str]] = ()) -> str | None:
     """The reason when vLLM's start-up refused an optional engine setting we asked for, else None.
 
     e.g. 0.22 without Triton: ``ValueError: VLLM_USE_V2_MODEL_RUNNER requires Triton.``, 0.21's
-    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, or an attention backend refused with
-    ``batch invariance not supported``.  Any other start-up failure stays an error.
+    ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, an attention backend refused with
+    ``batch invariance not supported``, or a profile's engine argument (:data:`PROFILE_REFUSALS`), refused
+    in ``exc`` itself or in a vLLM process's traceback that ``causes`` holds (``repro.rootcause``: a worker
+    that raised while starting, its root cause only in the log).  Any other start-up failure stays an error.
     """
     text = f"{type(exc).__name__}: {exc}"
     first = (text.splitlines() or [text])[0][:300]
+    args = requested.get("engine_args") or {}
+    for arg, words in PROFILE_REFUSALS.items():
+        if arg not in args:
+            continue
+        if any(w in text.lower() for w in words):
+            return f"vLLM refused {arg}={args[arg]!r}: {type(exc).__name__}: {vllm_message(exc)}"
+        for tb in reversed(causes):
+            frames = [ln.strip() for ln in tb[:-1] if any(w in ln.lower() for w in words)]
+            if frames and tb:
+                return f"vLLM could not start with {arg}={args[arg]!r}: {tb[-1][:300]} (raised at `{frames[-1]}`)"
     if requested.get("model_runner") == "v2" and "V2_MODEL_RUNNER" in text:
         return f"vLLM refused model runner v2: {first}"
     if requested.get("batch_invariant") and ("batch invariance" in text.lower() or "BATCH_INVARIANT" in text):
@@ -163,16 +199,32 @@ def refused_setting(requested: dict[str, Any], exc: BaseException) -> str | None
 
 async def run_cell(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, unsupported: str | None,
                    emit: Emit) -> None:
-    """Run one scenario and emit its result event; only a dead engine propagates."""
+    """Run one scenario and emit its result event; only a dead engine propagates.
+
+    When the engine core died of an exception while the scenario ran, the event is its crash report
+    (``repro.crash``): status ``crash`` when vLLM's own code raised, else ``error``, whatever the scenario
+    itself saw (request errors, EngineDeadError, a wait that timed out).
+    """
     if unsupported is not None:
         emit("scenario", id=sc["id"], status="unsupported", reason=unsupported)
         return
+    fields = await _scenario_fields(llm, sc, ctx, timeout)
+    report = crash.claim_report(os.environ.get(crash.ENV_CRASH_FILE))
+    if report is not None:
+        fields = crash.scenario_fields(report)
+    elif fields["status"] == "ran":
+        fields["probe_after"] = await probe_engine(llm)
+    emit("scenario", id=sc["id"], **fields)
+    if fields["status"] != "ran" and getattr(llm, "errored", False):
+        raise RuntimeError(f"engine is dead ({fields['reason']}); the remaining scenarios cannot run")
+
+
+async def _scenario_fields(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
+    """The scenario event's fields as the scenario saw it: ran (with its records), unsupported, timeout or error."""
     try:
-        result = await run_scenario(llm, sc, ctx, timeout)
-        after = await probe_engine(llm)
-        emit("scenario", id=sc["id"], status="ran", **result, probe_after=after)
+        return {"status": "ran", **await run_scenario(llm, sc, ctx, timeout)}
     except ScenarioUnsupported as exc:
-        emit("scenario", id=sc["id"], status="unsupported", reason=str(exc))
+        return {"status": "unsupported", "reason": str(exc)}
     except ScenarioTimeout as exc:
         # A timeout usually strikes while paused: resume so the next scenario
         # does not inherit a paused engine (its requests were cancelled).
@@ -181,9 +233,6 @@ async def run_cell(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: fl
             await asyncio.wait_for(llm.resume_generation(), timeout)
         except Exception:
             recovered = False
-        emit("scenario", id=sc["id"], status="timeout", reason=str(exc), engine_recovered=recovered)
+        return {"status": "timeout", "reason": str(exc), "engine_recovered": recovered}
     except Exception as exc:
-        emit("scenario", id=sc["id"], status="error",
-             reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-        if getattr(llm, "errored", False):
-            raise RuntimeError("engine is dead; the remaining scenarios cannot run") from exc
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}

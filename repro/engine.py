@@ -21,18 +21,23 @@ library, numpy, and vLLM.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import platform
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
-from repro.models import BigramCycleSpec, build_checkpoint, load_perm
-from repro.scenarios.base import EngineContext, ScenarioUnsupported, check_pause_api
+from repro.model_kinds import LoadedModel, load_model
+from repro.rootcause import root_causes
+from repro.scenarios import pauses
+from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 
@@ -91,32 +96,86 @@ def _weight_transfer_config(spec: Spec) -> Any:
     return WeightTransferConfig(backend="nccl")
 
 
-def _engine_args(spec: Spec, model_dir: Path, weight_transfer: Any = None) -> Any:
-    from vllm.engine.arg_utils import AsyncEngineArgs
+def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -> dict[str, Any]:
+    """Every ``AsyncEngineArgs`` field the engine is started with, later entries winning.
 
+    The engine's defaults (small batches, eager mode, a short context: a tiny
+    model and a scheduler bug need no more), the model kind's needs (its
+    dtype), the cell's axes, then ``spec.engine.extra``: the scenario profile's,
+    the scheduler's and the user's engine arguments, merged by
+    ``harness.runner.merge_engine_args`` (``repro.wire`` keeps the axes out of it).
+    """
     eng = spec.engine
     kwargs: dict[str, Any] = {
-        "model": str(model_dir),
+        "model": model.source,
         "skip_tokenizer_init": True,
-        "dtype": "float32",
-        "max_model_len": 256,
+        "max_model_len": MAX_MODEL_LEN,
         "max_num_seqs": 32,
         # Small batches keep the CPU warm-up short (it runs dummy batches up to this size).
         "max_num_batched_tokens": 256,
         "enforce_eager": True,
         "seed": 0,
+        "disable_log_stats": True,
+        **model.defaults,
         "async_scheduling": eng.async_scheduling,
         "tensor_parallel_size": eng.tensor_parallel_size,
         "distributed_executor_backend": "ray" if eng.executor.startswith("ray") else eng.executor,
-        "disable_log_stats": True,
     }
     if eng.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = eng.gpu_memory_utilization
     if weight_transfer is not None:
         # vLLM versions with WeightTransferConfig take it as an engine argument.
         kwargs["weight_transfer_config"] = weight_transfer
-    kwargs.update(eng.extra)
-    return AsyncEngineArgs(**kwargs)
+    # A copy: vLLM writes into nested arguments (SpeculativeConfig adds its target ModelConfig to the
+    # speculative_config dict), and the spec's own values must stay what the engine reports it asked for.
+    kwargs.update(copy.deepcopy(eng.extra))
+    return kwargs
+
+
+def json_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` as the engine event reports them: config objects by their repr."""
+    out = {}
+    for k, v in kwargs.items():
+        try:
+            json.dumps(v)
+            out[k] = v
+        except (TypeError, ValueError):
+            out[k] = repr(v)
+    return out
+
+
+def _engine_args(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(**engine_kwargs(spec, model, weight_transfer))
+
+
+def _config_error(spec: Spec, model: LoadedModel, extra: dict[str, Any]) -> BaseException | None:
+    """What vLLM's config validation raises for ``spec`` with ``extra`` as its further engine arguments."""
+    try:
+        _engine_args(replace(spec, engine=replace(spec.engine, extra=extra)), model).create_engine_config()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def rejected_engine_args(spec: Spec, model: LoadedModel, exc: BaseException) -> str | None:
+    """vLLM's message when it refused ``spec.engine.extra`` (an unknown field, or its config validation), else None.
+
+    Decided by building the config with and without them: a failure with them that goes away without them is
+    theirs; any other start-up failure stays an error.
+    """
+    extra = dict(spec.engine.extra)
+    if not extra:
+        return None
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+    if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
+        named = [k for k in extra if f"'{k}'" in str(exc)]
+        return f"vLLM rejected engine argument(s) {named or sorted(extra)}: {text}"
+    if _config_error(spec, model, extra) is None or _config_error(spec, model, {}) is not None:
+        return None
+    culprits = [k for k in extra if _config_error(spec, model, {o: v for o, v in extra.items() if o != k}) is None]
+    return f"vLLM rejected engine argument(s) {culprits or sorted(extra)}: {text}"
 
 
 def _requested(spec: Spec) -> dict[str, Any]:
@@ -124,9 +183,9 @@ def _requested(spec: Spec) -> dict[str, Any]:
     out = {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
            "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
     if eng.extra:
-        # Further engine arguments the engine was started with (a fixed KV cache when engines share a GPU):
-        # every report says what really ran.
-        out["engine_args"] = dict(eng.extra)
+        # Further engine arguments the engine was started with (the user's; a fixed KV cache when engines
+        # share a GPU): every report says what really ran.
+        out["engine_args"] = copy.deepcopy(eng.extra)
     return out
 
 
@@ -138,45 +197,65 @@ def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str) -> No
         emit("scenario", id=sc.id, status="unsupported", reason=why)
 
 
-async def run_engine(spec: Spec, emit: Emitter) -> None:
-    """Start the engine for ``spec`` and run every scenario; emit events as they happen."""
-    mspec = BigramCycleSpec.from_dict(spec.model_params)
-    model_dir = build_checkpoint(mspec, Path(spec.model_cache))
-
+def _facts(spec: Spec, model: LoadedModel) -> dict[str, Any]:
+    """The start-up facts of the ``engine`` event that need no engine: versions, platform, device, model."""
     import torch
     import vllm
     from vllm.platforms import current_platform
-    from vllm.v1.engine.async_llm import AsyncLLM
 
-    info = {
+    return {
         "vllm_version": vllm.__version__,
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "platform": getattr(current_platform, "device_type", "unknown") or "unknown",
         "platform_class": type(current_platform).__name__,
         "device_name": _device_name(),
-        "model": {"kind": spec.model_kind, "key": mspec.key(), "path": str(model_dir)},
+        "model": model.info(),
     }
+
+
+def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], weight_transfer: Any) -> Any:
+    """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    # Any vocabulary will do to tell a pausing plan from another (it only draws the prompts).
+    vocab = model.vocab_size or 64
+    if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):
+        try:
+            # Decided from the class, before paying for an engine start: versions
+            # without keep/wait/abort pause modes cannot run any pausing scenario
+            # (the others, a reset or abort with no pause, still can: each pausing
+            # scenario then reports UNSUPPORTED itself).
+            check_pause_api(AsyncLLM)
+        except ScenarioUnsupported as exc:
+            _refuse_all(spec, emit, info, str(exc))
+            return None
     try:
-        # Decided from the class, before paying for an engine start: versions
-        # without keep/wait/abort pause modes cannot run any scenario.
-        check_pause_api(AsyncLLM)
-    except ScenarioUnsupported as exc:
-        _refuse_all(spec, emit, info, str(exc))
-        return
-    t0 = time.monotonic()
-    try:
-        llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
+        return AsyncLLM.from_engine_args(_engine_args(spec, model, weight_transfer))
     except Exception as exc:
-        refused = refused_setting(_requested(spec), exc)
+        refused = refused_setting(_requested(spec), exc, root_causes()) or rejected_engine_args(spec, model, exc)
         if refused is None:
             raise
         _refuse_all(spec, emit, info, refused)
+        return None
+
+
+async def run_engine(spec: Spec, emit: Emitter) -> None:
+    """Start the engine for ``spec`` and run every scenario; emit events as they happen."""
+    model = load_model(spec.model_kind, spec.model_params, Path(spec.model_cache))
+    weight_transfer = _weight_transfer_config(spec)
+    info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model, weight_transfer))}
+    t0 = time.monotonic()
+    llm = _start(spec, model, emit, info, weight_transfer)
+    if llm is None:
         return
+    from vllm.v1.engine.async_llm import AsyncLLM
+
     ctx = EngineContext(
-        model_spec=mspec, model_dir=model_dir, perm=load_perm(model_dir), model_cache=Path(spec.model_cache),
+        model_spec=model.spec, model_dir=Path(model.source), perm=model.perm, model_cache=Path(spec.model_cache),
         work_dir=Path.cwd(), tensor_parallel_size=spec.engine.tensor_parallel_size,
-        start_engine=lambda d: AsyncLLM.from_engine_args(_engine_args(spec, d)),
+        start_engine=lambda d: AsyncLLM.from_engine_args(_engine_args(spec, replace(model, source=str(d)))),
+        model_kind=model.kind, vocab_size=model.vocab_size or llm.vllm_config.model_config.get_vocab_size(),
     )
     try:
         startup = round(time.monotonic() - t0, 3)
@@ -224,11 +303,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bad spec {argv[0]}: {exc}", file=sys.stderr)
         return 2
     emit = Emitter(Path(argv[1]))
+    # Where the engine core reports the exception it dies of (repro.crash); inherited by every vLLM process.
+    crash_file = Path(argv[1]).resolve().with_name("engine_core_crash.json")
+    os.environ[crash.ENV_CRASH_FILE] = str(crash_file)
     emit("start", pid=os.getpid(), pgid=os.getpgid(0), engine_id=spec.engine_id, python=sys.executable)
     try:
         asyncio.run(run_engine(spec, emit))
     except BaseException as exc:
-        emit("fatal", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        reason = f"{type(exc).__name__}: {exc}"
+        report = crash.claim_report(crash_file)  # died between scenarios: no scenario claimed it
+        if report is not None:
+            reason += f"; {crash.scenario_fields(report)['reason']}"
+        emit("fatal", reason=reason, traceback=traceback.format_exc())
         return 1
     emit("done")
     return 0

@@ -28,6 +28,16 @@ are recognised, anything else is reported not applicable (never guessed at):
   flight is not marked: in 0.21.0 that stale frame used up the flag, and here
   vLLM already drops it.
 
+``crash#reset`` makes vLLM's own code raise inside the engine core, for the
+tests of the CRASH outcome: a cache reset that force-preempts running requests
+(keep pause + clear_cache) marks them, and before the next output frame of a
+marked request reaches ``AsyncScheduler._update_request_with_output`` its
+``num_output_placeholders`` is set to 0, so the decrement there underflows and
+vLLM's own ``assert request.num_output_placeholders >= 0`` (async_scheduler.py,
+0.17-0.32; the assert PR #46066 is about) fails in the engine core's busy loop.
+The engine core dies of an AssertionError raised in vLLM's code, exactly as it
+would of a real scheduler bug.  Only AsyncScheduler instances are marked.
+
 On vLLM < 0.22.0 the bug is native; nothing is patched and the probe says so.
 Only ``AsyncScheduler`` instances are marked: in 0.21.0 the flag was read by
 ``AsyncScheduler`` alone, so with async scheduling off the fault has no effect
@@ -51,7 +61,12 @@ from typing import Any
 ENV_INJECT = "VLLM_REPRO_INJECT"
 FAULT_42043 = "vllm#42043"
 FAULT_HANG_PAUSE = "hang#pause"
+FAULT_CRASH_RESET = "crash#reset"
 KNOWN_FAULTS: dict[str, str] = {
+    FAULT_CRASH_RESET: (
+        "after a cache reset that force-preempts running requests, vLLM's own AsyncScheduler assert "
+        "(num_output_placeholders >= 0) fails in the engine core on their next output frame (CRASH tests)"
+    ),
     FAULT_42043: (
         "force-preemption on cache reset discards one output frame per running request "
         "(vLLM <0.22.0 behaviour; fixed upstream by PR #42117)"
@@ -75,6 +90,9 @@ SHAPE_UNKNOWN = "unknown"
 
 # Attribute set on a vllm Request the injected reset marked (Request has no __slots__).
 _MARK = "_repro_inject_42043"
+_CRASH_MARK = "_repro_inject_crash"
+PLACEHOLDER_ASSERT = "assert request.num_output_placeholders >= 0"
+SCHED_FAULTS = (FAULT_42043, FAULT_CRASH_RESET)  # patched once vLLM's scheduler modules are imported
 _MAX_FRAMES_KEPT = 64
 
 AfterImport = Callable[[str, Callable[[Any], None]], None]
@@ -179,6 +197,7 @@ STATE: dict[str, Any] = {
     "skipped_in_flight": 0,  # preempted with output in flight: that stale frame used the 0.21.0 flag up
     "discarded": 0,  # frames actually dropped because of the injection
     "discarded_frames": [],  # first _MAX_FRAMES_KEPT: {"request_id", "token_ids"}
+    "crash_armed": 0,  # crash#reset: requests the injected reset marked to underflow their placeholder count
 }
 
 
@@ -193,12 +212,12 @@ def activate(value: str | None, after_import: AfterImport) -> None:
     if not faults:
         return
     STATE["pending"] = list(faults)
-    # Only one fault is known; the dispatch stays explicit so a new id needs a new installer.
-    if FAULT_42043 in faults:
+    # The dispatch stays explicit so a new id needs a new installer.
+    if any(f in faults for f in SCHED_FAULTS):
         # Either module may be imported first (the engine core imports async_scheduler, which
         # imports scheduler); install once both are fully initialised.
-        after_import(SCHED_MODULE, _maybe_install_42043)
-        after_import(ASYNC_SCHED_MODULE, _maybe_install_42043)
+        after_import(SCHED_MODULE, _maybe_install_sched)
+        after_import(ASYNC_SCHED_MODULE, _maybe_install_sched)
     if FAULT_HANG_PAUSE in faults:
         after_import(CORE_MODULE, _install_hang_pause)
 
@@ -290,8 +309,9 @@ def _own_source(cls: type, name: str) -> str | None:
     return inspect.getsource(func)
 
 
-def _maybe_install_42043(_module: Any) -> None:
-    if FAULT_42043 not in STATE["pending"]:
+def _maybe_install_sched(_module: Any) -> None:
+    todo = [f for f in SCHED_FAULTS if f in STATE["pending"]]
+    if not todo:
         return
     sched_mod = sys.modules.get(SCHED_MODULE)
     if sched_mod is None or not hasattr(sched_mod, "Scheduler"):
@@ -299,9 +319,63 @@ def _maybe_install_42043(_module: Any) -> None:
     async_mod = sys.modules.get(ASYNC_SCHED_MODULE)
     if async_mod is not None and not hasattr(async_mod, "AsyncScheduler"):
         return  # async_scheduler.py is importing scheduler.py right now: its hook comes next
-    # Out of pending first: _install_42043 imports async_scheduler, whose hook re-enters here.
-    STATE["pending"].remove(FAULT_42043)
-    _install_42043(sched_mod)
+    # Out of pending first: the installers import async_scheduler, whose hook re-enters here.
+    for fid in todo:
+        STATE["pending"].remove(fid)
+    if FAULT_42043 in todo:
+        _install_42043(sched_mod)
+    if FAULT_CRASH_RESET in todo:
+        _install_crash_reset(sched_mod)
+
+
+def _install_crash_reset(sched_mod: Any) -> None:
+    try:
+        async_cls = importlib.import_module(ASYNC_SCHED_MODULE).AsyncScheduler
+        sched_cls = sched_mod.Scheduler
+        update_src = _own_source(async_cls, "_update_request_with_output")
+        orig_reset = sched_cls.__dict__["reset_prefix_cache"]
+    except Exception as exc:
+        _record(FAULT_CRASH_RESET, "not_applicable", f"could not inspect the vLLM scheduler: {exc!r}")
+        return
+    if update_src is None or PLACEHOLDER_ASSERT not in update_src:
+        _record(FAULT_CRASH_RESET, "not_applicable",
+                f"AsyncScheduler._update_request_with_output has no `{PLACEHOLDER_ASSERT}` to make fail")
+        return
+    if "reset_running_requests" not in inspect.signature(orig_reset).parameters:
+        _record(FAULT_CRASH_RESET, "not_applicable", "reset_prefix_cache has no reset_running_requests parameter")
+        return
+    _wrap_crash(sched_cls, async_cls)
+    _record(FAULT_CRASH_RESET, "applied", f"{RESET_TARGET}, {UPDATE_TARGET} (placeholder underflow)")
+    print(f"[vllm-repro] pid {os.getpid()}: INJECTED {FAULT_CRASH_RESET}: {RESET_TARGET}, {UPDATE_TARGET}",
+          file=sys.stderr, flush=True)
+
+
+def _wrap_crash(sched_cls: type, async_cls: type) -> None:
+    orig_reset = sched_cls.__dict__["reset_prefix_cache"]
+    orig_update = async_cls.__dict__["_update_request_with_output"]
+
+    def reset_prefix_cache(self: Any, *args: Any, **kwargs: Any) -> Any:
+        force = bool(_bound_arg(orig_reset, (self, *args), kwargs, "reset_running_requests"))
+        victims = list(self.running) if force and isinstance(self, async_cls) else []
+        result = orig_reset(self, *args, **kwargs)
+        for req in victims:
+            setattr(req, _CRASH_MARK, True)
+            STATE["crash_armed"] += 1
+        return result
+
+    def _update_request_with_output(self: Any, request: Any, new_token_ids: list[int], *args: Any,
+                                    **kwargs: Any) -> Any:
+        if getattr(request, _CRASH_MARK, False) and new_token_ids:
+            # One placeholder short: vLLM's own decrement underflows and its assert fails (in vLLM's frame).
+            request.num_output_placeholders = 0
+        return orig_update(self, request, new_token_ids, *args, **kwargs)
+
+    for func, orig in ((reset_prefix_cache, orig_reset), (_update_request_with_output, orig_update)):
+        func.__repro_inject__ = True  # type: ignore[attr-defined]
+        func.__wrapped__ = orig  # type: ignore[attr-defined]
+        func.__qualname__ = orig.__qualname__
+    sched_cls.reset_prefix_cache = reset_prefix_cache  # type: ignore[attr-defined]
+    async_cls._update_request_with_output = _update_request_with_output  # type: ignore[attr-defined]
 
 
 def _install_42043(sched_mod: Any) -> None:

@@ -18,6 +18,12 @@ What it does:
   calls of the async output path into no-ops, so the AsyncScheduler code that
   vLLM #42043 lives in runs on a laptop CPU.  The probes report whether that
   path really ran, so a cell never claims async it did not get.
+* Always: in the engine-core process, ``repro.crash`` wraps the call that
+  tells the client the engine core died of an exception, so the exception's
+  vLLM frame reaches the harness (CRASH, not ERROR, when vLLM's own code
+  raised; the report goes to ``$VLLM_REPRO_CRASH_FILE``).
+* Always: counts preemptions, speculative drafts and prefill chunks in the engine core
+  (``repro/counters.py``; read with ``call_utility_async("repro_counters")``).
 * Only with ``VLLM_REPRO_INJECT`` set (``--inject``): deliberate fault
   injection, see ``repro/inject.py``; the engine probe's ``inject`` section
   says what was patched, or why not.
@@ -36,7 +42,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from repro import inject
+from repro import counters, crash, inject
 
 ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
 
@@ -50,6 +56,7 @@ STATE: dict[str, Any] = {
     "cuda_noop_stream_uses": 0,
     "cuda_noop_event_uses": 0,
     "cpu_runner_wrapper_patched": False,
+    "crash_hook": [],  # engine-core methods wrapped to report a fatal exception (repro.crash)
     "problems": [],
 }
 
@@ -61,6 +68,9 @@ def register() -> None:
     STATE["registered"] = True
     STATE["pid"] = os.getpid()
     _install_probes()
+    _after_import(crash.CORE_MODULE, _install_crash_hook)
+    # Scheduler counters (preemptions, drafts, prefill chunks): the evidence the engine-profile scenarios need.
+    counters.install(_after_import)
     # Deliberate fault injection (--inject, repro/inject.py); raises on an unknown id so
     # the engine fails to start rather than run un-injected.
     inject.activate(os.environ.get(inject.ENV_INJECT), _after_import)
@@ -99,6 +109,10 @@ def _request_progress(self: Any) -> dict[str, dict[str, Any]]:
             "status": getattr(status, "name", str(status)),
             "num_preemptions": getattr(req, "num_preemptions", None),
             "discard_latest_async_tokens": bool(getattr(req, "discard_latest_async_tokens", False)),
+            # Frames in flight for it, and (0.22+, PR #42117) how many returning frames it will discard:
+            # the evidence of what a reset did to it.
+            "num_output_placeholders": getattr(req, "num_output_placeholders", None),
+            "async_tokens_to_discard": getattr(req, "async_tokens_to_discard", None),
         }
     return out
 
@@ -143,6 +157,15 @@ def _install_probes() -> None:
         WorkerBase.repro_worker_probe = _worker_probe  # type: ignore[attr-defined]
     except Exception as exc:  # pragma: no cover
         STATE["problems"].append(f"worker probe: {exc!r}")
+
+
+def _install_crash_hook(core: Any) -> None:
+    try:
+        STATE["crash_hook"] = crash.install_engine_core_hook(core)
+    except Exception as exc:  # pragma: no cover - depends on vLLM version
+        STATE["problems"].append(f"crash hook: {exc!r}")
+    if not STATE["crash_hook"]:
+        STATE["problems"].append(f"crash hook: no _send_engine_dead in {crash.CORE_MODULE}")
 
 
 # --------------------------------------------------------------------------- CPU async
@@ -270,11 +293,21 @@ def _patch_cpu_runner_wrapper(module: Any) -> None:
         STATE["cpu_runner_wrapper_patched"] = True
 
 
+# Patches waiting for their module's import: several hooks may want one module (the counters and --inject
+# both patch the scheduler), and only the first meta-path finder that answers is ever asked, so one finder
+# per module runs them all.
+_PENDING: dict[str, list[Callable[[Any], None]]] = {}
+
+
 def _after_import(name: str, patch: Callable[[Any], None]) -> None:
     """Run ``patch(module)`` once ``name`` is imported (now, if it already is)."""
     if name in sys.modules:
         patch(sys.modules[name])
         return
+    if name in _PENDING:
+        _PENDING[name].append(patch)
+        return
+    _PENDING[name] = [patch]
 
     class _Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
@@ -283,12 +316,14 @@ def _after_import(name: str, patch: Callable[[Any], None]) -> None:
             sys.meta_path.remove(self)
             spec = importlib.util.find_spec(fullname)
             if spec is None or spec.loader is None:
+                _PENDING.pop(name, None)
                 return spec
             exec_module = spec.loader.exec_module
 
             def exec_and_patch(module: Any) -> None:
                 exec_module(module)
-                patch(module)
+                for each in _PENDING.pop(name, []):
+                    each(module)
 
             spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
             return spec

@@ -10,7 +10,7 @@ from harness import execute
 from harness.commands.base import Command, CommandGroup
 from harness.commands.context import Context, fresh_log, run_context
 from harness.commands.face import interruptible, stderr_console
-from harness.commands.options import add_index_options, add_run_options, add_version_options
+from harness.commands.options import add_index_options, add_retry_option, add_run_options, add_version_options
 from harness.errors import BadInput
 from harness.matrix import plan_cells
 from harness.results import Results, ResultsLog
@@ -66,6 +66,7 @@ class WorkaroundsCheck(Command):
         parser.add_argument("--require-removable", action="store_true",
                             help="exit 1 if any checked version still NEEDS a workaround")
         add_run_options(parser, reports="reports/workarounds")
+        add_retry_option(parser)
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:

@@ -2,8 +2,9 @@
 
 A cell result is a :class:`CellResult`: the cell, the oracle's outcome and short ``label`` (``LOSS(1)``), its
 summary, its requests (:class:`RequestRecord`: what ``repro.cell`` recorded, with the oracle's verdict merged
-in), the engine's self-report (:class:`EngineInfo`), the known-bug comparison (:class:`ExpectationRecord`) and,
-for ``--repeat N``, a :class:`RepeatSummary`.  Objects from the engine side are kept whole, so a file
+in, fault events and all), the engine's self-report (:class:`EngineInfo`), the known-bug comparison
+(:class:`ExpectationRecord`), for ``--repeat N`` a :class:`RepeatSummary` and, for a cell ``--retry-infra``
+ran again, every :class:`Attempt`.  Objects from the engine side are kept whole, so a file
 re-written by the harness holds exactly what the engine wrote.
 
 Files carry ``schema`` and ``schema_version``; :class:`Schema.check` is the one check, and
@@ -22,10 +23,12 @@ from typing import Any
 from harness.core.axes import AXES, BY_NAME
 from harness.core.cell import Cell, cell_from_dict
 from harness.errors import ResultsFileError
-from harness.oracle import Outcome
+from harness.oracle import FaultEvent, Outcome, events_label
 
 # Version 2: cells carry the ``tier`` axis and the oracle's ``label``.
-SCHEMA_VERSION = 2
+# Version 3: request verdicts carry their fault ``events`` (several per request: one per pause that lost or
+# repeated tokens) and cells their ``attempts`` (``--retry-infra``; empty when the first attempt counted).
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,27 @@ def _update_to_2(cell: dict[str, Any]) -> dict[str, Any]:
     return {**cell, "cell": axes, "label": label}
 
 
-_UPDATES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {2: _update_to_2}
+def legacy_events(verdict: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The fault events of a request verdict written before they were stored: one LOSS/DUPLICATE of ``k`` at
+    ``at`` (an older oracle named only the first fault, so that is all there is), else none."""
+    kind, k, at = verdict.get("outcome"), verdict.get("k"), verdict.get("at")
+    if kind in (Outcome.LOSS.value, Outcome.DUPLICATE.value) and isinstance(k, int) and isinstance(at, int):
+        return [FaultEvent(Outcome(kind), k, at).to_dict()]
+    return []
+
+
+def _update_to_3(cell: dict[str, Any]) -> dict[str, Any]:
+    # Fault events in every request verdict (recovered from outcome, k and at), and no retried attempts.
+    out = {**cell, "attempts": cell.get("attempts") or []}
+    if isinstance(cell.get("requests"), list):
+        out["requests"] = [r if not isinstance(r, dict) or not isinstance(r.get("verdict"), dict)
+                           or "events" in r["verdict"]
+                           else {**r, "verdict": {**r["verdict"], "events": legacy_events(r["verdict"])}}
+                           for r in cell["requests"]]
+    return out
+
+
+_UPDATES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {2: _update_to_2, 3: _update_to_3}
 
 
 def migrate_cell(cell: dict[str, Any], version: int) -> dict[str, Any]:
@@ -101,12 +124,23 @@ def migrate_cell(cell: dict[str, Any], version: int) -> dict[str, Any]:
 def identity_form(cell: dict[str, Any]) -> dict[str, Any]:
     """A cell result's JSON form without what migrations add when it holds the value they give.
 
-    Run ids hash this form, so a report keeps its run id across schema versions: the label is left out (it is
-    derived from the outcome and summary, which are hashed) and so is every axis added after schema 1 while
-    it is at its default (a schema-1 cell could not have another value).
+    Run ids hash this form, so a report keeps its run id across schema versions: the label and the requests'
+    fault events are left out (derived from the outcome, summary and streams, which are hashed), so are the
+    attempts while there are none, and so is every axis added after schema 1 while it is at its default (a
+    schema-1 cell could not have another value).
     """
     axes = {k: v for k, v in cell["cell"].items() if k not in AXES_AFTER_V1 or v != BY_NAME[k].default}
-    return {**{k: v for k, v in cell.items() if k != "label"}, "cell": axes}
+    out = {k: v for k, v in cell.items() if k != "label" and not (k == "attempts" and not v)}
+    if "requests" in out:
+        out["requests"] = [_without_events(r) for r in out["requests"]]
+    return {**out, "cell": axes}
+
+
+def _without_events(request: Any) -> Any:
+    verdict = request.get("verdict") if isinstance(request, dict) else None
+    if not isinstance(verdict, dict) or "events" not in verdict:
+        return request
+    return {**request, "verdict": {k: v for k, v in verdict.items() if k != "events"}}
 
 
 AXES_AFTER_V1 = ("tier",)  # axes added after schema 1: left out of old forms while at their default
@@ -233,18 +267,23 @@ class RequestVerdictRecord:
     running_at_pause: bool = False
     pause_index: int | None = None
     first_post_resume: Mapping[str, Any] | None = None  # {"index", "expected", "observed"}
+    events: tuple[FaultEvent, ...] = ()  # every loss or duplicate, in stream order
 
     @property
     def short(self) -> str:
-        """``LOSS(1)``: the outcome with the tokens lost or duplicated (what the known-bug table expects)."""
+        """``LOSS(1)``: the outcome with the tokens lost or duplicated; ``LOSS(1; 1)`` for one loss at each of two
+        points (what the known-bug table expects)."""
+        if len(self.events) > 1 and self.outcome in (Outcome.LOSS.value, Outcome.DUPLICATE.value):
+            return events_label(self.events, with_index=False)
         return str(self.outcome) if self.k is None else f"{self.outcome}({self.k})"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RequestVerdictRecord:
         fpr = d.get("first_post_resume")
+        events = d["events"] if isinstance(d.get("events"), list) else legacy_events(d)
         return cls(d.get("outcome"), d.get("label"), d.get("at"), d.get("k"), str(d.get("detail") or ""),
                    bool(d.get("running_at_pause")), d.get("pause_index"),
-                   fpr if isinstance(fpr, Mapping) else None)
+                   fpr if isinstance(fpr, Mapping) else None, tuple(FaultEvent.from_dict(e) for e in events))
 
 
 @dataclass(frozen=True, eq=False)
@@ -319,6 +358,34 @@ class RepeatSummary:
                    tuple(d.get("runs") or ()))
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt at a cell (``--retry-infra N``): what it came to and where its engine's files are.
+
+    A cell that was retried lists every attempt, the one its result is taken from last.
+    """
+
+    n: int  # 1-based
+    outcome: str  # "ERROR", "TIMEOUT", "OK", …
+    label: str = ""
+    summary: str = ""
+    reason: str | None = None
+    duration_s: float | None = None  # the cell's scenario, as in CellResult
+    elapsed_s: float | None = None  # from the start of this attempt's engine to the cell's result
+    started: str | None = None  # ISO time the attempt's engine started
+    engine_dir: str | None = None  # spec, event log and vLLM log of this attempt's engine
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "outcome": self.outcome, "label": self.label, "summary": self.summary,
+                "reason": self.reason, "duration_s": self.duration_s, "elapsed_s": self.elapsed_s,
+                "started": self.started, "engine_dir": self.engine_dir}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Attempt:
+        return cls(int(d["n"]), str(d["outcome"]), str(d.get("label") or ""), str(d.get("summary") or ""),
+                   d.get("reason"), d.get("duration_s"), d.get("elapsed_s"), d.get("started"), d.get("engine_dir"))
+
+
 def _record(value: Any, kind: type[Any]) -> Any:
     # The JSON form of a record is read into it; a record or None is kept as it is.
     if value is None or isinstance(value, kind):
@@ -344,9 +411,11 @@ class CellResult:
     expectation: ExpectationRecord | None = None
     repeats: RepeatSummary | None = None
     label: str = ""  # the oracle's short label, "LOSS(1)", "FLAKY"; "" = the outcome
+    attempts: tuple[Attempt, ...] = ()  # --retry-infra: every attempt when there was more than one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requests", tuple(_record(r, RequestRecord) for r in self.requests))
+        object.__setattr__(self, "attempts", tuple(_record(a, Attempt) for a in self.attempts))
         object.__setattr__(self, "engine", _record(self.engine, EngineInfo))
         object.__setattr__(self, "expectation", _record(self.expectation, ExpectationRecord))
         object.__setattr__(self, "repeats", _record(self.repeats, RepeatSummary))
@@ -371,6 +440,7 @@ class CellResult:
             "duration_s": self.duration_s,
             "expectation": self.expectation.to_dict() if self.expectation is not None else None,
             "repeats": self.repeats.to_dict() if self.repeats is not None else None,
+            "attempts": [a.to_dict() for a in self.attempts],
         }
 
     @classmethod
@@ -388,4 +458,5 @@ class CellResult:
             expectation=d.get("expectation"),
             repeats=d.get("repeats"),
             label=str(d.get("label") or ""),
+            attempts=tuple(d.get("attempts") or ()),
         )

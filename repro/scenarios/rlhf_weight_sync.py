@@ -55,13 +55,16 @@ from repro.scenarios._common import SinglePauseParams, single_pause_plan
 from repro.scenarios.base import (
     REFERENCE_MARGIN,
     EngineContext,
+    PauseAction,
     PauseSpec,
     Plan,
     RequestSpec,
     ScenarioFailed,
     ScenarioUnsupported,
     check_pause_api,
+    check_reset_api,
     params_from_dict,
+    reset_action,
     run_plan,
     run_reference,
     run_unpaused,
@@ -81,6 +84,9 @@ class WeightSyncParams:
     # Also cross-check on a fresh engine loaded with B (an engine start: ~30 s
     # on a small CPU; meant for GPUs, where the same-engine check always runs too).
     fresh_engine_check: bool = False
+    # The manual-reset-reload variant: pause with clear_cache=False, swap, then the client's own
+    # reset_prefix_cache(reset_running_requests=True), as RL frameworks write it (repro.scenarios.manual_reset).
+    explicit_reset: bool = False
     num_requests: int = 8
     extra_requests: int = 2
     prompt_len: int = 6
@@ -92,6 +98,8 @@ class WeightSyncParams:
             raise ValueError(f"weight_sync mode {self.mode!r}: the RLHF flow pauses in {'/'.join(MODES)} mode only")
         if self.weight_transfer not in TRANSFERS:
             raise ValueError(f"unknown weight_transfer {self.weight_transfer!r}; valid: {', '.join(TRANSFERS)}")
+        if self.explicit_reset and self.clear_cache:
+            raise ValueError("explicit_reset pauses with clear_cache=False: the reset is the client's explicit call")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WeightSyncParams:
@@ -433,9 +441,16 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
     """Play the weight-sync scenario ``sc`` on ``llm`` (holding A); return the scenario event's data."""
     t0 = time.monotonic()
     params = WeightSyncParams.from_dict(sc.get("params", {}))
+    if ctx.perm is None:
+        raise ScenarioUnsupported(
+            f"the weight-sync scenario computes every post-swap token from two bigram-cycle checkpoints A and B; "
+            f"with the {ctx.model_kind} model there is no checkpoint B whose stream is known (run it with "
+            "--model bigram-cycle, the default)")
     sid = sc["id"]
     plan = build(sid, sc.get("params", {}), len(ctx.perm), int(sc.get("seed", 0)))
     check_pause_api(llm)
+    if params.explicit_reset:
+        check_reset_api(llm)
     transfer = await _transfer_for(params, llm, ctx, timeout)
 
     spec_b = swap_partner(ctx.model_spec)
@@ -456,7 +471,7 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
         raise
     try:
         swap = PauseSpec(plan.pauses[0].mode, plan.pauses[0].clear_cache, plan.pauses[0].after_tokens,
-                         action=lambda: transfer.load(dir_b))
+                         action=_swap_action(llm, transfer, dir_b, params.explicit_reset))
         records, events = await run_plan(llm, Plan(plan.requests, [swap]), timeout)
         if not any(e.get("event") == "pause_action" for e in events):
             raise ScenarioFailed("the weights were never swapped (the pause did not happen)")
@@ -505,6 +520,17 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
                               "fresh_engine": None if fresh_check is None else len(fresh_check), "agree": True}
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3),
             "weight_sync": summary}
+
+
+def _swap_action(llm: Any, transfer: Any, checkpoint: Path, explicit_reset: bool) -> PauseAction:
+    """Load ``checkpoint``; then, for the manual-reset variant, reset the prefix cache with the requests frozen."""
+    reset = reset_action(llm) if explicit_reset else None
+
+    async def act() -> dict[str, Any]:
+        info = await transfer.load(checkpoint)
+        return {**info, **(await reset())} if reset is not None else info
+
+    return act
 
 
 async def _restore_a(llm: Any, transfer: Any, ctx: EngineContext, plan: Plan, timeout: float) -> dict[str, Any]:

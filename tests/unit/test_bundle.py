@@ -32,3 +32,17 @@ def test_else_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert bundle.source_checkout(checkout) == checkout.resolve()
     with pytest.raises(BadInput, match="run it in a vllm-repro checkout"):
         bundle.source_checkout(tmp_path)
+
+
+def test_the_bundle_carries_what_tox_post_resume_installs() -> None:
+    # An air-gapped node installs `tox -e post-resume` from the bundle alone: the bundle downloads vllm-repro
+    # with the extra that env installs, and the extra's pins are the test suite's own.
+    import configparser
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras[bundle.EXTRA] and set(extras[bundle.EXTRA]) <= set(extras["test"])
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(root / "tox.ini")
+    assert tox["testenv:post-resume"]["extras"].strip() == bundle.EXTRA

@@ -28,6 +28,8 @@ from harness.cli import main
         (["matrix", "--tp", "0"], ["'0'", "--tp"]),
         (["matrix", "--repeat", "0"], ["--repeat", "at least 1"]),
         (["matrix", "--platform", "cpu", "--weight-transfer", "nccl"], ["nccl", "reload"]),
+        (["matrix", "--platform", "cpu", "--wheelhouse", "/no/wh"], ["/no/wh", "does not exist", "build one"]),
+        (["envs", "build", "--versions", "0.21.0", "--wheelhouse", "/no/wh"], ["/no/wh", "vllm-repro wheelhouse"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_choices(

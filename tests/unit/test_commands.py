@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,9 +51,9 @@ def _leaves() -> list[tuple[list[str], argparse.ArgumentParser]]:
 
 def test_every_command_and_action_dispatches_to_its_own_handler() -> None:
     leaves = _leaves()
-    assert [c.name for c in COMMANDS] == ["matrix", "bisect", "workarounds", "plan", "report", "history", "compare",
-                                          "wheelhouse", "envs"]
-    assert len(leaves) == 14  # 6 commands, and 2 + 3 + 3 actions of workarounds, history, envs
+    assert [c.name for c in COMMANDS] == ["matrix", "bisect", "workarounds", "plan", "fuzz", "report", "history",
+                                          "compare", "wheelhouse", "envs"]
+    assert len(leaves) == 15  # 7 commands, and 2 + 3 + 3 actions of workarounds, history, envs
     for prefix, parser in leaves:
         handler = parser.get_default(HANDLER)
         assert handler is not None and handler.name == prefix[-1], prefix
@@ -166,9 +167,15 @@ def test_context_recipe_from_index_or_wheelhouse(tmp_path: Path, monkeypatch: py
     assert recipe.index.find_links == ("/wheels",) and recipe.index.resolve_as_of == "none"
     seen: list[tuple[object, ...]] = []
     monkeypatch.setattr("harness.envs.wheelhouse_recipe", lambda *a: seen.append(a) or "wheelhouse-recipe")
+    # The manifest is read and the base interpreter found once, when the recipes are made (before any build).
+    monkeypatch.setattr("harness.envs.load_manifest", lambda folder: seen.append(("manifest", folder)) or
+                        SimpleNamespace(python="3.12"))
+    monkeypatch.setattr("harness.envs.find_base_python", lambda *a: seen.append(("base", *a)) or "/usr/bin/python3.12")
     wh = Context(_run_args(tmp_path, platform="cpu", wheelhouse=tmp_path / "wh", base_python="/usr/bin/python3"))
-    assert wh.recipe("0.21.0") == "wheelhouse-recipe"
-    assert seen == [("0.21.0", tmp_path / "wh", "/usr/bin/python3", "cpu")]
+    assert wh.recipe("0.21.0") == wh.recipe("0.22.0") == "wheelhouse-recipe"
+    assert seen == [("manifest", tmp_path / "wh"), ("base", "3.12", "/usr/bin/python3", str(tmp_path / "wh")),
+                    ("0.21.0", tmp_path / "wh", "/usr/bin/python3.12", "cpu"),
+                    ("0.22.0", tmp_path / "wh", "/usr/bin/python3.12", "cpu")]
 
 
 def test_parse_meta() -> None:

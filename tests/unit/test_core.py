@@ -112,7 +112,8 @@ def test_pattern_reaches_every_axis() -> None:
     ("executor=gpu", "unknown executor 'gpu'; valid choices: mp, uni, ray-v1, ray-v2"),
     ("tp=0", "invalid tp '0'"),
     ("async=maybe", "unknown async_scheduling 'maybe'"),
-    ("scenario=chaos", "unknown scenario 'chaos'; valid choices: pause, weight-sync, "),
+    # Every catalogue name, then the "_" spellings of the hyphenated ones.
+    ("scenario=chaos", f"valid choices: {', '.join(SCENARIOS)}, weight_sync"),
 ])
 def test_bad_patterns_name_the_choices(raw: str, needle: str) -> None:
     with pytest.raises(BadInput, match=None) as exc:
@@ -197,3 +198,10 @@ def test_engine_key_id_names_a_non_default_profile() -> None:
     from dataclasses import replace
 
     assert replace(key, profile="tiny-kv").id == "vllm0.21.0-mp-async_on-tiny_kv"
+
+
+def test_scheduler_tier_cells_need_no_engine_profile() -> None:
+    # The scheduler tier builds every scenario's scheduler itself: its cells of one config share one process.
+    cells = [Cell("0.21.0", "mp", True, scenario=s, tier="scheduler") for s in ("pause", "preempt", "abort-some")]
+    assert {c.engine for c in cells} == {cells[0].engine} and cells[0].engine.profile == "default"
+    assert Cell("0.21.0", "mp", True, scenario="preempt").engine.profile == "tiny-kv"

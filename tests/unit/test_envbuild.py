@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -52,9 +53,14 @@ def test_recipe_factory_without_wheelhouse_is_default_recipe() -> None:
 def test_recipe_factory_with_wheelhouse_uses_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(envs, "wheelhouse_recipe", lambda *a: calls.append(a) or RECIPE)
+    # A missing wheelhouse is refused when the recipes are made, before any env is built.
+    with pytest.raises(WheelhouseError, match="does not exist; build one with 'vllm-repro wheelhouse'"):
+        envs.recipe_factory("cuda", "3.12", IndexConfig(), wheelhouse=tmp_path / "nope")
+    monkeypatch.setattr(envs, "load_manifest", lambda folder: SimpleNamespace(python="3.12"))
+    monkeypatch.setattr(envs, "find_base_python", lambda python, given, folder: f"{given}3.12")
     make = envs.recipe_factory("cuda", "3.12", IndexConfig(), wheelhouse=tmp_path, base_python="/opt/py")
     assert make("0.21.0") is RECIPE
-    assert calls == [("0.21.0", tmp_path, "/opt/py", "cuda")]
+    assert calls == [("0.21.0", tmp_path, "/opt/py3.12", "cuda")]  # the base found once, canonical
 
 
 def test_backend_for_picks_by_recipe() -> None:

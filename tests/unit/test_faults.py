@@ -20,7 +20,7 @@ REF = list(range(10, 40))
 def test_parse_inject_validates_and_dedups() -> None:
     assert parse_inject(None) == ()
     assert parse_inject(["vllm#42043", "vllm#42043,hang#pause"]) == ("vllm#42043", "hang#pause")
-    with pytest.raises(BadInput, match="valid choices: vllm#42043, hang#pause"):
+    with pytest.raises(BadInput, match="valid choices: vllm#42043, hang#pause, crash#reset"):
         parse_inject(["vllm#4204"])
     with pytest.raises(BadInput):
         parse_inject(["vllm#42043,"])

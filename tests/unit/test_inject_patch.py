@@ -52,7 +52,7 @@ def test_parse_faults_keeps_order_and_drops_duplicates() -> None:
 
 @pytest.mark.parametrize("value", ["vllm#4204", "VLLM#42043", "vllm#42043,bogus"])
 def test_parse_faults_refuses_unknown_ids(value: str) -> None:
-    with pytest.raises(InjectError, match=r"unknown fault .*valid: hang#pause, vllm#42043"):
+    with pytest.raises(InjectError, match=r"unknown fault .*valid: crash#reset, hang#pause, vllm#42043"):
         parse_faults(value)
 
 

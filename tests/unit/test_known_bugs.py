@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,15 +68,19 @@ ALL_RUNNING_LOSE_1 = dict.fromkeys(range(RUNNING), 1)
 def test_shipped_table(bugs: tuple[KnownBug, ...]) -> None:
     # Two windows of one bug, each measured by bisect on its tier: the engine's keep pause resets the cache
     # from 0.17.0; vLLM's scheduler drops the token after a drained reset in every release that installs.
-    # Each names its scenarios: a scenario that never pauses keeps mode=keep, clear_cache=true as defaults.
-    engine, scheduler = [b for b in bugs if b.id == "vllm#42043"]
-    assert engine.affected == SpecifierSet(">=0.17.0, <0.22.0")
+    # (Further rows of the same bug cover other scenarios: the manual reset, ...; they have tests of their own.)
+    engine, scheduler, manual = [b for b in bugs if b.id == "vllm#42043"][:3]
+    assert engine.affected == manual.affected == SpecifierSet(">=0.17.0, <0.22.0")
     assert scheduler.affected == SpecifierSet(">=0.12.0, <0.22.0")
-    for bug, tier, scenarios in ((engine, "engine", "pause|weight-sync"), (scheduler, "scheduler", "pause")):
+    # The rules name the scenarios that play a keep + clear_cache pause (non-pausing ones carry the default
+    # mode and clear_cache without playing them).
+    on = "async_scheduling=on,mode=keep"
+    for bug, cells in ((engine, f"tier=engine,scenario=pause|weight-sync,{on},clear_cache=true"),
+                       (scheduler, f"tier=scheduler,scenario=pause,{on},clear_cache=true"),
+                       (manual, f"tier=engine,scenario=manual-reset|manual-reset-reload,{on},clear_cache=false")):
         assert bug.fix == "vllm#42117"
         assert bug.fixed_in == "0.22.0"
-        pattern = parse_pattern(f"tier={tier},scenario={scenarios},async_scheduling=on,mode=keep,clear_cache=true")
-        assert bug.cells == (Rule(pattern, Outcome.LOSS, 1),)
+        assert bug.cells == (Rule(parse_pattern(cells), Outcome.LOSS, 1),)
 
 
 # The scheduler-tier family as measured (docs/results/sched-family-2026-12-01/matrix, async on; async off
@@ -119,6 +124,9 @@ def test_the_scheduler_family_rows_expect_what_was_measured(bugs: tuple[KnownBug
         (cell("0.21.0", clear=False), Expectation(Outcome.OK)),
         (cell("0.21.0", mode="wait"), Expectation(Outcome.OK)),
         (cell("0.21.0", mode="abort"), Expectation(Outcome.OK)),
+        # Non-pausing scenarios carry keep + clear_cache without playing them (measured OK on 0.21.0).
+        (replace(cell("0.21.0"), scenario="preempt"), Expectation(Outcome.OK)),
+        (replace(cell("0.21.0"), scenario="weight-sync"), Expectation(Outcome.LOSS, 1, "vllm#42043")),
         (cell("1a2b3c4d5e6f"), Expectation(Outcome.OK)),  # a commit label is no version
     ],
 )
@@ -250,13 +258,13 @@ def test_check_unexpected_when_the_loss_disappears(bugs: tuple[KnownBug, ...]) -
     ch = check(ran(cell("0.21.0")), bugs)
     assert ch.status == "UNEXPECTED"
     assert "expected LOSS(1) from vllm#42043" in ch.message
-    assert "r00: expected LOSS(1), got OK" in ch.message
+    assert f"r00: expected LOSS(1 at {PAUSE_AT}), got OK" in ch.message
 
 
 def test_check_unexpected_when_only_some_running_requests_lose(bugs: tuple[KnownBug, ...]) -> None:
     ch = check(ran(cell("0.21.0"), {0: 1, 1: 1, 2: 1}), bugs)
     assert ch.status == "UNEXPECTED"
-    assert "r03: expected LOSS(1), got OK" in ch.message
+    assert f"r03: expected LOSS(1 at {PAUSE_AT}), got OK" in ch.message
 
 
 def test_check_unexpected_loss_of_two(bugs: tuple[KnownBug, ...]) -> None:
@@ -264,7 +272,7 @@ def test_check_unexpected_loss_of_two(bugs: tuple[KnownBug, ...]) -> None:
     assert cr.outcome is Outcome.LOSS
     ch = check(cr, bugs)
     assert ch.status == "UNEXPECTED"
-    assert f"r00: expected LOSS(1), got LOSS(2 at {PAUSE_AT})" in ch.message
+    assert f"r00: expected LOSS(1 at {PAUSE_AT}), got LOSS(2 at {PAUSE_AT})" in ch.message
 
 
 def test_check_unexpected_when_a_late_request_loses(bugs: tuple[KnownBug, ...]) -> None:
@@ -298,3 +306,97 @@ def test_check_not_run(bugs: tuple[KnownBug, ...], outcome: Outcome, version: st
     assert ch.status == "not run"
     assert ch.message == f"{outcome.value}: the reason"
     assert ch.expected == expectation(c, bugs)
+
+
+# --------------------------------------------------------------------------- one fault per pause
+
+SECOND_PAUSE = 18
+
+
+def _two_pause_record(rid: str, lose_at: tuple[int, ...], *, dup_at: int | None = None,
+                      second: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A request running at two keep + clear_cache pauses (after 6 and 18 tokens), losing one token at each
+    index in ``lose_at`` (and, with ``dup_at``, repeating the two tokens before that index)."""
+    ref = [500 + j for j in range(MAX_TOKENS + 8)]
+    obs, j = [], 0
+    while len(obs) < MAX_TOKENS:
+        i = len(obs)
+        j += lose_at.count(i) - (2 if i == dup_at else 0)
+        obs.append(ref[j])
+        j += 1
+    rec = request_record(rid, obs, ref, running=True, pause_at=PAUSE_AT, max_tokens=MAX_TOKENS)
+    rec["pauses"][0].update(engine_status="PREEMPTED", engine_preemptions=1)
+    rec["pauses"].append({**rec["pauses"][0], "k": 1, "client_tokens": SECOND_PAUSE, "engine_preemptions": 2,
+                          **(second or {})})
+    return rec
+
+
+def _two_pauses(records: list[dict[str, Any]]) -> CellResult:
+    return judged_result(cell("0.21.0"), cell_verdict(records), records, None, 1.0)
+
+
+def test_one_loss_per_pause_is_as_expected(bugs: tuple[KnownBug, ...]) -> None:
+    cr = _two_pauses([_two_pause_record(f"r{i}", (PAUSE_AT, SECOND_PAUSE)) for i in range(3)])
+    assert [r.verdict.label for r in cr.requests] == [f"LOSS(1 at {PAUSE_AT}; 1 at {SECOND_PAUSE})"] * 3
+    assert cr.summary == "LOSS(1; 1) in 3/3 requests (3/3 running at pause)"
+    assert check(cr, bugs).status == "as expected"
+
+
+def test_a_missing_loss_at_the_second_pause_is_unexpected(bugs: tuple[KnownBug, ...]) -> None:
+    cr = _two_pauses([_two_pause_record("r0", (PAUSE_AT, SECOND_PAUSE)), _two_pause_record("r1", (PAUSE_AT,))])
+    ch = check(cr, bugs)
+    assert ch.status == "UNEXPECTED"
+    assert ch.message.endswith(f"r1: expected LOSS(1 at {PAUSE_AT}; 1 at {SECOND_PAUSE}), got LOSS(1 at {PAUSE_AT})")
+
+
+def test_a_duplicate_at_the_second_pause_is_unexpected(bugs: tuple[KnownBug, ...]) -> None:
+    cr = _two_pauses([_two_pause_record("r0", (PAUSE_AT,), dup_at=SECOND_PAUSE)])
+    assert cr.requests[0].verdict is not None
+    assert cr.requests[0].verdict.label == f"LOSS(1 at {PAUSE_AT}); DUPLICATE(2 at {SECOND_PAUSE})"
+    assert cr.summary == "LOSS(1); DUPLICATE(2) in 1/1 requests (1/1 running at pause)"
+    assert check(cr, bugs).status == "UNEXPECTED"
+
+
+def test_a_request_queued_at_the_second_pause_loses_only_at_the_first(bugs: tuple[KnownBug, ...]) -> None:
+    # Not rescheduled since the first reset: the second reset preempts nothing, its count stays at 1.
+    queued = _two_pause_record("r1", (PAUSE_AT,), second={"engine_preemptions": 1, "client_tokens": PAUSE_AT + 4})
+    cr = _two_pauses([_two_pause_record("r0", (PAUSE_AT, SECOND_PAUSE)), queued])
+    assert check(cr, bugs).status == "as expected"
+
+
+def test_two_pauses_at_one_index_may_lose_one_or_two_there(bugs: tuple[KnownBug, ...]) -> None:
+    back_to_back = {"client_tokens": PAUSE_AT}
+    for lose in ((PAUSE_AT,), (PAUSE_AT, PAUSE_AT)):
+        cr = _two_pauses([_two_pause_record("r0", lose, second=back_to_back)])
+        assert check(cr, bugs).status == "as expected", cr.summary
+    three = _two_pauses([_two_pause_record("r0", (PAUSE_AT,) * 3, second=back_to_back)])
+    assert check(three, bugs).status == "UNEXPECTED"
+
+
+# --------------------------------------------------------------------------- CRASH rules
+
+CRASH_TABLE = """
+[[bug]]
+id = "vllm#46066"
+affected = ">=0.20, <0.23"
+[[bug.cells]]
+async_scheduling = true
+mode = "keep"
+expect = "CRASH"
+"""
+
+
+def test_a_rule_can_expect_a_crash(tmp_path: Path) -> None:
+    bugs = _table(tmp_path, CRASH_TABLE)
+    c = cell("0.21.0")
+    assert expectation(c, bugs) == Expectation(Outcome.CRASH, None, "vllm#46066")
+    crashed = CellResult(c, Outcome.CRASH, "AssertionError: assert x >= 0 at vllm/a.py:1:f",
+                         reason="AssertionError: assert x >= 0 at vllm/a.py:1:f")
+    assert check(crashed, bugs).status == "as expected"
+    for other in (ran(c), ran(c, ALL_RUNNING_LOSE_1), infra_result(c, Outcome.ERROR, "engine died")):
+        ch = check(other, bugs)
+        assert ch.status == ("not run" if other.outcome is Outcome.ERROR else "UNEXPECTED"), ch
+        if ch.status == "UNEXPECTED":
+            assert ch.message == f"expected CRASH from vllm#46066, got {other.summary}"
+    # A crash where the table expects OK is a finding, never "as expected".
+    assert check(crashed, _table(tmp_path, "# none\n")).status == "UNEXPECTED"

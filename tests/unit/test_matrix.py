@@ -22,6 +22,7 @@ from harness.matrix import (
     plan_matrix,
     unsupported_reason,
 )
+from harness.versions import Release
 
 pytestmark = pytest.mark.unit
 
@@ -231,7 +232,18 @@ def test_parse_versions() -> None:
     assert parse_versions(" 0.21.0 , 0.21.0,0.11.0rc1 ", "cuda") == ("0.21.0", "0.11.0rc1")
     assert parse_versions("0.10.1.post1,0.12.0.dev3", "cpu") == ("0.10.1.post1", "0.12.0.dev3")
     assert parse_versions(None, "cpu") == DEFAULT_VERSIONS["cpu"] == ("0.21.0", "0.32.0")
-    assert parse_versions(None, "cuda") == DEFAULT_VERSIONS["cuda"]
+    # On GPUs the default adds the newest release, resolved from the index at run time (none on cpu: no fetch).
+    assert DEFAULT_VERSIONS["cuda"] == ("0.21.0", "0.22.0", "latest")
+    linux = ("manylinux_2_28_x86_64", "manylinux_2_28_aarch64")
+    newest = [Release("0.22.0", linux, None, False), Release("0.33.1", linux, None, False)]
+
+    def index(package: str, _url: str | None) -> list[Release]:
+        assert package == "vllm"
+        return newest
+
+    assert parse_versions(None, "cuda", fetch=index) == ("0.21.0", "0.22.0", "0.33.1")
+    newest.pop()  # latest is 0.22.0: listed once
+    assert parse_versions(None, "cuda", fetch=index) == ("0.21.0", "0.22.0")
 
 
 @pytest.mark.parametrize("raw", ["latest!", "v0.21.0", "0.21.0,main", "0.21.x", "", " , "])
@@ -271,3 +283,16 @@ def test_tp2_needs_two_visible_gpus() -> None:
     plan = plan_matrix(Selection(versions=("0.21.0",), executors=("mp",), tps=(1, 2)), "cuda", n_gpus=1)
     assert all(c.tp == 1 for _, cs in plan.engines for c in cs)
     assert all(c.tp == 2 for c, _ in plan.unsupported)
+
+
+def test_the_default_scenarios_share_their_configs_engine() -> None:
+    # Issue 14: the default run plays every scenario of the default engine profile (seconds each, no engine
+    # start); --scenario all adds the profile scenarios, each an engine of its own per config.
+    from harness.core.axes import BY_NAME
+    from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS
+    from harness.matrix import parse_option
+
+    chosen = parse_option(BY_NAME["scenario"], None, "cpu")
+    assert chosen == DEFAULT_SCENARIOS and {"pause", "weight-sync", "reset-inflight", "abort-some"} <= set(chosen)
+    assert all(BY_SCENARIO[s].profile == "default" for s in chosen)
+    assert set(parse_option(BY_NAME["scenario"], "all", "cpu")) == set(BY_SCENARIO)

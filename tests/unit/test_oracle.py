@@ -14,15 +14,20 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from harness.oracle import (
+    SHIFTS,
+    FaultEvent,
     Outcome,
     StreamVerdict,
     cell_verdict,
     classify_request,
     classify_stream,
+    events_label,
+    fit_losses,
+    preempted_at_keep_clear,
 )
 from repro.models import cycle_permutation, expected_continuation
 
@@ -534,3 +539,110 @@ def test_summary_count_agrees_with_its_label_when_losses_differ_in_size() -> Non
     assert cv.counts == {"LOSS(1)": 1, "LOSS(2)": 1}
     # Every distinct size is named, so the count matches the label.
     assert cv.summary == "LOSS(1,2) in 2/2 requests (2/2 running at pause)"
+
+
+# --------------------------------------------------------------------------- several faults in one stream
+
+
+@st.composite
+def faulted_streams(draw: st.DrawFn) -> tuple[list[int], list[int], tuple[FaultEvent, ...]]:
+    """(reference, observed, events): a stream made from a reference of DISTINCT tokens by 1-5 random losses and
+    duplicates of 1-4 tokens at random observed indices.
+
+    Unambiguous by construction: every token has one place in the reference, each event is followed by at
+    least two tokens before the next one (one suffices when both are of one kind, e.g. two #42043 losses one
+    token apart) and by at least one before the stream ends, and a duplicate never reaches before the
+    reference's start.  (Ambiguity rule, oracle docstring: one token between shifts of opposite kinds is read
+    as a wrong token, DIVERGED.)
+    """
+    events: list[FaultEvent] = []
+    at, pos = draw(st.integers(0, 12), label="first index"), 0
+    for _ in range(draw(st.integers(1, 5), label="events")):
+        kind = draw(st.sampled_from(SHIFTS))
+        if events:
+            at += draw(st.integers(1 if kind is events[-1].kind else 2, 12))
+        pos_here = pos + at - (events[-1].at if events else 0)  # reference position the stream reached at ``at``
+        k = draw(st.integers(1, 4))
+        if kind is Outcome.DUPLICATE:
+            assume(pos_here >= k)
+        events.append(FaultEvent(kind, k, at))
+        pos = pos_here + events[-1].shift
+    n = at + draw(st.integers(1, 12), label="tokens after the last event")
+    observed_positions, off, unshifted = [], 0, []
+    for i in range(n):
+        if any(e.at == i for e in events):
+            unshifted.append(i + off)  # where the stream would have gone on: the reference must hold it
+        off += sum(e.shift for e in events if e.at == i)
+        observed_positions.append(i + off)
+    margin = draw(st.sampled_from([0, 8]))
+    length = max(observed_positions + unshifted) + 1 + margin
+    full = draw(st.randoms(use_true_random=False)).sample(range(1000), length)
+    return full, [full[p] for p in observed_positions], tuple(events)
+
+
+@given(faulted_streams())
+def test_every_loss_and_duplicate_is_recovered(case: tuple[list[int], list[int], tuple[FaultEvent, ...]]) -> None:
+    ref, obs, events = case
+    v = classify_stream(ref, obs, expected_len=len(obs))
+    assert v.events == events
+    assert v.label == events_label(events)
+    first = events[0]
+    if len(events) == 1:
+        assert (v.outcome, v.at, v.k, v.label) == (first.kind, first.at, first.k, first.label)
+        assert v.short == f"{first.kind.value}({first.k})"
+    else:
+        worst = Outcome.LOSS if any(e.kind is Outcome.LOSS for e in events) else Outcome.DUPLICATE
+        assert (v.outcome, v.at, v.k) == (worst, first.at, None)
+        assert v.label.count(" at ") == len(events)
+
+
+@given(faulted_streams(), st.data())
+def test_a_foreign_token_after_the_faults_is_diverged_there(
+    case: tuple[list[int], list[int], tuple[FaultEvent, ...]], data: st.DataObject
+) -> None:
+    """The events before the foreign token are kept when at least two tokens confirm each; an event followed
+    by only one token before the divergence is withdrawn (and so on back), the divergence then starting there."""
+    ref, obs, events = case
+    assume(len(obs) > events[-1].at + 1)
+    x = data.draw(st.integers(events[-1].at + 1, len(obs) - 1), label="foreign at")
+    broken = [*obs[:x], OUT_OF_REFERENCE, *obs[x + 1:]]
+    v = classify_stream(ref, broken, expected_len=len(obs))
+    kept, at = list(events), x
+    while kept and at - kept[-1].at < 2:
+        at = kept.pop().at
+    assert (v.outcome, v.at, v.events) == (Outcome.DIVERGED, at, tuple(kept))
+    assert v.label == (f"{events_label(kept)}; " if kept else "") + f"DIVERGED(at {at})"
+
+
+def test_one_token_between_opposite_shifts_is_a_wrong_token() -> None:
+    ref = list(range(100, 140))
+    # ref[9] in place of ref[6]: "LOSS(3 at 6); DUPLICATE(3 at 7)" would fit as well; the oracle says DIVERGED.
+    assert classify_stream(ref, [*ref[:6], ref[9], *ref[7:30]]).label == "DIVERGED(at 6)"
+    # Two losses one token apart are two losses.
+    assert classify_stream(ref, [*ref[:6], ref[7], *ref[9:30]]).label == "LOSS(1 at 6; 1 at 7)"
+    # With two tokens between, a loss and a duplicate are both believed.
+    assert classify_stream(ref, [*ref[:6], *ref[7:9], *ref[6:30]]).label == "LOSS(1 at 6); DUPLICATE(3 at 8)"
+
+
+def test_the_plan_of_issue_14_reads_one_loss_per_pause() -> None:
+    """Two keep+clear pauses on 0.21.0 (after 6 and 18 tokens): once DIVERGED(at 6), now one loss at each."""
+    full = walk(48 + 8)
+    obs = full[:6] + full[7:19] + full[20:50]
+    rec = record("r0", obs, full[:56], max_tokens=48, pauses=[pause(6), pause(18)])
+    rv = classify_request(rec)
+    assert rv.verdict.label == "LOSS(1 at 6; 1 at 18)"
+    assert rv.to_dict()["events"] == [{"kind": "LOSS", "k": 1, "at": 6}, {"kind": "LOSS", "k": 1, "at": 18}]
+    assert (rv.to_dict()["at"], rv.to_dict()["k"]) == (6, None)
+    assert fit_losses(rec["reference"], obs, 48, preempted_at_keep_clear(rec)) is None  # no preemption counts
+    cv = cell_verdict([rec, record("late", full[:48], full[:56], max_tokens=48, submit=["during", 1])])
+    assert cv.summary == "LOSS(1; 1) in 1/2 requests (1/1 running at pause)"
+    assert cv.counts == {"LOSS(1; 1)": 1, "OK": 1}
+
+
+def test_cell_label_names_each_shape_when_requests_differ() -> None:
+    full = walk(48 + 8)
+    two = record("r0", full[:6] + full[7:19] + full[20:50], full[:56], max_tokens=48, pauses=[pause(6), pause(18)])
+    one = record("r1", full[:6] + full[7:49], full[:56], max_tokens=48, pauses=[pause(6)])
+    cv = cell_verdict([two, one])
+    assert (cv.outcome, cv.label) == (Outcome.LOSS, "LOSS(1) | LOSS(1; 1)")
+    assert cv.summary == "LOSS(1) | LOSS(1; 1) in 2/2 requests (2/2 running at pause)"

@@ -1,6 +1,6 @@
-"""Typed cell results, the one schema check, the migration of schema-1 files and stable run ids.
+"""Typed cell results, the one schema check, the migration of older files and stable run ids.
 
-Every results file committed under docs/results/ is schema 1: it must load, re-render exactly as committed
+Every results file committed under docs/results/ (schema 1 or 2) must load, re-render exactly as committed
 and keep the run id ``history add`` gave it before the schema moved on.
 """
 
@@ -74,7 +74,7 @@ def test_every_committed_report_loads_and_round_trips(path: Path) -> None:
     results = read_results(path)
     originals = _cells_of(path)
     assert len(results.cells) == len(originals)
-    if _first_doc(path)["schema_version"] == 2:  # written by this schema: back exactly as it was
+    if _first_doc(path)["schema_version"] == SCHEMA_VERSION:  # written by this schema: back exactly as it was
         assert [cr.to_dict() for cr in results.cells] == [
             {k: v for k, v in o.items() if k not in ("schema", "schema_version")} for o in originals]
         return
@@ -84,9 +84,16 @@ def test_every_committed_report_loads_and_round_trips(path: Path) -> None:
         # their defaults.
         implicit = {k: v for k, v in cr.cell.to_dict().items() if k not in orig["cell"] and k != "tier"}
         assert all(v == BY_NAME[k].default for k, v in implicit.items())
-        assert identity_form(cr.to_dict()) == {**orig, "cell": {**orig["cell"], **implicit}}
-        assert cr.cell.tier == "engine" and cr.label == legacy_label(orig["outcome"], orig["summary"])
-        assert cr.to_dict()["label"] == cr.label
+        assert identity_form(cr.to_dict()) == identity_form({**orig, "cell": {**orig["cell"], **implicit}})
+        # Schema 1 had no tier (engine); schema 2 reports of the scheduler tier say so.
+        assert cr.cell.tier == orig["cell"].get("tier", "engine")
+        assert cr.label == orig.get("label", legacy_label(orig["outcome"], orig["summary"]))
+        assert cr.to_dict()["label"] == cr.label and cr.attempts == ()
+        # Every request verdict gained its fault events: the one LOSS/DUPLICATE an older oracle named.
+        for req in cr.requests:
+            v = req.verdict
+            assert v is not None and [e.label for e in v.events] == ([v.label] if v.outcome in ("LOSS",
+                                                                                            "DUPLICATE") else [])
 
 
 @pytest.mark.parametrize("name", ["cpu-2026-11-30", "gpu-h200-2026-11-30"])
@@ -106,11 +113,12 @@ def test_committed_comparison_re_renders_as_committed() -> None:
 def test_run_ids_survive_the_schema_upgrade(name: str, run_id: str, tmp_path: Path) -> None:
     results = read_results(DOCS / name)
     assert run_id_of(results) == run_id
-    # Re-rendered at schema 2 (tier and label written out), the report is still the same run.
+    # Re-rendered at schema 3 (tier, label, fault events and attempts written out), the report is still the
+    # same run.
     rewritten = tmp_path / "results.json"
     rewritten.write_text(json.dumps(results.to_dict()))
     again = read_results(rewritten)
-    assert json.loads(rewritten.read_text())["schema_version"] == SCHEMA_VERSION == 2
+    assert json.loads(rewritten.read_text())["schema_version"] == SCHEMA_VERSION == 3
     assert run_id_of(again) == run_id and again.meta["migrated_from"] == 1
 
 
@@ -129,7 +137,7 @@ def test_a_non_default_new_axis_changes_the_run_id() -> None:
 def test_schema_check_reads_every_version_up_to_the_current_one() -> None:
     assert RESULTS.check({"schema": RESULTS.name, "schema_version": 1}, "f") == 1
     assert LINE.check({"schema": LINE.name, "schema_version": 2}, "f") == 2
-    for bad, match in ((99, "schema_version 99 is not supported .*reads 1 to 2.*upgrade vllm-repro"),
+    for bad, match in ((99, "schema_version 99 is not supported .*reads 1 to 3.*upgrade vllm-repro"),
                        (0, "schema_version 0 .*damaged"), (True, "schema_version True"), (None, "None")):
         with pytest.raises(ResultsFileError, match=match):
             RESULTS.check({"schema": RESULTS.name, "schema_version": bad}, "f")
@@ -144,10 +152,27 @@ def test_schema_check_reads_every_version_up_to_the_current_one() -> None:
 def test_migration_adds_tier_and_the_label_once() -> None:
     v1 = {"cell": {"version": "0.21.0", "executor": "mp", "async_scheduling": True, "mode": "keep",
                    "clear_cache": True}, "outcome": "LOSS", "summary": "LOSS(1,2) in 3/10 requests"}
-    v2 = migrate_cell(v1, 1)
-    assert v2["cell"]["tier"] == "engine" and v2["label"] == "LOSS(1,2)" and "tier" not in v1["cell"]
-    assert migrate_cell(v2, 2) == v2
-    assert CellResult.from_dict({**v2, "summary": "anything"}).label == "LOSS(1,2)"  # stored, not re-derived
+    v3 = migrate_cell(v1, 1)
+    assert v3["cell"]["tier"] == "engine" and v3["label"] == "LOSS(1,2)" and "tier" not in v1["cell"]
+    assert migrate_cell(v3, 3) == v3
+    assert CellResult.from_dict({**v3, "summary": "anything"}).label == "LOSS(1,2)"  # stored, not re-derived
+
+
+def test_migration_to_3_recovers_fault_events_and_adds_no_attempts() -> None:
+    loss = {"rid": "r0", "verdict": {"outcome": "LOSS", "label": "LOSS(1 at 6)", "at": 6, "k": 1}}
+    dup = {"rid": "r1", "verdict": {"outcome": "DUPLICATE", "label": "DUPLICATE(2 at 5)", "at": 5, "k": 2}}
+    div = {"rid": "r2", "verdict": {"outcome": "DIVERGED", "label": "DIVERGED(at 3)", "at": 3, "k": None}}
+    unjudged = {"rid": "r3"}
+    v2 = {"cell": {"version": "0.21.0", "executor": "mp", "async_scheduling": True, "mode": "keep",
+                   "clear_cache": True, "tier": "engine"}, "outcome": "LOSS", "label": "LOSS(1,2)",
+          "summary": "LOSS(1,2) in 2/4 requests", "requests": [loss, dup, div, unjudged]}
+    v3 = migrate_cell(v2, 2)
+    assert v3["attempts"] == [] and v3["requests"][3] == unjudged
+    assert [r["verdict"]["events"] for r in v3["requests"][:3]] == [
+        [{"kind": "LOSS", "k": 1, "at": 6}], [{"kind": "DUPLICATE", "k": 2, "at": 5}], []]
+    assert identity_form(v3) == identity_form(v2) and "label" not in identity_form(v2)
+    cr = CellResult.from_dict(v3)
+    assert [r.verdict.short for r in cr.requests[:3]] == ["LOSS(1)", "DUPLICATE(2)", "DIVERGED"]
 
 
 def test_results_files_of_both_versions_load(tmp_path: Path) -> None:

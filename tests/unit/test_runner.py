@@ -249,3 +249,76 @@ def test_session_failures_are_typed(tmp_path: Path) -> None:
     assert exc.value.reason == "engine exited with code 3 during engine start-up"
     assert exc.value.log_tail is not None and "engine core died" in exc.value.log_tail
     assert str(exc.value) == f"{exc.value.reason}; last log lines: {exc.value.log_tail}"
+
+
+# --------------------------------------------------------------------------- --retry-infra
+
+CRASH_EVENT = {"event": "scenario", "id": "wait-clear", "status": "crash", "exception_type": "AssertionError",
+               "message": "", "vllm_frame": "vllm/v1/core/sched/async_scheduler.py:53:_update_request_with_output",
+               "vllm_source": "assert request.num_output_placeholders >= 0",
+               "reason": "the engine core died: AssertionError: assert request.num_output_placeholders >= 0 at "
+                         "vllm/v1/core/sched/async_scheduler.py:53:_update_request_with_output"}
+
+
+@pytest.mark.integration
+def test_an_engine_death_is_retried_once_on_a_fresh_engine_and_every_attempt_recorded(tmp_path: Path) -> None:
+    # First start: keep-clear is judged, then the engine dies before wait-clear reports (ERROR). Second start
+    # (wait-clear only): it runs.
+    ran = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran",
+                      "records": [_record("r0", [1, 2, 3, 4])]})
+    ran2 = ran.replace("keep-clear", "wait-clear")
+    env = fake_env(tmp_path, f"""
+        echo started >> "{tmp_path}/starts"
+        if grep -q keep-clear "$SPEC"; then
+          printf '%s\\n' '{ran}' >> "$OUT"; echo "killed by the OOM killer" >&2; exit 137
+        fi
+        printf '%s\\n' '{ran2}' >> "$OUT"
+    """)
+    streamed: list = []
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path, retry_infra=1), on_result=streamed.append)
+    keep, wait = results
+    assert (tmp_path / "starts").read_text().count("started") == 2
+    assert keep.outcome is Outcome.OK and keep.attempts == (), "a cell judged at once is never run again"
+    assert wait.outcome is Outcome.OK
+    assert [(a.n, a.outcome) for a in wait.attempts] == [(1, "ERROR"), (2, "OK")]
+    first, second = wait.attempts
+    assert "exited with code 137" in (first.reason or "") and "OOM killer" in (first.reason or "")
+    work = tmp_path / "work" / "engines" / ENGINE.id
+    assert (first.engine_dir, second.engine_dir) == (str(work), str(work / "attempt-2"))
+    assert (work / "engine.log").read_text().strip() == "killed by the OOM killer", "attempt 1's log is kept"
+    assert first.elapsed_s is not None and first.started is not None
+    assert streamed == [keep, wait], "each cell is reported once, when final"
+    assert wait.to_dict()["attempts"][0]["outcome"] == "ERROR"
+
+
+@pytest.mark.integration
+def test_a_crash_or_a_last_attempt_stays_as_it_is(tmp_path: Path) -> None:
+    crash = json.dumps(CRASH_EVENT)
+    env = fake_env(tmp_path, f"""
+        echo started >> "{tmp_path}/starts"
+        printf '%s\\n' '{crash}' >> "$OUT"
+        exit 3
+    """)
+    keep, wait = run_engine(env, ENGINE, CELLS, cfg(tmp_path, retry_infra=2))
+    assert wait.outcome is Outcome.CRASH and wait.attempts == (), "vLLM's own crash is a finding: never retried"
+    assert "async_scheduler.py:53" in (wait.reason or "")
+    assert keep.outcome is Outcome.ERROR
+    assert [a.outcome for a in keep.attempts] == ["ERROR", "ERROR", "ERROR"], "N retries, then the last counts"
+    assert (tmp_path / "starts").read_text().count("started") == 3
+
+
+@pytest.mark.unit
+def test_what_is_retried() -> None:
+    from harness.results import CellResult, infra_result
+    from harness.runner import retryable
+
+    c = CELLS[0]
+    for outcome, again in ((Outcome.ERROR, True), (Outcome.TIMEOUT, True), (Outcome.CRASH, False),
+                           (Outcome.UNSUPPORTED, False), (Outcome.BUILD_FAILED, False)):
+        assert retryable(infra_result(c, outcome, "x")) is again, outcome
+    for outcome in (Outcome.OK, Outcome.LOSS, Outcome.DIVERGED, Outcome.FLAKY):
+        assert not retryable(CellResult(c, outcome, outcome.value))
+    # --repeat: an infrastructure failure in one run hides no finding of another.
+    lossy = CellResult(c, Outcome.ERROR, "ERROR in 1/2 runs", repeats={"n": 2, "outcomes": {"LOSS": 1, "ERROR": 1}})
+    assert not retryable(lossy)
+    assert retryable(CellResult(c, Outcome.ERROR, "e", repeats={"n": 2, "outcomes": {"OK": 1, "ERROR": 1}}))

@@ -13,7 +13,7 @@ from harness.oracle import Outcome
 from harness.runner import scenario_result
 from harness.sched_tier import SHAPES, sched_result, sched_scenario, sched_spec
 from harness.workarounds import workaround_verdicts
-from repro.sched.script import build_script
+from repro.sched.script import SCHEMA_VERSION, build_script
 
 pytestmark = pytest.mark.unit
 
@@ -83,7 +83,7 @@ def test_the_spec_a_cell_runs_builds_a_script() -> None:
     assert plain["params"] == {"scheduler": "sync", "depth": 1, "reset": False}
     assert "reset" not in [o.op for o in build_script("drained_reset", plain["params"], 512, 3).ops]
     spec = sched_spec(SCHED.engine, [sc], "/cache", {})
-    assert spec["schema_version"] == 1 and spec["version_label"] == "0.21.0" and spec["scenarios"] == [sc]
+    assert spec["schema_version"] == SCHEMA_VERSION and spec["version_label"] == "0.21.0" and spec["scenarios"] == [sc]
 
 
 def _ran(cls: str = ASYNC_CLS, **extra: Any) -> dict[str, Any]:
@@ -139,3 +139,21 @@ def test_a_preemption_cell_in_which_nothing_was_preempted_is_unsupported_not_ok(
     assert preempted.outcome is Outcome.OK
     # Shapes about resets do not ask for it.
     assert sched_result(SCHED.replace(scenario="reset-deep"), ev, None, scenario_result).outcome is Outcome.OK
+
+
+def test_one_scenario_event_judged_on_its_own_as_plan_and_fuzz_judge_it() -> None:
+    from harness.sched_tier import sched_verdict
+
+    assert sched_verdict(_ran()).label == "LOSS(1)"
+    crash = sched_verdict({"status": "crash", "reason": "AssertionError:  at vllm/x.py:1:f",
+                           "vllm_source": "assert n >= 0"})
+    assert crash.outcome is Outcome.CRASH
+    assert crash.summary == "CRASH: AssertionError:  at vllm/x.py:1:f (assert n >= 0)"
+    # A hang is TIMEOUT (as the matrix has it); the streams' own verdict stays in the summary.
+    stalled = sched_verdict(_ran(stalled="run to completion: nothing scheduled or delivered in 64 iterations"))
+    assert stalled.outcome is Outcome.TIMEOUT and stalled.summary.startswith("TIMEOUT: vLLM's scheduler never")
+    assert stalled.summary.endswith("streams: LOSS(1) in 1/1 requests (1/1 running at pause)")
+    assert sched_result(SCHED, _ran(stalled="x"), None, scenario_result).summary == \
+        "vLLM's scheduler never finished a request: x"
+    refused = sched_verdict({"status": "unsupported", "reason": "no pause state"})
+    assert (refused.outcome, refused.summary) == (Outcome.UNSUPPORTED, "no pause state")

@@ -20,7 +20,17 @@ from harness.matrix import Cell, MatrixPlan
 from harness.oracle import Outcome
 from harness.results import CellResult, ResultsLog, read_results
 from harness.runner import Cancelled, RunConfig
-from harness.scheduling import SHARED_GPU_KV_BYTES, Capacity, Slots, auto_jobs, capacity
+from harness.scheduling import (
+    SHARED_GPU_KV_BYTES,
+    Capacity,
+    EngineStart,
+    Slots,
+    auto_jobs,
+    capacity,
+    engine_start,
+    for_workers,
+    pick_gpus,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -58,21 +68,60 @@ def test_auto_capacity(platform: str, gpus: tuple[str, ...], gmu: float | None, 
     assert auto_jobs(platform, gpus, gmu, cores) == want
 
 
+def test_pick_gpus_spreads_before_stacking() -> None:
+    assert pick_gpus({"0": 1, "1": 2, "2": 2}, ("0", "1", "2"), 2) == ("1", "2")
+    assert pick_gpus({"0": 2, "1": 2}, ("1", "0"), 1) == ("1",)  # ties: visible order
+    assert pick_gpus({"0": 0, "1": 3}, ("0", "1"), 2) is None
+    assert pick_gpus({}, (), 0) == ()
+
+
+@pytest.mark.parametrize(("workers", "want"), [
+    (1, Capacity(jobs=1, gpus=("0",), per_gpu=1)),  # no xdist: a whole GPU, no sharing
+    (3, Capacity(jobs=3, gpus=("0",), per_gpu=3)),
+    (16, Capacity(jobs=8, gpus=("0",), per_gpu=8)),  # more workers than engines fit: the capacity bounds them
+])
+def test_capacity_for_workers(workers: int, want: Capacity) -> None:
+    cap = for_workers(auto_jobs("cuda", ("0",), 0.05, cores=16), workers)
+    assert cap == want
+    assert cap.shares_gpus == (workers > 1)
+    assert for_workers(Capacity(jobs=2), 4) == Capacity(jobs=2)  # cpu: no GPUs
+
+
 def test_jobs_given_spread_over_the_gpus() -> None:
     assert capacity(4, "cuda", ["0", "1"], 0.05) == Capacity(jobs=4, gpus=("0", "1"), per_gpu=2)
     assert capacity(3, "cpu", [], None) == Capacity(jobs=3)
     assert not capacity(2, "cuda", ["0", "1"], 0.05).shares_gpus
 
 
-# --------------------------------------------------------------------------- the local backend
+# --------------------------------------------------------------------------- how an engine starts beside others
 
 
-def _env(tmp_path: Path, version: str, fixed_kv: bool) -> VllmEnv:
+def _env(tmp_path: Path, version: str, fixed_kv: bool | None) -> VllmEnv:
+    """An env whose vLLM has ``kv_cache_memory_bytes`` (True), has not (False), or has no readable source (None)."""
     root = tmp_path / f"env-{version}"
     args = root / "lib" / "python3.12" / "site-packages" / "vllm" / "engine" / "arg_utils.py"
     args.parent.mkdir(parents=True)
-    args.write_text("kv_cache_memory_bytes: int | None = None\n" if fixed_kv else "gpu_memory_utilization = 0.9\n")
+    if fixed_kv is not None:
+        args.write_text("kv_cache_memory_bytes: int | None = None\n" if fixed_kv else "gpu_memory_utilization = 0.9\n")
     return VllmEnv(root, EnvRecipe("vllm", version, "cuda", "3.12"), {"valid": True})
+
+
+def test_engine_start_fixed_kv_else_startup_locks(tmp_path: Path) -> None:
+    shared = Capacity(jobs=4, gpus=("0", "1"), per_gpu=2)
+    new, old = _env(tmp_path, "0.21.0", fixed_kv=True), _env(tmp_path, "0.16.0", fixed_kv=False)
+    # Sharing GPUs with a vLLM that has kv_cache_memory_bytes: a fixed KV cache, no waiting.
+    assert engine_start(shared, ("0", "1"), new) == EngineStart(
+        engine_extra={"kv_cache_memory_bytes": SHARED_GPU_KV_BYTES})
+    # Without it: vLLM profiles memory, so start-ups on its GPUs (both, for TP=2) take turns.
+    assert engine_start(shared, ("0", "1"), old) == EngineStart(startup_locks=("0", "1"))
+    # A GPU of its own, or none: as one engine at a time.
+    assert engine_start(Capacity(jobs=2, gpus=("0", "1"), per_gpu=1), ("0",), old) == EngineStart()
+    assert engine_start(shared, (), old) == EngineStart()
+    assert engine_start(Capacity(jobs=2, gpus=("0",), per_gpu=2), ("0",), _env(tmp_path, "0.9.0", None)) == \
+        EngineStart(startup_locks=("0",))  # no vLLM source to read: assume no fixed KV cache
+
+
+# --------------------------------------------------------------------------- the local backend
 
 
 class FakeEngines:

