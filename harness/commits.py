@@ -89,9 +89,10 @@ def commits_from_repo(repo: Path, span: str) -> list[Commit]:
 
 def commit_recipe(
     commit: Commit, label: str, template: str, variant: str, package: str, platform: str, python: str,
-    base: IndexConfig,
+    base: IndexConfig, cpu_torch: bool = False,
 ) -> EnvRecipe:
-    """The env recipe that installs ``package`` from the commit's own wheel index."""
+    """The env recipe that installs ``package`` from the commit's own wheel index (``cpu_torch``: a CUDA build
+    onto a CPU torch, for the scheduler tier on a CPU-only machine; see ``harness.envbuild.cputorch``)."""
     try:
         url = template.format(commit=commit.sha, variant=variant)
     except (KeyError, IndexError, ValueError, AttributeError) as exc:
@@ -101,16 +102,17 @@ def commit_recipe(
         # The commit date stands in for a release's upload date (none known: today's dependencies).
         as_of = "none" if commit.date is None else as_of_after(commit.date)
     index = replace(base, extra_index_urls=(url, *base.extra_index_urls), resolve_as_of=as_of)
-    return EnvRecipe(package, label, platform, python, index, requirement=package)
+    return EnvRecipe(package, label, platform, python, index, requirement=package, cpu_torch=cpu_torch)
 
 
 def commit_recipes(
     commits: list[Commit], template: str, variant: str, package: str, platform: str, python: str,
-    base: IndexConfig,
+    base: IndexConfig, cpu_torch: bool = False,
 ) -> RecipeFor:
     """Label (see ``labels``) -> the recipe of that commit's wheel: the ``recipe_for`` of a commit bisect."""
     by_label = dict(zip(labels(commits), commits, strict=True))
-    return lambda label: commit_recipe(by_label[label], label, template, variant, package, platform, python, base)
+    return lambda label: commit_recipe(by_label[label], label, template, variant, package, platform, python, base,
+                                       cpu_torch)
 
 
 def labels(commits: list[Commit]) -> list[str]:

@@ -107,6 +107,9 @@ class Backend(Protocol):
 
 
 def env_facts(env: VllmEnv) -> dict[str, Any]:
-    """The facts of a version's env kept in a run's meta."""
-    return {"path": str(env.path), **{k: env.status.get(k) for k in
-                                      ("vllm_version", "torch_version", "torch_override", "resolved_as_of")}}
+    """The facts of a version's env kept in a run's meta (a CUDA build on a CPU torch adds the torch it pins
+    and the CUDA packages left out: harness.envbuild.cputorch)."""
+    keys = ("vllm_version", "torch_version", "torch_override", "resolved_as_of")
+    extra = ("torch_pinned", "left_out") if env.recipe.cpu_torch else ()
+    return {"path": str(env.path), "package": env.recipe.package,
+            **{k: env.status.get(k) for k in (*keys, *extra)}}

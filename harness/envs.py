@@ -33,11 +33,14 @@ from harness.envbuild.index import DEFAULT_INDEX, IndexConfig, index_config_from
 from harness.envbuild.installed import installed_env
 from harness.envbuild.recipe import (
     RECIPE_VERSION,
+    WHEELS,
     EnvRecipe,
     RecipeFor,
     VllmEnv,
     WheelhouseSource,
     default_recipe,
+    default_wheels,
+    needs_cpu_torch,
     package_for,
 )
 from harness.envbuild.tools import Log, uv_bin
@@ -46,10 +49,11 @@ from harness.envbuild.wheelhouse import BASE_PYTHON_ENV, WheelhouseBackend, find
 from harness.wheelhouse import load_manifest
 
 __all__ = [
-    "DEFAULT_INDEX", "RECIPE_VERSION", "STATUS_FILE", "EnvBackend", "EnvRecipe", "IndexConfig", "Log", "RecipeFor",
-    "VllmEnv", "WheelhouseSource", "backend_for", "default_cache_dir", "default_recipe", "ensure_env", "env_size",
-    "env_status", "index_config_from_env", "installed_env", "last_used", "list_envs", "package_for", "prune_envs",
-    "recipe_factory", "release_time", "source_options", "uv_bin", "wheelhouse_recipe",
+    "DEFAULT_INDEX", "RECIPE_VERSION", "STATUS_FILE", "WHEELS", "EnvBackend", "EnvRecipe", "IndexConfig", "Log",
+    "RecipeFor", "VllmEnv", "WheelhouseSource", "backend_for", "default_cache_dir", "default_recipe",
+    "default_wheels", "ensure_env", "env_size", "env_status", "index_config_from_env", "installed_env", "last_used",
+    "list_envs", "needs_cpu_torch", "package_for", "prune_envs", "recipe_factory", "release_time", "source_options",
+    "uv_bin", "wheelhouse_recipe",
 ]
 
 # The wheelhouse folder when no --wheelhouse is given (tox passes VLLM_REPRO_* through).
@@ -82,11 +86,11 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
 
 def recipe_factory(
     platform: str, python: str, index: IndexConfig | None = None,
-    wheelhouse: Path | None = None, base_python: str | None = None,
+    wheelhouse: Path | None = None, base_python: str | None = None, wheels: str | None = None,
 ) -> RecipeFor:
     """How a release version becomes a recipe: from ``wheelhouse`` onto ``base_python`` when a wheelhouse is
-    given, else the default recipe (the platform's package from the index).  Per-commit recipes:
-    ``harness.commits.commit_recipes``.
+    given, else the default recipe (the package of ``wheels``, default the platform's, from the index).
+    Per-commit recipes: ``harness.commits.commit_recipes``.
 
     A wheelhouse is checked here, before any env is built: a missing or broken one (WheelhouseError), or no
     interpreter fit to be its base (BadInput), is one error naming the fix, not a BUILD-FAILED per version.
@@ -95,7 +99,7 @@ def recipe_factory(
         folder = wheelhouse
         base = find_base_python(load_manifest(folder).python, base_python, str(folder))
         return lambda version: wheelhouse_recipe(version, folder, base, platform)
-    return lambda version: default_recipe(platform, version, python, index)
+    return lambda version: default_recipe(platform, version, python, index, wheels)
 
 
 def source_options() -> tuple[tuple[str, dict[str, Any]], ...]:

@@ -23,7 +23,7 @@ from harness.oracle import Outcome
 from harness.results import CellResult, Results, ResultsLog, infra_result
 from harness.runner import RunConfig
 
-__all__ = ["CellRecorder", "Progress", "ProgressHook", "execute_plan", "run_meta"]
+__all__ = ["CellRecorder", "Progress", "ProgressHook", "execute_plan", "run_meta", "setup_meta"]
 
 
 def execute_plan(plan: MatrixPlan, ctx: RunContext, backend: Backend | None = None) -> Results:
@@ -93,4 +93,11 @@ def run_meta(
         "inject": list(cfg.inject),
         "repeat": cfg.repeat,
         "retry_infra": cfg.retry_infra,
+        **setup_meta(cfg),
     }
+
+
+def setup_meta(cfg: RunConfig) -> dict[str, Any]:
+    """The model, engine arguments and preset every engine of the run got (the report header shows them)."""
+    return {"model": {"kind": cfg.model_kind, "label": cfg.model_label, "params": dict(cfg.model_params)},
+            "engine_args": dict(cfg.engine_args), "preset": cfg.preset}

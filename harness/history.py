@@ -49,7 +49,8 @@ SCHEMA = "vllm-repro/history"
 SCHEMA_VERSION = 1
 HISTORY = Schema(SCHEMA, SCHEMA_VERSION, noun="line", label="history ")
 # Run facts worth keeping from a report's meta (envs paths and the like are left out).
-META_KEYS = ("tool_version", "created", "finished", "platform", "host", "argv", "inject", "repeat", "engine_starts")
+META_KEYS = ("tool_version", "created", "finished", "platform", "host", "argv", "inject", "repeat", "engine_starts",
+             "model", "engine_args", "preset")
 # A history line spells the async axis "async" (results JSON: "async_scheduling").
 _LINE_KEYS = {"async_scheduling": "async"}
 _REQUIRED = ("id", "version", "executor", "async", "mode", "clear_cache", "outcome")
@@ -154,6 +155,17 @@ class Run:
     @property
     def platform(self) -> str:
         return str(self.meta.get("platform") or "?")
+
+    @property
+    def setup(self) -> str:
+        """The run's model and engine arguments when not the harness's own ("" then): a LOSS on another model
+        or with other engine arguments is not the same row's history."""
+        model = self.meta.get("model") or {}
+        label = str(model.get("label") or model.get("kind") or "bigram-cycle") if isinstance(model, dict) else ""
+        args = self.meta.get("engine_args") or {}
+        if label in ("", "bigram-cycle") and not args:
+            return ""
+        return ", ".join([f"model {label}", *(f"{k}={json.dumps(v)}" for k, v in sorted(args.items()))])
 
     @property
     def created(self) -> str:
@@ -352,6 +364,7 @@ class Row:
     platform: str
     config: str
     inject: tuple[str, ...] = ()
+    setup: str = ""  # another model or engine arguments than the harness's (Run.setup): rows of their own
 
 
 @dataclass(frozen=True)
@@ -415,6 +428,8 @@ class HistoryView:
             text += f" ({row.platform})"
         if row.inject:
             text += f" [inject {','.join(row.inject)}]"
+        if row.setup:
+            text += f" [{row.setup}]"
         return text
 
 
@@ -426,9 +441,9 @@ _ROW_AXES = tuple(a.name for a in SORT_ORDER if a.engine and a.kind != "version"
 def _row_key(row: Row) -> tuple[Any, ...]:
     cell = parse_config_id(row.config)
     if cell is None:
-        return (row.inject, row.platform, 1, row.config)
+        return (row.inject, row.setup, row.platform, 1, row.config)
     rank = dict(zip((a.name for a in SORT_ORDER), cell.sort_key, strict=True))
-    return (row.inject, row.platform, 0, *(rank[name] for name in _ROW_AXES))
+    return (row.inject, row.setup, row.platform, 0, *(rank[name] for name in _ROW_AXES))
 
 
 def _selector(patterns: Sequence[str]) -> Callable[[HistoryCell], bool]:
@@ -481,7 +496,7 @@ def show(
                 continue
             if c.vllm_version:
                 hints.setdefault(c.version, c.vllm_version)
-            row = Row(run.platform, c.config, c.inject)
+            row = Row(run.platform, c.config, c.inject, run.setup)
             obs.setdefault((row, c.version), []).append(Observation(
                 run.run_id, run.created, c.outcome, c.label, c.summary, c.expectation, c.inject, run.source))
     hidden = 0

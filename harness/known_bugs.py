@@ -46,6 +46,7 @@ class KnownBug:
     fixed_in: str
     affected: SpecifierSet
     cells: tuple[Rule, ...]
+    note: str = ""  # why the window is what it is (shown where two tiers' windows differ: harness.compare)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Expectation:
 class Check:
     """How a cell's result compares with its expectation."""
 
-    status: str  # "as expected", "UNEXPECTED", "not run"
+    status: str  # "as expected", "UNEXPECTED", "not run", "inconclusive" (AMBIGUOUS: the streams cannot tell)
     expected: Expectation
     message: str
 
@@ -77,7 +78,7 @@ def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
             affected = SpecifierSet(b["affected"])
             rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}") for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
-                                 rules))
+                                 rules, str(b.get("note", ""))))
         except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
             raise BadInput(f"{where}: bug #{i + 1} is malformed ({exc!r})") from exc
     return tuple(bugs)
@@ -111,6 +112,9 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
     exp = expectation(result.cell, bugs)
     if result.outcome.is_infra:
         return Check("not run", exp, f"{result.outcome.value}: {result.reason or result.summary}")
+    if result.outcome is Outcome.AMBIGUOUS:
+        return Check("inconclusive", exp, f"expected {exp.label}; the streams cannot tell: "
+                                          f"{result.reason or result.summary}")
     if exp.outcome is Outcome.OK:
         if result.outcome is Outcome.OK:
             return Check("as expected", exp, "OK, as expected")
@@ -131,6 +135,8 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
 def _request_problem(req: RequestRecord, exp: Expectation) -> str | None:
     """Why one request does not show what ``exp`` expects of it, or None when it does."""
     v = req.verdict or RequestVerdictRecord("?")
+    if v.outcome == Outcome.AMBIGUOUS.value:
+        return None  # proves nothing either way; the cell's other requests decide
     at = Counter(int(p["client_tokens"]) for p in running_pauses(req) if p.get("client_tokens") is not None)
     if exp.outcome not in SHIFTS:
         want = exp.label if v.running_at_pause else "OK"

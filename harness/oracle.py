@@ -30,19 +30,32 @@ decide what a shift is believed on:
   did).  With merely no *adjacent* repeats, a periodic reference can make a
   loss of k >= 2 look like a shorter truncation; a loss of one token is still
   found.
+
+Any other model's reference may repeat itself (random weights fall into
+loops), so every verdict is checked for what the streams can prove
+(:func:`shift_ambiguity`): a stream that fits two readings at once (no fault
+and a lost token, or a lost and a repeated token) is AMBIGUOUS with the
+reason, never OK or LOSS.  Such a model's reference is the engine's own
+no-pause run, recorded twice with different batching (``reference_repeat``);
+when the two differ, the engine's numerics depend on batch composition and
+a stream that matches neither is AMBIGUOUS too (:func:`reference_split`).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
 class Outcome(enum.Enum):
     OK = "OK"
+    # The streams cannot tell: the reference repeats where a shift would show, or the engine's no-pause
+    # reference changes with batch composition.  No verdict either way (SKIP in a bisect, UNKNOWN for a
+    # workaround), but not an infrastructure failure: the cell ran.
+    AMBIGUOUS = "AMBIGUOUS"
     TRUNCATED = "TRUNCATED"
     DUPLICATE = "DUPLICATE"
     LOSS = "LOSS"
@@ -84,19 +97,9 @@ class Outcome(enum.Enum):
         return self in (Outcome.ERROR, Outcome.TIMEOUT)
 
 
-_RANK = {
-    Outcome.OK: 0,
-    Outcome.TRUNCATED: 1,
-    Outcome.DUPLICATE: 2,
-    Outcome.LOSS: 3,
-    Outcome.DIVERGED: 4,
-    Outcome.CRASH: 5,
-    Outcome.FLAKY: 6,
-    Outcome.UNSUPPORTED: 7,
-    Outcome.BUILD_FAILED: 8,
-    Outcome.ERROR: 9,
-    Outcome.TIMEOUT: 10,
-}
+_RANK = {o: i for i, o in enumerate((
+    Outcome.OK, Outcome.AMBIGUOUS, Outcome.TRUNCATED, Outcome.DUPLICATE, Outcome.LOSS, Outcome.DIVERGED,
+    Outcome.CRASH, Outcome.FLAKY, Outcome.UNSUPPORTED, Outcome.BUILD_FAILED, Outcome.ERROR, Outcome.TIMEOUT))}
 SHIFTS = (Outcome.LOSS, Outcome.DUPLICATE)  # the kinds of fault event, in the order they are tried
 
 
@@ -289,6 +292,116 @@ def _expected_got(reference: Sequence[int], observed: Sequence[int], i: int, off
     return f"expected {expected}, got {observed[i]}"
 
 
+# --------------------------------------------------------------------------- what the streams can prove
+
+
+def _apply(reference: Sequence[int], events: Sequence[FaultEvent], n: int) -> list[int] | None:
+    """The ``n`` tokens a stream shows when ``events`` shift it against ``reference`` (None: past either end)."""
+    evs = sorted(events, key=lambda e: e.at)
+    out: list[int] = []
+    off = k = 0
+    for i in range(n):
+        while k < len(evs) and evs[k].at == i:
+            off, k = off + evs[k].shift, k + 1
+        if not 0 <= i + off < len(reference):
+            return None
+        out.append(reference[i + off])
+    return out
+
+
+def _reading(events: Sequence[FaultEvent]) -> str:
+    return events_label(sorted(events, key=lambda e: e.at), with_index=False) if events else "OK"
+
+
+def _variants(base: tuple[FaultEvent, ...], points: Iterable[int], max_shift: int) -> list[list[FaultEvent]]:
+    """Readings near ``base``: itself, one event fewer, one more at a point, one moved, resized or turned."""
+    shapes = [(kind, d) for d in range(1, max_shift + 1) for kind in SHIFTS]
+    out = [list(base)] + [[*base[:i], *base[i + 1:]] for i in range(len(base))]
+    taken = {e.at for e in base}
+    out += [[*base, FaultEvent(kind, d, p)] for p in points if p not in taken for kind, d in shapes]
+    for i, e in enumerate(base):
+        out += [[*base[:i], FaultEvent(kind, d, at), *base[i + 1:]]
+                for at in range(max(0, e.at - max_shift), e.at + 1) for kind, d in shapes]
+    return out
+
+
+def readings(reference: Sequence[int], observed: Sequence[int], base: Sequence[FaultEvent], points: Iterable[int],
+             max_shift: int = 8) -> set[str]:
+    """Every reading near ``base`` (see :func:`_variants`) that ``observed`` fits exactly, spelled as
+    StreamVerdict.short spells it ("OK", "LOSS(1)", "LOSS(1; 1)", ...)."""
+    obs = list(observed)
+    return {_reading(evs) for evs in _variants(tuple(base), points, max_shift)
+            if _apply(reference, evs, len(obs)) == obs}
+
+
+def explanations(reference: Sequence[int], observed: Sequence[int], points: Iterable[int],
+                 max_shift: int = 8) -> set[str]:
+    """Every reading of ``observed`` it fits exactly: "OK", or one fault event "LOSS(d)" / "DUPLICATE(d)" at one
+    of ``points``."""
+    return readings(reference, observed, (), points, max_shift)
+
+
+def shift_ambiguity(reference: Sequence[int], observed: Sequence[int], verdict: StreamVerdict,
+                    critical: Sequence[int], max_shift: int = 8) -> str | None:
+    """Why ``verdict`` (OK, or shifts) is not proven by the streams, or None when it is.
+
+    ``critical``: where a fault would strike (the pause indices of a frozen request, 0 for one submitted
+    during or after a pause).  The verdict proves nothing when another reading near it fits the stream as
+    well: a lost or repeated token at a critical index that would have left the stream unchanged (the
+    reference repeats itself from there on), or another shift in place of one of its own (a period-2 loop:
+    losing one token is repeating one).  A shift whose index alone is uncertain (inside a run of one token)
+    still proves its kind and size.
+    """
+    if verdict.outcome not in (Outcome.OK, *SHIFTS):
+        return None
+    base = verdict.events if verdict.outcome in SHIFTS else ()
+    if verdict.outcome in SHIFTS and not base:  # a verdict built by hand, without its events
+        base = (FaultEvent(verdict.outcome, verdict.k or 1, verdict.at or 0),)
+    points = {c for c in critical if 0 <= c < len(observed)}
+    if not points and not base:
+        return None
+    fits = readings(reference, observed, base, sorted(points), max_shift)
+    if len(fits) < 2:
+        return None
+    at = min(points | {e.at for e in base})
+    window = " ".join(str(t) for t in reference[max(0, at - 2): at + 6])
+    return (f"the stream fits {_readings(fits)} alike: the reference repeats itself where a shift would show "
+            f"(from index {at}: {window} …), so the shift cannot be told")
+
+
+def _readings(fits: set[str]) -> str:
+    """``{"OK", "LOSS(1)", "LOSS(2)", "DUPLICATE(2)"}`` -> ``OK, LOSS(1,2), DUPLICATE(2)``."""
+    single = {f for f in fits if f.rstrip(")").split("(")[-1].isdigit() and f.count("(") == 1}
+    parts = ["OK"] if "OK" in fits else []
+    for kind in (Outcome.LOSS.value, Outcome.DUPLICATE.value):
+        sizes = sorted(int(f[len(kind) + 1:-1]) for f in single if f.startswith(kind + "("))
+        if sizes:
+            parts.append(f"{kind}({','.join(map(str, sizes))})")
+    return ", ".join(parts + sorted(fits - single - {"OK"}))
+
+
+def reference_split(record: dict[str, Any]) -> int | None:
+    """The first index where the engine's two no-pause references of this request differ, or None.
+
+    ``reference_repeat`` is recorded (models whose stream is not known in advance) with the requests batched
+    as in the paused run; a difference means the engine's tokens depend on batch composition.
+    """
+    repeat = record.get("reference_repeat")
+    if repeat is None:
+        return None
+    ref = record["reference"]
+    return next((i for i, (a, b) in enumerate(zip(ref, repeat, strict=False)) if a != b),
+                None if len(ref) == len(repeat) else min(len(ref), len(repeat)))
+
+
+NONDETERMINISM_HINT = ("the engine's no-pause tokens depend on batch composition (numerical nondeterminism), so a "
+                       "stream that matches neither reference proves nothing; on GPUs run with --batch-invariant on "
+                       "(VLLM_BATCH_INVARIANT=1), or use a model with wider logit margins")
+
+
+# --------------------------------------------------------------------------- requests
+
+
 @dataclass(frozen=True)
 class RequestVerdict:
     rid: str
@@ -296,13 +409,14 @@ class RequestVerdict:
     running_at_pause: bool  # frozen or in flight when the first pause happened
     pause_index: int | None  # tokens received before resume (keep) / before the pause ended
     first_post_resume: dict[str, int | None] | None  # {"index", "expected", "observed"}
+    reference_split: int | None = None  # where the two no-pause references differ (nondeterminism)
 
     @property
     def outcome(self) -> Outcome:
         return self.verdict.outcome
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "rid": self.rid,
             "outcome": self.outcome.value,
             "label": self.verdict.label,
@@ -314,43 +428,82 @@ class RequestVerdict:
             "pause_index": self.pause_index,
             "first_post_resume": self.first_post_resume,
         }
+        if self.reference_split is not None:
+            out["reference_split"] = self.reference_split
+        return out
+
+
+def critical_points(record: dict[str, Any]) -> list[int]:
+    """Where a pause fault would strike this request: its index at each keep pause that froze it, or 0 when
+    it was submitted during or after a pause (its first token is post-resume)."""
+    frozen = [int(p["client_tokens"]) for p in record.get("pauses") or [] if p.get("frozen")]
+    # A reset with no pause (reset-inflight) preempts the request where it stands: a fault would strike there.
+    frozen += [int(i["client_tokens"]) for i in record.get("interrupts") or [] if i.get("op") == "reset"]
+    if frozen:
+        return sorted(frozen)
+    return [0] if record.get("submit") not in ("start", None) else []
+
+
+def _aborted(record: dict[str, Any]) -> bool:
+    """Aborted by a pause in abort mode or by an in-flight abort naming it: the stream may end early."""
+    return any(p.get("mode") == "abort" for p in record.get("pauses") or []) or any(
+        i.get("op") == "abort" and i.get("target") for i in record.get("interrupts") or [])
+
+
+def _stream_verdict(record: dict[str, Any], reference: Sequence[int], points: Sequence[int]) -> StreamVerdict:
+    obs = record["observed"]
+    aborted = _aborted(record)
+    v = classify_stream(reference, obs, expected_len=record["max_tokens"], prefix_ok=aborted)
+    short = len(obs) < record["max_tokens"]
+    if v.outcome is Outcome.OK and aborted and short and record.get("finish_reason") != "abort":
+        return StreamVerdict(Outcome.TRUNCATED, len(obs),
+                             detail=f"ended with finish_reason {record.get('finish_reason')!r}, not 'abort'")
+    why = shift_ambiguity(reference, obs, v, points)
+    return StreamVerdict(Outcome.AMBIGUOUS, v.at, detail=why) if why else v
+
+
+def _judge(record: dict[str, Any], points: Sequence[int], split: int | None) -> StreamVerdict:
+    """The stream's verdict against its reference, or against both when the engine's two references differ."""
+    first = _stream_verdict(record, record["reference"], points)
+    if split is None:
+        return first
+    second = _stream_verdict(record, record["reference_repeat"], points)
+    ok = next((v for v in (first, second) if v.outcome is Outcome.OK), None)
+    if ok is not None:
+        return ok  # the stream is one of the engine's own no-pause runs
+    if first.label == second.label and first.outcome is not Outcome.DIVERGED:
+        return first
+    return StreamVerdict(Outcome.AMBIGUOUS, first.at, detail=(
+        f"{first.label} against the reference, {second.label} against the one batched as the paused run "
+        f"(they differ from index {split}): {NONDETERMINISM_HINT}"))
 
 
 def classify_request(record: dict[str, Any]) -> RequestVerdict:
     """Judge one request record written by ``repro.cell``."""
-    rid = record["rid"]
     ref, obs = record["reference"], record["observed"]
     pauses = record.get("pauses") or []
     # In-flight operations (a reset or an abort with no pause) count as the pause does: the request ran
-    # through one; aborted by one, it may end early.
+    # through one (and, aborted by one, may end early: _aborted).
     interrupts = record.get("interrupts") or []
     running = bool(pauses or interrupts)
-    aborted = any(p.get("mode") == "abort" for p in pauses) or any(
-        i.get("op") == "abort" and i.get("target") for i in interrupts)
-    frozen = [p for p in pauses if p.get("frozen")]
     pause_index = (pauses or interrupts)[0]["client_tokens"] if running else None
+    points = critical_points(record)
     fpr: dict[str, int | None] | None = None
-    if frozen:
-        idx = frozen[0]["client_tokens"]
-        fpr = {"index": idx, "expected": _at(ref, idx), "observed": _at(obs, idx)}
-    elif record.get("submit") not in ("start", None):
-        # Submitted during the pause or after resume: token 0 is post-resume.
-        fpr = {"index": 0, "expected": _at(ref, 0), "observed": _at(obs, 0)}
+    if points:
+        fpr = {"index": points[0], "expected": _at(ref, points[0]), "observed": _at(obs, points[0])}
+    split = reference_split(record)
     if record.get("error"):
         v = StreamVerdict(Outcome.ERROR, detail=str(record["error"]))
     else:
-        v = classify_stream(ref, obs, expected_len=record["max_tokens"], prefix_ok=aborted)
-        short = len(obs) < record["max_tokens"]
-        if v.outcome is Outcome.OK and aborted and short and record.get("finish_reason") != "abort":
-            v = StreamVerdict(
-                Outcome.TRUNCATED, len(obs),
-                detail=f"ended with finish_reason {record.get('finish_reason')!r}, not 'abort'",
-            )
-    return RequestVerdict(rid, v, running, pause_index, fpr)
+        v = _judge(record, points, split)
+    return RequestVerdict(record["rid"], v, running, pause_index, fpr, split)
 
 
 def _at(seq: Sequence[int], i: int) -> int | None:
     return seq[i] if 0 <= i < len(seq) else None
+
+
+# --------------------------------------------------------------------------- cells
 
 
 @dataclass(frozen=True)
@@ -367,6 +520,15 @@ class CellVerdict:
             object.__setattr__(self, "label", self.outcome.value)
 
 
+def _doubt(r: RequestVerdict) -> RequestVerdict:
+    """A DIVERGED request of an engine found nondeterministic: AMBIGUOUS (numerics, not the scheduler, may
+    explain it); an exact shift stays what it is."""
+    if r.outcome is not Outcome.DIVERGED:
+        return r
+    v = StreamVerdict(Outcome.AMBIGUOUS, r.verdict.at, detail=f"{r.verdict.label}: {NONDETERMINISM_HINT}")
+    return replace(r, verdict=v)
+
+
 def cell_verdict(records: list[dict[str, Any]]) -> CellVerdict:
     """Worst request outcome, with counts, for a cell whose scenario ran."""
     reqs = tuple(classify_request(r) for r in records)
@@ -381,23 +543,40 @@ def cell_verdict(records: list[dict[str, Any]]) -> CellVerdict:
                 reason=f"the engine's no-pause stream for {r['rid']} does not follow the bigram cycle; "
                 "token loss would not be visible",
             )
+    splits = [r for r in reqs if r.reference_split is not None]
+    if splits:
+        reqs = tuple(_doubt(r) for r in reqs)
     worst = max(reqs, key=lambda r: r.outcome.rank)
     counts = Counter(r.verdict.short for r in reqs)
-    bad = [r for r in reqs if r.outcome is worst.outcome]
-    reason = None
-    label = worst.outcome.value
     if worst.outcome is Outcome.OK:
-        summary = f"OK {len(reqs)}/{len(reqs)}"
-    else:
-        running = [r for r in reqs if r.running_at_pause]
-        bad_running = [r for r in bad if r.running_at_pause]
-        label = _cell_label(worst.outcome, bad)
-        summary = f"{label} in {len(bad)}/{len(reqs)} requests"
-        if running:
-            summary += f" ({len(bad_running)}/{len(running)} running at pause)"
-        if worst.outcome is Outcome.ERROR:
-            reason = f"{len(bad)} request(s) failed; first: {worst.rid}: {worst.verdict.detail}"
+        return CellVerdict(Outcome.OK, f"OK {len(reqs)}/{len(reqs)}", dict(sorted(counts.items())), reqs)
+    label, summary = _fault_summary(reqs, worst.outcome)
+    reason = None
+    if worst.outcome is Outcome.ERROR:
+        bad = [r for r in reqs if r.outcome is Outcome.ERROR]
+        reason = f"{len(bad)} request(s) failed; first: {worst.rid}: {worst.verdict.detail}"
+    elif worst.outcome is Outcome.AMBIGUOUS:
+        reason = f"{worst.rid}: {worst.verdict.detail}"
+    if splits:
+        reason = (f"{reason}; " if reason else "") + (
+            f"the no-pause references of {len(splits)}/{len(reqs)} requests differ between batch compositions "
+            f"(first at index {min(r.reference_split or 0 for r in splits)}): {NONDETERMINISM_HINT}")
     return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs, reason, label)
+
+
+def _fault_summary(reqs: tuple[RequestVerdict, ...], outcome: Outcome) -> tuple[str, str]:
+    """(label, summary) of a cell whose worst request outcome is ``outcome``: "LOSS(1)", "LOSS(1) in 8/10 requests
+    (8/8 running at pause)"; AMBIGUOUS requests beside a finding are counted after it."""
+    bad = [r for r in reqs if r.outcome is outcome]
+    running = [r for r in reqs if r.running_at_pause]
+    label = _cell_label(outcome, bad)
+    summary = f"{label} in {len(bad)}/{len(reqs)} requests"
+    if running:
+        summary += f" ({len([r for r in bad if r.running_at_pause])}/{len(running)} running at pause)"
+    ambiguous = sum(r.outcome is Outcome.AMBIGUOUS for r in reqs)
+    if ambiguous and outcome is not Outcome.AMBIGUOUS:
+        summary += f"; {ambiguous} AMBIGUOUS"
+    return label, summary
 
 
 def _cell_label(worst: Outcome, bad: list[RequestVerdict]) -> str:

@@ -44,6 +44,8 @@ import pytest
 from harness.context import RunContext, this_python
 from harness.core.cell import find_cell_id
 from harness.core.records import Attempt
+from harness.core.scenarios import DEFAULT_SCENARIOS
+from harness.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engine_setup
 from harness.envs import RecipeFor, VllmEnv, default_cache_dir, index_config_from_env, recipe_factory, source_options
 from harness.errors import BadInput, EnvBuildError, ReproError
 from harness.gpus import GpuLease, GpuLeaseError, hold_startup, lease_slots, visible_gpus
@@ -84,7 +86,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
                 help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
     g.addoption("--scenarios", dest="repro_scenarios", default=os.environ.get("VLLM_REPRO_SCENARIOS"),
-                help=f"scenarios of the post_resume matrix: {','.join(SCENARIOS)} or all (default: all)")
+                help=f"scenarios of the post_resume matrix: {','.join(SCENARIOS)} or all (default: "
+                     f"{','.join(DEFAULT_SCENARIOS)}, as the matrix: the scenarios sharing their config's engine)")
     g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
@@ -94,8 +97,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "(default 0); CRASH and token faults are never retried")
     g.addoption("--repro-reports", type=Path, default=Path("reports/pytest"),
                 help="where the results JSON/Markdown/JUnit of the post_resume cells go (default reports/pytest)")
+    # The CLI's --model / --engine-arg / --engine-args / --preset (harness.engine_args), for every engine.
+    g.addoption("--vllm-model", default=os.environ.get("VLLM_REPRO_MODEL"),
+                help="model every engine loads: a local Hugging Face folder, a hub id, or a built-in "
+                     f"({', '.join(BUILTIN_MODELS)}); default bigram-cycle")
+    g.addoption("--vllm-engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                help="an AsyncEngineArgs field for every engine, repeatable (VALUE is JSON or a string)")
+    g.addoption("--vllm-engine-args", action="append", default=[], type=Path, metavar="FILE.json",
+                help="a JSON object of engine arguments, repeatable")
+    g.addoption("--vllm-preset", default=None, help=f"engine settings people copy: {', '.join(PRESETS)}")
     for flag, kwargs in source_options():  # the CLI's --wheelhouse and --base-python, defaults included
         g.addoption(flag, **kwargs)
+
+
+def engine_setup_of(config: pytest.Config, platform: str) -> EngineSetup:
+    """The engine set-up from ``--vllm-model``, ``--vllm-engine-arg(s)``, ``--vllm-preset``; UsageError when bad.
+
+    (A preset's executor and batch-invariant mode are not applied here: choose them with ``--executors``.)
+    """
+    try:
+        return engine_setup(platform, config.getoption("vllm_model"), config.getoption("vllm_engine_arg") or (),
+                            config.getoption("vllm_engine_args") or (), config.getoption("vllm_preset"))
+    except BadInput as exc:
+        raise pytest.UsageError(str(exc)) from exc
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -124,10 +148,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return auto_jobs("cuda", gpus, GPU_MEMORY_UTILIZATION).jobs if gpus else None
 
 
-def engine_capacity(platform: str, gpus: list[str], workers: int) -> Capacity:
+def engine_capacity(platform: str, gpus: list[str], workers: int, gmu: float | None = None) -> Capacity:
     """How this run's workers share the GPUs: the matrix's automatic capacity, for at most one engine per worker
-    (so a run without xdist keeps whole GPUs and vLLM's own memory profiling, as before)."""
-    gmu = GPU_MEMORY_UTILIZATION if platform == "cuda" else None
+    (so a run without xdist keeps whole GPUs and vLLM's own memory profiling, as before).  ``gmu``: each
+    engine's GPU memory fraction (default the tiny model's; a preset's is larger)."""
+    gmu = (gmu or GPU_MEMORY_UTILIZATION) if platform == "cuda" else None
     return for_workers(auto_jobs(platform, gpus if platform == "cuda" else [], gmu), workers)
 
 
@@ -149,7 +174,7 @@ def matrix_cells(config: pytest.Config) -> list[Cell]:
         versions = parse_versions(config.getoption("vllm_versions"), platform,
                                   fetch=wheelhouse_fetch(wheelhouse) if wheelhouse else None)
         executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
-        scenarios = parse_choices("scenario", config.getoption("repro_scenarios"), SCENARIOS, SCENARIOS)
+        scenarios = parse_choices("scenario", config.getoption("repro_scenarios"), SCENARIOS, DEFAULT_SCENARIOS)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
     # TP=2 only where two GPUs are visible (the cells are generated anyway and
@@ -162,6 +187,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "post_resume_cell" not in metafunc.fixturenames:
         return
     platform = _platform(metafunc.config)
+    engine_setup_of(metafunc.config, platform)  # a bad --vllm-model / --vllm-engine-arg is a usage error, at once
     params = []
     for cell in matrix_cells(metafunc.config):
         # Marks go on the parameters, so they exist before any collection hook:
@@ -237,13 +263,18 @@ class EnginePool:
         self.run_dir = _run_dir(config)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.worker = worker
+        setup = engine_setup_of(config, self.platform)
         self.cfg = RunConfig(platform=self.platform, work_dir=self.run_dir / worker,
                              model_cache=self.cache / "models", engine_timeout=600, scenario_timeout=120,
-                             gpu_memory_utilization=GPU_MEMORY_UTILIZATION if self.platform == "cuda" else None)
+                             gpu_memory_utilization=(setup.gpu_memory_utilization or GPU_MEMORY_UTILIZATION)
+                             if self.platform == "cuda" else None,
+                             model_kind=setup.model.kind, model_params=setup.model.params,
+                             model_label=setup.model.label, engine_args=setup.engine_args, preset=setup.preset)
         self.log = ResultsLog(self.run_dir / f"results.{worker}.jsonl")
         self.ctx = RunContext(self.cfg, self.index, self.cache, self.log, recipe_for=config.stash[RECIPES])
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-        self.cap = engine_capacity(self.platform, visible_gpus() if self.platform == "cuda" else [], workers)
+        self.cap = engine_capacity(self.platform, visible_gpus() if self.platform == "cuda" else [], workers,
+                                   self.cfg.gpu_memory_utilization)
         self.lock_dir = self.run_dir / "gpu-locks"  # shared by every worker of this run
         self.sessions: dict[EngineKey, EngineSession | EngineDown] = {}
         self.envs: dict[str, VllmEnv | EngineDown] = {}

@@ -38,6 +38,7 @@ WINDOW = 3  # tokens shown on each side of the pause index
 
 OUTCOME_STYLES = {
     Outcome.OK: "green",
+    Outcome.AMBIGUOUS: "yellow",
     Outcome.LOSS: "bold red",
     Outcome.DUPLICATE: "bold red",
     Outcome.DIVERGED: "bold red",
@@ -242,12 +243,43 @@ def _meta_lines(results: Results) -> list[str]:
         if isinstance(value, list | tuple):
             value = ", ".join(str(v) for v in value)
         lines.append(f"- {key}: {value}")
+    lines += setup_lines(meta)
     engines = sorted({(str(e.vllm_version), str(e.torch_version), str(e.device_name))
                       for e in (c.engine for c in results.cells) if e and e.vllm_version},
                      key=lambda t: version_key(t[0]))
     for vllm, torch, device in engines:
         lines.append(f"- engine: vLLM {vllm}, torch {torch}, device {device}")
+    lines += _env_lines(meta.get("envs"))
     lines.append(f"- cells: {len(results.cells)}")
+    return lines
+
+
+def setup_lines(meta: dict[str, Any]) -> list[str]:
+    """The model, engine arguments and preset of the run (absent from reports written before they existed)."""
+    lines = []
+    model = meta.get("model")
+    if isinstance(model, dict):
+        params = model.get("params") or {}
+        shown = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("path", "name"))
+        lines.append(f"- model: {model.get('label') or model.get('kind')}" + (f" ({shown})" if shown else ""))
+    if meta.get("preset"):
+        lines.append(f"- preset: {meta['preset']}")
+    if "engine_args" in meta:
+        args = meta.get("engine_args") or {}
+        lines.append("- engine args: " + (", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
+                                          or "none beyond the harness's defaults"))
+    return lines
+
+
+def _env_lines(envs: Any) -> list[str]:
+    """One line per version whose env is not its platform's plain build: a CUDA build on a CPU torch
+    (harness.envbuild.cputorch) says so, with the torch vLLM pins and what was left out."""
+    lines = []
+    for version, env in (envs or {}).items() if isinstance(envs, dict) else ():
+        if isinstance(env, dict) and env.get("left_out"):
+            lines.append(f"- env {version}: package {env.get('package')} (a CUDA build) on torch "
+                         f"{env.get('torch_version')} (vLLM pins torch {env.get('torch_pinned')}), "
+                         f"{len(env['left_out'])} CUDA packages left out")
     return lines
 
 
@@ -380,9 +412,11 @@ def junit_xml(results: Results) -> str:
         total += duration
         case = ET.SubElement(suite, "testcase", classname=f"vllm-repro.{cr.cell.version}", name=cr.id,
                              time=f"{duration:.3f}")
-        if cr.outcome is Outcome.UNSUPPORTED:
+        if cr.outcome in (Outcome.UNSUPPORTED, Outcome.AMBIGUOUS):
+            # AMBIGUOUS ran but proves nothing either way: neither a pass nor a failure.
             counts["skipped"] += 1
-            ET.SubElement(case, "skipped", message=_x(cr.reason or cr.summary))
+            prefix = "AMBIGUOUS: " if cr.outcome is Outcome.AMBIGUOUS else ""
+            ET.SubElement(case, "skipped", message=_x(prefix + (cr.reason or cr.summary)))
         elif cr.outcome in (Outcome.ERROR, Outcome.TIMEOUT, Outcome.BUILD_FAILED):
             counts["errors"] += 1
             el = ET.SubElement(case, "error", message=_x(cr.reason or cr.summary), type=cr.outcome.value)

@@ -111,7 +111,7 @@ def merge_results(parts: list[tuple[Path, Results]], extra: dict[str, Any] | Non
     meta: dict[str, Any] = {"merged_from": len(parts)}
     # Any injected fault of any part is the merged report's: every report of such a run must say so.
     meta["inject"] = list(dict.fromkeys(f for _, r in parts for f in (r.meta.get("inject") or [])))
-    for key in ("platform", "tool_version", "repeat"):
+    for key in ("platform", "tool_version", "repeat", "model", "engine_args", "preset"):
         values = {json.dumps(r.meta.get(key), sort_keys=True) for _, r in parts if key in r.meta}
         if len(values) == 1 and all(key in r.meta for _, r in parts):
             meta[key] = parts[0][1].meta[key]

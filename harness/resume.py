@@ -9,6 +9,7 @@ from typing import Any
 
 from harness import __version__
 from harness.core.records import Schema
+from harness.envs import default_wheels
 from harness.errors import BadInput, ResultsFileError
 from harness.matrix import Selection
 from harness.oracle import Outcome
@@ -22,9 +23,13 @@ RUN = Schema(RUN_SCHEMA, 1)  # run.json has its own version: results schemas 2 a
 KEEP = frozenset(o for o in Outcome if not o.is_infra) | {Outcome.UNSUPPORTED}
 
 
-def run_record(sel: Selection, cfg: RunConfig, platform: str) -> dict[str, Any]:
-    """The settings that decide a run's cells and verdicts; a resumed run must match them."""
-    return {
+def run_record(sel: Selection, cfg: RunConfig, platform: str, wheels: str | None = None) -> dict[str, Any]:
+    """The settings that decide a run's cells and verdicts; a resumed run must match them.
+
+    ``wheels`` (the vLLM build) is recorded only where it is not the platform's own, so the record of a
+    default run is the one it always was.
+    """
+    record = {
         "schema": RUN_SCHEMA,
         "schema_version": RUN.version,
         "tool_version": __version__,
@@ -38,8 +43,14 @@ def run_record(sel: Selection, cfg: RunConfig, platform: str) -> dict[str, Any]:
             "weight_transfer": cfg.weight_transfer,
             "weight_sync_fresh_check": cfg.weight_sync_fresh_check,
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "model_kind": cfg.model_kind,
+            "engine_args": cfg.engine_args,
+            "preset": cfg.preset,
         },
     }
+    if wheels is not None and wheels != default_wheels(platform):
+        record["settings"]["wheels"] = wheels  # type: ignore[index]
+    return record
 
 
 def resume_state(reports: Path, current: dict[str, Any]) -> list[CellResult]:

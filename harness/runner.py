@@ -17,6 +17,7 @@ ERROR/TIMEOUT cells again on a fresh engine.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -32,9 +33,10 @@ from typing import Any
 
 from harness import sched_tier
 from harness.core.records import Attempt
-from harness.core.scenarios import PROFILES, pauses
+from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.envs import VllmEnv
+from harness.errors import ReproError
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
 from harness.repeat import aggregate
@@ -72,10 +74,23 @@ class RunConfig:
     weight_sync_fresh_check: bool = False
     # --retry-infra N: run a cell that came out ERROR/TIMEOUT again on a fresh engine, up to N more times
     retry_infra: int = 0
+    # The user's engine set-up (harness.engine_args): the model every engine loads (a kind of repro.wire's
+    # MODEL_KINDS and its params; the label reports show), the engine arguments on top of the engine's
+    # defaults (--preset, --engine-args, --engine-arg; merge_engine_args merges them), and the preset's name.
+    model_kind: str = "bigram-cycle"
+    model_label: str = "bigram-cycle"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    preset: str | None = None
+
+    @property
+    def custom_setup(self) -> bool:
+        """Whether the run loads another model or passes engine arguments of its own (not the harness's set-up)."""
+        return self.model_kind != "bigram-cycle" or bool(self.engine_args)
 
 
-def stage_repro(dst: Path) -> Path:
-    """Copy the ``repro`` package and a dist-info declaring its vLLM plugin into ``dst``.
+def stage_repro(dst: Path, distributions: Sequence[str] = ()) -> Path:
+    """Copy the ``repro`` package and a dist-info declaring its vLLM plugin into ``dst``, and the files of the named
+    pure-Python ``distributions`` of the harness's own environment beside it (see :func:`stage_distribution`).
 
     ``dst`` goes on PYTHONPATH of the engine process (and so of every process
     vLLM spawns): ``importlib.metadata`` finds the dist-info there, and vLLM
@@ -89,7 +104,34 @@ def stage_repro(dst: Path) -> Path:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-repro-plugin\nVersion: 0\n")
     (info / "entry_points.txt").write_text("[vllm.general_plugins]\nrepro_shim = repro.shim:register\n")
+    for name in distributions:
+        stage_distribution(name, dst)
     return dst
+
+
+def stage_distribution(name: str, dst: Path) -> int:
+    """Copy the installed files of distribution ``name`` (a pure-Python one: the scheduler-tier fuzzer's
+    Hypothesis and its one dependency) from the harness's environment into ``dst``; how many.
+
+    Why copied rather than installed into the vLLM env: an env is cached by its recipe, and an extra package
+    would change the key of every env (or mutate a shared one); a copy needs no index (air-gapped nodes too)
+    and runs the very version the harness was tested with.  Scripts outside site-packages are left out.
+    """
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ReproError(f"{name} is not installed next to vllm-repro, which copies it into the vLLM env "
+                         f"(pip install 'vllm-repro' installs it)") from exc
+    copied = 0
+    for rel in dist.files or ():
+        src = Path(str(dist.locate_file(rel)))
+        if ".." in rel.parts or "__pycache__" in rel.parts or not src.is_file():
+            continue
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, target)
+        copied += 1
+    return copied
 
 
 def scenario_seed(scenario_id: str) -> int:
@@ -97,22 +139,36 @@ def scenario_seed(scenario_id: str) -> int:
     return sum((i + 1) * ord(c) for i, c in enumerate(scenario_id)) % 10_000
 
 
+def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
+                      scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one merge point of the engine arguments an engine gets on top of ``repro.engine``'s defaults.
+
+    Later wins: the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), the user's
+    (``cfg.engine_args``: preset, files, ``--engine-arg``), then the engine profile's (``profile``: what the
+    cell's scenario needs, harness.core.scenarios): a scenario needs its arguments to mean what its id says,
+    and a backend states only what it can afford.  (The tiny-kv profile's ``num_gpu_blocks_override`` and a
+    shared GPU's ``kv_cache_memory_bytes`` are different keys and compose: vLLM sizes the cache from the
+    bytes, then caps the block count at the override.)  The engine reports every argument it got; arguments
+    a cell's axes decide never get here (harness.engine_args refuses them).
+    """
+    return {**(scheduling or {}), **cfg.engine_args, **(profile or {})}
+
+
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
-    ``extra``: further engine arguments (a fixed KV cache for engines sharing a GPU).  The engine arguments of
-    the engine's profile (harness.core.scenarios.PROFILES: what its scenarios need) win over them: a profile
-    states what its scenarios test, a backend only what it can afford.  (The tiny-kv profile's
-    ``num_gpu_blocks_override`` and a shared GPU's ``kv_cache_memory_bytes`` are different keys and compose:
-    vLLM sizes the cache from the bytes, then caps the block count at the override.)
+    ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
+    with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
+    :func:`merge_engine_args`.
     """
-    engine_args = {**(extra or {}), **PROFILES[engine.profile].args}
+    engine_args = merge_engine_args(cfg, dict(PROFILES[engine.profile].args), extra)
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
                           batch_invariant=engine.batch_invariant, extra=engine_args),
+        model_kind=cfg.model_kind,
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
@@ -174,6 +230,8 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
         if cfg.weight_sync_fresh_check:
             params["fresh_engine_check"] = True
         return "weight_sync", params
+    if shape is not None and shape.pauses and shape.profile != DEFAULT_PROFILE:
+        params["mode"] = cell.mode  # the profile scenarios that pause (sleep, spec-ngram-pause) take their mode
     return cell.scenario.replace("-", "_"), params
 
 
@@ -292,17 +350,21 @@ class EngineProcess:
 
     def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
                  interactive: bool = False, extra_env: dict[str, str] | None = None,
-                 engine_extra: dict[str, Any] | None = None) -> None:
+                 engine_extra: dict[str, Any] | None = None, spec: dict[str, Any] | None = None,
+                 distributions: Sequence[str] = ()) -> None:
+        """``spec``: the spec document itself (a scheduler-tier ``plan`` or ``fuzz``) instead of the one ``cells``
+        make; ``distributions``: staged beside ``repro`` (:func:`stage_repro`)."""
         # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
         self.wd = wd.resolve()
         if self.wd.exists():
             shutil.rmtree(self.wd)
         self.wd.mkdir(parents=True)
-        stage = stage_repro(self.wd / "pkg")
+        stage = stage_repro(self.wd / "pkg", distributions)
         self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
                                                            self.wd / "engine.log")
-        doc = (_sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
-               else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
+        doc = spec if spec is not None else (
+            _sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
+            else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
         self.spec_path.write_text(json.dumps(doc, indent=2))
         module = sched_tier.MODULE if engine.tier == "scheduler" else ENGINE_MODULE
         self.tail = EventTail(self.events_path)
@@ -356,7 +418,7 @@ class EngineProcess:
 def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
     """The facts of an ``engine`` event kept in every cell result."""
     keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-            "requested", "effective", "startup_s", "probe")
+            "requested", "effective", "startup_s", "probe", "engine_kwargs")
     return {k: ev.get(k) for k in keep}
 
 
@@ -369,6 +431,9 @@ def log_tail(path: Path, n: int = 8) -> str:
 
 
 ResultHook = Callable[[CellResult], None]
+
+SCHED_TIER_SETUP = ("the scheduler tier scripts the model's outputs and starts no engine: --model, --engine-arg(s) "
+                    "and --preset apply to engine-tier cells only")
 
 
 class Cancelled(Exception):
@@ -395,6 +460,12 @@ def run_engine(
     (a token fault, CRASH, FLAKY, a repeat that showed one) and UNSUPPORTED are final at once.
     """
     tries = _Attempts(cells, cfg.retry_infra, on_result)
+    if engine.tier == "scheduler" and cfg.custom_setup:
+        # No engine to give the model or the arguments to: every cell is UNSUPPORTED, never retried.
+        cells_of = _EngineCells(cells, cfg, tries.hook(1, cfg.work_dir / "engines" / engine.id))
+        cells_of.refused = SCHED_TIER_SETUP
+        cells_of.finish(Outcome.UNSUPPORTED, SCHED_TIER_SETUP)
+        return [tries.final[c] for c in cells]
     pending = cells
     for n in range(1, cfg.retry_infra + 2):
         wd = cfg.work_dir / "engines" / engine.id

@@ -24,6 +24,8 @@ from harness.results import CellResult, Results
 from harness.tomlfile import load_table
 
 INFRA = tuple(o for o in Outcome if o.is_infra)
+# Cells whose streams cannot decide the workaround either way: no verdict, UNKNOWN.
+NO_VERDICT = (*INFRA, Outcome.AMBIGUOUS)
 # The ledger's demonstrating cell must name these; any other axis may be named too (tp, scenario, ...).
 _REQUIRED = ("executor", "async_scheduling", "mode", "clear_cache")
 
@@ -102,12 +104,12 @@ def judge_pair(
         assert on is not None
         return verdict(WorkaroundStatus.UNKNOWN,
                        f"no {with_.replace(' ', '-')} keep-mode clear_cache=True cell to compare with {on.id}")
-    if off.outcome in INFRA:
+    if off.outcome in NO_VERDICT:
         return infra(off, with_)
     if on is None:
         return verdict(WorkaroundStatus.UNKNOWN,
                        f"no {without.replace(' ', '-')} keep-mode clear_cache=True cell to compare with {off.id}")
-    if on.outcome in INFRA:
+    if on.outcome in NO_VERDICT:
         return infra(on, without)
     if faulty(on):
         return verdict(WorkaroundStatus.NEEDED, f"{on.summary} of cell {on.id}; {with_}: OK")

@@ -28,12 +28,13 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
-from repro.models import BigramCycleSpec, build_checkpoint, load_perm
+from repro.model_kinds import LoadedModel, load_model
 from repro.rootcause import root_causes
 from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
@@ -95,24 +96,30 @@ def _weight_transfer_config(spec: Spec) -> Any:
     return WeightTransferConfig(backend="nccl")
 
 
-def _engine_args(spec: Spec, model_dir: Path, weight_transfer: Any = None) -> Any:
-    from vllm.engine.arg_utils import AsyncEngineArgs
+def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -> dict[str, Any]:
+    """Every ``AsyncEngineArgs`` field the engine is started with, later entries winning.
 
+    The engine's defaults (small batches, eager mode, a short context: a tiny
+    model and a scheduler bug need no more), the model kind's needs (its
+    dtype), the cell's axes, then ``spec.engine.extra``: the scenario profile's,
+    the scheduler's and the user's engine arguments, merged by
+    ``harness.runner.merge_engine_args`` (``repro.wire`` keeps the axes out of it).
+    """
     eng = spec.engine
     kwargs: dict[str, Any] = {
-        "model": str(model_dir),
+        "model": model.source,
         "skip_tokenizer_init": True,
-        "dtype": "float32",
         "max_model_len": MAX_MODEL_LEN,
         "max_num_seqs": 32,
         # Small batches keep the CPU warm-up short (it runs dummy batches up to this size).
         "max_num_batched_tokens": 256,
         "enforce_eager": True,
         "seed": 0,
+        "disable_log_stats": True,
+        **model.defaults,
         "async_scheduling": eng.async_scheduling,
         "tensor_parallel_size": eng.tensor_parallel_size,
         "distributed_executor_backend": "ray" if eng.executor.startswith("ray") else eng.executor,
-        "disable_log_stats": True,
     }
     if eng.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = eng.gpu_memory_utilization
@@ -122,7 +129,53 @@ def _engine_args(spec: Spec, model_dir: Path, weight_transfer: Any = None) -> An
     # A copy: vLLM writes into nested arguments (SpeculativeConfig adds its target ModelConfig to the
     # speculative_config dict), and the spec's own values must stay what the engine reports it asked for.
     kwargs.update(copy.deepcopy(eng.extra))
-    return AsyncEngineArgs(**kwargs)
+    return kwargs
+
+
+def json_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` as the engine event reports them: config objects by their repr."""
+    out = {}
+    for k, v in kwargs.items():
+        try:
+            json.dumps(v)
+            out[k] = v
+        except (TypeError, ValueError):
+            out[k] = repr(v)
+    return out
+
+
+def _engine_args(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -> Any:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(**engine_kwargs(spec, model, weight_transfer))
+
+
+def _config_error(spec: Spec, model: LoadedModel, extra: dict[str, Any]) -> BaseException | None:
+    """What vLLM's config validation raises for ``spec`` with ``extra`` as its further engine arguments."""
+    try:
+        _engine_args(replace(spec, engine=replace(spec.engine, extra=extra)), model).create_engine_config()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def rejected_engine_args(spec: Spec, model: LoadedModel, exc: BaseException) -> str | None:
+    """vLLM's message when it refused ``spec.engine.extra`` (an unknown field, or its config validation), else None.
+
+    Decided by building the config with and without them: a failure with them that goes away without them is
+    theirs; any other start-up failure stays an error.
+    """
+    extra = dict(spec.engine.extra)
+    if not extra:
+        return None
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())[:400]
+    if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
+        named = [k for k in extra if f"'{k}'" in str(exc)]
+        return f"vLLM rejected engine argument(s) {named or sorted(extra)}: {text}"
+    if _config_error(spec, model, extra) is None or _config_error(spec, model, {}) is not None:
+        return None
+    culprits = [k for k in extra if _config_error(spec, model, {o: v for o, v in extra.items() if o != k}) is None]
+    return f"vLLM rejected engine argument(s) {culprits or sorted(extra)}: {text}"
 
 
 def _requested(spec: Spec) -> dict[str, Any]:
@@ -130,8 +183,8 @@ def _requested(spec: Spec) -> dict[str, Any]:
     out = {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
            "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
     if eng.extra:
-        # Further engine arguments the engine was started with (a fixed KV cache when engines share a GPU):
-        # every report says what really ran.
+        # Further engine arguments the engine was started with (the user's; a fixed KV cache when engines
+        # share a GPU): every report says what really ran.
         out["engine_args"] = copy.deepcopy(eng.extra)
     return out
 
@@ -144,26 +197,29 @@ def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str) -> No
         emit("scenario", id=sc.id, status="unsupported", reason=why)
 
 
-async def run_engine(spec: Spec, emit: Emitter) -> None:
-    """Start the engine for ``spec`` and run every scenario; emit events as they happen."""
-    mspec = BigramCycleSpec.from_dict(spec.model_params)
-    model_dir = build_checkpoint(mspec, Path(spec.model_cache))
-
+def _facts(spec: Spec, model: LoadedModel) -> dict[str, Any]:
+    """The start-up facts of the ``engine`` event that need no engine: versions, platform, device, model."""
     import torch
     import vllm
     from vllm.platforms import current_platform
-    from vllm.v1.engine.async_llm import AsyncLLM
 
-    info = {
+    return {
         "vllm_version": vllm.__version__,
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "platform": getattr(current_platform, "device_type", "unknown") or "unknown",
         "platform_class": type(current_platform).__name__,
         "device_name": _device_name(),
-        "model": {"kind": spec.model_kind, "key": mspec.key(), "path": str(model_dir)},
+        "model": model.info(),
     }
-    vocab = len(load_perm(model_dir))
+
+
+def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], weight_transfer: Any) -> Any:
+    """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    # Any vocabulary will do to tell a pausing plan from another (it only draws the prompts).
+    vocab = model.vocab_size or 64
     if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):
         try:
             # Decided from the class, before paying for an engine start: versions
@@ -173,20 +229,33 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
             check_pause_api(AsyncLLM)
         except ScenarioUnsupported as exc:
             _refuse_all(spec, emit, info, str(exc))
-            return
-    t0 = time.monotonic()
+            return None
     try:
-        llm = AsyncLLM.from_engine_args(_engine_args(spec, model_dir, _weight_transfer_config(spec)))
+        return AsyncLLM.from_engine_args(_engine_args(spec, model, weight_transfer))
     except Exception as exc:
-        refused = refused_setting(_requested(spec), exc, root_causes())
+        refused = refused_setting(_requested(spec), exc, root_causes()) or rejected_engine_args(spec, model, exc)
         if refused is None:
             raise
         _refuse_all(spec, emit, info, refused)
+        return None
+
+
+async def run_engine(spec: Spec, emit: Emitter) -> None:
+    """Start the engine for ``spec`` and run every scenario; emit events as they happen."""
+    model = load_model(spec.model_kind, spec.model_params, Path(spec.model_cache))
+    weight_transfer = _weight_transfer_config(spec)
+    info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model, weight_transfer))}
+    t0 = time.monotonic()
+    llm = _start(spec, model, emit, info, weight_transfer)
+    if llm is None:
         return
+    from vllm.v1.engine.async_llm import AsyncLLM
+
     ctx = EngineContext(
-        model_spec=mspec, model_dir=model_dir, perm=load_perm(model_dir), model_cache=Path(spec.model_cache),
+        model_spec=model.spec, model_dir=Path(model.source), perm=model.perm, model_cache=Path(spec.model_cache),
         work_dir=Path.cwd(), tensor_parallel_size=spec.engine.tensor_parallel_size,
-        start_engine=lambda d: AsyncLLM.from_engine_args(_engine_args(spec, d)),
+        start_engine=lambda d: AsyncLLM.from_engine_args(_engine_args(spec, replace(model, source=str(d)))),
+        model_kind=model.kind, vocab_size=model.vocab_size or llm.vllm_config.model_config.get_vocab_size(),
     )
     try:
         startup = round(time.monotonic() - t0, 3)

@@ -18,7 +18,19 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
-MODEL_KINDS = ("bigram-cycle",)
+# bigram-cycle: the built-in deterministic checkpoint (repro.models); qwen3-random: the built-in random-weight
+# Qwen3 (repro.realistic); path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
+MODEL_KINDS = ("bigram-cycle", "qwen3-random", "path")
+# Engine arguments that a cell's axes or a harness option decide, and the option to use instead: an
+# ``EngineSpec.extra`` naming one would silently relabel the cell, so both sides refuse it.
+OWNED_ENGINE_ARGS: dict[str, str] = {
+    "async_scheduling": "--async (the cell's async axis)",
+    "distributed_executor_backend": "--executor (the cell's executor axis: mp, uni, ray-v1, ray-v2)",
+    "tensor_parallel_size": "--tp (the cell's tensor-parallel axis)",
+    "model": "--model",
+    "gpu_memory_utilization": "--gpu-memory-utilization (it also decides how many engines share a GPU)",
+    "weight_transfer_config": "--weight-transfer (the weight-sync scenario sets it where it swaps over NCCL)",
+}
 # "crash": vLLM's own code raised while the scenario drove it (a finding about vLLM, not a harness failure).
 SCENARIO_STATUSES = ("ran", "unsupported", "timeout", "error", "crash")
 
@@ -67,7 +79,15 @@ class EngineSpec:
     gpu_memory_utilization: float | None = None
     model_runner: str = "v1"
     batch_invariant: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)  # further AsyncEngineArgs, by hand only
+    # Further AsyncEngineArgs on top of the engine's defaults: the user's (--engine-arg, --preset) and the
+    # scheduler's (a fixed KV cache when engines share a GPU), merged by harness.runner.engine_extra.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        owned = sorted(set(self.extra) & set(OWNED_ENGINE_ARGS))
+        if owned:
+            raise WireError("spec engine", f"extra engine argument(s) {owned} are decided by the cell's axes or "
+                                           "the harness's own options")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -119,6 +139,51 @@ class ScenarioSpec:
         return cls(_need(doc, "id", str, what), _need(doc, "scenario", str, what),
                    dict(doc.get("params") or {}), int(doc.get("seed", 0)),
                    None if timeout is None else float(timeout))
+
+
+FUZZ_DEPTHS = (1, 2, 3)  # D: 1 is the sync Scheduler, 2 and 3 the AsyncScheduler (repro.sched.script.Setup)
+FUZZ_MAX_SPEC_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class FuzzSpec:
+    """A scheduler-tier fuzz run: ``"fuzz"`` in a ``python -m repro.sched`` spec (whose schema_version is
+    ``repro.sched.script.SCHEMA_VERSION``, 2 since this field exists); answered by one ``fuzz`` event.
+
+    ``examples``: Hypothesis' max_examples; ``steps``: its stateful_step_count (rules per example);
+    ``seed``: the run's seed (the same seed and settings replay the same run); ``depths`` and
+    ``spec_tokens``: the setups the state machine may draw; ``max_requests``: requests per example.
+    """
+
+    examples: int
+    steps: int
+    seed: int
+    depths: tuple[int, ...] = FUZZ_DEPTHS
+    spec_tokens: tuple[int, ...] = (0,)
+    max_requests: int = 6
+
+    def __post_init__(self) -> None:
+        what = "fuzz spec"
+        if self.examples < 1 or self.steps < 1 or self.max_requests < 1:
+            raise WireError(what, f"examples={self.examples}, steps={self.steps}, max_requests={self.max_requests}: "
+                                  "each must be at least 1")
+        if not self.depths or not set(self.depths) <= set(FUZZ_DEPTHS):
+            raise WireError(what, f"depths={list(self.depths)}; valid: a non-empty subset of {list(FUZZ_DEPTHS)}")
+        if not self.spec_tokens or not all(0 <= k <= FUZZ_MAX_SPEC_TOKENS for k in self.spec_tokens):
+            raise WireError(what, f"spec_tokens={list(self.spec_tokens)}; valid: a non-empty list of "
+                                  f"0..{FUZZ_MAX_SPEC_TOKENS}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"examples": self.examples, "steps": self.steps, "seed": self.seed, "depths": list(self.depths),
+                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> FuzzSpec:
+        what = "fuzz spec"
+        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests"}, what)
+        return cls(_need(doc, "examples", int, what), _need(doc, "steps", int, what), _need(doc, "seed", int, what),
+                   tuple(_need(doc, "depths", list, what)), tuple(_need(doc, "spec_tokens", list, what)),
+                   int(doc.get("max_requests", 6)))
 
 
 @dataclass(frozen=True)
@@ -186,14 +251,14 @@ _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", 
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised.
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
                                     "stalled", "iterations", "frames", "setup_s", "vllm_frame", "vllm_source",
-                                    "exception_type", "message"})
+                                    "exception_type", "message", "spec_method"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),
     # Start-up facts: versions, platform, requested and *effective* settings.
     "engine": EventKind({"probe": (dict, type(None))}, frozenset({
         "vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-        "requested", "effective", "startup_s", "unsupported_reason", "started"})),
+        "requested", "effective", "startup_s", "unsupported_reason", "started", "engine_kwargs"})),
     # One per scenario; what else it carries depends on ``status`` (see check_event).
     "scenario": EventKind({"id": str, "status": str}, _SCENARIO_FIELDS | _SCHED_SCENARIO_FIELDS),
     # The scheduler tier's start-up facts: the release's scheduler API as detected (repro.sched.adapter).
@@ -202,6 +267,11 @@ EVENTS: dict[str, EventKind] = {
         "reset_prefix_cache_params", "pause_state", "discard_mechanism", "model_runner_output_fields",
         "request_init_params", "import_s", "python", "version_label", "model_dir", "load_s",
         "unsupported_reason"})),
+    # The answer to a spec's ``fuzz`` (FuzzSpec): what the state machine ran, and its falsifying example (the
+    # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario).
+    "fuzz": EventKind({"status": str}, frozenset({
+        "examples", "examples_to_failure", "wall_s", "examples_per_s", "cpu_s", "seed", "settings",
+        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
     "done": EventKind({}, frozenset({"wall_s"})),
 }
@@ -209,6 +279,10 @@ EVENTS: dict[str, EventKind] = {
 _STATUS_NEEDS: dict[str, tuple[str, type]] = {"ran": ("records", list), "unsupported": ("reason", str),
                                               "timeout": ("reason", str), "error": ("reason", str),
                                               "crash": ("reason", str)}
+FUZZ_STATUSES = ("ran", "unsupported", "error")
+# fuzz status -> the field the harness reads besides status ("falsifying" may be null: nothing found)
+_FUZZ_NEEDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "ran": ("falsifying", (dict, type(None))), "unsupported": ("reason", str), "error": ("reason", str)}
 
 
 def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any]:
@@ -230,6 +304,14 @@ def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any
             raise WireError(what, f"unknown status {status!r}; valid: {list(SCENARIO_STATUSES)}")
         key, typ = _STATUS_NEEDS[status]
         _need(ev, key, typ, f"{what} ({status})")
+    if kind == "fuzz":
+        status = ev["status"]
+        if status not in _FUZZ_NEEDS:
+            raise WireError(what, f"unknown status {status!r}; valid: {list(FUZZ_STATUSES)}")
+        key, types = _FUZZ_NEEDS[status]
+        _need(ev, key, types, f"{what} ({status})")
+        if status == "ran":
+            _need(ev, "examples", int, f"{what} ({status})")
     if strict:
         _only(ev, {"event", "t", *desc.required, *desc.optional}, what)
     return ev

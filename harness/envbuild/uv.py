@@ -13,14 +13,19 @@ CPU specifics (measured, see DEVELOPERS.md):
 * Dependencies are resolved as of the vLLM release (``--exclude-newer``
   upload time + 7 days) so an old vLLM gets the libraries it was released
   with, not today's (see ``harness.envbuild.index``).
+* A ``cpu_torch`` recipe (a CUDA build of vLLM on a CPU-only machine, for the
+  scheduler tier) installs onto a CPU torch without the CUDA libraries
+  (``harness.envbuild.cputorch``).
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from typing import Any
 
 from harness.envbuild.base import BuildResult, BuildStep
+from harness.envbuild.cputorch import plan_cpu_torch
 from harness.envbuild.index import dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe
 from harness.envbuild.tools import last_lines, uv_bin
@@ -51,7 +56,11 @@ class UvBackend:
         # A per-commit wheel (requirement set) is labelled by its commit, not its release.
         is_release = recipe.requirement is None
         as_of = dependency_cutoff(recipe.index, recipe.package, recipe.version, is_release)
-        torch_override = _pip_install(step, _install_command(uv, recipe, step, as_of), recipe)
+        cmd = _install_command(uv, recipe, step, as_of)
+        if recipe.cpu_torch:
+            return BuildResult(check_release=is_release, facts={**_cpu_torch_install(step, cmd, recipe),
+                                                                "resolved_as_of": as_of})
+        torch_override = _pip_install(step, cmd, recipe)
         return BuildResult(check_release=is_release,
                            facts={"torch_override": torch_override, "resolved_as_of": as_of})
 
@@ -92,3 +101,20 @@ def _pip_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> str | No
         if proc.returncode:
             raise EnvBuildError(f"uv pip install {_requirement(recipe)} failed: {last_lines(proc.stderr)}")
     return torch_override
+
+
+def _cpu_torch_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> dict[str, Any]:
+    """Install a CUDA build onto a CPU torch, CUDA libraries left out; the facts of the status file."""
+    base = [f"{name} ; sys_platform == 'never'" for name in EXCLUDED]
+    ovfile = step.path / "repro-overrides.txt"
+    ovfile.write_text("\n".join(base) + "\n")
+    plan = plan_cpu_torch(step, [*cmd, "--override", str(ovfile)], recipe.index, recipe.python)
+    ovfile.write_text("\n".join(base + plan.overrides()) + "\n")
+    # The +cpu build is found by name on an index or in a folder without upload dates, and may be newer
+    # than the release (see cputorch): the dependency cutoff does not apply to it.
+    keep_torch = ["--exclude-newer-package", "torch=false"] if "--exclude-newer" in cmd else []
+    proc = step.run([*cmd, *keep_torch, "--override", str(ovfile)], 1800)
+    if proc.returncode:
+        raise EnvBuildError(f"uv pip install {_requirement(recipe)} onto torch=={plan.torch} failed: "
+                            f"{last_lines(proc.stderr)}")
+    return {"torch_override": plan.torch, "torch_pinned": plan.torch_pinned, "left_out": list(plan.left_out)}

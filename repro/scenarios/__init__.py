@@ -58,6 +58,7 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
 }
 
 
+
 def pauses(scenario: str, params: dict[str, Any], vocab_size: int) -> bool:
     """Whether the scenario pauses the engine (a vLLM without pause modes cannot run it).
 

@@ -32,6 +32,9 @@ from repro.models import BigramCycleSpec, expected_continuation
 PAUSE_MODES = ("keep", "wait", "abort")
 # The engine's max_model_len (repro.engine): prompt + max_tokens + REFERENCE_MARGIN must fit.
 MAX_MODEL_LEN = 256
+# A reference run's stand-in for a pause: nothing pauses, the requests submitted during or after the pause
+# join at its trigger, so the reference is batched as the paused run is.
+STAGGER = "stagger"
 
 
 class ScenarioUnsupported(Exception):
@@ -112,15 +115,21 @@ class Plan:
 class EngineContext:
     """What a scenario that changes the engine (weight sync) knows about it beyond the AsyncLLM."""
 
-    model_spec: BigramCycleSpec  # the checkpoint the engine started with (A)
+    model_spec: BigramCycleSpec | Any  # the checkpoint the engine started with (A); None for a user's model
     model_dir: Path
-    perm: list[int]
+    perm: list[int] | None  # bigram-cycle: the cycle its greedy stream walks; None for other models
     model_cache: Path
     work_dir: Path  # where side logs (e.g. the weight trainer's) go
     tensor_parallel_size: int
     # A new AsyncLLM with this engine's arguments but another checkpoint
     # (the caller shuts it down).
     start_engine: Callable[[Path], Any]
+    model_kind: str = "bigram-cycle"  # repro.wire.MODEL_KINDS
+    vocab_size: int = 0  # token ids prompts may use; 0: len(perm)
+
+    @property
+    def vocab(self) -> int:
+        return self.vocab_size or len(self.perm or ())
 
 
 def make_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -234,7 +243,18 @@ class _Driver:
                     by_rid[rid] = info
         return by_rid
 
+    async def _stagger(self, k: int, p: PauseSpec) -> None:
+        """A :data:`STAGGER` "pause": no pause at all, only the requests of pause ``k`` joining at its trigger."""
+        running = self._running()
+        await self._wait_until(f"stagger point {k} ({p.after_tokens} tokens in every running request)",
+                               lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running))
+        self.events.append({"t": self._now(), "event": "stagger", "k": k})
+        self._submit(self._phase("during", k) + self._phase("after", k))
+
     async def _pause(self, k: int, p: PauseSpec) -> None:
+        if p.mode == STAGGER:
+            await self._stagger(k, p)
+            return
         running = self._running()
         await self._wait_until(
             f"pause {k} trigger ({p.after_tokens} tokens in every running request)",
@@ -511,27 +531,51 @@ async def run_unpaused(llm: Any, requests: list[RequestSpec], timeout: float, wh
     return [rec["observed"] for rec in records]
 
 
-async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str) -> dict[str, list[int]]:
-    """Greedy streams of every request in ``plan`` on the same engine, with no pause."""
-    reqs = [RequestSpec(f"{tag}-ref-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN) for r in plan.requests]
-    streams = await run_unpaused(llm, reqs, timeout, "reference")
-    return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str,
+                        staggered: bool = False) -> dict[str, list[int]]:
+    """Greedy streams of every request in ``plan`` on the same engine, with no pause.
+
+    All submitted at once; ``staggered``: the requests the plan submits during or after a pause join when
+    the others reach its trigger, as they are batched in the paused run.
+    """
+    name = "ref2" if staggered else "ref"
+    reqs = [RequestSpec(f"{tag}-{name}-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN,
+                        r.submit if staggered and _kind(r.submit) in ("during", "after") else "start")
+            for r in plan.requests]
+    if not staggered:
+        streams = await run_unpaused(llm, reqs, timeout, "reference")
+        return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
+    pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in plan.pauses]
+    sp_cls, kind = _vllm_api()
+    records = await _Driver(llm, Plan(reqs, pauses), timeout, sp_cls, kind).run()
+    for rec in records:
+        if rec["error"]:
+            raise ScenarioFailed(f"staggered reference request {rec['rid']} failed: {rec['error']}")
+    return {r.rid: rec["observed"] for r, rec in zip(plan.requests, records, strict=True)}
 
 
-async def run_with_reference(llm: Any, plan: Plan, perm: list[int], sid: str, timeout: float) -> dict[str, Any]:
+async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: str,
+                             timeout: float) -> dict[str, Any]:
     """The engine's no-pause reference of every request, then ``plan``: the ``scenario`` event's data.
 
-    Each record carries its ``reference`` and whether that follows the model's cycle (if it does not, the
-    model, not the scheduler, is at fault).
+    Each record carries its ``reference`` and, for the bigram-cycle model (``perm``), whether that follows
+    the model's cycle (if it does not, the model, not the scheduler, is at fault).  A model whose stream is
+    not known in advance is judged against the engine's own no-pause run, which must not depend on how
+    requests are batched: a second reference, batched as the paused run is (the later requests joining once
+    the first ones reach the pause), shows when it does (harness.oracle).
     """
     check_plan_api(llm, plan)  # before paying for the reference
     t0 = time.monotonic()
     refs = await run_reference(llm, plan, timeout, sid)
+    repeat = None if perm is not None else await run_reference(llm, plan, timeout, sid, staggered=True)
     records, events = await run_plan(llm, plan, timeout)
     for rec in records:
         rec["reference"] = refs[rec["rid"]]
-        rec["reference_matches_model"] = rec["reference"] == expected_continuation(
-            perm, rec["prompt"][-1], len(rec["reference"]))
+        if repeat is not None:
+            rec["reference_repeat"] = repeat[rec["rid"]]
+        if perm is not None:
+            rec["reference_matches_model"] = rec["reference"] == expected_continuation(
+                perm, rec["prompt"][-1], len(rec["reference"]))
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
 
 

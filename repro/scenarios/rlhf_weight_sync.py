@@ -441,6 +441,11 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
     """Play the weight-sync scenario ``sc`` on ``llm`` (holding A); return the scenario event's data."""
     t0 = time.monotonic()
     params = WeightSyncParams.from_dict(sc.get("params", {}))
+    if ctx.perm is None:
+        raise ScenarioUnsupported(
+            f"the weight-sync scenario computes every post-swap token from two bigram-cycle checkpoints A and B; "
+            f"with the {ctx.model_kind} model there is no checkpoint B whose stream is known (run it with "
+            "--model bigram-cycle, the default)")
     sid = sc["id"]
     plan = build(sid, sc.get("params", {}), len(ctx.perm), int(sc.get("seed", 0)))
     check_pause_api(llm)

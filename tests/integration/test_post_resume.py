@@ -32,6 +32,9 @@ def test_post_resume(post_resume_cell: Cell, repro_run_cell: Callable[[Cell], Ce
     record_property("first_post_resume", "; ".join(first_post_resume_tokens(result)))
     if result.outcome is Outcome.UNSUPPORTED:
         pytest.skip(f"UNSUPPORTED: {result.reason}")
+    if result.outcome is Outcome.AMBIGUOUS:
+        # A model whose streams repeat where a shift would show (--vllm-model): no verdict either way.
+        pytest.skip(f"AMBIGUOUS: {result.reason}")
     if result.outcome.is_infra:
         pytest.fail(f"{result.id}: {result.outcome.value}: {result.reason}", pytrace=False)
     if exp.status != "as expected":

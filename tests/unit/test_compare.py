@@ -6,12 +6,14 @@ import io
 
 import pytest
 from rich.console import Console
-from synthetic_runs import RUNNING, infra, ran, report
+from synthetic_runs import RUNNING, infra, ran, records, report
 
-from harness.compare import compare, markdown, render_terminal, verdict_of
+from harness.compare import ACROSS_TIERS_NOTE, compare, markdown, render_terminal, verdict_of
 from harness.errors import BadInput
-from harness.oracle import Outcome
-from harness.results import Results
+from harness.known_bugs import annotate, load_known_bugs
+from harness.matrix import Cell
+from harness.oracle import Outcome, cell_verdict
+from harness.results import CellResult, Results, judged_result
 
 pytestmark = pytest.mark.unit
 
@@ -144,3 +146,83 @@ def test_compare_does_not_depend_on_history() -> None:
     tree = ast.parse(inspect.getsource(harness.compare))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "harness.history" not in imported and "harness.core.outcomes" in imported
+
+
+# --------------------------------------------------------------------------- across tiers
+
+SCHED_REQUESTS = 4  # the scheduler tier's drained reset: 4 requests, all running at the reset
+
+
+def sched(version: str, async_on: bool = True, lose: int = 0) -> CellResult:
+    """A scheduler-tier cell judged by the oracle: 4 requests running at the reset, the first ``lose`` losing."""
+    cell = Cell(version, "mp", async_on, "keep", True, tier="scheduler")
+    recs = records(cell, lose)[:SCHED_REQUESTS]
+    info = {"tier": "scheduler", "vllm_version": version, "torch_version": "2.13.0+cpu",
+            "effective": {"async_scheduling": async_on, "executor_class": "AsyncScheduler" if async_on
+                          else "Scheduler"}}
+    return judged_result(cell, cell_verdict(recs), recs, info, duration_s=0.1)
+
+
+def annotated(*cells: CellResult) -> Results:
+    return cpu(*(annotate(c, load_known_bugs()) for c in cells))
+
+
+def test_tiers_pair_by_id_without_the_tier_segment() -> None:
+    a = annotated(sched("0.21.0", True, SCHED_REQUESTS), sched("0.21.0", False), sched("0.32.0", True))
+    b = annotated(ran("0.21.0", True, RUNNING), ran("0.21.0", False), ran("0.22.0", True))
+    assert a.cells[0].id == KEEP + "-sched"
+    cmp = compare(a, b, "sched.json", "engine.json")
+    assert cmp.across_tiers and compare(a, b, "sched.json", "engine.json", across_tiers=True) == cmp
+    assert [c.id for c in cmp.both] == [KEEP, "vllm0.21.0-mp-async_off-keep-clear"]
+    assert all(c.agree for c in cmp.both) and cmp.exit_code == 0
+    # 4/4 and 8/10: every request running at the pause on both tiers; no request is paired across workloads.
+    assert cmp.both[0].a.scope == cmp.both[0].b.scope == "every request running at the pause"
+    assert all(not c.first_tokens for c in cmp.both)
+    # The scheduler and executor classes, and the request counts, differ by construction: not listed.
+    assert cmp.both[0].context == ()
+    assert [o.id for o in cmp.one_sided] == ["vllm0.32.0-mp-async_on-keep-clear", "vllm0.22.0-mp-async_on-keep-clear"]
+    assert cmp.headline == ("A (cpu, scheduler tier) and B (cpu, engine tier) agree on 2/2 cells both ran "
+                            "(100.0 %)")
+    md = markdown(cmp)
+    assert md.startswith("# vllm-repro: scheduler tier vs engine tier comparison") and ACROSS_TIERS_NOTE in md
+    # Same-tier reports keep exact ids and the titles they always had.
+    same = compare(b, b)
+    assert not same.across_tiers and same.a.title == "A (cpu)" and same.both[0].id == KEEP
+
+
+def test_across_tiers_the_requests_hit_are_compared_not_counted() -> None:
+    cmp = compare(annotated(sched("0.21.0", True, 2)), annotated(ran("0.21.0", True, RUNNING)))
+    (c,) = cmp.both
+    assert not c.agree and not c.expected_difference and cmp.exit_code == 1
+    assert c.difference == ("affected some requests (LOSS(1) in 2/4 requests (2/4 running at pause)) vs every "
+                            "request running at the pause (LOSS(1) in 8/10 requests (8/8 running at pause))")
+
+
+def test_a_difference_each_tiers_known_bug_rules_expect_is_named_not_failed() -> None:
+    # 0.16.0: the scheduler tier's drained reset loses the token (its #42043 window starts at 0.12.0); the engine
+    # tier's keep pause does not reset the cache with requests running before 0.17.0: OK there, as its rule says.
+    a = annotated(sched("0.16.0", True, SCHED_REQUESTS), sched("0.22.0", True, SCHED_REQUESTS))
+    b = annotated(ran("0.16.0", True, 0), ran("0.22.0", True, 0))
+    cmp = compare(a, b)
+    old, new = cmp.both
+    assert not old.agree and old.difference == "outcome LOSS vs OK"
+    assert old.expected_difference.startswith(
+        "the known-bug table expects scheduler tier LOSS(1) (vllm#42043); engine tier OK (vllm#42043 is listed for "
+        "the engine tier on ")
+    assert "vllm#42043 is listed for the scheduler tier on " in old.expected_difference
+    # Each window's note (known_bugs.toml) says why the tiers' windows differ.
+    assert "keep mode arrived in 0.16.0 without the forced preemption" in old.expected_difference
+    # 0.22.0 has the fix on both tiers: a LOSS there is no expected difference.
+    assert not new.agree and not new.expected_difference
+    assert cmp.expected_differences == (old,) and cmp.disagreements == (new,) and cmp.exit_code == 1
+    assert "1 differ as the known-bug table expects per tier: vllm0.16.0-mp-async_on-keep-clear" in cmp.headline
+    assert "| expected difference: the known-bug table expects scheduler tier LOSS(1)" in markdown(cmp)
+    only_old = compare(annotated(sched("0.16.0", True, SCHED_REQUESTS)), annotated(ran("0.16.0", True, 0)))
+    assert only_old.exit_code == 0 and only_old.agreement == 0.0
+
+
+def test_a_report_of_both_tiers_cannot_be_paired_across_them() -> None:
+    mixed = annotated(sched("0.21.0", True, SCHED_REQUESTS), ran("0.21.0", True, RUNNING))
+    assert not compare(mixed, mixed).across_tiers
+    with pytest.raises(BadInput, match=r"holds more than one tier of cell 'vllm0\.21\.0-mp-async_on-keep-clear'"):
+        compare(mixed, annotated(ran("0.21.0")), "mixed.json", across_tiers=True)

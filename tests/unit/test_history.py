@@ -226,6 +226,20 @@ def test_injected_runs_are_labelled_and_kept_apart(hist: Path, tmp_path: Path) -
     assert without.excluded_injected_runs == 1 and all(not s.row.inject for s in without.series)
 
 
+def test_runs_with_another_model_or_engine_arguments_get_rows_of_their_own(hist: Path, tmp_path: Path) -> None:
+    add(hist, nightly("2026-11-29T02:00:00+00:00"), tmp_path, "bigram")
+    mine = report((ran("0.32.0", True, lose=RUNNING),), "2026-11-30T02:00:00+00:00",
+                  model={"kind": "qwen3-random", "label": "qwen3-random", "params": {}},
+                  engine_args={"enable_prefix_caching": False}, preset=None)
+    add(hist, mine, tmp_path, "mine")
+    view = show(read_history(hist))
+    plain = view.find(KEEP_CLEAR_ON, "0.32.0")
+    assert plain is not None and plain.latest.label == "OK"  # the other model's LOSS is not this row's
+    other = next(s for s in view.series if s.row.setup and s.version == "0.32.0")
+    assert other.latest.label == "LOSS(1)"
+    assert view.label(other.row) == KEEP_CLEAR_ON + " [model qwen3-random, enable_prefix_caching=false]"
+
+
 def test_engine_reported_injection_counts_even_without_meta(hist: Path, tmp_path: Path) -> None:
     results = report((ran("0.32.0", True, lose=RUNNING, inject={"requested": ["vllm#42043"], "applied": {}}),),
                      "2026-11-30T02:00:00+00:00")

@@ -506,7 +506,9 @@ def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", mod)
     extra = {"speculative_config": {"method": "ngram_gpu"}}
     spec = Spec("e", EngineSpec("mp", True, extra=extra), {}, str(tmp_path), 60.0, ())
-    args = engine._engine_args(spec, tmp_path)
+    from repro.model_kinds import LoadedModel
+
+    args = engine._engine_args(spec, LoadedModel("bigram-cycle", str(tmp_path)))
     assert "target_model_config" in args.kw["speculative_config"]
     assert engine._requested(spec)["engine_args"] == {"speculative_config": {"method": "ngram_gpu"}}
     assert spec.engine.extra == extra and "target_model_config" not in extra["speculative_config"]

