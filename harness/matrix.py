@@ -31,6 +31,7 @@ from harness.core.cell import Cell, EngineKey
 from harness.core.scenarios import Scenario
 from harness.core.scenarios import scenario as scenario_of
 from harness.errors import BadInput, bad_choice
+from harness.sched_tier import shape_reason
 from harness.versions import Fetch, resolve_versions
 
 __all__ = [
@@ -137,9 +138,7 @@ def _not_scheduler_tier(cell: Any) -> str | None:
     if (cell.executor, cell.tp, cell.model_runner, cell.batch_invariant) != ("mp", 1, "v1", False):
         return ("the scheduler tier drives vLLM's scheduler in-process, with no executor, TP, model runner or "
                 "batch-invariant kernels: only their defaults (executor mp, tp 1, v1, off) label its cells")
-    if cell.scenario == "pause" and cell.mode != "keep":
-        return "the scheduler tier expresses keep-mode pauses only (a drained reset, or none without clear_cache)"
-    return None
+    return shape_reason(cell)
 
 
 def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) -> MatrixPlan:
@@ -222,7 +221,8 @@ def parse_option(a: Any, raw: str | None, platform: str) -> tuple[Any, ...]:
         return parse_tps(raw, platform)
     if a.kind == "flag":
         return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
-    return parse_choices(a.what, raw, a.values, a.values if a.option_all else a.selection_default)
+    default = a.values if a.option_all else (a.option_default or a.selection_default)
+    return parse_choices(a.what, raw, a.values, default)
 
 
 def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, tuple[Any, ...]]:

@@ -6,8 +6,8 @@ whichever vllm-repro is installed (tox's, or one from an air-gapped node's bundl
 other project's pytest.  Never imports vllm or torch: engines run in their own environments
 through :class:`harness.session.EngineSession`, the one engine driver run interactively.
 
-* ``--vllm-versions``, ``--executors``, ``--platform`` choose the cells
-  (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_EXECUTORS`` /
+* ``--vllm-versions``, ``--executors``, ``--scenarios``, ``--platform`` choose the cells
+  (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_EXECUTORS`` / ``VLLM_REPRO_SCENARIOS`` /
   ``VLLM_REPRO_PLATFORM``, else the platform's default matrix).
 * A test asking for the ``post_resume_cell`` argument gets one item per cell,
   id ``vllm0.21.0-mp-async_on-keep-clear``; cells the platform cannot run are
@@ -84,6 +84,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0,latest on cuda")
     g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
                 help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
+    g.addoption("--scenarios", dest="repro_scenarios", default=os.environ.get("VLLM_REPRO_SCENARIOS"),
+                help=f"scenarios of the post_resume matrix: {','.join(SCENARIOS)} or all (default: all)")
     g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
@@ -170,12 +172,13 @@ def matrix_cells(config: pytest.Config) -> list[Cell]:
         versions = parse_versions(config.getoption("vllm_versions"), platform,
                                   fetch=wheelhouse_fetch(wheelhouse) if wheelhouse else None)
         executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
+        scenarios = parse_choices("scenario", config.getoption("repro_scenarios"), SCENARIOS, SCENARIOS)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
     # TP=2 only where two GPUs are visible (the cells are generated anyway and
     # skip as UNSUPPORTED with the reason when fewer are).
     tps = (1, 2) if platform == "cuda" else (1,)
-    return Selection(versions=versions, executors=executors, tps=tps, scenarios=SCENARIOS).cells()
+    return Selection(versions=versions, executors=executors, tps=tps, scenarios=scenarios).cells()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,8 +1,12 @@
-"""``vllm-repro plan``: replay one explicit pause schedule on engine sessions and judge every request.
+"""``vllm-repro plan``: replay one explicit pause schedule on engine sessions, or one op script on vLLM's
+scheduler, and judge every request.
 
-Returns data; the CLI renders it.  Each engine config is one
-:class:`harness.session.EngineSession` (the one engine driver, interactive),
-started, given the plan as a ``plan`` scenario, and stopped.
+Returns data; the CLI renders it.  An engine-tier plan (``{"requests": [...], "pauses": [...]}``) runs on
+each engine config as one :class:`harness.session.EngineSession` (the one engine driver, interactive),
+started, given the plan as a ``plan`` scenario, and stopped.  A scheduler-tier plan
+(``{"tier": "scheduler", "script": {...}}``, e.g. what ``vllm-repro fuzz`` writes for a falsifying example)
+runs its script as an ``ops`` scenario of ``python -m repro.sched`` in each version's env, judged by
+:func:`harness.sched_tier.sched_verdict` exactly as the fuzzer judged it.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness import sched_tier
 from harness.context import RunContext
 from harness.matrix import EngineKey
-from harness.oracle import CellVerdict, cell_verdict, fit_losses, preempted_at_keep_clear
+from harness.oracle import CellVerdict, Outcome, cell_verdict, fit_losses, preempted_at_keep_clear
+from harness.sched_run import run_sched
 from harness.session import EngineDied, EngineSession
 from repro.wire import ScenarioSpec
 
@@ -71,6 +77,32 @@ def _replay_on(session: EngineSession, plan: dict[str, Any]) -> PlanReplay:
     verdict = cell_verdict(ev["records"])
     return PlanReplay(session.engine, verdict=verdict, requests=tuple(
         _request(rv.rid, rv.verdict.label, rec) for rv, rec in zip(verdict.requests, ev["records"], strict=True)))
+
+
+def replay_sched_plan(script: dict[str, Any], versions: Sequence[str], ctx: RunContext) -> Iterator[PlanReplay]:
+    """Run the op ``script`` (the ``ops`` scenario's params) on vLLM's scheduler of every version, in that order."""
+    for v in versions:
+        env = ctx.env(v)
+        engine = EngineKey(v, "mp", script.get("scheduler", "async") == "async", tier="scheduler")
+        spec = sched_tier.sched_spec(engine, [{"id": "plan", "scenario": "ops", "params": script, "seed": 0}],
+                                     str(ctx.cfg.model_cache.resolve()), ctx.cfg.model_params)
+        run = run_sched(env, engine, ctx.cfg, f"plan-{engine.id}", spec, ctx.cfg.engine_timeout)
+        ev = run.first("scenario")
+        if ev is None:
+            outcome = Outcome.TIMEOUT if run.timed_out else Outcome.ERROR
+            yield PlanReplay(engine, died=EngineDied(outcome, run.problem))
+            continue
+        status = str(ev.get("status"))
+        if status not in ("ran", "crash"):
+            yield PlanReplay(engine, status=status, reason=ev.get("reason"))
+            continue
+        verdict = sched_tier.sched_verdict(ev)
+        records = ev.get("records") or []
+        # A crash has no per-request verdict of its own: each stream is judged as far as it got.
+        judged = verdict.requests or (cell_verdict(records).requests if records else ())
+        by_rid = {rv.rid: rv.verdict.label for rv in judged}
+        yield PlanReplay(engine, status=status, reason=ev.get("reason"), verdict=verdict, requests=tuple(
+            _request(rec["rid"], by_rid.get(rec["rid"], "-"), rec) for rec in records))
 
 
 def _request(rid: str, label: str, rec: dict[str, Any]) -> RequestReplay:

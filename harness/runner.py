@@ -17,6 +17,7 @@ ERROR/TIMEOUT cells again on a fresh engine.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,7 @@ from harness.core.records import Attempt
 from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.envs import VllmEnv
+from harness.errors import ReproError
 from harness.matrix import Cell, EngineKey
 from harness.oracle import Outcome, cell_verdict
 from harness.repeat import aggregate
@@ -86,8 +88,9 @@ class RunConfig:
         return self.model_kind != "bigram-cycle" or bool(self.engine_args)
 
 
-def stage_repro(dst: Path) -> Path:
-    """Copy the ``repro`` package and a dist-info declaring its vLLM plugin into ``dst``.
+def stage_repro(dst: Path, distributions: Sequence[str] = ()) -> Path:
+    """Copy the ``repro`` package and a dist-info declaring its vLLM plugin into ``dst``, and the files of the named
+    pure-Python ``distributions`` of the harness's own environment beside it (see :func:`stage_distribution`).
 
     ``dst`` goes on PYTHONPATH of the engine process (and so of every process
     vLLM spawns): ``importlib.metadata`` finds the dist-info there, and vLLM
@@ -101,7 +104,34 @@ def stage_repro(dst: Path) -> Path:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-repro-plugin\nVersion: 0\n")
     (info / "entry_points.txt").write_text("[vllm.general_plugins]\nrepro_shim = repro.shim:register\n")
+    for name in distributions:
+        stage_distribution(name, dst)
     return dst
+
+
+def stage_distribution(name: str, dst: Path) -> int:
+    """Copy the installed files of distribution ``name`` (a pure-Python one: the scheduler-tier fuzzer's
+    Hypothesis and its one dependency) from the harness's environment into ``dst``; how many.
+
+    Why copied rather than installed into the vLLM env: an env is cached by its recipe, and an extra package
+    would change the key of every env (or mutate a shared one); a copy needs no index (air-gapped nodes too)
+    and runs the very version the harness was tested with.  Scripts outside site-packages are left out.
+    """
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ReproError(f"{name} is not installed next to vllm-repro, which copies it into the vLLM env "
+                         f"(pip install 'vllm-repro' installs it)") from exc
+    copied = 0
+    for rel in dist.files or ():
+        src = Path(str(dist.locate_file(rel)))
+        if ".." in rel.parts or "__pycache__" in rel.parts or not src.is_file():
+            continue
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, target)
+        copied += 1
+    return copied
 
 
 def scenario_seed(scenario_id: str) -> int:
@@ -183,14 +213,14 @@ def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
 
 
 def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
-    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache)."""
+    """The ``repro.scenarios`` name a cell runs as, and its parameters (non-pausing ones take no clear_cache, and
+    scenarios without an event at a token count, harness.core.scenarios ``trigger``, no ``pause_after``)."""
     params: dict[str, Any] = dict(cfg.scenario_params)
     shape = scenario_of(cell.scenario)
+    if shape is not None and not shape.trigger:
+        params.pop("pause_after", None)
     if pauses(cell.scenario):
         params["clear_cache"] = cell.clear_cache
-    if shape is not None and not shape.takes_trigger:
-        # Its own events (preemption, chunks, drafts) are the fault points: no trigger count.
-        params.pop("pause_after", None)
     if cell.scenario == "pause":
         return cell.mode, params
     if cell.scenario in _WEIGHT_SYNC:
@@ -320,17 +350,21 @@ class EngineProcess:
 
     def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
                  interactive: bool = False, extra_env: dict[str, str] | None = None,
-                 engine_extra: dict[str, Any] | None = None) -> None:
+                 engine_extra: dict[str, Any] | None = None, spec: dict[str, Any] | None = None,
+                 distributions: Sequence[str] = ()) -> None:
+        """``spec``: the spec document itself (a scheduler-tier ``plan`` or ``fuzz``) instead of the one ``cells``
+        make; ``distributions``: staged beside ``repro`` (:func:`stage_repro`)."""
         # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
         self.wd = wd.resolve()
         if self.wd.exists():
             shutil.rmtree(self.wd)
         self.wd.mkdir(parents=True)
-        stage = stage_repro(self.wd / "pkg")
+        stage = stage_repro(self.wd / "pkg", distributions)
         self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
                                                            self.wd / "engine.log")
-        doc = (_sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
-               else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
+        doc = spec if spec is not None else (
+            _sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
+            else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
         self.spec_path.write_text(json.dumps(doc, indent=2))
         module = sched_tier.MODULE if engine.tier == "scheduler" else ENGINE_MODULE
         self.tail = EventTail(self.events_path)

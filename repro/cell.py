@@ -126,8 +126,17 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
     return SCENARIOS[name](sc["id"], sc.get("params", {}), vocab, int(sc.get("seed", 0)))
 
 
+# Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
+# weight-sync runner says why itself, in its own words.
+BIGRAM_RUNNERS = frozenset(set(RUNNERS) - {"weight_sync"})
+
+
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
     plan = _build_plan(sc, ctx.vocab)  # validates the parameters of every scenario
+    if ctx.perm is None and sc["scenario"] in BIGRAM_RUNNERS:
+        raise ScenarioUnsupported(
+            f"the {sc['scenario']} scenario builds its requests or its reference from the bigram-cycle model's "
+            f"cycle; with the {ctx.model_kind} model it cannot (run it with --model bigram-cycle, the default)")
     if sc["scenario"] in RUNNERS:
         # Scenarios that change the engine (weight sync) drive it themselves.
         return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)

@@ -141,6 +141,51 @@ class ScenarioSpec:
                    None if timeout is None else float(timeout))
 
 
+FUZZ_DEPTHS = (1, 2, 3)  # D: 1 is the sync Scheduler, 2 and 3 the AsyncScheduler (repro.sched.script.Setup)
+FUZZ_MAX_SPEC_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class FuzzSpec:
+    """A scheduler-tier fuzz run: ``"fuzz"`` in a ``python -m repro.sched`` spec (whose schema_version is
+    ``repro.sched.script.SCHEMA_VERSION``, 2 since this field exists); answered by one ``fuzz`` event.
+
+    ``examples``: Hypothesis' max_examples; ``steps``: its stateful_step_count (rules per example);
+    ``seed``: the run's seed (the same seed and settings replay the same run); ``depths`` and
+    ``spec_tokens``: the setups the state machine may draw; ``max_requests``: requests per example.
+    """
+
+    examples: int
+    steps: int
+    seed: int
+    depths: tuple[int, ...] = FUZZ_DEPTHS
+    spec_tokens: tuple[int, ...] = (0,)
+    max_requests: int = 6
+
+    def __post_init__(self) -> None:
+        what = "fuzz spec"
+        if self.examples < 1 or self.steps < 1 or self.max_requests < 1:
+            raise WireError(what, f"examples={self.examples}, steps={self.steps}, max_requests={self.max_requests}: "
+                                  "each must be at least 1")
+        if not self.depths or not set(self.depths) <= set(FUZZ_DEPTHS):
+            raise WireError(what, f"depths={list(self.depths)}; valid: a non-empty subset of {list(FUZZ_DEPTHS)}")
+        if not self.spec_tokens or not all(0 <= k <= FUZZ_MAX_SPEC_TOKENS for k in self.spec_tokens):
+            raise WireError(what, f"spec_tokens={list(self.spec_tokens)}; valid: a non-empty list of "
+                                  f"0..{FUZZ_MAX_SPEC_TOKENS}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"examples": self.examples, "steps": self.steps, "seed": self.seed, "depths": list(self.depths),
+                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> FuzzSpec:
+        what = "fuzz spec"
+        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests"}, what)
+        return cls(_need(doc, "examples", int, what), _need(doc, "steps", int, what), _need(doc, "seed", int, what),
+                   tuple(_need(doc, "depths", list, what)), tuple(_need(doc, "spec_tokens", list, what)),
+                   int(doc.get("max_requests", 6)))
+
+
 @dataclass(frozen=True)
 class Spec:
     """Everything one engine process runs: its config, the model, and its scenarios."""
@@ -206,7 +251,7 @@ _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", 
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised.
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
                                     "stalled", "iterations", "frames", "setup_s", "vllm_frame", "vllm_source",
-                                    "exception_type", "message"})
+                                    "exception_type", "message", "spec_method"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),
@@ -222,6 +267,11 @@ EVENTS: dict[str, EventKind] = {
         "reset_prefix_cache_params", "pause_state", "discard_mechanism", "model_runner_output_fields",
         "request_init_params", "import_s", "python", "version_label", "model_dir", "load_s",
         "unsupported_reason"})),
+    # The answer to a spec's ``fuzz`` (FuzzSpec): what the state machine ran, and its falsifying example (the
+    # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario).
+    "fuzz": EventKind({"status": str}, frozenset({
+        "examples", "examples_to_failure", "wall_s", "examples_per_s", "cpu_s", "seed", "settings",
+        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
     "done": EventKind({}, frozenset({"wall_s"})),
 }
@@ -229,6 +279,10 @@ EVENTS: dict[str, EventKind] = {
 _STATUS_NEEDS: dict[str, tuple[str, type]] = {"ran": ("records", list), "unsupported": ("reason", str),
                                               "timeout": ("reason", str), "error": ("reason", str),
                                               "crash": ("reason", str)}
+FUZZ_STATUSES = ("ran", "unsupported", "error")
+# fuzz status -> the field the harness reads besides status ("falsifying" may be null: nothing found)
+_FUZZ_NEEDS: dict[str, tuple[str, type | tuple[type, ...]]] = {
+    "ran": ("falsifying", (dict, type(None))), "unsupported": ("reason", str), "error": ("reason", str)}
 
 
 def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any]:
@@ -250,6 +304,14 @@ def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any
             raise WireError(what, f"unknown status {status!r}; valid: {list(SCENARIO_STATUSES)}")
         key, typ = _STATUS_NEEDS[status]
         _need(ev, key, typ, f"{what} ({status})")
+    if kind == "fuzz":
+        status = ev["status"]
+        if status not in _FUZZ_NEEDS:
+            raise WireError(what, f"unknown status {status!r}; valid: {list(FUZZ_STATUSES)}")
+        key, types = _FUZZ_NEEDS[status]
+        _need(ev, key, types, f"{what} ({status})")
+        if status == "ran":
+            _need(ev, "examples", int, f"{what} ({status})")
     if strict:
         _only(ev, {"event", "t", *desc.required, *desc.optional}, what)
     return ev

@@ -6,6 +6,7 @@ from harness.commands.base import Command
 from harness.commands.bisect import BisectCommand
 from harness.commands.compare import CompareCommand
 from harness.commands.envs import EnvsCommand
+from harness.commands.fuzz import FuzzCommand
 from harness.commands.history import HistoryCommand
 from harness.commands.matrix import MatrixCommand
 from harness.commands.plan import PlanCommand
@@ -19,6 +20,7 @@ COMMANDS: tuple[Command, ...] = (
     BisectCommand(),
     WorkaroundsCommand(),
     PlanCommand(),
+    FuzzCommand(),
     ReportCommand(),
     HistoryCommand(),
     CompareCommand(),

@@ -215,6 +215,11 @@ class MatrixProgress:
         elif p.kind == "event" and p.event and p.event.get("event") == "engine":
             ev = p.event
             eff = ev.get("effective") or {}
+            if ev.get("started") is False:
+                # vLLM refused the engine before it ran (e.g. a profile argument): the cells say why.
+                self.console.print(f"  engine not started: vLLM {ev.get('vllm_version')}, torch "
+                                   f"{ev.get('torch_version')}")
+                return
             self.console.print(f"  engine up in {ev.get('startup_s')}s: vLLM {ev.get('vllm_version')}, torch "
                                f"{ev.get('torch_version')}, executor {eff.get('executor_class')}, effective async "
                                f"{eff.get('async_scheduling')}")

@@ -65,7 +65,8 @@ class Axis:
     option_words: tuple[tuple[str, bool], ...] = ()  # flag options: word -> value
     selection_default: tuple[Any, ...] = ()
     plural: str = ""  # the field of a Selection holding this axis's chosen values
-    option_all: bool = False  # the option's default is every value (else selection_default)
+    option_all: bool = False  # the option's default is every value (else option_default or selection_default)
+    option_default: tuple[Any, ...] = ()  # the option's default when it differs from selection_default
     help: str = ""  # the option's help text
     pause_only: bool = False  # applies only to scenarios that pause (else left out of ids, at its default)
 
@@ -158,9 +159,10 @@ AXES: tuple[Axis, ...] = (
     Axis("scenario", "scenario", "choice", SCENARIOS, "pause", engine=False, id_rank=9, loop_rank=8,
          sort_rank=9, spellings=tuple((s.name, s.segment) for s in scenarios.SCENARIO_TABLE),
          value_aliases=tuple((s.replace("-", "_"), s) for s in SCENARIOS if "-" in s),
-         option="scenario", what="scenario", option_all=True, plural="scenarios", selection_default=("pause",),
-         help=f"scenarios: {','.join(SCENARIOS)} or all (default: all); weight-sync is the RLHF flow (keep pause, "
-              "swap weights, resume), keep mode only"),
+         option="scenario", what="scenario", plural="scenarios", selection_default=("pause",),
+         option_default=scenarios.DEFAULT_SCENARIOS,
+         help=f"scenarios: {','.join(SCENARIOS)} or all (default: {','.join(scenarios.DEFAULT_SCENARIOS)}, the "
+              "scenarios sharing their config's engine; the others need an engine of their own)"),
     Axis("model_runner", "model_runner", "choice", MODEL_RUNNERS, "v1", engine=True, id_rank=6, loop_rank=4,
          sort_rank=3, spellings=(("v1", ""), ("v2", "mr_v2")),
          option="model-runner", what="model runner", plural="model_runners", selection_default=("v1",),
@@ -175,7 +177,7 @@ AXES: tuple[Axis, ...] = (
          spellings=(("engine", ""), ("scheduler", "sched")),
          option="tier", what="tier", plural="tiers", selection_default=("engine",),
          help="engine (a real AsyncLLM engine per config, default) or scheduler (vLLM's scheduler driven "
-              "in-process; not implemented yet: its cells are UNSUPPORTED)"),
+              "in-process with scripted model outputs)"),
 )
 
 BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}

@@ -47,7 +47,9 @@ class _CellMethods:
     def engine(self) -> Any:
         """The engine config this cell runs on: its engine axes and its scenario's engine profile (cells that
         differ only in scenario axes share it when their scenarios share a profile)."""
-        return EngineKey(**{a.attr: getattr(self, a.attr) for a in ENGINE_AXES}, profile=profile_of(self.scenario))
+        # The scheduler tier builds each scenario's scheduler itself (harness.sched_tier): no engine profile.
+        profile = profile_of(self.scenario) if self.tier == "engine" else DEFAULT_PROFILE
+        return EngineKey(**{a.attr: getattr(self, a.attr) for a in ENGINE_AXES}, profile=profile)
 
     @property
     def id(self) -> str:

@@ -50,10 +50,10 @@ class Scenario:
     profile: str = DEFAULT_PROFILE
     tiers: tuple[str, ...] = ("engine",)
     refs: tuple[str, ...] = ()  # vLLM issues/PRs it is about
-    # Takes the run's trigger count (``pause_after``: when the pause, reset or abort happens); scenarios whose
-    # fault points are the engine's own events (preemption, chunks, drafts) take none.
-    takes_trigger: bool = True
     spelling: str | None = None  # its id segment (None: the name with "_" for "-"; "": left out of ids)
+    # Whether it takes the run's ``pause_after`` (--pause-after) as the token count of its event (a pause, a
+    # reset, an abort, a second wave); a scenario with no such event is not passed one.
+    trigger: bool = True
 
     @property
     def pauses(self) -> bool:
@@ -113,21 +113,24 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              refs=("vllm#42043",)),
     # vLLM's own tests/v1/core/test_reset_prefix_cache_e2e.py shape, on AsyncLLM: no pause, the engine busy.
     Scenario("reset-inflight", "reset_prefix_cache(reset_running_requests=True) twice while requests generate, "
-             "no pause", refs=("vllm#42043", "PR #42117")),
+             "no pause (scheduler tier: one frame in flight, as an async engine core holds)",
+             tiers=("engine", "scheduler"), refs=("vllm#42043", "PR #42117")),
     # What RL frameworks write by hand instead of clear_cache=True.
     Scenario("manual-reset", "keep pause without clear_cache, explicit reset_prefix_cache(reset_running_requests="
              "True), resume", modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
     Scenario("manual-reset-reload", "keep pause without clear_cache, swap the weights, explicit reset, resume",
              modes=("keep",), clear_caches=(False,), refs=("vllm#42043", "PR #42117")),
     Scenario("abort-some", "abort every other running request mid-stream, the rest continue, new ones start",
-             refs=()),
+             tiers=("engine", "scheduler")),
     # repro/scenarios/preempt.py: every request must resume from KV-pressure preemption with exactly its solo
     # stream; a run that provoked no preemption is UNSUPPORTED (failed precondition), never OK.
     Scenario("preempt", "more long requests than the tiny KV cache holds: preempted requests must resume exactly",
-             profile="tiny-kv", refs=("PR #48245", "PR #47900"), takes_trigger=False),
-    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode.
+             profile="tiny-kv", tiers=("engine", "scheduler"), refs=("PR #48245", "PR #47900", "PR #38624"),
+             trigger=False),
+    # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode; the second wave
+    # arrives once the first has pause_after tokens.
     Scenario("chunked", "many long prompts chunk-prefilled beside running decodes (32-token step budget)",
-             profile="chunked", refs=("vllm#57562",), takes_trigger=False),
+             profile="chunked", refs=("vllm#57562",)),
     # repro/scenarios/sleep.py: sleep(level=1), wake_up, then sleep(level=2), wake weights, reload, wake the KV
     # cache, in the middle of generation; sleep always clears the prefix cache (level >= 1).
     Scenario("sleep", "sleep(level=1) and sleep(level=2) in keep mode mid-generation, wake_up, check every token",
@@ -136,14 +139,30 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # rejected where the prompt's copy ends).  Two names on one engine (profile): without a pause, and with a
     # keep pause (clear_cache true: the force-preemption with draft tokens in flight of PR #46066; false: plain).
     Scenario("spec-ngram", "n-gram speculative decoding of concurrent requests, no pause",
-             profile="spec-ngram", refs=("PR #46066", "PR #48245"), takes_trigger=False),
+             profile="spec-ngram", refs=("PR #46066", "PR #48245"), trigger=False),
     Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
              modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
+    # The scheduler tier's family beyond the shared names (harness.sched_tier.SHAPES says what each plays).
+    Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",
+             tiers=("scheduler",), refs=("PR #42117",)),
+    Scenario("preempt-deep", "KV-cache pressure preemption with two frames in flight and speculative decoding "
+             "(2 drafts, all rejected)", tiers=("scheduler",), refs=("PR #48245",)),
+    Scenario("spec-reset", "reset with a frame in flight under speculative decoding (2 drafts, all rejected)",
+             tiers=("scheduler",), refs=("PR #46066", "PR #49860", "PR #49620")),
+    Scenario("spec-reset-partial", "spec-reset with one of the 2 drafts accepted each step", tiers=("scheduler",),
+             refs=("PR #49860", "PR #49620")),
+    Scenario("spec-reset-twice", "spec-reset with two resets back to back, each with a frame in flight",
+             tiers=("scheduler",), refs=("PR #46066",)),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
 SCENARIOS: tuple[str, ...] = tuple(BY_SCENARIO)
 # Pause modes per scenario (a non-pausing scenario: its cells carry the default mode, which is not played).
+# What a matrix runs when --scenario is not given: the scenarios of the default engine profile, which share the
+# engine of their engine config (each costs seconds, not an engine start; issue 14 wants the default CPU run
+# under 8 minutes warm).  `--scenario all` adds the profile scenarios, one engine start per profile and config.
+DEFAULT_SCENARIOS: tuple[str, ...] = tuple(
+    s.name for s in SCENARIO_TABLE if s.profile == DEFAULT_PROFILE and "engine" in s.tiers)
 SCENARIO_MODES: dict[str, tuple[str, ...]] = {s.name: s.modes or MODES[:1] for s in SCENARIO_TABLE}
 
 

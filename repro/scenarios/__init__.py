@@ -2,10 +2,10 @@
 
 A scenario that must act on the engine during a pause (weight sync swaps its
 weights, manual reset resets the prefix cache), or whose reference is not the
-engine's plain no-pause run (the engine-profile scenarios: preempt, chunked,
-sleep, spec_ngram, spec_ngram_pause; see ``repro/scenarios/_profile.py``), also
-has a runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls instead of
-the generic reference-then-plan run.  The harness names them by the catalogue
+engine's plain no-pause run (the engine-profile scenarios: preempt, chunked, sleep,
+spec_ngram, spec_ngram_pause; see ``repro/scenarios/_profile.py``), also has a
+runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls instead of the
+generic reference-then-plan run.  The harness names them by the catalogue
 (``harness.core.scenarios``) with ``-`` spelled ``_``; ``manual-reset-reload``
 runs as ``weight_sync`` with ``explicit_reset``.
 """
@@ -57,16 +57,16 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "spec_ngram_pause": spec_ngram.run_pause,
 }
 
-_RUNNERS_THAT_PAUSE = frozenset({"weight_sync", "manual_reset", "sleep"})
 
 
 def pauses(scenario: str, params: dict[str, Any], vocab_size: int) -> bool:
     """Whether the scenario pauses the engine (a vLLM without pause modes cannot run it).
 
-    The runners of weight sync, manual reset and sleep pause whatever their plan says; a plan that cannot
-    be built counts as pausing, so its error is reported where it always was, by the scenario itself.
+    Decided by its plan, runners' too (weight sync and manual reset plan their pause; preempt, chunked and
+    spec_ngram plan none); a plan that cannot be built counts as pausing, so its error is reported where it
+    always was, by the scenario itself.
     """
-    if scenario in _RUNNERS_THAT_PAUSE or scenario not in SCENARIOS:
+    if scenario not in SCENARIOS:
         return True
     try:
         return bool(SCENARIOS[scenario]("probe", params, vocab_size, 0).pauses)

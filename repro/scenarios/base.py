@@ -98,7 +98,8 @@ class RequestSpec:
     max_tokens: int
     # "start", or ("during", k) / ("after", k): submitted while pause k is in
     # effect, or right after resume k; ("after_op", k): right after in-flight operation k;
-    # ("tokens", n): once every request submitted at start has n tokens (or ended), before any pause.
+    # ("tokens", n): once every request submitted at start has n tokens (or ended), before any
+    # in-flight operation or pause.
     submit: tuple[str, int] | str = "start"
 
 
@@ -334,6 +335,16 @@ class _Driver:
             await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
         self._submit(self._phase("after", k))
 
+    async def _waves(self) -> None:
+        """Submit the ("tokens", n) requests, smallest n first, each once every start request has n tokens."""
+        first = [s for s in self.streams.values() if s.spec.submit == "start"]
+        for n in sorted({int(r.submit[1]) for r in self.plan.requests if _kind(r.submit) == "tokens"}):
+            await self._wait_until(f"{n} tokens in every request submitted at start",
+                                   lambda n=n: all(s.done or len(s.tokens) >= n for s in first))
+            rids = [r.rid for r in self.plan.requests if _kind(r.submit) == "tokens" and int(r.submit[1]) == n]
+            self.events.append({"t": self._now(), "event": "submit_wave", "after_tokens": n, "requests": rids})
+            self._submit(rids)
+
     async def _inflight(self, k: int, op: InflightSpec) -> None:
         """In-flight operation ``k``: once every running request has its trigger count, act with no pause."""
         running = self._running()
@@ -376,16 +387,6 @@ class _Driver:
             return {"reset_ok": ok}
         await self.llm.abort(list(op.targets))
         return {"aborted": list(op.targets)}
-
-    async def _waves(self) -> None:
-        """Submit the ("tokens", n) requests, smallest n first, each once every start request has n tokens."""
-        first = [s for s in self.streams.values() if s.spec.submit == "start"]
-        for n in sorted({int(r.submit[1]) for r in self.plan.requests if _kind(r.submit) == "tokens"}):
-            await self._wait_until(f"{n} tokens in every request submitted at start",
-                                   lambda n=n: all(s.done or len(s.tokens) >= n for s in first))
-            rids = [r.rid for r in self.plan.requests if _kind(r.submit) == "tokens" and int(r.submit[1]) == n]
-            self.events.append({"t": self._now(), "event": "submit_wave", "after_tokens": n, "requests": rids})
-            self._submit(rids)
 
     async def _act(self, k: int, action: PauseAction) -> None:
         t0 = self._now()

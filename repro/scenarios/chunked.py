@@ -4,7 +4,7 @@ The shape of vllm#57562 (``AsyncScheduler`` ``num_output_placeholders`` underflo
 concurrency, no spec decode, no preemption; reported on 0.29.0 as a regression from 0.24.0): runs on the
 ``chunked`` engine profile (``max_num_batched_tokens=32``, chunked prefill on).  A first wave of requests
 with 96-token prompts starts at once, so their prompts are prefilled 32 tokens a step, each while the
-earlier ones already decode; once every first-wave request has ``wave_after`` tokens, a second wave of long
+earlier ones already decode; once every first-wave request has ``pause_after`` tokens, a second wave of long
 prompts arrives and is chunk-prefilled beside the first wave's decodes.  Every stream must equal its
 reference; vLLM's own code raising in the engine core ends the engine (the cells left are ERROR/CRASH).
 
@@ -46,11 +46,11 @@ class ChunkedParams:
     extra_requests: int = 8  # second wave, once the first wave decodes
     prompt_len: int = 96  # three 32-token chunks each
     max_tokens: int = 48
-    wave_after: int = 4  # tokens every first-wave request has when the second wave arrives
+    pause_after: int = 8  # tokens every first-wave request has when the second wave arrives (no pause)
 
     def __post_init__(self) -> None:
-        if self.wave_after >= self.max_tokens:
-            raise ValueError(f"wave_after={self.wave_after} must be below max_tokens={self.max_tokens}, or the "
+        if not 1 <= self.pause_after < self.max_tokens:
+            raise ValueError(f"pause_after={self.pause_after} must be in [1, max_tokens={self.max_tokens}), or the "
                              "second wave meets no decode")
 
     @classmethod
@@ -62,7 +62,7 @@ def build(sid: str, params: dict[str, Any], vocab_size: int, seed: int) -> Plan:
     p = ChunkedParams.from_dict(params)
     prompts = make_prompts(p.num_requests + p.extra_requests, p.prompt_len, vocab_size, seed)
     reqs = [RequestSpec(f"{sid}-r{i:02d}", prompts[i], p.max_tokens) for i in range(p.num_requests)]
-    reqs += [RequestSpec(f"{sid}-w{i:02d}", prompts[p.num_requests + i], p.max_tokens, ("tokens", p.wave_after))
+    reqs += [RequestSpec(f"{sid}-w{i:02d}", prompts[p.num_requests + i], p.max_tokens, ("tokens", p.pause_after))
              for i in range(p.extra_requests)]
     return Plan(reqs, [])
 

@@ -16,7 +16,7 @@ Entry point::
 
 SPEC (JSON)::
 
-    {"schema_version": 1,
+    {"schema_version": 2,                         # 2 since a spec may carry "fuzz"
      "version_label": "0.21.0",                  # echoed in the sched event
      "model_dir": "/path/ckpt"                    # a checkpoint built by repro.models.build_checkpoint, or
      "model_cache": "/path/cache",                # where to build the bigram checkpoint
@@ -24,7 +24,9 @@ SPEC (JSON)::
      "scenarios": [{"id": "s1", "scenario": "drained_reset", "params": {...}, "seed": 0}, ...],
      "interactive": false,                        # true: then one scenario per stdin line, until EOF
                                                   # or {"op": "stop"}, one scenario event each
-     "fsync": true}                               # false: flush only (a fuzzer's many small events)
+     "fsync": true,                               # false: flush only (a fuzzer's many small events)
+     "fuzz": {"examples": 200, "steps": 25, "seed": 1,   # optional (repro.wire.FuzzSpec): after the scenarios,
+              "depths": [1, 2, 3], "spec_tokens": [0], "max_requests": 6}}   # a Hypothesis run (fuzz.py)
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
@@ -62,7 +64,8 @@ has ``event`` and ``t``):
     ``frames`` (per frame that scheduled it: the scripted ``positions`` and the ``delivered`` ids),
     ``num_preemptions`` (vLLM's count: resets and memory pressure)),
     ``ops_log`` (per op: the op, frames in flight before/after, what it returned or why skipped),
-    ``stalled`` (None, or why a step_until/run hit ``max_steps``: vLLM never finished a request — a
+    ``stalled`` (None, or why a step_until/run hit ``max_steps``, or scheduled and delivered nothing for 64
+    iterations (``executor.IDLE_LIMIT``): vLLM never finished a request — a
     hang, which the engine tier would see as TIMEOUT; its requests then look TRUNCATED to the oracle),
     ``scheduler``, ``scheduler_class``, ``depth``, ``setup`` (the ``ops``-scenario params that replay
     it), ``iterations``, ``frames``, ``setup_s``, ``duration_s``;
@@ -75,6 +78,14 @@ has ``event`` and ``t``):
     package), ``vllm_source`` (that line's source, e.g. the assert), ``traceback``, and the ``records`` /
     ``ops_log`` up to the crash;
   - ``error``: the harness side failed (bad scenario, our own exception): ``reason``, ``traceback``.
+* ``fuzz`` (with ``fuzz`` in the spec): the state machine of ``fuzz.py`` over this release's scheduler —
+  ``status`` ran / unsupported (no setup of ``depths`` x ``spec_tokens`` builds here) / error (our side, or
+  Hypothesis refusing), ``examples`` (every example run, shrinking included), ``examples_to_failure``,
+  ``wall_s``, ``examples_per_s``, ``cpu_s``, ``seed``, ``settings``, ``hypothesis_version``, ``coverage``
+  (ops applied, setups drawn, resets with frames in flight, examples with KV-cache preemptions),
+  ``dropped`` (setups this release cannot build, and why), and ``falsifying``: None, or the shrunk example's
+  ``script`` (the ``ops`` scenario's params), ``failure`` (what the machine saw), ``ops``, ``shrunk`` and
+  ``replay`` (the fields of a ``scenario`` event: that script run once more as an ``ops`` scenario).
 * ``done``: ``wall_s`` (including the vLLM import); or ``fatal`` with ``reason`` and ``traceback``.
 
 Runs inside a vLLM environment with only ``repro`` staged; never imports ``harness``.

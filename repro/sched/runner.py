@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 from repro.sched.script import SCHEMA_VERSION, ScriptError, build_script
-from repro.wire import check_event
+from repro.wire import FuzzSpec, check_event
 
 Emit = Callable[..., None]
 
@@ -69,6 +69,9 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
     except Unsupported as exc:
         return {**base, "status": "unsupported", "reason": str(exc)}
     base["scheduler_class"] = f"{type(sched).__module__}.{type(sched).__qualname__}"
+    spec_cfg = getattr(getattr(sched, "vllm_config", None), "speculative_config", None)
+    if spec_cfg is not None:  # the drafter kind vLLM accepted with async scheduling (adapter._spec_config)
+        base["spec_method"] = str(getattr(spec_cfg, "method", None))
     setup_s = round(time.monotonic() - t0, 3)
     try:
         ex.play()
@@ -129,6 +132,8 @@ def run(spec: dict[str, Any], emit: Emit, stdin: TextIO | None = None,
             "version_label"))
         for sc in scenarios:
             emit("scenario", id=sc["id"], status="unsupported", reason=reason)
+        if spec.get("fuzz") is not None:
+            emit("fuzz", status="unsupported", reason=reason)
         return
     facts = adapter.facts() if hasattr(adapter, "facts") else {}
     emit("sched", **facts, python=platform.python_version(), version_label=spec.get("version_label"),
@@ -140,6 +145,20 @@ def run(spec: dict[str, Any], emit: Emit, stdin: TextIO | None = None,
             result = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc()}
         emit("scenario", id=sc.get("id"), **result)
+    if spec.get("fuzz") is not None:
+        emit("fuzz", **fuzz_result(adapter, model_dir, perm, spec["fuzz"]))
+
+
+def fuzz_result(adapter: Any, model_dir: Path, perm: list[int], doc: dict[str, Any]) -> dict[str, Any]:
+    """The ``fuzz`` event's fields for the spec's ``fuzz`` (a repro.wire.FuzzSpec); our own failure is ``error``."""
+    try:
+        from repro.sched.fuzz import run_fuzz
+    except ImportError as exc:  # the harness stages Hypothesis beside repro (harness.runner.stage_distribution)
+        return {"status": "error", "reason": f"the fuzzer cannot be imported here: {type(exc).__name__}: {exc}"}
+    try:
+        return run_fuzz(adapter, model_dir, perm, FuzzSpec.from_json(doc))
+    except Exception as exc:
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-SCHEMA_VERSION = 1
+# The ``python -m repro.sched`` spec's version: 2 since a spec may carry ``fuzz`` (repro.wire.FuzzSpec).
+SCHEMA_VERSION = 2
 
 SCHEDULERS = ("async", "sync")
 PAUSE_MODES = ("keep",)
@@ -135,8 +136,7 @@ class Op:
 
     def to_dict(self) -> dict[str, Any]:
         """The op's JSON form: only the fields that differ from their defaults."""
-        defaults = {f.name: f.default for f in fields(self)}
-        return {k: v for k, v in asdict(self).items() if k == "op" or v != defaults[k]}
+        return {"op": self.op, **{k: getattr(self, k) for k, d in _OP_DEFAULTS.items() if getattr(self, k) != d}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Op:
@@ -144,6 +144,10 @@ class Op:
         if unknown or "op" not in data:
             raise ScriptError(f"bad op {dict(data)}: needs 'op'; unknown keys {sorted(unknown)}")
         return cls(**dict(data))
+
+
+# Op's optional fields and their defaults (every executed op is logged as its JSON form).
+_OP_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(Op) if f.name != "op"}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ def test_wrong_known_bug_table_fails_exactly_the_affected_items(tmp_path: Path) 
     wrong.write_text('[[bug]]\nid = "vllm#42043"\naffected = "<0.21.0"\n\n[[bug.cells]]\nasync_scheduling = true\n'
                      'mode = "keep"\nclear_cache = true\nexpect = "LOSS"\nk = 1\n')
     rc, out, _ = _pytest(tmp_path, "wrong", "--vllm-versions", "0.21.0", "--executors", "mp",
-                         "-k", "post_resume and async_on and keep", "--known-bugs", str(wrong))
+                         "--scenarios", "pause,weight-sync", "-k", "post_resume and async_on and keep",
+                         "--known-bugs", str(wrong))
     assert rc == 1, out
     failed = sorted(line.split()[1].split("::")[-1] for line in out.splitlines() if line.startswith("FAILED "))
     # Exactly the cells the real bug affects: the pause cell and the weight-sync cell of keep + clear.
@@ -44,7 +45,9 @@ def test_wrong_known_bug_table_fails_exactly_the_affected_items(tmp_path: Path) 
 
 
 def test_xdist_gives_the_same_outcomes_with_one_engine_per_config(tmp_path: Path) -> None:
-    sel = ["--vllm-versions", "0.21.0", "--executors", "mp", "-k", "post_resume and keep"]
+    # The default profile's pausing scenarios: one engine per async setting (other profiles start their own).
+    sel = ["--vllm-versions", "0.21.0", "--executors", "mp", "--scenarios", "pause,weight-sync", "-k",
+           "post_resume and keep"]
     log0, log2 = tmp_path / "starts0.txt", tmp_path / "starts2.txt"
     rc0, out0, rep0 = _pytest(tmp_path, "n0", *sel, "-n", "0", env={"VLLM_REPRO_ENGINE_LOG": str(log0)})
     rc2, out2, rep2 = _pytest(tmp_path, "n2", *sel, "-n", "2", "--dist", "loadgroup",

@@ -198,3 +198,10 @@ def test_engine_key_id_names_a_non_default_profile() -> None:
     from dataclasses import replace
 
     assert replace(key, profile="tiny-kv").id == "vllm0.21.0-mp-async_on-tiny_kv"
+
+
+def test_scheduler_tier_cells_need_no_engine_profile() -> None:
+    # The scheduler tier builds every scenario's scheduler itself: its cells of one config share one process.
+    cells = [Cell("0.21.0", "mp", True, scenario=s, tier="scheduler") for s in ("pause", "preempt", "abort-some")]
+    assert {c.engine for c in cells} == {cells[0].engine} and cells[0].engine.profile == "default"
+    assert Cell("0.21.0", "mp", True, scenario="preempt").engine.profile == "tiny-kv"

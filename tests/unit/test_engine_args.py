@@ -333,3 +333,19 @@ def test_compare_warns_when_the_two_reports_ran_different_set_ups() -> None:
     assert any("A ran model bigram-cycle with no engine arguments, B model qwen3-random with "
                "enable_prefix_caching=False" in w for w in warnings), warnings
     assert not any("model" in w for w in compare(mine, mine).warnings)
+
+
+@pytest.mark.parametrize("scenario", ["preempt", "chunked", "sleep", "spec_ngram", "weight_sync"])
+def test_scenarios_built_on_the_bigram_cycle_are_unsupported_with_another_model(scenario: str,
+                                                                                tmp_path: Path) -> None:
+    import asyncio
+
+    from repro.cell import run_scenario
+    from repro.scenarios.base import EngineContext, ScenarioUnsupported
+
+    ctx = EngineContext(model_spec=None, model_dir=tmp_path, perm=None, model_cache=tmp_path, work_dir=tmp_path,
+                        tensor_parallel_size=1, start_engine=lambda d: None, model_kind="qwen3-random",
+                        vocab_size=32768)
+    sc = {"id": "s", "scenario": scenario, "params": {}, "seed": 0}
+    with pytest.raises(ScenarioUnsupported, match="bigram-cycle"):
+        asyncio.run(run_scenario(object(), sc, ctx, 1.0))

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import SP, Completion, Output
 
 import repro.scenarios.base as base
 from harness.core.cell import Cell, parse_cell_id
@@ -199,24 +199,8 @@ def test_aborted_requests_may_end_early_and_the_others_may_not() -> None:
 # --------------------------------------------------------------------------- played on a fake engine
 
 
-@dataclass
-class _SP:
-    temperature: float
-    max_tokens: int
-    ignore_eos: bool
-    output_kind: Any
-    detokenize: bool
-
-
-@dataclass
-class _Completion:
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclass
-class _Output:
-    outputs: list[_Completion]
+# The sampling parameters and outputs an AsyncLLM takes and yields, shared with the profile tests.
+_SP, _Completion, _Output = SP, Completion, Output
 
 
 class FakeLLM:
@@ -299,11 +283,14 @@ class OldLLM(FakeLLM):
 PERM = cycle_permutation(VOCAB, BigramCycleSpec().seed)
 
 
-def _play(llm: FakeLLM, scenario: str, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def _play(llm: FakeLLM, scenario: str, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+          bigram: bool = True) -> dict[str, Any]:
+    """``bigram=False``: the engine's model is another one (``--model``): its stream is not known in advance."""
     monkeypatch.setattr(base, "_vllm_api", lambda: (_SP, "DELTA"))
-    ctx = EngineContext(model_spec=BigramCycleSpec(), model_dir=Path("/nonexistent"), perm=PERM,
+    ctx = EngineContext(model_spec=BigramCycleSpec(), model_dir=Path("/nonexistent"), perm=PERM if bigram else None,
                         model_cache=Path("/nonexistent"), work_dir=Path("/nonexistent"), tensor_parallel_size=1,
-                        start_engine=lambda d: pytest.fail("no engine start expected"))
+                        start_engine=lambda d: pytest.fail("no engine start expected"),
+                        model_kind="bigram-cycle" if bigram else "qwen3-random", vocab_size=VOCAB)
     sc = {"id": scenario, "scenario": scenario, "params": {"max_tokens": 24, **params}, "seed": 11}
     return asyncio.run(run_scenario(llm, sc, ctx, 30))
 
@@ -398,3 +385,21 @@ def test_reports_show_no_mode_for_a_scenario_that_does_not_pause() -> None:
     text = markdown(Results(cells, {"platform": "cpu"}))
     assert "| `vllm0.21.0-mp-async_on-reset_inflight` | 0.21.0 | mp | on | - | - | OK |" in text
     assert "| `vllm0.21.0-mp-async_on-keep-clear` | 0.21.0 | mp | on | keep | true | OK |" in text
+
+
+@pytest.mark.parametrize(("scenario", "params", "bug", "label"), [
+    ("abort_some", {}, {"abort_bug": True}, "LOSS(1)"), ("abort_some", {}, {}, "OK"),
+    ("reset_inflight", {"pause_after": 4, "reset_at": [], "long_prompt_len": 16}, {"reset_bug": "drop"}, "LOSS(1)"),
+])
+def test_another_model_gets_a_second_reference_batched_as_the_run(scenario: str, params: dict[str, Any],
+                                                                  bug: dict[str, Any], label: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the bigram cycle to check it against, the reference is run twice, the second time with the requests
+    submitted after an in-flight operation joining at its trigger; this engine's numerics do not depend on the
+    batch, so the two agree and the verdict is the bigram model's."""
+    out = _play(FakeLLM(PERM, **bug), scenario, params, monkeypatch, bigram=False)
+    for rec in out["records"]:
+        assert "reference_matches_model" not in rec
+        assert rec["reference_repeat"] == rec["reference"] and len(rec["reference"]) == 24 + base.REFERENCE_MARGIN
+    verdict = cell_verdict(out["records"])
+    assert verdict.label == label and not any(r.reference_split is not None for r in verdict.requests)

@@ -69,16 +69,18 @@ def test_shipped_table(bugs: tuple[KnownBug, ...]) -> None:
     # Two windows of one bug, each measured by bisect on its tier: the engine's keep pause resets the cache
     # from 0.17.0; vLLM's scheduler drops the token after a drained reset in every release that installs.
     # (Further rows of the same bug cover other scenarios: the manual reset, ...; they have tests of their own.)
-    engine, scheduler = [b for b in bugs if b.id == "vllm#42043"][:2]
-    assert engine.affected == SpecifierSet(">=0.17.0, <0.22.0")
+    engine, scheduler, manual = [b for b in bugs if b.id == "vllm#42043"][:3]
+    assert engine.affected == manual.affected == SpecifierSet(">=0.17.0, <0.22.0")
     assert scheduler.affected == SpecifierSet(">=0.12.0, <0.22.0")
     # The engine rule names the scenarios that play a keep + clear_cache pause (non-pausing ones carry the
     # default mode and clear_cache without playing them).
-    for bug, tier, more in ((engine, "engine", ",scenario=pause|weight-sync"), (scheduler, "scheduler", "")):
+    on = "async_scheduling=on,mode=keep"
+    for bug, cells in ((engine, f"tier=engine,scenario=pause|weight-sync,{on},clear_cache=true"),
+                       (scheduler, f"tier=scheduler,{on},clear_cache=true"),
+                       (manual, f"tier=engine,scenario=manual-reset|manual-reset-reload,{on},clear_cache=false")):
         assert bug.fix == "vllm#42117"
         assert bug.fixed_in == "0.22.0"
-        pattern = parse_pattern(f"tier={tier},async_scheduling=on,mode=keep,clear_cache=true{more}")
-        assert bug.cells == (Rule(pattern, Outcome.LOSS, 1),)
+        assert bug.cells == (Rule(parse_pattern(cells), Outcome.LOSS, 1),)
 
 
 @pytest.mark.parametrize(

@@ -283,3 +283,16 @@ def test_tp2_needs_two_visible_gpus() -> None:
     plan = plan_matrix(Selection(versions=("0.21.0",), executors=("mp",), tps=(1, 2)), "cuda", n_gpus=1)
     assert all(c.tp == 1 for _, cs in plan.engines for c in cs)
     assert all(c.tp == 2 for c, _ in plan.unsupported)
+
+
+def test_the_default_scenarios_share_their_configs_engine() -> None:
+    # Issue 14: the default run plays every scenario of the default engine profile (seconds each, no engine
+    # start); --scenario all adds the profile scenarios, each an engine of its own per config.
+    from harness.core.axes import BY_NAME
+    from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS
+    from harness.matrix import parse_option
+
+    chosen = parse_option(BY_NAME["scenario"], None, "cpu")
+    assert chosen == DEFAULT_SCENARIOS and {"pause", "weight-sync", "reset-inflight", "abort-some"} <= set(chosen)
+    assert all(BY_SCENARIO[s].profile == "default" for s in chosen)
+    assert set(parse_option(BY_NAME["scenario"], "all", "cpu")) == set(BY_SCENARIO)

@@ -91,9 +91,11 @@ def test_harness_parameters_are_what_the_engine_side_accepts(name: str, tmp_path
         sc = scenario_spec(cell, cfg(tmp_path))
         assert sc.scenario == name.replace("-", "_") and sc.scenario in SCENARIOS and sc.scenario in RUNNERS
         if not shape.pauses:
-            assert not {"mode", "clear_cache", "pause_after"} & set(sc.params)
+            assert not {"mode", "clear_cache"} & set(sc.params)
         else:
-            assert sc.params["mode"] == "keep" and sc.params["clear_cache"] is clear
+            assert sc.params["clear_cache"] is clear
+        # The run's pause_after reaches only scenarios with an event at a token count (chunked: its second wave).
+        assert ("pause_after" in sc.params) is shape.trigger
         plan = SCENARIOS[sc.scenario](sc.id, sc.params, 512, sc.seed)  # raises on a key it does not take
         assert plan.requests
 
@@ -161,14 +163,14 @@ def test_tiny_kv_profile_cannot_hold_the_requests_at_once_but_holds_one() -> Non
 
 
 def test_chunked_plan_has_a_second_wave_and_prompts_longer_than_the_step_budget() -> None:
-    plan = chunked.build("c", {"num_requests": 8, "max_tokens": 48}, 512, 1)
+    plan = chunked.build("c", {"num_requests": 8, "max_tokens": 48, "pause_after": 8}, 512, 1)
     waves = [r.submit for r in plan.requests]
-    assert waves.count("start") == 8 and waves.count(("tokens", 4)) == 8
+    assert waves.count("start") == 8 and waves.count(("tokens", 8)) == 8
     budget = PROFILES["chunked"].args["max_num_batched_tokens"]
     assert all(len(r.prompt) >= 2 * budget for r in plan.requests)
     assert all(len(r.prompt) + r.max_tokens + REFERENCE_MARGIN <= 256 for r in plan.requests)  # engine max_model_len
-    with pytest.raises(ValueError, match="wave_after=48 must be below max_tokens=48"):
-        chunked.build("c", {"wave_after": 48}, 512, 1)
+    with pytest.raises(ValueError, match=r"pause_after=48 must be in \[1, max_tokens=48\)"):
+        chunked.build("c", {"pause_after": 48}, 512, 1)
 
 
 def test_chunk_precondition_needs_a_mixed_step_and_every_prompt_chunked() -> None:
@@ -372,10 +374,10 @@ def test_chunked_submits_the_second_wave_once_the_first_decodes(model: dict[str,
 
     out = _play("chunked", FakeLLM(model["perm"], on_step=chunks), model, tmp_path, monkeypatch)
     (wave,) = [e for e in out["events"] if e["event"] == "submit_wave"]
-    assert wave["after_tokens"] == 4 and len(wave["requests"]) == 8
+    assert wave["after_tokens"] == 8 and len(wave["requests"]) == 8
     assert out["precondition"]["met"] and cell_verdict(out["records"]).outcome is Outcome.OK
     assert all(r["prefill_chunks"] == 3 for r in out["records"])
-    # The second wave starts only once every first-wave request holds 4 tokens.
+    # The second wave starts only once every first-wave request holds 8 tokens.
     firsts = [r for r in out["records"] if r["submit"] == "start"]
     assert all(r["timings"]["first_token"] <= wave["t"] for r in firsts)
 
@@ -510,3 +512,23 @@ def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, t
     assert "target_model_config" in args.kw["speculative_config"]
     assert engine._requested(spec)["engine_args"] == {"speculative_config": {"method": "ngram_gpu"}}
     assert spec.engine.extra == extra and "target_model_config" not in extra["speculative_config"]
+
+
+def test_progress_says_a_refused_engine_did_not_start() -> None:
+    import io
+
+    from rich.console import Console
+
+    from harness.commands.matrix import MatrixProgress
+    from harness.context import Progress
+
+    out = io.StringIO()
+    show = MatrixProgress(Console(file=out, width=200), 1, 0)
+    show(Progress("event", "", event={"event": "engine", "vllm_version": "0.32.0", "torch_version": "2.13.0",
+                                      "started": False, "effective": None, "startup_s": None}))
+    show(Progress("event", "", event={"event": "engine", "vllm_version": "0.32.0", "torch_version": "2.13.0",
+                                      "startup_s": 31.5, "effective": {"executor_class": "MultiprocExecutor",
+                                                                       "async_scheduling": True}}))
+    assert out.getvalue().splitlines() == [
+        "  engine not started: vLLM 0.32.0, torch 2.13.0",
+        "  engine up in 31.5s: vLLM 0.32.0, torch 2.13.0, executor MultiprocExecutor, effective async True"]

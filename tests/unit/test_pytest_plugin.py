@@ -305,3 +305,13 @@ def test_pool_retries_a_dead_engine_on_a_fresh_one(tmp_path: Path) -> None:
     pool.envs["0.22.0"] = EngineDown(Outcome.BUILD_FAILED, "BUILD-FAILED: no wheel")
     built = pool.run_cell(Cell("0.22.0", "mp", True, "keep", True))
     assert built.outcome is Outcome.BUILD_FAILED and built.attempts == (), "a failed build is not retried"
+
+
+def test_scenarios_option_selects_the_post_resume_cells(tmp_path: Path) -> None:
+    opts = {"vllm_versions": "0.21.0", "executors": "mp"}
+    every = plugin.matrix_cells(_Config(tmp_path, repro_scenarios=None, **opts))  # type: ignore[arg-type]
+    some = plugin.matrix_cells(_Config(tmp_path, repro_scenarios="pause,weight-sync", **opts))  # type: ignore[arg-type]
+    assert {c.scenario for c in some} == {"pause", "weight-sync"}
+    assert {c.scenario for c in every} > {c.scenario for c in some} and "preempt" in {c.scenario for c in every}
+    with pytest.raises(pytest.UsageError, match="unknown scenario 'chaos'"):
+        plugin.matrix_cells(_Config(tmp_path, repro_scenarios="chaos", **opts))  # type: ignore[arg-type]

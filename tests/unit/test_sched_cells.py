@@ -7,12 +7,13 @@ from typing import Any
 import pytest
 from synthetic import request_record
 
+from harness.core.scenarios import SCENARIO_TABLE
 from harness.matrix import Cell, unsupported_reason
 from harness.oracle import Outcome
 from harness.runner import scenario_result
-from harness.sched_tier import sched_result, sched_scenario, sched_spec
+from harness.sched_tier import SHAPES, sched_result, sched_scenario, sched_spec
 from harness.workarounds import workaround_verdicts
-from repro.sched.script import build_script
+from repro.sched.script import SCHEMA_VERSION, build_script
 
 pytestmark = pytest.mark.unit
 
@@ -30,6 +31,48 @@ def test_only_keep_mode_pauses_with_default_engine_axes_are_expressed() -> None:
                                                                            "cpu") or "")
 
 
+def test_every_scheduler_tier_scenario_has_a_script_for_each_async_setting_it_expresses() -> None:
+    sched_scenarios = {s.name for s in SCENARIO_TABLE if "scheduler" in s.tiers} - {"pause"}
+    assert sched_scenarios == set(SHAPES)
+    for name in sorted(sched_scenarios):
+        for async_on in (True, False):
+            cell = Cell("0.21.0", "mp", async_on, scenario=name, tier="scheduler")
+            reason = unsupported_reason(cell, "cpu")
+            if reason is not None:
+                # Only the async-off cell of an async-only shape is refused, with the shape's reason.
+                assert not async_on and SHAPES[name].sync is None and reason == f"async off: {SHAPES[name].sync_reason}"
+                continue
+            sc = sched_scenario(cell, cell.scenario_id, 7)
+            script = build_script(sc["scenario"], sc["params"], 512, 7)
+            assert script.setup.is_async is async_on and sc["seed"] == 7 and sc["id"] == cell.scenario_id
+
+
+def test_the_family_cells_play_their_shapes() -> None:
+    def setup(name: str, async_on: bool = True) -> Any:
+        sc = sched_scenario(SCHED.replace(scenario=name, async_on=async_on), "x", 0)
+        return build_script(sc["scenario"], sc["params"], 512, 0)
+
+    def reset_in_flight(script: Any) -> list[int | None]:
+        return [op.in_flight for op in script.ops if op.op == "reset"]
+
+    # PR #42117: one frame in flight at the reset (its flag's case), two (its other half); sync: none.
+    assert (setup("reset-inflight").setup.depth, reset_in_flight(setup("reset-inflight"))) == (2, [1])
+    assert (setup("reset-deep").setup.depth, reset_in_flight(setup("reset-deep"))) == (3, [2])
+    assert (setup("reset-inflight", False).setup.scheduler, reset_in_flight(setup("reset-inflight", False))) == \
+        ("sync", [0])
+    # PR #48245: memory pressure (7 KV blocks for 4 requests) with two frames in flight and drafts rejected.
+    deep = setup("preempt-deep").setup
+    assert (deep.depth, deep.num_blocks, deep.spec_tokens, deep.spec_accepted) == (3, 7, 2, 0)
+    assert (setup("preempt").setup.depth, setup("preempt").setup.spec_tokens, setup("preempt", False).setup.depth) \
+        == (2, 0, 1)
+    # PRs #46066, #49860 / #49620: resets with a frame in flight, every draft rejected; once, or twice.
+    assert reset_in_flight(setup("spec-reset")) == [1] and reset_in_flight(setup("spec-reset-twice")) == [1, 1]
+    assert setup("spec-reset").setup.spec_tokens == 2 and setup("spec-reset").setup.spec_accepted == 0
+    assert setup("spec-reset-partial").setup.spec_accepted == 1 and reset_in_flight(setup("spec-reset-partial")) == [1]
+    assert [op.op for op in setup("abort-some").ops].count("abort") == 1
+    assert len(setup("abort-some").requests) == 3
+
+
 def test_the_spec_a_cell_runs_builds_a_script() -> None:
     sc = sched_scenario(SCHED, "keep-clear", 3)
     assert sc == {"id": "keep-clear", "scenario": "drained_reset", "seed": 3,
@@ -40,7 +83,7 @@ def test_the_spec_a_cell_runs_builds_a_script() -> None:
     assert plain["params"] == {"scheduler": "sync", "depth": 1, "reset": False}
     assert "reset" not in [o.op for o in build_script("drained_reset", plain["params"], 512, 3).ops]
     spec = sched_spec(SCHED.engine, [sc], "/cache", {})
-    assert spec["schema_version"] == 1 and spec["version_label"] == "0.21.0" and spec["scenarios"] == [sc]
+    assert spec["schema_version"] == SCHEMA_VERSION and spec["version_label"] == "0.21.0" and spec["scenarios"] == [sc]
 
 
 def _ran(cls: str = ASYNC_CLS, **extra: Any) -> dict[str, Any]:
@@ -63,6 +106,9 @@ def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupp
              "vllm_source": "assert request.num_output_placeholders >= 0"}
     res = sched_result(SCHED, crash, None, scenario_result)
     assert res.outcome is Outcome.CRASH and "num_output_placeholders >= 0" in res.summary
+    spec = sched_result(SCHED.replace(scenario="spec-reset"), {**crash, "spec_method": "eagle"}, None, scenario_result)
+    assert spec.outcome is Outcome.CRASH and spec.engine is not None
+    assert spec.engine["effective"]["spec_method"] == "eagle"
     assert sched_result(SCHED, _ran(stalled="r0 never finished"), None, scenario_result).outcome is Outcome.TIMEOUT
     wrong = sched_result(SCHED, _ran(cls="vllm.v1.core.sched.scheduler.Scheduler"), None, scenario_result)
     assert wrong.outcome is Outcome.UNSUPPORTED and "asked for async on" in wrong.summary
@@ -79,3 +125,35 @@ def test_the_workaround_verdict_prefers_the_engine_tier_and_keeps_the_tiers_apar
     assert v.status.value == "REMOVABLE" and v.executor == "mp"
     (alone,) = workaround_verdicts(cells[2:])
     assert alone.status.value == "NEEDED" and alone.executor == "mp-sched"
+
+
+def test_a_preemption_cell_in_which_nothing_was_preempted_is_unsupported_not_ok() -> None:
+    cell = SCHED.replace(scenario="preempt")
+    ev = _ran()
+    ev["records"][0]["observed"] = ev["records"][0]["reference"][:15]
+    ev["records"][0]["pauses"] = []
+    assert "preempted no request" in sched_result(cell, {**ev, "records": [{**ev["records"][0], "num_preemptions": 0}]},
+                                                  None, scenario_result).summary
+    preempted = sched_result(cell, {**ev, "records": [{**ev["records"][0], "num_preemptions": 2}]}, None,
+                             scenario_result)
+    assert preempted.outcome is Outcome.OK
+    # Shapes about resets do not ask for it.
+    assert sched_result(SCHED.replace(scenario="reset-deep"), ev, None, scenario_result).outcome is Outcome.OK
+
+
+def test_one_scenario_event_judged_on_its_own_as_plan_and_fuzz_judge_it() -> None:
+    from harness.sched_tier import sched_verdict
+
+    assert sched_verdict(_ran()).label == "LOSS(1)"
+    crash = sched_verdict({"status": "crash", "reason": "AssertionError:  at vllm/x.py:1:f",
+                           "vllm_source": "assert n >= 0"})
+    assert crash.outcome is Outcome.CRASH
+    assert crash.summary == "CRASH: AssertionError:  at vllm/x.py:1:f (assert n >= 0)"
+    # A hang is TIMEOUT (as the matrix has it); the streams' own verdict stays in the summary.
+    stalled = sched_verdict(_ran(stalled="run to completion: nothing scheduled or delivered in 64 iterations"))
+    assert stalled.outcome is Outcome.TIMEOUT and stalled.summary.startswith("TIMEOUT: vLLM's scheduler never")
+    assert stalled.summary.endswith("streams: LOSS(1) in 1/1 requests (1/1 running at pause)")
+    assert sched_result(SCHED, _ran(stalled="x"), None, scenario_result).summary == \
+        "vLLM's scheduler never finished a request: x"
+    refused = sched_verdict({"status": "unsupported", "reason": "no pause state"})
+    assert (refused.outcome, refused.summary) == (Outcome.UNSUPPORTED, "no pause state")

