@@ -72,15 +72,41 @@ def test_shipped_table(bugs: tuple[KnownBug, ...]) -> None:
     engine, scheduler, manual = [b for b in bugs if b.id == "vllm#42043"][:3]
     assert engine.affected == manual.affected == SpecifierSet(">=0.17.0, <0.22.0")
     assert scheduler.affected == SpecifierSet(">=0.12.0, <0.22.0")
-    # The engine rule names the scenarios that play a keep + clear_cache pause (non-pausing ones carry the
-    # default mode and clear_cache without playing them).
+    # The rules name the scenarios that play a keep + clear_cache pause (non-pausing ones carry the default
+    # mode and clear_cache without playing them).
     on = "async_scheduling=on,mode=keep"
     for bug, cells in ((engine, f"tier=engine,scenario=pause|weight-sync,{on},clear_cache=true"),
-                       (scheduler, f"tier=scheduler,{on},clear_cache=true"),
+                       (scheduler, f"tier=scheduler,scenario=pause,{on},clear_cache=true"),
                        (manual, f"tier=engine,scenario=manual-reset|manual-reset-reload,{on},clear_cache=false")):
         assert bug.fix == "vllm#42117"
         assert bug.fixed_in == "0.22.0"
         assert bug.cells == (Rule(parse_pattern(cells), Outcome.LOSS, 1),)
+
+
+# The scheduler-tier family as measured (docs/results/sched-family-2026-12-01/matrix, async on; async off
+# is OK or UNSUPPORTED everywhere): what the shipped table must expect, release by release.
+FAMILY_MEASURED = {
+    "pause": "LOSS(1) LOSS(1) LOSS(1) OK OK OK OK OK OK",
+    "reset-deep": "DIVERGED DIVERGED DIVERGED OK OK OK OK OK OK",
+    "preempt-deep": "CRASH CRASH CRASH CRASH CRASH CRASH CRASH OK OK",
+    "spec-reset": "CRASH CRASH CRASH LOSS(2) LOSS(2) LOSS(2) LOSS(2) OK OK",
+    "spec-reset-partial": "OK OK OK LOSS(3) LOSS(3) LOSS(3) LOSS(3) OK OK",
+    "spec-reset-twice": "OK OK OK CRASH CRASH OK OK OK OK",
+    "reset-inflight": "OK OK OK OK OK OK OK OK OK",
+    "preempt": "OK OK OK OK OK OK OK OK OK",
+    "abort-some": "OK OK OK OK OK OK OK OK OK",
+}
+MEASURED_VERSIONS = ("0.12.0", "0.17.0", "0.21.0", "0.22.0", "0.24.0", "0.25.0", "0.26.0", "0.27.0", "0.32.0")
+
+
+@pytest.mark.parametrize("scenario", sorted(FAMILY_MEASURED))
+def test_the_scheduler_family_rows_expect_what_was_measured(bugs: tuple[KnownBug, ...], scenario: str) -> None:
+    for version, label in zip(MEASURED_VERSIONS, FAMILY_MEASURED[scenario].split(), strict=True):
+        on = Cell(version, "mp", True, scenario=scenario, tier="scheduler")
+        assert expectation(on, bugs).label == label, (scenario, version)
+        assert expectation(on.replace(async_on=False), bugs).outcome is Outcome.OK
+        # The engine tier's rows never reach the scheduler-tier family (and vice versa).
+        assert scenario == "pause" or expectation(on.replace(tier="engine"), bugs).outcome is Outcome.OK
 
 
 @pytest.mark.parametrize(

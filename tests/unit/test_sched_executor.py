@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -244,3 +245,22 @@ def test_session_mode_reads_scenarios_from_stdin_until_stop(tmp_path: Path) -> N
         lambda: ToyAdapter(ToyScheduler()))
     assert [e["event"] for e in events] == ["sched", "scenario", "scenario"]
     assert [(e["id"], e["status"]) for e in events[1:]] == [("a", "ran"), ("b", "ran")]
+
+
+def test_a_resumed_request_samples_once_its_tokens_are_computed_whatever_is_prefill_chunk_says() -> None:
+    """Before 0.27 a KV-pressure preemption leaves the in-flight frames' placeholders on the request, so the
+    scheduler's ``is_prefill_chunk`` still says "prefill" when the resumed request has recomputed every token;
+    a real worker samples it all the same (PR #48245's duplicate and underflow follow), so the executor must."""
+    prompt = [5, 6, 7]
+    script = build_script("ops", {"requests": [{"rid": "a", "prompt": prompt, "max_tokens": 8}],
+                                  "ops": [{"op": "add", "rid": "a"}]}, VOCAB)
+    req = SimpleNamespace(num_computed_tokens=5, num_tokens=5, num_prompt_tokens=3, is_prefill_chunk=True)
+    sched = SimpleNamespace(requests={"a": req})
+    ex = Executor(script, sched, ToyBuilder(), PERM)
+    resumed = SimpleNamespace(num_scheduled_tokens={"a": 5}, scheduled_spec_decode_tokens={}, scheduled_new_reqs=[],
+                              scheduled_cached_reqs=SimpleNamespace(req_ids=["a"], resumed_req_ids={"a"}))
+    # Prompt and two outputs recomputed: the worker samples output position 2.
+    assert ex._positions(resumed) == {"a": [2]}
+    # A chunk short of the tokens the worker was sent samples nothing.
+    req.num_computed_tokens = 4
+    assert ex._positions(resumed) == {"a": []}
