@@ -44,6 +44,7 @@ import pytest
 from harness.context import RunContext, this_python
 from harness.core.cell import find_cell_id
 from harness.core.records import Attempt
+from harness.core.scenarios import DEFAULT_SCENARIOS
 from harness.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engine_setup
 from harness.envs import RecipeFor, VllmEnv, default_cache_dir, index_config_from_env, recipe_factory, source_options
 from harness.errors import BadInput, EnvBuildError, ReproError
@@ -85,7 +86,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
                 help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
     g.addoption("--scenarios", dest="repro_scenarios", default=os.environ.get("VLLM_REPRO_SCENARIOS"),
-                help=f"scenarios of the post_resume matrix: {','.join(SCENARIOS)} or all (default: all)")
+                help=f"scenarios of the post_resume matrix: {','.join(SCENARIOS)} or all (default: "
+                     f"{','.join(DEFAULT_SCENARIOS)}, as the matrix: the scenarios sharing their config's engine)")
     g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
@@ -172,7 +174,7 @@ def matrix_cells(config: pytest.Config) -> list[Cell]:
         versions = parse_versions(config.getoption("vllm_versions"), platform,
                                   fetch=wheelhouse_fetch(wheelhouse) if wheelhouse else None)
         executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
-        scenarios = parse_choices("scenario", config.getoption("repro_scenarios"), SCENARIOS, SCENARIOS)
+        scenarios = parse_choices("scenario", config.getoption("repro_scenarios"), SCENARIOS, DEFAULT_SCENARIOS)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
     # TP=2 only where two GPUs are visible (the cells are generated anyway and

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import harness.envbuild.wheelhouse as whb
 import harness.pytest_plugin as plugin
 from harness.commands.options import add_wheelhouse_options
+from harness.core.scenarios import DEFAULT_SCENARIOS, SCENARIOS
 from harness.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory
 from harness.gpus import GpuLeaseError, hold_startup
 from harness.matrix import EXECUTORS, MODES, Cell
@@ -309,9 +310,13 @@ def test_pool_retries_a_dead_engine_on_a_fresh_one(tmp_path: Path) -> None:
 
 def test_scenarios_option_selects_the_post_resume_cells(tmp_path: Path) -> None:
     opts = {"vllm_versions": "0.21.0", "executors": "mp"}
-    every = plugin.matrix_cells(_Config(tmp_path, repro_scenarios=None, **opts))  # type: ignore[arg-type]
+    default = plugin.matrix_cells(_Config(tmp_path, repro_scenarios=None, **opts))  # type: ignore[arg-type]
+    every = plugin.matrix_cells(_Config(tmp_path, repro_scenarios="all", **opts))  # type: ignore[arg-type]
     some = plugin.matrix_cells(_Config(tmp_path, repro_scenarios="pause,weight-sync", **opts))  # type: ignore[arg-type]
     assert {c.scenario for c in some} == {"pause", "weight-sync"}
-    assert {c.scenario for c in every} > {c.scenario for c in some} and "preempt" in {c.scenario for c in every}
+    # As the matrix: by default the scenarios that share their config's engine; "all" adds the profile ones.
+    assert {c.scenario for c in default} == set(DEFAULT_SCENARIOS) and "preempt" not in DEFAULT_SCENARIOS
+    assert {c.engine.profile for c in default} == {"default"}
+    assert {c.scenario for c in every} == set(SCENARIOS)
     with pytest.raises(pytest.UsageError, match="unknown scenario 'chaos'"):
         plugin.matrix_cells(_Config(tmp_path, repro_scenarios="chaos", **opts))  # type: ignore[arg-type]
