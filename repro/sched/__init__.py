@@ -68,7 +68,8 @@ has ``event`` and ``t``):
     iterations (``executor.IDLE_LIMIT``): vLLM never finished a request — a
     hang, which the engine tier would see as TIMEOUT; its requests then look TRUNCATED to the oracle),
     ``scheduler``, ``scheduler_class``, ``depth``, ``setup`` (the ``ops``-scenario params that replay
-    it), ``iterations``, ``frames``, ``setup_s``, ``duration_s``;
+    it), ``iterations``, ``frames``, ``setup_s``, ``duration_s``, and with scripted speculative decoding
+    ``spec_method`` (the drafter config vLLM accepted with async scheduling: EAGLE on every release 0.12-0.32);
   - ``unsupported``: ``reason`` — this release cannot be driven as asked (a constructor needs what
     the adapter cannot supply, a non-optional pause on a scheduler without pause state, a speculative
     config vLLM refuses); never counted as OK;
