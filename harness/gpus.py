@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from harness.errors import ReproError
-from harness.scheduling import Capacity, pick_gpus
+from harness.scheduling import Capacity, pick_gpus, whole_gpus
 
 
 class GpuLeaseError(ReproError):
@@ -91,9 +91,10 @@ def _unlock(files: list[IO[bytes]]) -> None:
     GpuLease((), files).release()
 
 
-def lease_slots(need: int, lock_dir: Path, cap: Capacity, timeout: float) -> GpuLease:
-    """A job slot and, on ``need`` of ``cap.gpus``, one slot each that no other lease holds; waits up to
-    ``timeout`` seconds for them (other engines end and release theirs)."""
+def lease_slots(need: int, lock_dir: Path, cap: Capacity, timeout: float, alone: bool = False) -> GpuLease:
+    """A job slot and, on ``need`` of ``cap.gpus``, one slot each that no other lease holds (``alone``: every
+    slot of GPUs no other lease touches); waits up to ``timeout`` seconds for them (other engines end and
+    release theirs)."""
     if need > len(cap.gpus):
         raise GpuLeaseError(f"an engine needs {need} GPUs but only {len(cap.gpus)} are visible "
                             f"({','.join(cap.gpus) or 'none'})")
@@ -103,27 +104,30 @@ def lease_slots(need: int, lock_dir: Path, cap: Capacity, timeout: float) -> Gpu
         # One allocator lock makes taking the slots atomic: no two leases can each hold half of what both need.
         with open(lock_dir / "allocator.lock", "wb") as alloc:
             fcntl.flock(alloc, fcntl.LOCK_EX)
-            lease = _take(need, lock_dir, cap)
+            lease = _take(need, lock_dir, cap, alone)
         if lease is not None:
             return lease
         if time.monotonic() >= deadline:
-            raise GpuLeaseError(f"no slot on {need} GPU(s) among {','.join(cap.gpus)} ({cap.per_gpu} engine(s) "
+            raise GpuLeaseError(f"no {'free GPU' if alone else 'slot'} on {need} GPU(s) among {','.join(cap.gpus)} "
+                                f"({cap.per_gpu} engine(s) "
                                 f"per GPU, {cap.jobs} at once) within {timeout:.0f}s (held by other engines; "
                                 f"see {lock_dir})")
         # Waiting for another engine to end: it releases its locks when it closes.
         time.sleep(0.5)
 
 
-def _take(need: int, lock_dir: Path, cap: Capacity) -> GpuLease | None:
-    """Under the allocator lock: a free job slot and the least loaded GPUs' free slots, or None (nothing held)."""
+def _take(need: int, lock_dir: Path, cap: Capacity, alone: bool = False) -> GpuLease | None:
+    """Under the allocator lock: a free job slot and the least loaded GPUs' free slots (``alone``: all slots of
+    unused GPUs), or None (nothing held)."""
     job = next((f for i in range(cap.jobs) if (f := _try_lock(lock_dir / f"job-{i}.lock"))), None)
     if job is None:
         return None
     # Every free slot of every GPU, locked while counting; those not kept are unlocked below.
     free = {g: [f for i in range(cap.per_gpu) if (f := _try_lock(lock_dir / f"gpu-{g}-slot-{i}.lock"))]
             for g in cap.gpus}
-    chosen = pick_gpus({g: len(fs) for g, fs in free.items()}, cap.gpus, need)
-    kept = [free[g].pop() for g in chosen or ()]
+    counts = {g: len(fs) for g, fs in free.items()}
+    chosen = pick_gpus(whole_gpus(counts, cap.per_gpu) if alone else counts, cap.gpus, need)
+    kept = [f for g in chosen or () for f in (free.pop(g) if alone else [free[g].pop()])]
     _unlock([f for fs in free.values() for f in fs])
     if chosen is None:
         _unlock([job])

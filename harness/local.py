@@ -18,7 +18,7 @@ from harness.errors import EnvBuildError
 from harness.oracle import Outcome
 from harness.results import infra_result
 from harness.runner import run_engine, weight_transfer
-from harness.scheduling import Capacity, Slots, engine_start
+from harness.scheduling import Capacity, Slots, engine_start, runs_alone
 
 
 class LocalBackend:
@@ -57,7 +57,7 @@ class _LocalRun:
         self.cancel = threading.Event()
 
     def all(self, queue: list[EngineWork]) -> None:
-        running: dict[Future[None], tuple[str, ...]] = {}
+        running: dict[Future[None], tuple[tuple[str, ...], bool]] = {}
         with ThreadPoolExecutor(max_workers=max(1, self.cap.jobs), thread_name_prefix="engine") as pool:
             try:
                 self._loop(queue, running, pool)
@@ -65,7 +65,7 @@ class _LocalRun:
                 self.cancel.set()  # the pool's exit then waits only for engines being killed
                 raise
 
-    def _loop(self, queue: list[EngineWork], running: dict[Future[None], tuple[str, ...]],
+    def _loop(self, queue: list[EngineWork], running: dict[Future[None], tuple[tuple[str, ...], bool]],
               pool: ThreadPoolExecutor) -> None:
         while queue or running:
             started = self._start(queue, running, pool, block=False)
@@ -76,11 +76,11 @@ class _LocalRun:
             building = [f for v, f in self.builds.items() if v not in self.envs and not f.done()]
             done, _ = wait([*running, *building], timeout=1.0, return_when=FIRST_COMPLETED)
             for f in done & running.keys():
-                self.slots.give(running.pop(f))
+                self.slots.give(*running.pop(f))
                 f.result()  # a harness bug in an engine thread surfaces here
 
-    def _start(self, queue: list[EngineWork], running: dict[Future[None], tuple[str, ...]], pool: ThreadPoolExecutor,
-               block: bool) -> int:
+    def _start(self, queue: list[EngineWork], running: dict[Future[None], tuple[tuple[str, ...], bool]],
+               pool: ThreadPoolExecutor, block: bool) -> int:
         """Start, in plan order, every queued engine whose env is ready and for which a slot is free."""
         started = 0
         for work in list(queue):
@@ -90,11 +90,12 @@ class _LocalRun:
                 self._build_failed(work)
             if state != "ready":
                 continue
-            gpus = self.slots.take(self._need(work))
+            alone = runs_alone(work[0]) and self._need(work) > 0
+            gpus = self.slots.take(self._need(work), alone)
             if gpus is None:
                 continue
             queue.remove(work)
-            running[pool.submit(self._engine, work, gpus)] = gpus
+            running[pool.submit(self._engine, work, gpus, alone)] = (gpus, alone)
             started += 1
             block = False  # only the first engine's env is waited for
         return started
@@ -130,10 +131,10 @@ class _LocalRun:
         nccl = any(c.scenario == "weight-sync" and weight_transfer(c, self.ctx.cfg) == "nccl" for c in cells)
         return min(key.tp + (1 if nccl else 0), len(self.cap.gpus))
 
-    def _engine(self, work: EngineWork, gpus: tuple[str, ...]) -> None:
+    def _engine(self, work: EngineWork, gpus: tuple[str, ...], alone: bool) -> None:
         key, cells = work
         env = self.ready[key.version]
-        start = engine_start(self.cap, gpus, env)
+        start = engine_start(self.cap, gpus, env, alone)
         locks = [self.startup[g] for g in start.startup_locks]
         for lock in locks:
             lock.acquire()
@@ -145,7 +146,7 @@ class _LocalRun:
                     held.pop().release()
             self.ctx.event(k, ev)
 
-        where = f" on GPU {','.join(gpus)}" if gpus else ""
+        where = f" on GPU {','.join(gpus)}{' (alone)' if alone else ''}" if gpus else ""
         self.ctx.say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s){where}", key))
         try:
             run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=self.record,

@@ -221,7 +221,8 @@ def parse_option(a: Any, raw: str | None, platform: str) -> tuple[Any, ...]:
         return parse_tps(raw, platform)
     if a.kind == "flag":
         return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
-    default = a.values if a.option_all else (a.option_default or a.selection_default)
+    default = a.values if a.option_all else (
+        dict(a.platform_defaults).get(platform) or a.option_default or a.selection_default)
     return parse_choices(a.what, raw, a.values, default)
 
 

@@ -64,7 +64,7 @@ from harness.oracle import Outcome
 from harness.platforms import detect_platform
 from harness.results import CellResult, Results, ResultsLog, infra_result, read_results
 from harness.runner import RunConfig, engine_info, retryable, scenario_entry, scenario_result
-from harness.scheduling import Capacity, auto_jobs, engine_start, for_workers
+from harness.scheduling import Capacity, auto_jobs, engine_start, for_workers, runs_alone
 from harness.session import EngineDied, EngineSession
 from harness.versions import wheelhouse_fetch
 
@@ -314,7 +314,7 @@ class EnginePool:
         for other in list(self.leases):
             if not isinstance(self.sessions.get(other), EngineSession):
                 self.leases.pop(other).release()
-        lease = lease_slots(key.tp, self.lock_dir, self.cap, timeout=LEASE_WAIT_S)
+        lease = lease_slots(key.tp, self.lock_dir, self.cap, timeout=LEASE_WAIT_S, alone=runs_alone(key))
         self.leases[key] = lease
         return lease
 
@@ -331,7 +331,7 @@ class EnginePool:
         try:
             lease = self._lease(key)
             # Beside other engines on its GPUs: a fixed KV cache, else its GPUs' start-up locks until it is ready.
-            start = engine_start(self.cap, lease.gpus if lease else (), env)
+            start = engine_start(self.cap, lease.gpus if lease else (), env, runs_alone(key))
             startup = hold_startup(self.lock_dir, start.startup_locks, timeout=LEASE_WAIT_S)
         except GpuLeaseError as exc:
             self._release(key)

@@ -21,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.core.scenarios import PROFILES
+
 if TYPE_CHECKING:
     from harness.envs import VllmEnv
+    from harness.matrix import EngineKey
 
 # A fixed KV cache for engines sharing a GPU: the bigram model needs well under 1 MiB per request.
 SHARED_GPU_KV_BYTES = 256 * 2**20
@@ -87,23 +90,31 @@ class Slots:
         """Whether an engine needing ``need`` GPUs could ever start here."""
         return need == 0 or need <= len(self.cap.gpus)
 
-    def take(self, need: int) -> tuple[str, ...] | None:
-        """GPUs for an engine that needs ``need`` of them (``()`` on cpu), or None when it must wait."""
+    def take(self, need: int, alone: bool = False) -> tuple[str, ...] | None:
+        """GPUs for an engine that needs ``need`` of them (``()`` on cpu), or None when it must wait.
+
+        ``alone``: the engine needs its GPUs to itself (:attr:`EngineProfile.gpu_alone`): it takes every slot of
+        GPUs on which no other engine runs."""
         if self.running >= self.cap.jobs:
             return None
-        chosen = pick_gpus(self.free, self.cap.gpus, need)
+        chosen = pick_gpus(whole_gpus(self.free, self.cap.per_gpu) if alone else self.free, self.cap.gpus, need)
         if chosen is None:
             return None
         for g in chosen:
-            self.free[g] -= 1
+            self.free[g] -= self.cap.per_gpu if alone else 1
         self.running += 1
         return chosen
 
-    def give(self, gpus: tuple[str, ...]) -> None:
-        """An engine ended: its GPU slots and its job are free again."""
+    def give(self, gpus: tuple[str, ...], alone: bool = False) -> None:
+        """An engine ended: its GPU slots (all of them, for one that ran ``alone``) and its job are free again."""
         for g in gpus:
-            self.free[g] += 1
+            self.free[g] += self.cap.per_gpu if alone else 1
         self.running -= 1
+
+
+def whole_gpus(free: Mapping[str, int], per_gpu: int) -> dict[str, int]:
+    """The GPUs with every slot free (no engine on them), for an engine that must run alone."""
+    return {g: n for g, n in free.items() if n >= per_gpu}
 
 
 def pick_gpus(free: Mapping[str, int], gpus: Sequence[str], need: int) -> tuple[str, ...] | None:
@@ -124,9 +135,16 @@ class EngineStart:
     startup_locks: tuple[str, ...] = ()
 
 
-def engine_start(cap: Capacity, gpus: tuple[str, ...], env: VllmEnv) -> EngineStart:
-    """The start of an engine on ``gpus`` under ``cap``, for the matrix's threads and pytest's workers alike."""
-    if not cap.shares_gpus or not gpus:
+def runs_alone(key: EngineKey) -> bool:
+    """Whether the engine of ``key`` needs its GPUs to itself (its profile's ``gpu_alone``, e.g. sleep)."""
+    profile = PROFILES.get(key.profile)
+    return key.tier == "engine" and profile is not None and profile.gpu_alone
+
+
+def engine_start(cap: Capacity, gpus: tuple[str, ...], env: VllmEnv, alone: bool = False) -> EngineStart:
+    """The start of an engine on ``gpus`` under ``cap``, for the matrix's threads and pytest's workers alike
+    (``alone``: it holds every slot of its GPUs, so it starts as in a one-at-a-time run)."""
+    if not cap.shares_gpus or not gpus or alone:
         return EngineStart()  # a GPU of its own: vLLM's memory profiling, as in a one-at-a-time run
     if supports_fixed_kv(env):
         return EngineStart(engine_extra={"kv_cache_memory_bytes": SHARED_GPU_KV_BYTES})

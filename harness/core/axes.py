@@ -67,6 +67,7 @@ class Axis:
     plural: str = ""  # the field of a Selection holding this axis's chosen values
     option_all: bool = False  # the option's default is every value (else option_default or selection_default)
     option_default: tuple[Any, ...] = ()  # the option's default when it differs from selection_default
+    platform_defaults: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # the option's default per platform, if any
     help: str = ""  # the option's help text
     pause_only: bool = False  # applies only to scenarios that pause (else left out of ids, at its default)
 
@@ -161,8 +162,12 @@ AXES: tuple[Axis, ...] = (
          value_aliases=tuple((s.replace("-", "_"), s) for s in SCENARIOS if "-" in s),
          option="scenario", what="scenario", plural="scenarios", selection_default=("pause",),
          option_default=scenarios.DEFAULT_SCENARIOS,
-         help=f"scenarios: {','.join(SCENARIOS)} or all (default: {','.join(scenarios.DEFAULT_SCENARIOS)}, the "
-              "scenarios sharing their config's engine; the others need an engine of their own)"),
+         platform_defaults=tuple((p, scenarios.default_scenarios(p)) for p in PLATFORMS),
+         help=f"scenarios: {','.join(SCENARIOS)} or all (default on cuda: "
+              f"{','.join(scenarios.default_scenarios('cuda'))}, the scenarios sharing their config's engine; "
+              "on cpu also "
+              f"{','.join(s for s in scenarios.default_scenarios('cpu') if s not in scenarios.DEFAULT_SCENARIOS)}: "
+              "every scenario vLLM's CPU platform runs)"),
     Axis("model_runner", "model_runner", "choice", MODEL_RUNNERS, "v1", engine=True, id_rank=6, loop_rank=4,
          sort_rank=3, spellings=(("v1", ""), ("v2", "mr_v2")),
          option="model-runner", what="model runner", plural="model_runners", selection_default=("v1",),

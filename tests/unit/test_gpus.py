@@ -131,3 +131,16 @@ def test_leases_are_disjoint_across_processes(tmp_path: Path) -> None:
 def test_more_gpus_than_visible_is_refused_at_once(tmp_path: Path) -> None:
     with pytest.raises(GpuLeaseError, match="needs 2 GPUs but only 1 are visible"):
         lease_slots(2, tmp_path, Capacity(jobs=1, gpus=("0",), per_gpu=1), timeout=100)
+
+
+@pytest.mark.unit
+def test_a_lease_alone_holds_every_slot_of_an_unused_gpu(tmp_path: Path) -> None:
+    cap = Capacity(jobs=5, gpus=("0", "1"), per_gpu=2)
+    a = lease_slots(1, tmp_path, cap, timeout=1)
+    alone = lease_slots(1, tmp_path, cap, timeout=1, alone=True)
+    assert alone.gpus != a.gpus  # a's GPU has an engine on it
+    assert lease_slots(1, tmp_path, cap, timeout=1).gpus == a.gpus  # nothing else goes on the lone engine's GPU
+    with pytest.raises(GpuLeaseError, match="no free GPU on 1 GPU"):
+        lease_slots(1, tmp_path, cap, timeout=0, alone=True)
+    alone.release()
+    assert lease_slots(1, tmp_path, cap, timeout=1, alone=True).gpus == alone.gpus

@@ -285,14 +285,19 @@ def test_tp2_needs_two_visible_gpus() -> None:
     assert all(c.tp == 2 for c, _ in plan.unsupported)
 
 
-def test_the_default_scenarios_share_their_configs_engine() -> None:
-    # Issue 14: the default run plays every scenario of the default engine profile (seconds each, no engine
-    # start); --scenario all adds the profile scenarios, each an engine of its own per config.
+def test_the_default_scenarios_per_platform() -> None:
+    # Issue 14: on cpu the default run plays every scenario vLLM's CPU platform runs: the default profile's
+    # (seconds each, no engine start) plus preempt and chunked (an engine each per config); sleep and spec-ngram,
+    # which vLLM refuses or cannot start there, only with --scenario all.  On cuda: the default profile's only.
     from harness.core.axes import BY_NAME
     from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS
     from harness.matrix import parse_option
 
-    chosen = parse_option(BY_NAME["scenario"], None, "cpu")
-    assert chosen == DEFAULT_SCENARIOS and {"pause", "weight-sync", "reset-inflight", "abort-some"} <= set(chosen)
-    assert all(BY_SCENARIO[s].profile == "default" for s in chosen)
+    gpu = parse_option(BY_NAME["scenario"], None, "cuda")
+    assert gpu == DEFAULT_SCENARIOS and {"pause", "weight-sync", "reset-inflight", "abort-some"} <= set(gpu)
+    assert all(BY_SCENARIO[s].profile == "default" for s in gpu)
+    cpu = parse_option(BY_NAME["scenario"], None, "cpu")
+    assert cpu == (*DEFAULT_SCENARIOS, "preempt", "chunked")
+    assert not {"sleep", "spec-ngram", "spec-ngram-pause", "reset-deep"} & set(cpu)
+    assert parse_option(BY_NAME["scenario"], "pause", "cpu") == ("pause",)
     assert set(parse_option(BY_NAME["scenario"], "all", "cpu")) == set(BY_SCENARIO)

@@ -240,3 +240,39 @@ def test_an_interrupt_stops_the_running_engines_at_once(tmp_path: Path, monkeypa
     assert len(stopped) == 1
     logged = read_results(tmp_path / "results.jsonl").cells
     assert all(c.outcome is Outcome.UNSUPPORTED for c in logged)  # nothing of the stopped engine
+
+
+def test_an_engine_that_runs_alone_takes_a_whole_unused_gpu() -> None:
+    s = Slots(Capacity(jobs=4, gpus=("0", "1"), per_gpu=3))
+    assert s.take(1) == ("0",)
+    assert s.take(1, alone=True) == ("1",)  # GPU 0 has an engine: the one alone goes where none is
+    assert s.take(1) == ("0",)  # GPU 1 is all taken by it; the others stack on GPU 0
+    assert s.take(1, alone=True) is None  # no GPU is unused now
+    s.give(("1",), alone=True)
+    assert s.free == {"0": 1, "1": 3}
+    assert s.take(1, alone=True) == ("1",)
+
+
+def test_the_sleep_profile_runs_alone_and_starts_as_if_alone(tmp_path: Path) -> None:
+    from harness.matrix import EngineKey
+    from harness.scheduling import runs_alone
+
+    sleep = EngineKey("0.21.0", "mp", True, profile="sleep")
+    assert runs_alone(sleep)
+    assert not runs_alone(EngineKey("0.21.0", "mp", True))
+    assert not runs_alone(EngineKey("0.21.0", "mp", True, profile="tiny-kv"))
+    shared = Capacity(jobs=8, gpus=("0",), per_gpu=8)
+    env = VllmEnv(tmp_path, EnvRecipe("vllm", "0.21.0", "cuda", "3.12"), {"valid": True})
+    # Its GPU is its own: vLLM's memory profiling, no fixed KV cache, no start-up lock to wait on.
+    assert engine_start(shared, ("0",), env, alone=True) == EngineStart()
+
+
+def test_ray_engines_keep_their_own_shutdown() -> None:
+    from harness.matrix import EngineKey
+    from harness.runner import stops_when_judged
+
+    # Ray's shutdown also stops the Ray cluster the engine process started; its daemons leave the process group.
+    assert stops_when_judged(EngineKey("0.21.0", "mp", True))
+    assert stops_when_judged(EngineKey("0.21.0", "uni", True))
+    assert not stops_when_judged(EngineKey("0.21.0", "ray-v1", True))
+    assert not stops_when_judged(EngineKey("0.21.0", "ray-v2", True))
