@@ -17,6 +17,7 @@ from harness.commands.options import (
     add_retry_option,
     add_run_options,
     add_version_options,
+    add_wheelhouse_options,
     add_wheels_option,
 )
 from harness.context import RunContext
@@ -99,6 +100,8 @@ class BisectCommand(Command):
         add_run_options(parser, reports="reports/bisect")
         add_retry_option(parser)
         add_index_options(parser)
+        # Air-gapped GPU nodes bisect the releases a bundle holds (ranges resolve from it, never the network).
+        add_wheelhouse_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from rich.markup import escape
@@ -113,6 +116,11 @@ class BisectCommand(Command):
         # The template names only the axes given or defaulted in it; the cell it makes has every axis.
         require_scheduler_tier(ctx.platform, ctx.wheels, (template.at("probe").tier,), "--cell tier=scheduler")
         ctx.index  # noqa: B018 -- a bad index option is reported before bad candidates
+        if args.commits or args.commits_file:
+            if getattr(args, "wheelhouse", None) is not None:
+                raise BadInput("--wheelhouse holds releases: bisect commits with --commits and a wheel index instead")
+        else:
+            ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse, or no base for it, is bad input
         cands = bisect_candidates(ctx, args)
         reports, jsonl = fresh_log(args.reports, "probes.jsonl")
         console = stderr_console()

@@ -30,6 +30,10 @@ from harness.cli import main
         (["matrix", "--platform", "cpu", "--weight-transfer", "nccl"], ["nccl", "reload"]),
         (["matrix", "--platform", "cpu", "--wheelhouse", "/no/wh"], ["/no/wh", "does not exist", "build one"]),
         (["envs", "build", "--versions", "0.21.0", "--wheelhouse", "/no/wh"], ["/no/wh", "vllm-repro wheelhouse"]),
+        (["bisect", "--platform", "cuda", "--versions", "0.20.0..0.22.0", "--wheelhouse", "/no/wh"],
+         ["/no/wh", "vllm-repro wheelhouse"]),
+        (["bisect", "--platform", "cuda", "--commits-file", "/no/c.txt", "--wheelhouse", "/no/wh"],
+         ["--wheelhouse", "--commits"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_choices(
