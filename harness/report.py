@@ -236,7 +236,7 @@ def _meta_lines(results: Results) -> list[str]:
     if meta.get("retry_infra"):
         lines.append(f"- retry-infra: a cell that came out ERROR or TIMEOUT ran again on a fresh engine, up to "
                      f"{meta['retry_infra']} more times (every attempt under Retried cells)")
-    for key in ("created", "platform", "host", "versions", "device", "driver", "note"):
+    for key in ("created", "platform", "host", "versions", "device", "driver", "note", "rejudged"):
         value = meta.get(key)
         if value is None or value == "":
             continue

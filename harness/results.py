@@ -6,6 +6,7 @@ in harness.core.records; this module reads and writes the files.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import threading
@@ -130,10 +131,13 @@ def read_results(path: Path) -> Results:
     ``migrated_from``.  Raise ResultsFileError if the file is unusable.
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ResultsFileError(f"cannot read results file {path}: {exc.strerror}") from exc
-    if path.suffix == ".jsonl":
+        # Committed reports may be gzipped (results.json.gz): they are read as the file inside.
+        text = (gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()).decode("utf-8")
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise ResultsFileError(f"cannot read results file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ResultsFileError(f"{path}: not UTF-8 text ({exc.reason})") from exc
+    if (path.with_suffix("") if path.suffix == ".gz" else path).suffix == ".jsonl":
         cells = []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():

@@ -9,7 +9,7 @@ from harness.commands.base import Command
 from harness.commands.context import Context
 from harness.commands.face import stdout_console
 from harness.errors import BadInput
-from harness.results import read_results
+from harness.results import Results, read_results
 
 
 def parse_meta(items: list[str]) -> dict[str, str]:
@@ -34,6 +34,9 @@ class ReportCommand(Command):
         parser.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE",
                             help="add a fact to the report's header, e.g. device='2x NVIDIA H200', "
                                  "driver=580.159.04")
+        parser.add_argument("--rejudge", action="store_true",
+                            help="compare every cell with this vllm-repro's known-bug table, not the one it ran "
+                                 "under (after a bisect added a row); the header says so")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.report import render_terminal, write_reports
@@ -41,8 +44,20 @@ class ReportCommand(Command):
 
         extra = parse_meta(args.meta)
         results = merge_results([(p, read_results(p)) for p in args.results], extra)
+        if args.rejudge:
+            results = rejudged(results)
         render_terminal(results, stdout_console())
         if args.out:
             paths = write_reports(results, args.out)
             print(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
         return 0
+
+
+def rejudged(results: Results) -> Results:
+    """``results`` with every cell's known-bug comparison made again against the current table."""
+    from harness import __version__
+    from harness.known_bugs import annotate, load_known_bugs
+
+    bugs = load_known_bugs()
+    return Results(tuple(annotate(c, bugs) for c in results.cells),
+                   {**results.meta, "rejudged": f"known-bug table of vllm-repro {__version__}"})

@@ -364,6 +364,20 @@ def test_a_request_queued_at_the_second_pause_loses_only_at_the_first(bugs: tupl
     assert check(cr, bugs).status == "as expected"
 
 
+def test_a_request_aborted_at_its_second_pause_can_lose_only_at_the_first(bugs: tuple[KnownBug, ...]) -> None:
+    # The sleep scenario: sleep(level=1) keeps the requests (one loss each on 0.21.0), sleep(level=2) aborts them.
+    aborted = _two_pause_record("r0", (PAUSE_AT,), second={"mode": "abort", "engine_status": None,
+                                                           "engine_preemptions": None, "frozen": False})
+    aborted.update(observed=aborted["observed"][:SECOND_PAUSE], finish_reason="abort")
+    cr = _two_pauses([aborted])
+    assert cr.requests[0].verdict is not None and cr.requests[0].verdict.label == f"LOSS(1 at {PAUSE_AT})"
+    assert check(cr, bugs).status == "as expected", check(cr, bugs).message
+    clean = _two_pause_record("r0", (), second={"mode": "abort", "engine_status": None, "engine_preemptions": None,
+                                                "frozen": False})
+    clean.update(observed=clean["observed"][:SECOND_PAUSE], finish_reason="abort")
+    assert check(_two_pauses([clean]), bugs).status == "UNEXPECTED"  # the keep pause's loss is still expected
+
+
 def test_two_pauses_at_one_index_may_lose_one_or_two_there(bugs: tuple[KnownBug, ...]) -> None:
     back_to_back = {"client_tokens": PAUSE_AT}
     for lose in ((PAUSE_AT,), (PAUSE_AT, PAUSE_AT)):

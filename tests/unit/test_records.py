@@ -6,6 +6,7 @@ and keep the run id ``history add`` gave it before the schema moved on.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,18 @@ pytestmark = pytest.mark.unit
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 
+def _text(path: Path) -> str:
+    """A committed results file's text (``.gz`` ones are gzipped)."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
+def _is_log(path: Path) -> bool:
+    return ".jsonl" in path.suffixes
+
+
 def _first_doc(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    return json.loads(text.splitlines()[0] if path.suffix == ".jsonl" else text)
+    text = _text(path)
+    return json.loads(text.splitlines()[0] if _is_log(path) else text)
 
 
 # Every committed results document (reports and their JSONL logs; not the wheelhouse manifests beside them).
@@ -57,16 +67,16 @@ RUN_IDS = {"cpu-2026-11-30/results.json": "a58f86ccb6751397",
 
 
 def _cells_of(path: Path) -> list[dict[str, Any]]:
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return list(json.loads(path.read_text())["cells"])
+    if _is_log(path):
+        return [json.loads(line) for line in _text(path).splitlines() if line.strip()]
+    return list(json.loads(_text(path))["cells"])
 
 
 # ---------------------------------------------------------------------- committed reports
 
 
 def test_docs_results_are_there() -> None:
-    assert len(COMMITTED) >= 20 and all(p.suffix in (".json", ".jsonl") for p in COMMITTED)
+    assert len(COMMITTED) >= 20 and all(p.suffix in (".json", ".jsonl", ".gz") for p in COMMITTED)
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
@@ -184,6 +194,22 @@ def test_results_files_of_both_versions_load(tmp_path: Path) -> None:
     ResultsLog(log).append(cr)  # a resumed run appends schema-2 lines to a schema-1 log
     first, second = read_results(log).cells
     assert first == second == cr and cr.label == "LOSS(1)"
+
+
+def test_a_gzipped_report_reads_as_the_file_inside(tmp_path: Path) -> None:
+    doc = {"schema": RESULTS.name, "schema_version": SCHEMA_VERSION, "cells": [ran("0.21.0", lose=RUNNING).to_dict()]}
+    plain, packed = tmp_path / "results.json", tmp_path / "results.json.gz"
+    plain.write_text(json.dumps(doc))
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_results(packed) == read_results(plain)
+    log = tmp_path / "results.jsonl.gz"
+    log.write_bytes(gzip.compress((json.dumps({"schema": LINE.name, "schema_version": SCHEMA_VERSION,
+                                               **ran("0.21.0").to_dict()}) + "\n").encode()))
+    assert [c.id for c in read_results(log).cells] == [ran("0.21.0").id]
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(b"not gzip")
+    with pytest.raises(ResultsFileError, match=r"broken\.json\.gz"):
+        read_results(broken)
 
 
 def test_unreadable_cells_name_the_file(tmp_path: Path) -> None:

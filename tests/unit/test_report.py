@@ -507,3 +507,24 @@ def test_injection_banner_survives_merging_and_jsonl_logs() -> None:
     merged = merge_results([(Path("a.json"), clean), (Path("b.json"), injected)])
     assert merged.meta["inject"] == ["vllm#42043"] and injection_banner(merged)
     assert injection_banner(clean) is None
+
+
+def test_report_rejudge_compares_with_the_current_table(tmp_path: Path) -> None:
+    # A report made before a bisect added a row keeps its run-time comparison unless --rejudge is asked for.
+    from dataclasses import replace
+
+    from synthetic_runs import RUNNING, ran
+
+    from harness.cli import main
+    from harness.core.records import ExpectationRecord
+    from harness.report import write_reports
+
+    stale = replace(ran("0.21.0", lose=RUNNING), expectation=ExpectationRecord("UNEXPECTED", "OK", None, "old"))
+    src = write_reports(Results((stale,), {"platform": "cpu"}), tmp_path / "old").json
+    assert main(["report", str(src), "--out", str(tmp_path / "kept")]) == 0
+    assert read_results(tmp_path / "kept" / "results.json").cells[0].expectation == stale.expectation
+    assert main(["report", str(src), "--rejudge", "--out", str(tmp_path / "new")]) == 0
+    new = read_results(tmp_path / "new" / "results.json")
+    assert new.cells[0].expectation is not None and new.cells[0].expectation.status == "as expected"
+    assert new.meta["rejudged"].startswith("known-bug table of vllm-repro")
+    assert "- rejudged: known-bug table" in (tmp_path / "new" / "results.md").read_text()
