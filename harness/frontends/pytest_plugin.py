@@ -6,9 +6,10 @@ whichever vllm-repro is installed (tox's, or one from an air-gapped node's bundl
 other project's pytest.  Never imports vllm or torch: engines run in their own environments
 through :class:`harness.run.session.EngineSession`, the one engine driver run interactively.
 
-* ``--vllm-versions``, ``--executors``, ``--scenarios``, ``--platform`` choose the cells
-  (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_EXECUTORS`` / ``VLLM_REPRO_SCENARIOS`` /
-  ``VLLM_REPRO_PLATFORM``, else the platform's default matrix).
+* ``--vllm-versions``, ``--platform`` and one option per axis of the cell's table (``--executors``,
+  ``--scenarios``, ``--vllm-async``, ``--vllm-tp``, ...: harness.core.axes.Axis.pytest_flag) choose the cells
+  (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_PLATFORM`` / ``VLLM_REPRO_EXECUTORS`` /
+  ``VLLM_REPRO_SCENARIOS`` / ``VLLM_REPRO_ASYNC`` ..., else the platform's default matrix).
 * A test asking for the ``post_resume_cell`` argument gets one item per cell,
   id ``vllm0.21.0-mp-async_on-keep-clear``; cells the platform cannot run are
   skipped with the reason.
@@ -41,11 +42,11 @@ from typing import Any
 
 import pytest
 
+from harness.core.axes import Axis
 from harness.core.cell import find_cell_id
 from harness.core.errors import BadInput, EnvBuildError, ReproError
 from harness.core.oracle import Outcome
 from harness.core.records import Attempt
-from harness.core.scenarios import DEFAULT_SCENARIOS
 from harness.envbuild.envs import (
     RecipeFor,
     VllmEnv,
@@ -56,13 +57,11 @@ from harness.envbuild.envs import (
 )
 from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engine_setup
 from harness.plan.matrix import (
-    EXECUTORS,
-    SCENARIOS,
     Cell,
     EngineKey,
-    Selection,
-    parse_choices,
     parse_versions,
+    selection_axes,
+    selection_type,
     unsupported_reason,
 )
 from harness.plan.platforms import detect_platform
@@ -90,11 +89,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--vllm-versions", default=os.environ.get("VLLM_REPRO_VERSIONS"),
                 help="vLLM versions of the post_resume matrix (list, A..B range, latest); "
                      "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0,latest on cuda")
-    g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
-                help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
-    g.addoption("--scenarios", dest="repro_scenarios", default=os.environ.get("VLLM_REPRO_SCENARIOS"),
-                help=f"scenarios of the post_resume matrix: {','.join(SCENARIOS)} or all (default: "
-                     f"{','.join(DEFAULT_SCENARIOS)}, as the matrix: the scenarios sharing their config's engine)")
+    add_axis_options(g)
     g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
@@ -115,6 +110,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--vllm-preset", default=None, help=f"engine settings people copy: {', '.join(PRESETS)}")
     for flag, kwargs in source_options():  # the CLI's --wheelhouse and --base-python, defaults included
         g.addoption(flag, **kwargs)
+
+
+def plugin_axes(cell_type: type[Cell] = Cell) -> tuple[Axis, ...]:
+    """The axes the plugin offers an option for: every axis with one but the tier (it runs the engine tier)."""
+    return tuple(a for a in cell_type.table().axes if a.option and a.name != "tier")
+
+
+def axis_dest(a: Axis) -> str:
+    return f"repro_{a.plural}"
+
+
+def axis_env(a: Axis) -> str:
+    """The variable giving the option's default (``--executors``: VLLM_REPRO_EXECUTORS)."""
+    return "VLLM_REPRO_" + a.pytest_flag.removeprefix("vllm-").upper().replace("-", "_")
+
+
+def add_axis_options(g: Any, cell_type: type[Cell] = Cell) -> None:
+    """One option per axis of ``cell_type``'s table (:func:`plugin_axes`), default from its variable."""
+    for a in plugin_axes(cell_type):
+        # Unlike the CLI, no per-platform default: the post_resume items keep the engine-sharing scenarios.
+        default = "" if a.kind == "int" or not a.platform_defaults else (
+            f" (here: default {','.join(map(str, a.option_default or a.selection_default))} on every platform)")
+        g.addoption(f"--{a.pytest_flag}", dest=axis_dest(a), default=os.environ.get(axis_env(a)),
+                    help=f"{a.help}{default}")
 
 
 def engine_setup_of(config: pytest.Config, platform: str) -> EngineSetup:
@@ -172,22 +191,21 @@ def _platform(config: pytest.Config) -> str:
     return raw
 
 
-def matrix_cells(config: pytest.Config) -> list[Cell]:
-    """The cells selected by the command-line options (every mode, async and clear_cache value)."""
+def matrix_cells(config: pytest.Config, cell_type: type[Cell] = Cell) -> list[Cell]:
+    """The cells selected by the command-line options (by default every mode, async and clear_cache value, and
+    on cuda TP 1 and 2: TP=2 cells skip as UNSUPPORTED with the reason where fewer GPUs are visible)."""
     platform = _platform(config)
     try:
         wheelhouse = config.getoption("wheelhouse")
         # Air-gapped: ranges and latest (in the cuda default) resolve from what the wheelhouse holds.
         versions = parse_versions(config.getoption("vllm_versions"), platform,
                                   fetch=wheelhouse_fetch(wheelhouse) if wheelhouse else None)
-        executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
-        scenarios = parse_choices("scenario", config.getoption("repro_scenarios"), SCENARIOS, DEFAULT_SCENARIOS)
+        raw = {a.option: config.getoption(axis_dest(a)) for a in plugin_axes(cell_type)}
+        axes = selection_axes(raw, platform, cell_type, per_platform=False)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
-    # TP=2 only where two GPUs are visible (the cells are generated anyway and
-    # skip as UNSUPPORTED with the reason when fewer are).
-    tps = (1, 2) if platform == "cuda" else (1,)
-    return Selection(versions=versions, executors=executors, tps=tps, scenarios=scenarios).cells()
+    cells: list[Cell] = selection_type(cell_type)(versions=versions, **axes).cells()
+    return cells
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

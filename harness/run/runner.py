@@ -41,6 +41,7 @@ from harness.plan.matrix import Cell, EngineKey
 from harness.sched import cells as sched_tier
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult, infra_result, judged_result
+from repro.engine_axes import engine_env as axes_env
 from repro.wire import STOP, EngineSpec, ScenarioSpec, Spec, WireError, check_event
 
 REPRO_PKG = Path(__file__).resolve().parents[2] / "repro"
@@ -165,9 +166,8 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
     engine_args = merge_engine_args(cfg, dict(PROFILES[engine.profile].args), extra)
     return Spec(
         engine_id=engine.id,
-        engine=EngineSpec(executor=engine.executor, async_scheduling=engine.async_on, tensor_parallel_size=engine.tp,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, model_runner=engine.model_runner,
-                          batch_invariant=engine.batch_invariant, extra=engine_args),
+        engine=EngineSpec(axes=engine_axes(engine), gpu_memory_utilization=cfg.gpu_memory_utilization,
+                          extra=engine_args),
         model_kind=cfg.model_kind,
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),
@@ -175,6 +175,12 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
         scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
         interactive=interactive,
     )
+
+
+def engine_axes(engine: EngineKey) -> dict[str, Any]:
+    """The engine axes of ``engine`` by name, as its cell's table names them: what the spec carries and the engine
+    side (repro.engine_axes) realises."""
+    return {a.name: getattr(engine, a.attr) for a in engine.cell_type.table().engine}
 
 
 def _sched_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig) -> dict[str, Any]:
@@ -252,13 +258,8 @@ def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path) -> dict[str,
     if cfg.platform == "cpu":
         # Without it vLLM's CPU backend reserves most of the machine's RAM.
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
-    if engine.executor in ("ray-v1", "ray-v2"):
-        env["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"] = "1" if engine.executor == "ray-v2" else "0"
-    # Both always explicit: 0.22+ picks the V2 runner by itself for some models
-    # (0.32 by default), and a variable left in the caller's shell must not
-    # change what a cell labelled v1 / not batch-invariant runs.
-    env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if engine.model_runner == "v2" else "0"
-    env["VLLM_BATCH_INVARIANT"] = "1" if engine.batch_invariant else "0"
+    # The variables the cell's engine axes decide (Ray v2, model runner, batch invariance): repro.engine_axes.
+    env.update(axes_env(engine_axes(engine)))
     # Never inherited: a fault is injected only when this run asked for it.
     env["VLLM_REPRO_INJECT"] = ",".join(cfg.inject)
     env.update(cfg.extra_env)

@@ -35,12 +35,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.core.axes import BY_NAME, LOOP_ORDER, SORT_ORDER
-from harness.core.cell import Cell, parse_config_id
+from harness.core.cell import BY_NAME, TABLE, Cell, parse_config_id
 from harness.core.errors import BadInput, ReproError, ResultsFileError
 from harness.core.outcomes import COLORS, LEGEND, Category, category, style
 from harness.core.pattern import CellPattern, parse_pattern
-from harness.core.records import AXES_AFTER_V1, Schema, identity_form, inject_ids, known_cell, legacy_label
+from harness.core.records import (
+    Schema,
+    identity_form,
+    inject_ids,
+    known_cell,
+    legacy_label,
+    new_axes_off_default,
+)
 from harness.core.versions import version_order
 from harness.verdicts.results import SCHEMA as RESULTS_SCHEMA
 from harness.verdicts.results import CellResult, Results, read_results
@@ -106,8 +112,7 @@ class HistoryCell:
     def to_dict(self) -> dict[str, Any]:
         # The flat form of history schema 1; axes added since are written only off their default, so the line
         # still reads in an older vllm-repro.
-        axes = {_LINE_KEYS.get(k, k): v for k, v in self.cell.to_dict().items()
-                if k not in AXES_AFTER_V1 or v != BY_NAME[k].default}
+        axes = {_LINE_KEYS.get(k, k): v for k, v in new_axes_off_default(self.cell.to_dict(), type(self.cell)).items()}
         return {"id": self.id, **axes, "outcome": self.outcome, "label": self.label, "summary": self.summary,
                 "reason": self.reason, "expectation": self.expectation, "expected": self.expected,
                 "vllm_version": self.vllm_version, "device": self.device, "inject": list(self.inject)}
@@ -434,15 +439,15 @@ class HistoryView:
 
 
 # Rows group by engine config (in report order), then by scenario, mode and clear_cache.
-_ROW_AXES = tuple(a.name for a in SORT_ORDER if a.engine and a.kind != "version") + tuple(
-    a.name for a in LOOP_ORDER if not a.engine)
+_ROW_AXES = tuple(a.name for a in TABLE.sort_order if a.engine and a.kind != "version") + tuple(
+    a.name for a in TABLE.loop_order if not a.engine)
 
 
 def _row_key(row: Row) -> tuple[Any, ...]:
     cell = parse_config_id(row.config)
     if cell is None:
         return (row.inject, row.setup, row.platform, 1, row.config)
-    rank = dict(zip((a.name for a in SORT_ORDER), cell.sort_key, strict=True))
+    rank = dict(zip((a.name for a in type(cell).table().sort_order), cell.sort_key, strict=True))
     return (row.inject, row.setup, row.platform, 0, *(rank[name] for name in _ROW_AXES))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from harness.core.axes import BY_NAME
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import SHIFTS, FaultEvent, Outcome, events_label, running_pauses
 from harness.core.pattern import CellPattern, pattern_from_mapping
@@ -69,14 +69,14 @@ class Check:
     message: str
 
 
-def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
-    """Parse the known-bug TOML (default: the table shipped with vllm-repro)."""
+def load_known_bugs(path: Path | None = None, cell_type: type[Cell] = Cell) -> tuple[KnownBug, ...]:
+    """Parse the known-bug TOML (default: the table shipped with vllm-repro); rules name ``cell_type``'s axes."""
     data, where = load_table(path, "known_bugs.toml", "known-bug table")
     bugs = []
     for i, b in enumerate(data.get("bug", [])):
         try:
             affected = SpecifierSet(b["affected"])
-            rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}") for c in b.get("cells", []))
+            rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}", cell_type) for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
                                  rules, str(b.get("note", ""))))
         except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
@@ -84,12 +84,12 @@ def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
     return tuple(bugs)
 
 
-def _rule(table: dict[str, Any], where: str) -> Rule:
-    unknown = set(table) - set(BY_NAME) - _RULE_KEYS - {"executors"}
+def _rule(table: dict[str, Any], where: str, cell_type: type[Cell] = Cell) -> Rule:
+    unknown = set(table) - set(cell_type.table().by_name) - _RULE_KEYS - {"executors"}
     if unknown:
         raise BadInput(f"{where} has unknown cell keys {sorted(unknown)}")
     axes = {("executor" if k == "executors" else k): v for k, v in table.items() if k not in _RULE_KEYS}
-    return Rule(pattern_from_mapping(axes, where), Outcome(table["expect"]), table.get("k"))
+    return Rule(pattern_from_mapping(axes, where, cell_type), Outcome(table["expect"]), table.get("k"))
 
 
 def expectation(cell: Any, bugs: tuple[KnownBug, ...]) -> Expectation:

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.core.axes import SORT_ORDER
+from harness.core.cell import TABLE
 from harness.core.oracle import Outcome
 from harness.core.records import RequestRecord, RequestVerdictRecord
 from harness.core.scenarios import pauses
@@ -71,7 +71,7 @@ def _cells(cells: CellsLike) -> tuple[CellResult, ...]:
 
 # Report order is Cell.sort_key without the scenario: the scenarios of one config keep the order they ran in
 # (as every committed report shows them).
-_UNSORTED = tuple(i for i, a in enumerate(SORT_ORDER) if a.name == "scenario")
+_UNSORTED = tuple(i for i, a in enumerate(TABLE.sort_order) if a.name == "scenario")
 
 
 def _cell_key(cr: CellResult) -> tuple[Any, ...]:

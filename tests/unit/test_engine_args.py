@@ -235,7 +235,7 @@ def test_the_spec_carries_exactly_the_users_arguments_over_the_schedulers(tmp_pa
 @pytest.mark.parametrize("key", sorted(OWNED_ENGINE_ARGS))
 def test_the_wire_refuses_an_axis_in_the_extra_arguments(key: str) -> None:
     with pytest.raises(WireError, match=key):
-        EngineSpec("mp", True, extra={key: 1})
+        EngineSpec({"executor": "mp", "async_scheduling": True}, extra={key: 1})
 
 
 def _model(**defaults: Any) -> LoadedModel:

@@ -505,7 +505,7 @@ def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, t
     mod.AsyncEngineArgs = AsyncEngineArgs  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", mod)
     extra = {"speculative_config": {"method": "ngram_gpu"}}
-    spec = Spec("e", EngineSpec("mp", True, extra=extra), {}, str(tmp_path), 60.0, ())
+    spec = Spec("e", EngineSpec({"executor": "mp", "async_scheduling": True}, extra=extra), {}, str(tmp_path), 60.0, ())
     from repro.model_kinds import LoadedModel
 
     args = engine._engine_args(spec, LoadedModel("bigram-cycle", str(tmp_path)))

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from synthetic_runs import RUNNING, infra, ran, report
 
-from harness.core.axes import BY_NAME
-from harness.core.cell import Cell
+from harness.core.cell import BY_NAME, Cell
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import Outcome
 from harness.core.records import (

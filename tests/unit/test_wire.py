@@ -46,7 +46,8 @@ def test_a_spec_the_harness_writes_is_the_spec_the_engine_reads(tmp_path: Path) 
     read = Spec.from_json(written)
     assert read == build_spec(ENGINE, CELLS, cfg)
     assert read.to_json() == written
-    assert (read.engine.tensor_parallel_size, read.engine.model_runner, read.engine.batch_invariant) == (2, "v2", True)
+    assert read.engine.tensor_parallel_size == 2
+    assert (read.engine.axes["model_runner"], read.engine.axes["batch_invariant"]) == ("v2", True)
     assert [s.id for s in read.scenarios] == [CELLS[0].scenario_id, CELLS[1].scenario_id,
                                               f"{CELLS[0].scenario_id}#2", f"{CELLS[1].scenario_id}#2"]
     assert [s.scenario for s in read.scenarios] == ["keep", "weight_sync"] * 2
@@ -61,8 +62,10 @@ def test_the_engine_refuses_another_schema_version_and_unknown_fields(tmp_path: 
         Spec.from_json({**doc, "schema_version": SCHEMA_VERSION + 1})
     with pytest.raises(WireError, match="unknown field"):
         Spec.from_json({**doc, "scenario_timeot": 3})
-    with pytest.raises(WireError, match="missing field 'executor'"):
-        Spec.from_json({**doc, "engine": {"async_scheduling": True}})
+    with pytest.raises(WireError, match="missing field 'axes'"):
+        Spec.from_json({**doc, "engine": {"gpu_memory_utilization": 0.5}})
+    with pytest.raises(WireError, match=r"axes \['executor'\] are not JSON scalars"):
+        Spec.from_json({**doc, "engine": {"axes": {"executor": ["mp"]}}})
     with pytest.raises(WireError, match="unknown model kind"):
         Spec.from_json({**doc, "model": {"kind": "llama"}})
     bad = tmp_path / "spec.json"

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.core.axes import AXES
+from harness.core.axes import Axis
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.frontends.commands.base import Command
@@ -50,27 +51,30 @@ DESCRIPTION = (
 )
 
 
-def add_axis_options(p: argparse.ArgumentParser) -> None:
-    """One option per axis of harness.core.axes that has one (``--executor``, ``--async``, ``--tier``, ...)."""
-    for a in AXES:
+def _dest(a: Axis) -> str:
+    # ``--async`` cannot be an attribute name: its dest is ``async_``.
+    return "async_" if a.option == "async" else a.option.replace("-", "_")
+
+
+def add_axis_options(p: argparse.ArgumentParser, cell_type: type[Cell] = Cell) -> None:
+    """One option per axis of the cell's table that has one (``--executor``, ``--async``, ``--tier``, ...)."""
+    for a in cell_type.table().axes:
         if a.option:
-            # ``--async`` cannot be an attribute name: its dest is ``async_``.
-            extra = {"dest": "async_", "metavar": "ASYNC"} if a.option == "async" else {}
-            p.add_argument(f"--{a.option}", help=a.help, **extra)
+            extra = {"metavar": "ASYNC"} if a.option == "async" else {}
+            p.add_argument(f"--{a.option}", dest=_dest(a), help=a.help, **extra)
 
 
-def matrix_axes(args: argparse.Namespace, platform: str) -> dict[str, tuple[Any, ...]]:
+def matrix_axes(args: argparse.Namespace, platform: str, cell_type: type[Cell] = Cell) -> dict[str, tuple[Any, ...]]:
     """The ``Selection`` fields but versions from ``matrix`` options; BadInput names a bad value and the choices.
 
     The CI-file checks (tests/unit/ci_files.py) call it too, so a nightly cannot pass a value the CLI refuses.
     """
-    raw = {a.option: getattr(args, "async_" if a.option == "async" else a.option.replace("-", "_"))
-           for a in AXES if a.option}
+    raw = {a.option: getattr(args, _dest(a)) for a in cell_type.table().axes if a.option}
     # A preset's executor and batch-invariant mode (harness.plan.engine_args.Preset.axes) count where the
     # user chose none: the cell decides them, so the preset sets the axis, not an engine argument.
     preset = setup_of(args, platform).axes if getattr(args, "preset", None) else {}
     raw = {k: preset.get(k) if v is None else v for k, v in raw.items()}
-    return selection_axes(raw, platform)
+    return selection_axes(raw, platform, cell_type)
 
 
 @dataclass(frozen=True)
