@@ -75,7 +75,7 @@ def test_engine_env_sets_both_variables_explicitly(tmp_path: Path, monkeypatch: 
     env = engine_env(EngineKey("0.22.0", "mp", True, 1, "v2", True), cfg, tmp_path)
     assert (env["VLLM_USE_V2_MODEL_RUNNER"], env["VLLM_BATCH_INVARIANT"]) == ("1", "1")
     spec = engine_spec(EngineKey("0.22.0", "mp", True, 1, "v2", True), (), cfg)
-    assert (spec["engine"]["model_runner"], spec["engine"]["batch_invariant"]) == ("v2", True)
+    assert (spec["engine"]["axes"]["model_runner"], spec["engine"]["axes"]["batch_invariant"]) == ("v2", True)
 
 
 def test_runner_generation() -> None:

@@ -93,7 +93,7 @@ def test_fatal_event_reason_is_reported(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_spec_groups_cells_as_scenarios_of_one_engine(tmp_path: Path) -> None:
     spec = engine_spec(ENGINE, CELLS, cfg(tmp_path, scenario_params={"max_tokens": 32}))
-    assert spec["engine"]["async_scheduling"] is True
+    assert spec["engine"]["axes"]["async_scheduling"] is True
     assert [s["id"] for s in spec["scenarios"]] == ["keep-clear", "wait-clear"]
     assert all(s["params"] == {"max_tokens": 32, "clear_cache": True} for s in spec["scenarios"])
 
