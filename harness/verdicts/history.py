@@ -226,7 +226,7 @@ def cells_digest(results: Results) -> str:
     The cells are hashed in their schema-1 identity form (harness.core.records.identity_form), so a run added
     before a schema upgrade is recognised after it.
     """
-    cells = sorted(json.dumps(identity_form(c.to_dict()), sort_keys=True, separators=(",", ":"))
+    cells = sorted(json.dumps(identity_form(c.to_dict(), type(c.cell)), sort_keys=True, separators=(",", ":"))
                    for c in results.cells)
     return hashlib.sha256("\n".join(cells).encode()).hexdigest()
 
