@@ -2,7 +2,7 @@
 
 One grammar for ``bisect --cell``, known-bug rules, the workaround ledger and history selection:
 ``executor=mp,async=on,mode=keep,clear_cache=true,tp=2,scenario=weight_sync`` (keys are axis names or
-aliases, see harness.core.axes; ``key=a|b`` allows several values).  A pattern with one value per axis
+aliases, see harness.core.cell.Cell; ``key=a|b`` allows several values).  A pattern with one value per axis
 but the version is a template: ``template.at(version)`` is the cell a bisect probes on each candidate.
 """
 

@@ -1,6 +1,6 @@
 """The matrix: axes, cells, what a platform cannot run, and grouping cells into engines.
 
-A cell is one value per axis of ``harness.core.axes`` (vLLM version, executor,
+A cell is one value per axis of ``harness.core.cell.Cell`` (vLLM version, executor,
 async_scheduling, pause mode, clear_cache, tensor-parallel size, scenario, model
 runner, batch-invariant mode, tier).  Cells that differ only in their scenario
 axes (mode, clear_cache, scenario) share an engine config, so they run as

@@ -9,7 +9,7 @@ One line per run (one results report)::
                 "batch_invariant", ["tier",] "outcome", "label", "summary", "reason", "expectation", "expected",
                 "vllm_version", "device", "inject"}, …]}
 
-A cell's axes are those of harness.core.axes (``async`` spelled as in schema 1); an axis added since (``tier``)
+A cell's axes are those of harness.core.cell.Cell (``async`` spelled as in schema 1); an axis added since (``tier``)
 is written only when it is not at its default, so the lines still read in older versions.
 
 Outcomes are kept as strings, so a history written by a newer vllm-repro (e.g. FLAKY from ``--repeat``) still

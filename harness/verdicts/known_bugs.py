@@ -25,7 +25,7 @@ from harness.core.records import ExpectationRecord, RequestRecord, RequestVerdic
 from harness.verdicts.results import CellResult
 from harness.verdicts.tomlfile import load_table
 
-# A rule's keys: any axis name (harness.core.axes), "executors" (a list; older tables), expect and k.
+# A rule's keys: any axis name (harness.core.cell.Cell), "executors" (a list; older tables), expect and k.
 _RULE_KEYS = {"expect", "k"}
 
 
