@@ -141,7 +141,10 @@ class Cell:
         return tuple(_value_rank(a, getattr(self, a.attr)) for a in self.table().sort_order)
 
     def to_dict(self) -> dict[str, Any]:
-        return {a.name: getattr(self, a.attr) for a in self.table().axes}
+        """The JSON form.  An axis added since the last results schema (``added_in_schema`` None) is written only
+        off its default: files of this schema read back as they were written, in this vllm-repro and older."""
+        return {a.name: v for a in self.table().axes
+                if (v := getattr(self, a.attr)) != a.default or a.added_in_schema is not None}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Cell:

@@ -15,7 +15,7 @@ import pytest
 from harness.core.errors import BadInput
 from harness.frontends.cli import main
 from harness.frontends.commands.context import run_config
-from harness.frontends.commands.matrix import matrix_axes
+from harness.frontends.commands.matrix import add_axis_options, matrix_axes
 from harness.plan.engine_args import (
     PRESETS,
     RLHF_SOURCE,
@@ -197,8 +197,9 @@ def test_run_config_carries_the_setup_and_the_presets_memory_unless_given(tmp_pa
 
 
 def test_the_presets_axes_are_matrix_defaults_the_user_can_override() -> None:
-    names = {"executor": None, "async_": None, "mode": None, "clear_cache": None, "tp": None, "scenario": None,
-             "model_runner": None, "batch_invariant": None, "tier": None}
+    p = argparse.ArgumentParser()
+    add_axis_options(p)  # every axis option, at its default (None)
+    names = vars(p.parse_args([]))
     preset = argparse.Namespace(**names, preset="rlhf-async-new-apis", model=None, engine_arg=[], engine_args=[])
     axes = matrix_axes(preset, "cuda")
     assert axes["executors"] == ("ray-v2",) and axes["batch_invariants"] == (True,)
