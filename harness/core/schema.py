@@ -306,13 +306,16 @@ class MapOf(Spec):
             self.value.check(v, key_path(path, k))
 
 
+_PLURALS = {"an integer": "integers", "a number": "numbers", "a string": "strings",
+            "a non-empty string": "non-empty strings", "true or false": "booleans"}
+
+
 def _plural(expected: str) -> str:
-    # "an integer >= 0" -> "integers >= 0"; anything else is kept ("a list of one of keep, wait").
-    for article in ("an ", "a "):
-        if expected.startswith(article):
-            head, _, rest = expected[len(article):].partition(" ")
-            return f"{head}s {rest}".rstrip()
-    return expected
+    # "an integer >= 0" -> "integers >= 0"; anything else reads "items, each <expected>".
+    for one, many in _PLURALS.items():
+        if expected == one or expected.startswith(one + " "):
+            return many + expected[len(one):]
+    return f"items, each {expected}"
 
 
 def message(where: str, exc: Invalid) -> str:
@@ -320,11 +323,11 @@ def message(where: str, exc: Invalid) -> str:
     return f"{where}: {exc.path or 'top level'}: {exc.text}"
 
 
-def validate(spec: Spec, doc: Any, where: str, error: type[ReproError] = BadInput) -> Any:
+def validate(spec: Spec, doc: Any, where: str, error: type[ReproError] = BadInput, at: str = "") -> Any:
     """``doc`` when it matches ``spec``; else ``error`` (a ReproError: one line, exit 2) naming ``where`` (the file),
-    the JSON path, what was expected and what was found."""
+    the JSON path (from ``at``, where ``doc`` sits in its file: ``cells[3]``), what was expected and what was found."""
     try:
-        spec.check(doc, "")
+        spec.check(doc, at)
     except Invalid as exc:
         raise error(message(where, exc)) from None
     return doc
