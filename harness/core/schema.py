@@ -13,6 +13,7 @@ dependency and still need the cross-field checks written by hand).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ def key_path(path: str, key: object) -> str:
     """``path`` extended by an object key: ``requests[0].rid``; odd keys quoted: ``engine_args["a b"]``."""
     if isinstance(key, str) and _IDENT.match(key):
         return f"{path}.{key}" if path else key
-    return f"{path}[{key!r}]"
+    shown = json.dumps(key) if isinstance(key, str) else repr(key)
+    return f"{path}[{shown}]"
 
 
 def item_path(path: str, index: int) -> str:

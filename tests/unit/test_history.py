@@ -425,5 +425,6 @@ def test_a_history_cell_with_an_unknown_axis_value_names_its_line(hist: Path, tm
     run = json.loads(hist.read_text())
     run["cells"][0]["tier"] = "quantum"
     hist.write_text(json.dumps(run) + "\n")
-    with pytest.raises(ResultsFileError, match=r":1: cells\[0\]\.tier: expected one of engine, scheduler, found 'quantum'"):
+    with pytest.raises(ResultsFileError,
+                       match=r":1: cells\[0\]\.tier: expected one of engine, scheduler, found 'quantum'"):
         read_history(hist)

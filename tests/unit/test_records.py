@@ -298,5 +298,6 @@ def test_an_axis_value_from_a_newer_writer_is_refused_by_name(tmp_path: Path) ->
     bad = tmp_path / "r.json"
     bad.write_text(json.dumps({"schema": RESULTS.name, "schema_version": 2,
                                "cells": [{**d, "cell": {**d["cell"], "executor": "ray-v3"}}]}))
-    with pytest.raises(ResultsFileError, match=r"r\.json: cells\[0\]\.cell\.executor: expected one of mp, uni, ray-v1, ray-v2, found 'ray-v3'"):
+    with pytest.raises(ResultsFileError, match=r"r\.json: cells\[0\]\.cell\.executor: expected one of mp, uni, "
+                                               r"ray-v1, ray-v2, found 'ray-v3'"):
         read_results(bad)
