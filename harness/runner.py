@@ -35,6 +35,7 @@ from harness import sched_tier
 from harness.core.records import Attempt
 from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
+from harness.engine_death import death_reason, log_tail
 from harness.envs import VllmEnv
 from harness.errors import ReproError
 from harness.matrix import Cell, EngineKey
@@ -434,14 +435,6 @@ def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
     return {k: ev.get(k) for k in keep}
 
 
-def log_tail(path: Path, n: int = 8) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(ln.strip()[:200] for ln in lines[-n:])
-
-
 ResultHook = Callable[[CellResult], None]
 
 SCHED_TIER_SETUP = ("the scheduler tier scripts the model's outputs and starts no engine: --model, --engine-arg(s) "
@@ -506,7 +499,7 @@ def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: 
                                 f"log: {proc.log_path}")
     else:
         dead = cells_of.fatal or f"engine process exited with code {proc.proc.returncode}"
-        why = (Outcome.ERROR, f"{dead} before this scenario reported; last log lines: {proc.log_tail()}")
+        why = (Outcome.ERROR, death_reason(dead, proc.log_path))
     cells_of.finish(*why)
 
 
