@@ -54,7 +54,7 @@ has ``event`` and ``t``):
   scheduler cannot even be imported: ``unsupported_reason`` instead, and every scenario is unsupported.
 * ``scenario`` (one per spec scenario): ``id``, ``status`` and
 
-  - ``ran``: ``records`` (one per submitted request, the fields ``harness/oracle.py``'s
+  - ``ran``: ``records`` (one per submitted request, the fields ``harness/core/oracle.py``'s
     ``cell_verdict`` reads: ``rid``, ``submit`` ("start"), ``prompt``, ``max_tokens``, ``reference``
     (positions 0..max_tokens+15 of the scripted stream), ``observed`` (the token ids
     ``update_from_output`` delivered, in order), ``finish_reason`` ("length", "abort", ... or None when

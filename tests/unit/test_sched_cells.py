@@ -1,4 +1,4 @@
-"""Scheduler-tier cells on the harness side (harness.sched_tier, the tier axis in planning and verdicts)."""
+"""Scheduler-tier cells on the harness side (harness.sched.cells, the tier axis in planning and verdicts)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from synthetic import request_record
 
+from harness.core.oracle import Outcome
 from harness.core.scenarios import SCENARIO_TABLE
-from harness.matrix import Cell, unsupported_reason
-from harness.oracle import Outcome
-from harness.runner import scenario_result
-from harness.sched_tier import SHAPES, sched_result, sched_scenario, sched_spec
-from harness.workarounds import workaround_verdicts
+from harness.plan.matrix import Cell, unsupported_reason
+from harness.run.runner import scenario_result
+from harness.sched.cells import SHAPES, sched_result, sched_scenario, sched_spec
+from harness.verdicts.workarounds import workaround_verdicts
 from repro.sched.script import SCHEMA_VERSION, build_script
 
 pytestmark = pytest.mark.unit
@@ -115,7 +115,7 @@ def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupp
 
 
 def test_the_workaround_verdict_prefers_the_engine_tier_and_keeps_the_tiers_apart() -> None:
-    from harness.results import CellResult
+    from harness.verdicts.results import CellResult
 
     engine_on, engine_off = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
     cells = [CellResult(engine_on, Outcome.OK, "OK 10/10"), CellResult(engine_off, Outcome.OK, "OK 10/10"),
@@ -142,7 +142,7 @@ def test_a_preemption_cell_in_which_nothing_was_preempted_is_unsupported_not_ok(
 
 
 def test_one_scenario_event_judged_on_its_own_as_plan_and_fuzz_judge_it() -> None:
-    from harness.sched_tier import sched_verdict
+    from harness.sched.cells import sched_verdict
 
     assert sched_verdict(_ran()).label == "LOSS(1)"
     crash = sched_verdict({"status": "crash", "reason": "AssertionError:  at vllm/x.py:1:f",
