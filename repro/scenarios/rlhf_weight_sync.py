@@ -412,7 +412,7 @@ class NcclTransfer:
 
 
 def _free_port() -> int:
-    """The trainer's NCCL rendezvous port: the highest free one of this engine's block (``harness.ports``
+    """The trainer's NCCL rendezvous port: the highest free one of this engine's block (``harness.run.ports``
     leases it; vLLM scans up from its bottom), so no engine started beside this one can pick it between this
     probe and the bind (issue 21).  Without a block, one the kernel gives, as before."""
     lo, _, hi = os.environ.get("VLLM_REPRO_PORT_RANGE", "").partition("-")

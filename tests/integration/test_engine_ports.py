@@ -1,6 +1,6 @@
 """Engines started side by side never pick the same port (issue 21): eight stand-ins at once, through the harness.
 
-Each stand-in (``port_standin.py``) is started by ``harness.runner.EngineProcess``, from eight threads at once,
+Each stand-in (``port_standin.py``) is started by ``harness.run.runner.EngineProcess``, from eight threads at once,
 and picks its rendezvous port as vLLM does under the environment the harness gives it; every stand-in has
 picked before any binds (a barrier on their stdin), so two that picked the same port must collide.  The second
 test shows that they do when the harness's per-engine ranges are overridden by one shared ``VLLM_PORT``.
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from harness.envs import EnvRecipe, VllmEnv
-from harness.matrix import EngineKey
-from harness.ports import RANGE_ENV, lease_ports
-from harness.runner import EngineProcess, RunConfig
+from harness.envbuild.envs import EnvRecipe, VllmEnv
+from harness.plan.matrix import EngineKey
+from harness.run.ports import RANGE_ENV, lease_ports
+from harness.run.runner import EngineProcess, RunConfig
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +120,7 @@ def test_one_shared_vllm_port_makes_engines_started_at_once_collide(tmp_path: Pa
 
 def test_leases_held_by_other_processes_are_disjoint(tmp_path: Path) -> None:
     """Across processes (pytest-xdist workers, two runs at once): four holders, each keeps its block."""
-    code = ("import sys; from pathlib import Path; from harness.ports import lease_ports; "
+    code = ("import sys; from pathlib import Path; from harness.run.ports import lease_ports; "
             "lease = lease_ports(Path(sys.argv[1])); print(lease.lo, lease.hi, flush=True); sys.stdin.readline()")
     holders = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "locks")], cwd=ROOT, text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(4)]

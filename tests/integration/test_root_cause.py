@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from failed_start_engine import CAUSE, POINTER
 
-from harness.envs import EnvRecipe, VllmEnv
-from harness.matrix import Cell, EngineKey
-from harness.oracle import Outcome
-from harness.runner import RunConfig, run_engine
-from harness.session import EngineDied, EngineSession
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, VllmEnv
+from harness.plan.matrix import Cell, EngineKey
+from harness.run.runner import RunConfig, run_engine
+from harness.run.session import EngineDied, EngineSession
 
 pytestmark = pytest.mark.integration
 

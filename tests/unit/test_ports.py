@@ -1,4 +1,4 @@
-"""Per-engine port blocks (harness.ports): where they lie, and that a lease is exclusive until released."""
+"""Per-engine port blocks (harness.run.ports): where they lie, and that a lease is exclusive until released."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.ports import BLOCK, POOL_START, PortLease, PortLeaseError, blocks, ephemeral_range, lease_ports, lock_dir
+from harness.run.ports import (
+    BLOCK,
+    POOL_START,
+    PortLease,
+    PortLeaseError,
+    blocks,
+    ephemeral_range,
+    lease_ports,
+    lock_dir,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -77,7 +86,7 @@ def test_a_block_with_a_port_in_use_is_skipped(tmp_path: Path) -> None:
 
 
 def test_no_block_left_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("harness.ports.blocks", lambda *a, **k: [range(POOL_START, POOL_START + BLOCK)])
+    monkeypatch.setattr("harness.run.ports.blocks", lambda *a, **k: [range(POOL_START, POOL_START + BLOCK)])
     held = lease_ports(tmp_path)
     try:
         with pytest.raises(PortLeaseError, match="no free block of 32 ports"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine_death import death_reason
+from harness.run.engine_death import death_reason
 from repro.rootcause import chains, root_cause
 
 pytestmark = pytest.mark.unit
