@@ -94,10 +94,7 @@ def test_eight_engines_started_at_once_get_disjoint_ports_and_all_bind(tmp_path:
     assert all(b.lo <= d["port"] < b.hi for b, d in zip(blocks, picked, strict=True)), (blocks, picked)
     assert len({d["port"] for d in picked}) == N
     assert [d.get("error") for d in bound] == [None] * N
-    # Released with their engines: the next engines can have the same blocks.
-    again = lease_ports()
-    again.release()
-    assert again.lo <= ranges[-1][0]
+    assert not any(b._fds for b in blocks)  # released with their engines: the next engines can have them
 
 
 def test_one_shared_vllm_port_makes_engines_started_at_once_collide(tmp_path: Path) -> None:
