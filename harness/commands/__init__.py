@@ -12,6 +12,7 @@ from harness.commands.matrix import MatrixCommand
 from harness.commands.plan import PlanCommand
 from harness.commands.report import ReportCommand
 from harness.commands.wheelhouse import WheelhouseCommand
+from harness.commands.windows import WindowsCommand
 from harness.commands.workarounds import WorkaroundsCommand
 
 # In the order of `vllm-repro --help`.
@@ -23,6 +24,7 @@ COMMANDS: tuple[Command, ...] = (
     FuzzCommand(),
     ReportCommand(),
     HistoryCommand(),
+    WindowsCommand(),
     CompareCommand(),
     WheelhouseCommand(),
     EnvsCommand(),
