@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from test_records import check_round_trip
 
-from harness.compare import compare
-from harness.compare import markdown as compare_markdown
-from harness.history import run_id_of
-from harness.report import markdown
-from harness.results import read_results
+from harness.verdicts.compare import compare
+from harness.verdicts.compare import markdown as compare_markdown
+from harness.verdicts.history import run_id_of
+from harness.verdicts.report import markdown
+from harness.verdicts.results import read_results
 
 pytestmark = pytest.mark.slow
 

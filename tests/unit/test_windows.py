@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.core.cell import Cell
-from harness.errors import BadInput
-from harness.known_bugs import load_known_bugs
-from harness.results import read_results
-from harness.windows import Bisect, Row, boundaries, box_of, build, load, rows_of
+from harness.core.errors import BadInput
+from harness.verdicts.known_bugs import load_known_bugs
+from harness.verdicts.results import read_results
+from harness.verdicts.windows import Bisect, Row, boundaries, box_of, build, load, rows_of
 
 pytestmark = pytest.mark.unit
 
@@ -102,7 +102,7 @@ def test_load_reads_reports_logs_and_bisect_logs_and_skips_the_rest(tmp_path: Pa
 
 def test_the_chart_draws(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from harness.windows_plot import draw
+    from harness.verdicts.windows_plot import draw
 
     chart = build(load_known_bugs(), read_results(SCHED).cells)
     out = draw(chart, tmp_path / "w.png")
