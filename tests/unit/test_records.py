@@ -1,7 +1,7 @@
 """Typed cell results, the one schema check, the migration of older files and stable run ids.
 
-The report fixtures under tests/fixtures/reports/ are cut from the reports committed under docs/results/
-(schema 1, 2 and 3, both tiers, every outcome; tests/fixtures/reports/README.md says which): each must load,
+The report fixtures under tests/fixtures/results/ are cut from the reports committed under docs/results/
+(schema 1, 2 and 3, both tiers, every outcome; tests/fixtures/results/README.md says which): each must load,
 round-trip, re-render exactly as its committed Markdown, and keep its run id across the schema upgrade.
 Every committed report itself is loaded and rendered by the ``slow`` test in test_committed_reports.py.
 """
@@ -43,7 +43,7 @@ from harness.verdicts.results import Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "results"
 REPORTS = sorted(FIXTURES.glob("*.json*"))
 
 

@@ -16,7 +16,7 @@ from harness.verdicts.windows import Bisect, Row, boundaries, box_of, build, loa
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "results"
 SCHED = FIXTURES / "schema3-sched.json"  # 0.21.0 and 0.22.0 of the scheduler-tier family
 
 
