@@ -47,7 +47,9 @@ from harness.core.records import (
     legacy_label,
     new_axes_off_default,
 )
+from harness.core.schema import validate
 from harness.core.versions import version_order
+from harness.verdicts.file_schemas import HISTORY_RUN
 from harness.verdicts.results import SCHEMA as RESULTS_SCHEMA
 from harness.verdicts.results import CellResult, Results, read_results
 
@@ -290,6 +292,7 @@ def _parse(text: str, path: Path) -> tuple[Run, ...]:
                 f"{where}: corrupt history line ({exc.msg} at column {exc.colno}){cut}; fix or delete that line"
             ) from exc
         HISTORY.check(obj, where, _history_hint)
+        validate(HISTORY_RUN, obj, where, ResultsFileError)
         try:
             missing = [k for k in ("run_id", "added", "cells") if k not in obj]
             if missing:

@@ -22,6 +22,8 @@ from harness.core.errors import BadInput
 from harness.core.oracle import SHIFTS, FaultEvent, Outcome, events_label, running_pauses
 from harness.core.pattern import CellPattern, pattern_from_mapping
 from harness.core.records import ExpectationRecord, RequestRecord, RequestVerdictRecord
+from harness.core.schema import found, validate
+from harness.verdicts.file_schemas import KNOWN_BUG, known_bugs_schema
 from harness.verdicts.results import CellResult
 from harness.verdicts.tomlfile import load_table
 
@@ -72,10 +74,15 @@ class Check:
 def load_known_bugs(path: Path | None = None, cell_type: type[Cell] = Cell) -> tuple[KnownBug, ...]:
     """Parse the known-bug TOML (default: the table shipped with vllm-repro); rules name ``cell_type``'s axes."""
     data, where = load_table(path, "known_bugs.toml", "known-bug table")
+    validate(known_bugs_schema(cell_type), data, where)
     bugs = []
     for i, b in enumerate(data.get("bug", [])):
         try:
             affected = SpecifierSet(b["affected"])
+        except InvalidSpecifier:
+            raise BadInput(f"{where}: bug[{i}].affected: expected {KNOWN_BUG.fields['affected'].expected}, found "
+                           f"{found(b['affected'])}") from None
+        try:
             rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}", cell_type) for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
                                  rules, str(b.get("note", ""))))
