@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,17 +157,47 @@ def test_the_wire_spec_carries_the_axis_and_the_engine_side_refuses_one_it_canno
     assert "VLLM_USE_V2_MODEL_RUNNER" in engine_env(OFF.engine, cfg, tmp_path)
 
 
-@pytest.mark.parametrize(("name", "run_id"), [("cpu-2026-11-30/results.json", "a58f86ccb6751397"),
-                                              ("gpu-h200-2026-11-30/results.json", "ebea3e61362c982f")])
-def test_committed_reports_keep_their_run_ids(name: str, run_id: str) -> None:
-    results = read_results(DOCS / name)
-    assert run_id_of(results) == run_id
-    # The same cells under the table with the new axis (at its default) are the same run.
-    moved = [dataclasses.replace(cr, cell=PcCell(**dataclasses.asdict(cr.cell))) for cr in results.cells]
+def _history_sources() -> list[tuple[Path, str]]:
+    """The committed reports the committed history holds, with the run id it recorded."""
+    runs = [json.loads(line) for line in (DOCS / "history" / "history.jsonl").read_text().splitlines() if line]
+    out = []
+    for run in runs:
+        src = Path(__file__).resolve().parents[2] / str(run.get("source") or "/")
+        path = src if src.exists() else src.with_name(src.name + ".gz")
+        if str(run.get("source") or "").startswith("docs/") and path.exists():
+            out.append((path, run["run_id"]))
+    return out
+
+
+HISTORY = _history_sources()
+FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "results").glob("*.json*"))
+
+
+def _moved(results: Results) -> Results:
+    """The same report with every cell of the table that has the new axis (at its default)."""
+    cells = tuple(dataclasses.replace(cr, cell=PcCell(**dataclasses.asdict(cr.cell))) for cr in results.cells)
+    return Results(cells, results.meta)
+
+
+@pytest.mark.parametrize("path", [p for p, _ in HISTORY] + FIXTURES, ids=lambda p: p.name)
+def test_committed_reports_keep_their_run_ids(path: Path) -> None:
+    results = read_results(path)
+    moved = _moved(results)
+    assert run_id_of(moved) == run_id_of(results)
     # At its default the new axis is not written (files of this schema read back as they were written).
-    assert [cr.to_dict() for cr in moved] == [cr.to_dict() for cr in results.cells]
-    assert run_id_of(Results(tuple(moved), results.meta)) == run_id
-    off = dataclasses.replace(moved[0], cell=moved[0].cell.replace(prefix_caching=False))
+    assert [cr.to_dict() for cr in moved.cells] == [cr.to_dict() for cr in results.cells]
+    off = dataclasses.replace(moved.cells[0], cell=moved.cells[0].cell.replace(prefix_caching=False))
     assert off.to_dict()["cell"]["prefix_caching"] is False
     assert identity_form(off.to_dict(), PcCell)["cell"]["prefix_caching"] is False
-    assert run_id_of(Results((off, *moved[1:]), results.meta)) != run_id
+    assert run_id_of(Results((off, *moved.cells[1:]), results.meta)) != run_id_of(results)
+
+
+def test_run_ids_recorded_in_the_committed_history_are_reproduced_with_the_new_axis() -> None:
+    assert len(HISTORY) >= 10
+    recorded = dict(HISTORY)
+    # Two reports of each schema the history holds (schema 1 cpu, schema 2 gpu), as recorded when added.
+    for name, run_id in (("0.21.0-0.22.0-mp-async_on-wait-abort.json", "711a6ffd90ccedd3"),
+                         ("s2-0.22.0-uni.json", "0cb84d489ebe58f1")):
+        (path,) = [p for p in recorded if p.name.removesuffix(".gz") == name]
+        assert recorded[path] == run_id
+        assert run_id_of(_moved(read_results(path))) == run_id
