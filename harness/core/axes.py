@@ -91,6 +91,15 @@ class Axis:
         return self.pytest_option or f"vllm-{self.option}"
 
     @property
+    def pytest_dest(self) -> str:
+        return f"repro_{self.plural}"
+
+    @property
+    def pytest_env(self) -> str:
+        """The variable giving the pytest option's default (``--executors``: VLLM_REPRO_EXECUTORS)."""
+        return "VLLM_REPRO_" + self.pytest_flag.removeprefix("vllm-").upper().replace("-", "_")
+
+    @property
     def in_schema_1(self) -> bool:
         return self.added_in_schema == 1
 

@@ -6,10 +6,9 @@ whichever vllm-repro is installed (tox's, or one from an air-gapped node's bundl
 other project's pytest.  Never imports vllm or torch: engines run in their own environments
 through :class:`harness.run.session.EngineSession`, the one engine driver run interactively.
 
-* ``--vllm-versions``, ``--platform`` and one option per axis of the cell's table (``--executors``,
-  ``--scenarios``, ``--vllm-async``, ``--vllm-tp``, ...: harness.core.axes.Axis.pytest_flag) choose the cells
-  (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_PLATFORM`` / ``VLLM_REPRO_EXECUTORS`` /
-  ``VLLM_REPRO_SCENARIOS`` / ``VLLM_REPRO_ASYNC`` ..., else the platform's default matrix).
+* ``--vllm-versions``, ``--platform`` and one option per axis (``--executors``, ``--scenarios``, ``--vllm-async``,
+  ``--vllm-tp``, ...: harness.core.axes.Axis.pytest_flag) choose the cells (defaults from ``VLLM_REPRO_VERSIONS``,
+  ``VLLM_REPRO_PLATFORM``, ``VLLM_REPRO_EXECUTORS``, ..., else the platform's default matrix).
 * A test asking for the ``post_resume_cell`` argument gets one item per cell,
   id ``vllm0.21.0-mp-async_on-keep-clear``; cells the platform cannot run are
   skipped with the reason.
@@ -117,23 +116,11 @@ def plugin_axes(cell_type: type[Cell] = Cell) -> tuple[Axis, ...]:
     return tuple(a for a in cell_type.table().axes if a.option and a.name != "tier")
 
 
-def axis_dest(a: Axis) -> str:
-    return f"repro_{a.plural}"
-
-
-def axis_env(a: Axis) -> str:
-    """The variable giving the option's default (``--executors``: VLLM_REPRO_EXECUTORS)."""
-    return "VLLM_REPRO_" + a.pytest_flag.removeprefix("vllm-").upper().replace("-", "_")
-
-
 def add_axis_options(g: Any, cell_type: type[Cell] = Cell) -> None:
     """One option per axis of ``cell_type``'s table (:func:`plugin_axes`), default from its variable."""
-    for a in plugin_axes(cell_type):
-        # Unlike the CLI, no per-platform default: the post_resume items keep the engine-sharing scenarios.
-        default = "" if a.kind == "int" or not a.platform_defaults else (
-            f" (here: default {','.join(map(str, a.option_default or a.selection_default))} on every platform)")
-        g.addoption(f"--{a.pytest_flag}", dest=axis_dest(a), default=os.environ.get(axis_env(a)),
-                    help=f"{a.help}{default}")
+    for a in plugin_axes(cell_type):  # unlike the CLI's, no per-platform scenario default (matrix_cells)
+        note = f" (here: {','.join(map(str, a.option_default))} on every platform)" if a.option_default else ""
+        g.addoption(f"--{a.pytest_flag}", dest=a.pytest_dest, default=os.environ.get(a.pytest_env), help=a.help + note)
 
 
 def engine_setup_of(config: pytest.Config, platform: str) -> EngineSetup:
@@ -200,12 +187,11 @@ def matrix_cells(config: pytest.Config, cell_type: type[Cell] = Cell) -> list[Ce
         # Air-gapped: ranges and latest (in the cuda default) resolve from what the wheelhouse holds.
         versions = parse_versions(config.getoption("vllm_versions"), platform,
                                   fetch=wheelhouse_fetch(wheelhouse) if wheelhouse else None)
-        raw = {a.option: config.getoption(axis_dest(a)) for a in plugin_axes(cell_type)}
+        raw = {a.option: config.getoption(a.pytest_dest) for a in plugin_axes(cell_type)}
         axes = selection_axes(raw, platform, cell_type, per_platform=False)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
-    cells: list[Cell] = selection_type(cell_type)(versions=versions, **axes).cells()
-    return cells
+    return selection_type(cell_type)(versions=versions, **axes).cells()  # type: ignore[no-any-return]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

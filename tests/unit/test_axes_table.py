@@ -24,7 +24,7 @@ from harness.core.pattern import parse_pattern, pattern_from_mapping
 from harness.core.records import CellResult, identity_form
 from harness.frontends.commands.matrix import add_axis_options, matrix_axes
 from harness.frontends.pytest_plugin import add_axis_options as add_pytest_options
-from harness.frontends.pytest_plugin import axis_dest, matrix_cells, plugin_axes
+from harness.frontends.pytest_plugin import matrix_cells, plugin_axes
 from harness.plan.matrix import plan_cells, unsupported_reason
 from harness.run.runner import RunConfig, build_spec, engine_env
 from harness.verdicts.history import run_id_of
@@ -128,7 +128,7 @@ class _Group:
 class _Config:
     def __init__(self, **options: Any) -> None:
         self.options = {"repro_platform": "cpu", "wheelhouse": None, "vllm_versions": "0.21.0",
-                        **{axis_dest(a): None for a in plugin_axes(PcCell)}, **options}
+                        **{a.pytest_dest: None for a in plugin_axes(PcCell)}, **options}
 
     def getoption(self, name: str) -> Any:
         return self.options[name]

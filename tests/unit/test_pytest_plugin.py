@@ -22,7 +22,7 @@ from harness.core.oracle import Outcome
 from harness.core.scenarios import DEFAULT_SCENARIOS, SCENARIOS
 from harness.envbuild.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory
 from harness.frontends.commands.options import add_wheelhouse_options
-from harness.frontends.pytest_plugin import RECIPES, axis_dest, engine_scope, plugin_axes
+from harness.frontends.pytest_plugin import RECIPES, engine_scope, plugin_axes
 from harness.plan.matrix import EXECUTORS, MODES, Cell
 from harness.run.gpus import GpuLeaseError, hold_startup
 from harness.run.slots import SHARED_GPU_KV_BYTES
@@ -63,7 +63,7 @@ class _Config:
         self.options = {"repro_platform": platform, "known_bugs": None, "repro_reports": tmp_path / "reports",
                         "wheelhouse": None, "base_python": None, "retry_infra": 0, "vllm_model": None,
                         "vllm_engine_arg": [], "vllm_engine_args": [], "vllm_preset": None,
-                        **{axis_dest(a): None for a in plugin_axes()}, **options}
+                        **{a.pytest_dest: None for a in plugin_axes()}, **options}
         self.stash = {RECIPES: recipe_factory(platform, "3.11")}
 
     def getoption(self, name: str) -> Any:
