@@ -25,6 +25,7 @@ measured there:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,6 +65,7 @@ EXPECTED = {
     "0.22.0": {**dict.fromkeys((s["id"] for s in SCENARIOS if s["id"] != "spec-reset-twice"), Outcome.OK),
                "spec-reset": Outcome.LOSS, "spec-reset-reject-all": Outcome.LOSS},
 }
+CACHE_VARS = ("VLLM_REPRO_CACHE", "HF_HOME", "VLLM_CACHE_ROOT")
 DISCARD = {"0.21.0": "discard_latest_async_tokens", "0.22.0": "async_tokens_to_discard"}
 
 
@@ -78,7 +80,9 @@ def _run(version: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, dict[s
     out = tmp_path / f"out-{version}.jsonl"
     t0 = time.monotonic()
     proc = subprocess.run([str(env.python), "-m", "repro.sched", str(spec), str(out)], cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(stage), "HOME": str(Path.home())},
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(stage), "HOME": str(Path.home()),
+                               # The test session's caches (tests/cache_sandbox.py), never the user's.
+                               **{k: os.environ[k] for k in CACHE_VARS if k in os.environ}},
                           capture_output=True, text=True, timeout=300)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
