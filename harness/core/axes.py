@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core import scenarios
-from harness.errors import BadInput, bad_choice
+from harness.core.errors import BadInput, bad_choice
 
 PLATFORMS = ("cpu", "cuda")
 EXECUTORS = ("mp", "uni", "ray-v1", "ray-v2")

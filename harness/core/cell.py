@@ -13,9 +13,9 @@ from dataclasses import field, make_dataclass, replace
 from typing import Any
 
 from harness.core.axes import AXES, BY_NAME, ENGINE_AXES, ID_ORDER, LOOP_ORDER, SORT_ORDER, Axis
+from harness.core.errors import BadInput
 from harness.core.scenarios import DEFAULT_PROFILE, pauses, profile_of
 from harness.core.versions import version_key
-from harness.errors import BadInput
 
 
 def _segments(obj: object, axes: tuple[Axis, ...]) -> list[str]:
@@ -47,7 +47,7 @@ class _CellMethods:
     def engine(self) -> Any:
         """The engine config this cell runs on: its engine axes and its scenario's engine profile (cells that
         differ only in scenario axes share it when their scenarios share a profile)."""
-        # The scheduler tier builds each scenario's scheduler itself (harness.sched_tier): no engine profile.
+        # The scheduler tier builds each scenario's scheduler itself (harness.sched.cells): no engine profile.
         profile = profile_of(self.scenario) if self.tier == "engine" else DEFAULT_PROFILE
         return EngineKey(**{a.attr: getattr(self, a.attr) for a in ENGINE_AXES}, profile=profile)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from harness.oracle import Outcome
+from harness.core.oracle import Outcome
 
 TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_finding)  # CRASH too: a finding about vLLM
 INFRA_FAILURES = tuple(o.value for o in Outcome if o.is_infra and o is not Outcome.UNSUPPORTED)

@@ -14,7 +14,7 @@ from typing import Any
 
 from harness.core.axes import AXES, BY_NAME, axis
 from harness.core.cell import Cell
-from harness.errors import BadInput
+from harness.core.errors import BadInput
 
 DEFAULT_TEMPLATE = "executor=mp,async=on,mode=keep,clear_cache=true"
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from harness.core.axes import AXES, BY_NAME
 from harness.core.cell import Cell, cell_from_dict
-from harness.errors import ResultsFileError
-from harness.oracle import FaultEvent, Outcome, events_label
+from harness.core.errors import ResultsFileError
+from harness.core.oracle import FaultEvent, Outcome, events_label
 
 # Version 2: cells carry the ``tier`` axis and the oracle's ``label``.
 # Version 3: request verdicts carry their fault ``events`` (several per request: one per pause that lost or
@@ -257,7 +257,7 @@ class EngineInfo(_RawRecord):
 
 @dataclass(frozen=True)
 class RequestVerdictRecord:
-    """The oracle's verdict on one request as stored (harness.oracle.RequestVerdict.to_dict)."""
+    """The oracle's verdict on one request as stored (harness.core.oracle.RequestVerdict.to_dict)."""
 
     outcome: str | None  # "OK", "LOSS", …
     label: str | None = None  # "LOSS(1 at 12)"
@@ -316,7 +316,7 @@ class RequestRecord(_RawRecord):
 
 @dataclass(frozen=True)
 class ExpectationRecord:
-    """A cell result compared with the known-bug table (harness.known_bugs.check)."""
+    """A cell result compared with the known-bug table (harness.verdicts.known_bugs.check)."""
 
     status: str | None  # "as expected", "UNEXPECTED", "not run"
     expected: str | None = None  # "LOSS(1)", "OK"

@@ -12,7 +12,7 @@ of the engine key: scenarios with the same profile share one engine, so the defa
 (pause, weight sync, resets, aborts) still cost one engine start per engine config.
 
 Adding a scenario is one entry here plus its implementation on each tier it lists
-(``repro/scenarios/`` for the engine tier, ``repro/sched/`` through ``harness.sched_tier`` for the
+(``repro/scenarios/`` for the engine tier, ``repro/sched/`` through ``harness.sched.cells`` for the
 scheduler tier).  A tier not listed makes the cell UNSUPPORTED with the reason, never OK.
 """
 
@@ -78,7 +78,7 @@ class Scenario:
 
 # The engine tier's own settings (repro/engine.py) hold underneath: float32, enforce_eager, max_num_seqs=32,
 # max_num_batched_tokens=256, max_model_len=256, a 1 GiB CPU KV cache, or on a GPU shared with other engines a
-# fixed 256 MiB one (kv_cache_memory_bytes).  A profile's arguments win over both (harness.runner.build_spec):
+# fixed 256 MiB one (kv_cache_memory_bytes).  A profile's arguments win over both (harness.run.runner.build_spec):
 # num_gpu_blocks_override caps the block count whatever memory the cache was sized from.
 TINY_KV_BLOCKS = 8
 PROFILES: dict[str, EngineProfile] = {
@@ -133,6 +133,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # repro/scenarios/preempt.py: every request must resume from KV-pressure preemption with exactly its solo
     # stream; a run that provoked no preemption is UNSUPPORTED (failed precondition), never OK.
     Scenario("preempt", "more long requests than the tiny KV cache holds: preempted requests must resume exactly",
+             # #48245 merged (0.27.0); #47900 and #38624 were closed unmerged.
              profile="tiny-kv", tiers=("engine", "scheduler"), refs=("PR #48245", "PR #47900", "PR #38624"),
              trigger=False),
     # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode; the second wave
@@ -150,15 +151,16 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              profile="spec-ngram", refs=("PR #46066", "PR #48245"), trigger=False),
     Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
              modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
-    # The scheduler tier's family beyond the shared names (harness.sched_tier.SHAPES says what each plays).
+    # The scheduler tier's family beyond the shared names (harness.sched.cells.SHAPES says what each plays).
+    # Refs name merged PRs that shaped the windows (docs/citations.md); #49860 and #49620 never merged.
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",
              tiers=("scheduler",), refs=("PR #42117",)),
     Scenario("preempt-deep", "KV-cache pressure preemption with two frames in flight and speculative decoding "
              "(2 drafts, all rejected)", tiers=("scheduler",), refs=("PR #48245",)),
     Scenario("spec-reset", "reset with a frame in flight under speculative decoding (2 drafts, all rejected)",
-             tiers=("scheduler",), refs=("PR #46066", "PR #49860", "PR #49620")),
+             tiers=("scheduler",), refs=("PR #42117", "PR #46066", "PR #48245")),
     Scenario("spec-reset-partial", "spec-reset with one of the 2 drafts accepted each step", tiers=("scheduler",),
-             refs=("PR #49860", "PR #49620")),
+             refs=("PR #42117", "PR #48245")),
     Scenario("spec-reset-twice", "spec-reset with two resets back to back, each with a frame in flight",
              tiers=("scheduler",), refs=("PR #46066",)),
 )

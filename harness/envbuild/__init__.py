@@ -10,7 +10,7 @@
 * ``wheelhouse`` -- backend: a wheelhouse folder onto an interpreter that holds torch (no network).
 * ``installed`` -- an interpreter that already holds vLLM: nothing to build, only the smoke check.
 
-``harness.envs`` is the entry point (``ensure_env``) and picks the backend for a recipe.  Nothing here
-imports ``harness.envs``; the wheelhouse *download* side (``harness.wheelhouse``) imports only
+``harness.envbuild.envs`` is the entry point (``ensure_env``) and picks the backend for a recipe.  Nothing here
+imports ``harness.envbuild.envs``; the wheelhouse *download* side (``harness.bundle.wheelhouse``) imports only
 ``tools`` and ``index`` from here, and the wheelhouse *install* backend imports it, never the reverse.
 """

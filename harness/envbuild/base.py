@@ -20,10 +20,10 @@ from typing import Any, Protocol, TextIO
 
 from packaging.version import InvalidVersion, Version
 
+from harness.core.errors import EnvBuildError
 from harness.envbuild.cache import STATUS_FILE, build_log
 from harness.envbuild.recipe import EnvRecipe
 from harness.envbuild.tools import Log, last_lines
-from harness.errors import EnvBuildError
 
 SMOKE = "import json, torch, vllm; print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__}))"
 
@@ -66,7 +66,7 @@ class BuildResult:
 
 
 class EnvBackend(Protocol):
-    """One way of putting vLLM into an env folder under the cache (see ``harness.envs.backend_for``)."""
+    """One way of putting vLLM into an env folder under the cache (see ``harness.envbuild.envs.backend_for``)."""
 
     @property
     def verb(self) -> str:

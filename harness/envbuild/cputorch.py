@@ -30,10 +30,10 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from harness.core.errors import EnvBuildError
 from harness.envbuild.base import BuildStep
 from harness.envbuild.index import IndexConfig
 from harness.envbuild.tools import last_lines
-from harness.errors import EnvBuildError
 
 # Never installed into a cpu_torch env: CUDA runtime libraries and GPU-only kernels (none is imported on the
 # scheduler path; the CUDA torch that needs the nvidia-* libraries is replaced by a CPU one).

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from harness.errors import BadInput
+from harness.core.errors import BadInput
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 # How long after a release (or commit) its dependencies may have been published.

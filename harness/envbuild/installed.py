@@ -10,10 +10,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from harness.core.errors import BadInput
 from harness.envbuild.base import SMOKE, smoke_versions
 from harness.envbuild.recipe import VllmEnv, default_recipe
 from harness.envbuild.tools import last_lines
-from harness.errors import BadInput
 
 _PY_VERSION = "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"
 

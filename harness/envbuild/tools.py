@@ -8,7 +8,7 @@ import shutil
 import threading
 from collections.abc import Callable
 
-from harness.errors import EnvBuildError
+from harness.core.errors import EnvBuildError
 
 Log = Callable[[str], None]  # where progress lines go (print, a rich console, a cluster event)
 

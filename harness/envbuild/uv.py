@@ -24,12 +24,12 @@ import re
 import subprocess
 from typing import Any
 
+from harness.core.errors import EnvBuildError
 from harness.envbuild.base import BuildResult, BuildStep
 from harness.envbuild.cputorch import plan_cpu_torch
 from harness.envbuild.index import dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe
 from harness.envbuild.tools import last_lines, uv_bin
-from harness.errors import EnvBuildError
 
 # Never install these into a vLLM env (see module docstring).
 EXCLUDED = ("torchvision", "torchaudio", "torchcodec")

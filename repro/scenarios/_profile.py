@@ -10,7 +10,7 @@ bigram cycle (``reference_matches_model``), or the cell is an ERROR (the oracle'
 
 A scenario whose event did not happen (no preemption, no draft, no mixed step, a sleep vLLM did not enter)
 says so in its ``precondition``; the harness makes such a cell UNSUPPORTED with that reason unless a stream
-is wrong anyway (``harness.runner.scenario_result``).
+is wrong anyway (``harness.run.runner.scenario_result``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ resume *k*, or after in-flight operation *k*), a list of in-flight operations
 (a prefix-cache reset or an abort of some requests, done while the engine keeps
 generating) and a list of pauses (mode, clear_cache, the token count that
 triggers it).  :func:`run_plan` plays it and returns one record per request;
-judging the records is the harness's job (``harness/oracle.py``).
+judging the records is the harness's job (``harness/core/oracle.py``).
 
 Synchronisation is by events only: a pause or an in-flight operation is
 triggered when every running request it concerns has received its trigger
@@ -562,7 +562,7 @@ async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: 
     the model's cycle (if it does not, the model, not the scheduler, is at fault).  A model whose stream is
     not known in advance is judged against the engine's own no-pause run, which must not depend on how
     requests are batched: a second reference, batched as the paused run is (the later requests joining once
-    the first ones reach the pause), shows when it does (harness.oracle).
+    the first ones reach the pause), shows when it does (harness.core.oracle).
     """
     check_plan_api(llm, plan)  # before paying for the reference
     t0 = time.monotonic()

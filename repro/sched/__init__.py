@@ -30,7 +30,7 @@ SPEC (JSON)::
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
-for scripted speculative decoding), ``spec_reset`` (PRs #46066, #49860 / #49620) and ``ops`` (an explicit
+for scripted speculative decoding), ``spec_reset`` (PRs #42117, #46066, #48245) and ``ops`` (an explicit
 script: setup fields, ``requests`` [{rid, prompt, max_tokens}] and ``ops`` [{op, rid, n, tokens,
 in_flight, optional}] — ``Script.to_dict()`` gives it, so a fuzzer replays what it drew).  Every
 scenario takes the setup fields of ``script.Setup``: ``scheduler`` ("async" | "sync"), ``depth`` (D),
@@ -54,7 +54,7 @@ has ``event`` and ``t``):
   scheduler cannot even be imported: ``unsupported_reason`` instead, and every scenario is unsupported.
 * ``scenario`` (one per spec scenario): ``id``, ``status`` and
 
-  - ``ran``: ``records`` (one per submitted request, the fields ``harness/oracle.py``'s
+  - ``ran``: ``records`` (one per submitted request, the fields ``harness/core/oracle.py``'s
     ``cell_verdict`` reads: ``rid``, ``submit`` ("start"), ``prompt``, ``max_tokens``, ``reference``
     (positions 0..max_tokens+15 of the scripted stream), ``observed`` (the token ids
     ``update_from_output`` delivered, in order), ``finish_reason`` ("length", "abort", ... or None when

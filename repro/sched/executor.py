@@ -61,7 +61,7 @@ IDLE_LIMIT = 64
 
 
 class OpUnsupported(Exception):
-    """A non-optional operation this scheduler does not have (e.g. pause before 0.19)."""
+    """A non-optional operation this scheduler does not have (e.g. pause before 0.17)."""
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Stream:
     finish_reason: str | None = None
     submitted: bool = False
     aborted: bool = False
-    # Oracle-compatible interruptions (harness/oracle.py reads mode/client_tokens/frozen).
+    # Oracle-compatible interruptions (harness/core/oracle.py reads mode/client_tokens/frozen).
     pauses: list[dict[str, Any]] = field(default_factory=list)
     # vLLM's Request object (its num_preemptions says whether memory pressure preempted it).
     request: Any = None

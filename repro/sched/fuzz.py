@@ -4,7 +4,7 @@ Runs inside the vLLM environment, in the one ``python -m repro.sched``
 process of a version: vLLM is imported once and every example builds a fresh
 ``Scheduler`` / ``AsyncScheduler`` from it (a few milliseconds), so examples
 cost the scheduler's own work, not start-ups.  Hypothesis comes from the
-harness's own environment, staged beside ``repro`` (``harness.runner.stage_repro``):
+harness's own environment, staged beside ``repro`` (``harness.run.runner.stage_repro``):
 nothing is installed into the cached vLLM environment.
 
 One example: an ``initialize`` rule draws the setup (depth D — 1 is the sync

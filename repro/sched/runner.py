@@ -153,7 +153,7 @@ def fuzz_result(adapter: Any, model_dir: Path, perm: list[int], doc: dict[str, A
     """The ``fuzz`` event's fields for the spec's ``fuzz`` (a repro.wire.FuzzSpec); our own failure is ``error``."""
     try:
         from repro.sched.fuzz import run_fuzz
-    except ImportError as exc:  # the harness stages Hypothesis beside repro (harness.runner.stage_distribution)
+    except ImportError as exc:  # the harness stages Hypothesis beside repro (harness.run.runner.stage_distribution)
         return {"status": "error", "reason": f"the fuzzer cannot be imported here: {type(exc).__name__}: {exc}"}
     try:
         return run_fuzz(adapter, model_dir, perm, FuzzSpec.from_json(doc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.results import CellResult
+from harness.verdicts.results import CellResult
 
 
 def assert_first_post_resume_token_lost(cell: CellResult, running_at_pause: int | None = None) -> list[dict[str, Any]]:

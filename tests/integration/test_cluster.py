@@ -34,11 +34,11 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import CANCEL_GRACE_S
-from harness.matrix import Cell, EngineKey, MatrixPlan, Selection, plan_matrix
-from harness.oracle import Outcome
-from harness.results import CellResult, Results, read_results
-from harness.runner import group_alive
+from harness.core.oracle import Outcome
+from harness.plan.matrix import Cell, EngineKey, MatrixPlan, Selection, plan_matrix
+from harness.run.cluster import CANCEL_GRACE_S
+from harness.run.runner import group_alive
+from harness.verdicts.results import CellResult, Results, read_results
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                 reason="the Ray cluster backend needs ray: pip install 'vllm-repro[cluster]'")
@@ -308,7 +308,7 @@ def _ppid(pid: int) -> int:
 
 
 def _record_cancels(forced: list[bool]) -> None:
-    """Note each ``ray.cancel`` of the driver (harness.cluster._cancel): whether it had to force the task."""
+    """Note each ``ray.cancel`` of the driver (harness.run.cluster._cancel): whether it had to force the task."""
     import ray
 
     cancel = ray.cancel
@@ -321,12 +321,12 @@ def _record_cancels(forced: list[bool]) -> None:
 
 
 def _driver_main(spec: dict[str, Any], out: Path) -> None:
-    from harness.cluster import RayBackend
-    from harness.context import RunContext
-    from harness.envs import EnvRecipe, VllmEnv, default_cache_dir, index_config_from_env
-    from harness.execute import Progress, execute_plan
-    from harness.results import ResultsLog
-    from harness.runner import RunConfig
+    from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, index_config_from_env
+    from harness.run.cluster import RayBackend
+    from harness.run.context import RunContext
+    from harness.run.execute import Progress, execute_plan
+    from harness.run.runner import RunConfig
+    from harness.verdicts.results import ResultsLog
 
     tmp = Path(spec["tmp"])
     log_path = tmp / "results.jsonl"
@@ -342,7 +342,7 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
             obs["spans"].setdefault(key.id, {})["start"] = ev.get("t", time.time())
         elif key.id in obs["spans"] and not (key == victim and obs["killed"]):
             # The engine's last event so far: an engine is stopped right after its last cell's result, before
-            # any "done" of its own (harness.runner.stops_when_judged).
+            # any "done" of its own (harness.run.runner.stops_when_judged).
             obs["spans"][key.id]["done"] = ev.get("t", time.time())
         if key == victim and ev.get("event") == "scenario" and not obs["killed"]:
             obs["victim_reported_before_kill"].append(ev["id"])

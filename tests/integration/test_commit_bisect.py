@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.envs import default_cache_dir
+from harness.envbuild.envs import default_cache_dir
+from harness.frontends.cli import main
 
 pytestmark = pytest.mark.integration
 

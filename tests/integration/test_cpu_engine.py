@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from loss_checks import assert_first_post_resume_token_lost
 
-from harness.context import RunContext
-from harness.envs import default_cache_dir, index_config_from_env
-from harness.execute import execute_plan
-from harness.matrix import EngineKey, MatrixPlan, Selection, plan_matrix
-from harness.oracle import Outcome
-from harness.results import CellResult, Results, ResultsLog, read_results
-from harness.runner import RunConfig, group_alive
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import default_cache_dir, index_config_from_env
+from harness.plan.matrix import EngineKey, MatrixPlan, Selection, plan_matrix
+from harness.run.context import RunContext
+from harness.run.execute import execute_plan
+from harness.run.runner import RunConfig, group_alive
+from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.integration
 

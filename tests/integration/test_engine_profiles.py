@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.context import RunContext
-from harness.envs import default_cache_dir, index_config_from_env
-from harness.execute import execute_plan
-from harness.matrix import Selection, plan_matrix
-from harness.oracle import Outcome
-from harness.results import ResultsLog
-from harness.runner import RunConfig
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import default_cache_dir, index_config_from_env
+from harness.plan.matrix import Selection, plan_matrix
+from harness.run.context import RunContext
+from harness.run.execute import execute_plan
+from harness.run.runner import RunConfig
+from harness.verdicts.results import ResultsLog
 
 pytestmark = pytest.mark.integration
 

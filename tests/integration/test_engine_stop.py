@@ -1,4 +1,4 @@
-"""An engine is stopped as soon as every cell has its result, not after vLLM's own shutdown (harness.runner).
+"""An engine is stopped as soon as every cell has its result, not after vLLM's own shutdown (harness.run.runner).
 
 No vLLM: a fake engine (a shell script standing in for the env's python) reports its scenarios, then "shuts
 down" for 300 s with a grandchild in its process group, as vLLM's engine core and worker do for 4-5 s.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.envs import EnvRecipe, VllmEnv
-from harness.matrix import Cell, EngineKey
-from harness.oracle import Outcome
-from harness.runner import RunConfig, group_alive, run_engine
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, VllmEnv
+from harness.plan.matrix import Cell, EngineKey
+from harness.run.runner import RunConfig, group_alive, run_engine
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from harness.frontends.cli import main
 
 pytestmark = [pytest.mark.integration]
 

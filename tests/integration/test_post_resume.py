@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.core.oracle import Outcome
 from harness.core.records import ExpectationRecord
-from harness.matrix import Cell
-from harness.oracle import Outcome
-from harness.pytest_plugin import first_post_resume_tokens
-from harness.report import request_lines
-from harness.results import CellResult
+from harness.frontends.pytest_plugin import first_post_resume_tokens
+from harness.plan.matrix import Cell
+from harness.verdicts.report import request_lines
+from harness.verdicts.results import CellResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import read_results
+from harness.verdicts.results import read_results
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
 
@@ -27,7 +27,7 @@ BASE = ["--versions", "0.32.0", "--executor", "mp", "--clear-cache", "true",
 
 
 def _cli(args: list[str], **kw: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "matrix", *args], cwd=ROOT, text=True,
+    return subprocess.Popen([sys.executable, "-m", "harness.frontends.cli", "matrix", *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
 
 

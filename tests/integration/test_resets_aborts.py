@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 from loss_checks import assert_first_post_resume_token_lost
 
-from harness.matrix import Cell
-from harness.oracle import Outcome
-from harness.pytest_plugin import EnginePool
-from harness.results import CellResult
-from harness.runner import scenario_entry
+from harness.core.oracle import Outcome
+from harness.frontends.pytest_plugin import EnginePool
+from harness.plan.matrix import Cell
+from harness.run.runner import scenario_entry
+from harness.verdicts.results import CellResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
 

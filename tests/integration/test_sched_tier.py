@@ -34,9 +34,9 @@ from typing import Any
 
 import pytest
 
-from harness.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
-from harness.oracle import Outcome, cell_verdict
-from harness.runner import stage_repro
+from harness.core.oracle import Outcome, cell_verdict
+from harness.envbuild.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
+from harness.run.runner import stage_repro
 from repro.sched.script import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.integration]
@@ -137,7 +137,7 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
     else:
         assert last["stalled"] is None and cell_verdict(last["records"]).outcome is Outcome.OK
     if version == "0.22.0":
-        # PRs #49860 / #49620: 0.22 counts the frames to discard in tokens (1 + k per frame).
+        # PR #42117's counter: 0.22 counts the frames to discard in tokens (1 + k per frame).
         assert cell_verdict(scenarios["spec-reset"]["records"]).summary == \
             "LOSS(3) in 3/3 requests (3/3 running at pause)"
     # The negative control really preempted under memory pressure.
@@ -160,11 +160,11 @@ FAMILY_FAULTS = {
 
 def test_scheduler_tier_cells_in_the_matrix(tmp_path: Path) -> None:
     """``matrix --tier scheduler``: the family through the harness's own matrix loop, judged and annotated."""
-    from harness.context import RunContext
-    from harness.execute import execute_plan
-    from harness.matrix import Selection, plan_matrix
-    from harness.results import ResultsLog
-    from harness.runner import RunConfig
+    from harness.plan.matrix import Selection, plan_matrix
+    from harness.run.context import RunContext
+    from harness.run.execute import execute_plan
+    from harness.run.runner import RunConfig
+    from harness.verdicts.results import ResultsLog
 
     sel = Selection(versions=("0.21.0", "0.22.0"), modes=("keep",), tiers=("scheduler",), scenarios=FAMILY)
     plan = plan_matrix(sel, "cpu")

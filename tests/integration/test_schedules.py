@@ -30,9 +30,9 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, note, reject, settings
 from hypothesis import strategies as st
 
-from harness.matrix import Cell
-from harness.oracle import Outcome, fit_losses, predicted_stream, preempted_at_keep_clear
-from harness.pytest_plugin import EnginePool
+from harness.core.oracle import Outcome, fit_losses, predicted_stream, preempted_at_keep_clear
+from harness.frontends.pytest_plugin import EnginePool
+from harness.plan.matrix import Cell
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
 

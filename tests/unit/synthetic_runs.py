@@ -8,9 +8,9 @@ from typing import Any
 
 from synthetic import request_record
 
-from harness.matrix import Cell
-from harness.oracle import Outcome, cell_verdict
-from harness.results import CellResult, Results, infra_result, judged_result
+from harness.core.oracle import Outcome, cell_verdict
+from harness.plan.matrix import Cell
+from harness.verdicts.results import CellResult, Results, infra_result, judged_result
 
 MAX_TOKENS = 32
 PAUSE_AT = 8

@@ -1,4 +1,4 @@
-"""The oracle on models whose streams repeat (harness.oracle.shift_ambiguity) or whose references depend on
+"""The oracle on models whose streams repeat (harness.core.oracle.shift_ambiguity) or whose references depend on
 batch composition (reference_split): AMBIGUOUS with the reason, never a wrong OK or LOSS."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from synthetic import request_record
 
-from harness.known_bugs import check, load_known_bugs
-from harness.matrix import Cell
-from harness.oracle import Outcome, cell_verdict, classify_request, explanations
-from harness.results import judged_result
-from harness.workarounds import WorkaroundStatus, judge_pair
+from harness.core.oracle import Outcome, cell_verdict, classify_request, explanations
+from harness.plan.matrix import Cell
+from harness.verdicts.known_bugs import check, load_known_bugs
+from harness.verdicts.results import judged_result
+from harness.verdicts.workarounds import WorkaroundStatus, judge_pair
 
 pytestmark = pytest.mark.unit
 

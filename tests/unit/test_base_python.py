@@ -1,4 +1,4 @@
-"""Which interpreter a wheelhouse install layers vLLM onto (harness.envbuild.wheelhouse.find_base_python).
+"""Which interpreter a wheelhouse install layers vLLM onto (harness.envbuild.from_wheelhouse.find_base_python).
 
 On an air-gapped GPU node the README's `tox -e repro -- --wheelhouse wh/` ran under tox's venv, which has no
 torch, and every version was BUILD-FAILED; the base must be found, or refused before anything is installed.
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import harness.envbuild.wheelhouse as whb
-from harness.errors import BadInput
+import harness.envbuild.from_wheelhouse as whb
+from harness.core.errors import BadInput
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Tests of the pure bisect search (harness.bisect) with fake probes only.
+"""Tests of the pure bisect search (harness.bisect.search) with fake probes only.
 
 A fake probe maps candidate -> ProbeResult from a precomputed list and counts
 its calls, so every test checks memoization and the on_probe callback too.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.bisect import (
+from harness.bisect.search import (
     BisectError,
     BisectResult,
     ProbeRecord,
@@ -24,7 +24,7 @@ from harness.bisect import (
     bisect,
     monotone_check,
 )
-from harness.errors import BadInput, ReproError
+from harness.core.errors import BadInput, ReproError
 
 # Marked per test: `unit` ones are pure and fast; the exhaustive bound check takes ~2 s (`slow`).
 

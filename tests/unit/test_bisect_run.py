@@ -1,8 +1,8 @@
-"""Tests of harness.bisect_run: --cell parsing, the cell -> GOOD/BAD/SKIP mapping, and run_bisect with a fake matrix.
+"""Tests of harness.bisect.probe: --cell parsing, the cell -> GOOD/BAD/SKIP mapping, and run_bisect with a fake matrix.
 
-Cell results are built the way the harness builds them (harness.results.judged_result on the verdict of
-harness.oracle.cell_verdict over synthetic request records, or harness.results.infra_result), so the tests
-also go through the real oracle.  run_bisect runs on a fake ``harness.context.Backend`` that
+Cell results are built the way the harness builds them (harness.verdicts.results.judged_result on the verdict of
+harness.core.oracle.cell_verdict over synthetic request records, or harness.verdicts.results.infra_result), so the tests
+also go through the real oracle.  run_bisect runs on a fake ``harness.run.context.Backend`` that
 answers from a table version -> outcome; nothing starts an engine or builds an environment.
 """
 
@@ -18,16 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import request_record
 
-from harness.bisect import ProbeRecord, Verdict
-from harness.bisect_run import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
-from harness.context import BackendReport, CellSink, EngineWork, RunContext
+from harness.bisect.probe import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
+from harness.bisect.search import ProbeRecord, Verdict
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome, cell_verdict
 from harness.core.pattern import DEFAULT_TEMPLATE, CellTemplate, parse_pattern
-from harness.envs import IndexConfig
-from harness.errors import BadInput
-from harness.matrix import EXECUTORS, MODES, Cell
-from harness.oracle import Outcome, cell_verdict
-from harness.results import CellResult, ResultsLog, infra_result, judged_result
-from harness.runner import RunConfig
+from harness.envbuild.envs import IndexConfig
+from harness.plan.matrix import EXECUTORS, MODES, Cell
+from harness.run.context import BackendReport, CellSink, EngineWork, RunContext
+from harness.run.runner import RunConfig
+from harness.verdicts.results import CellResult, ResultsLog, infra_result, judged_result
 
 pytestmark = pytest.mark.unit
 
@@ -289,7 +289,7 @@ def test_verdict_of_rule(outcome: Outcome, summary: str, reason: str | None) -> 
 
 
 class FakeBackend:
-    """A harness.context.Backend that starts nothing: one cell per run, outcome from ``table[version]``."""
+    """A harness.run.context.Backend that starts nothing: one cell per run, outcome from ``table[version]``."""
 
     def __init__(self, table: dict[str, str]) -> None:
         self.table = table

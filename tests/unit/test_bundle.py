@@ -1,4 +1,4 @@
-"""Where --with-harness finds vllm-repro's source (harness.bundle.source_checkout)."""
+"""Where --with-harness finds vllm-repro's source (harness.bundle.harness_wheels.source_checkout)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import harness.bundle as bundle
-from harness.errors import BadInput
+import harness.bundle.harness_wheels as bundle
+from harness.core.errors import BadInput
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +17,7 @@ def test_the_checkout_this_code_runs_from(tmp_path: Path, monkeypatch: pytest.Mo
     checkout = tmp_path / "src"
     (checkout / "harness").mkdir(parents=True)
     (checkout / "pyproject.toml").write_text('[project]\nname = "vllm-repro"\n')
-    monkeypatch.setattr(bundle, "__file__", str(checkout / "harness" / "bundle.py"))
+    monkeypatch.setattr(bundle, "__file__", str(checkout / "harness" / "bundle" / "harness_wheels.py"))
     assert bundle.source_checkout(tmp_path) == checkout.resolve()
 
 
@@ -25,7 +25,7 @@ def test_else_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # `pip install . && vllm-repro wheelhouse --with-harness` runs the installed copy, inside the checkout.
     installed = tmp_path / "site-packages" / "harness"
     installed.mkdir(parents=True)
-    monkeypatch.setattr(bundle, "__file__", str(installed / "bundle.py"))
+    monkeypatch.setattr(bundle, "__file__", str(installed / "bundle" / "harness_wheels.py"))
     checkout = tmp_path / "src"
     checkout.mkdir()
     (checkout / "pyproject.toml").write_text('[project]\nname = "vllm-repro"\n')

@@ -9,7 +9,7 @@ import cache_sandbox
 import pytest
 from cache_sandbox import cache_state, changes
 
-from harness.envs import default_cache_dir
+from harness.envbuild.envs import default_cache_dir
 
 pytestmark = pytest.mark.unit
 

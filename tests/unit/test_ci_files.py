@@ -32,9 +32,9 @@ from ci_files import (
 )
 from packaging.version import Version
 
-from harness.errors import BadInput
-from harness.known_bugs import load_known_bugs
-from harness.pytest_plugin import DEFAULT_RETRY_INFRA
+from harness.core.errors import BadInput
+from harness.frontends.pytest_plugin import DEFAULT_RETRY_INFRA
+from harness.verdicts.known_bugs import load_known_bugs
 
 pytestmark = pytest.mark.unit
 
@@ -226,7 +226,7 @@ def test_injected_self_test_runs_and_fails_loudly(report_name: str, request: pyt
 def test_every_nightly_matrix_retries_infrastructure_failures_once(report_name: str,
                                                                    request: pytest.FixtureRequest) -> None:
     # The CLI's default is 0; a nightly retries a cell whose engine died outside vLLM or hung once, so one flaky
-    # runner does not turn a night red (CRASH and token faults are never retried: harness.runner.retryable).
+    # runner does not turn a night red (CRASH and token faults are never retried: harness.run.runner.retryable).
     report: Report = request.getfixturevalue(report_name)
     runs = [args for job in report.jobs for args in _matrix_runs(report, job)]
     assert len(runs) == len(_jobs_by_platform(report)) + 1  # every channel and platform, and the self-test

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from harness.cli import main
+from harness.frontends.cli import main
 
-# Marked per test: `unit` ones are pure and fast, `integration` ones start a process (`python -m harness.cli`).
+# Marked per test: `unit` ones are pure and fast, `integration` ones start a process
+# (`python -m harness.frontends.cli`).
 
 
 @pytest.mark.unit
@@ -48,7 +49,7 @@ def test_bad_input_exits_2_with_one_line_naming_choices(
 
 @pytest.mark.integration
 def test_console_script_module_exits_2_on_unknown_mode() -> None:
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "matrix", "--mode", "sideways"],
+    proc = subprocess.run([sys.executable, "-m", "harness.frontends.cli", "matrix", "--mode", "sideways"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "keep, wait, abort" in proc.stderr
@@ -122,9 +123,9 @@ def test_bad_history_files_are_one_clear_error(content: str, tmp_path, capsys) -
 def test_report_merges_partial_runs_later_file_wins(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from harness.matrix import Cell
-    from harness.oracle import Outcome
-    from harness.results import CellResult, Results, ResultsLog, read_results
+    from harness.core.oracle import Outcome
+    from harness.plan.matrix import Cell
+    from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 
     a, b = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
     first = tmp_path / "one.jsonl"
@@ -143,16 +144,16 @@ def test_report_merges_partial_runs_later_file_wins(tmp_path, capsys) -> None:  
 
 def _fake_run(outcome_for):  # type: ignore[no-untyped-def]
     """An execute_plan stand-in: judges every planned cell with ``outcome_for(cell)`` (no engine)."""
-    from harness.execute import run_meta
-    from harness.faults import annotate_injected
-    from harness.known_bugs import load_known_bugs
-    from harness.results import CellResult, Results, infra_result
+    from harness.plan.faults import annotate_injected
+    from harness.run.execute import run_meta
+    from harness.verdicts.known_bugs import load_known_bugs
+    from harness.verdicts.results import CellResult, Results, infra_result
 
     def run(plan, ctx, backend=None):  # type: ignore[no-untyped-def]
         from datetime import datetime
 
         cfg, log = ctx.cfg, ctx.log
-        from harness.oracle import Outcome
+        from harness.core.oracle import Outcome
 
         cells = [infra_result(c, Outcome.UNSUPPORTED, r) for c, r in plan.unsupported]
         for _, cs in plan.engines:
@@ -172,8 +173,8 @@ def _fake_run(outcome_for):  # type: ignore[no-untyped-def]
 def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     from synthetic import request_record
 
-    import harness.execute
-    from harness.oracle import Outcome, classify_request
+    import harness.run.execute
+    from harness.core.oracle import Outcome, classify_request
 
     ref = list(range(10, 40))
     obs = ref[:6] + ref[7:20] if lost else ref[:19]
@@ -184,7 +185,7 @@ def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monk
         covered = cell.async_on and cell.clear_cache
         return (Outcome.LOSS if covered and lost else Outcome.OK), (judged if covered else ())
 
-    monkeypatch.setattr(harness.execute, "execute_plan", _fake_run(outcome_for))
+    monkeypatch.setattr(harness.run.execute, "execute_plan", _fake_run(outcome_for))
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--inject", "vllm#42043", "--async", "on",
             "--mode", "keep", "--scenario", "pause", "--reports", str(tmp_path)]
     assert main(argv) == rc
@@ -195,14 +196,14 @@ def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monk
 
 @pytest.mark.unit
 def test_fail_on_unexpected(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import harness.execute
-    from harness.oracle import Outcome
+    import harness.run.execute
+    from harness.core.oracle import Outcome
 
     # 0.32.0 cells all OK except one surprise LOSS: exit 0 normally, 1 with --fail-on-unexpected.
     def outcome_for(cell):  # type: ignore[no-untyped-def]
         return (Outcome.LOSS if cell.mode == "wait" else Outcome.OK), ()
 
-    monkeypatch.setattr(harness.execute, "execute_plan", _fake_run(outcome_for))
+    monkeypatch.setattr(harness.run.execute, "execute_plan", _fake_run(outcome_for))
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--async", "on", "--scenario", "pause",
             "--executor", "mp"]
     assert main([*argv, "--reports", str(tmp_path / "a")]) == 0
@@ -211,9 +212,9 @@ def test_fail_on_unexpected(tmp_path, monkeypatch) -> None:  # type: ignore[no-u
 
 @pytest.mark.unit
 def test_resume_reruns_only_unfinished_cells_and_merges(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    import harness.execute
-    from harness.oracle import Outcome
-    from harness.results import read_results
+    import harness.run.execute
+    from harness.core.oracle import Outcome
+    from harness.verdicts.results import read_results
 
     planned: list[list[str]] = []
 
@@ -228,13 +229,13 @@ def test_resume_reruns_only_unfinished_cells_and_merges(tmp_path, monkeypatch, c
 
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--async", "on", "--scenario", "pause",
             "--executor", "mp", "--reports", str(tmp_path)]
-    monkeypatch.setattr(harness.execute, "execute_plan",
+    monkeypatch.setattr(harness.run.execute, "execute_plan",
                         fake(lambda c: ((Outcome.ERROR if c.mode == "wait" else Outcome.OK), ())))
     assert main(argv) == 1
     first = read_results(tmp_path / "results.json")
     errors = [c.id for c in first.cells if c.outcome is Outcome.ERROR]
     assert errors and len(errors) < len(first.cells)
-    monkeypatch.setattr(harness.execute, "execute_plan", fake(lambda c: (Outcome.OK, ())))
+    monkeypatch.setattr(harness.run.execute, "execute_plan", fake(lambda c: (Outcome.OK, ())))
     assert main([*argv, "--resume"]) == 0
     assert sorted(planned[1]) == sorted(errors)
     merged = read_results(tmp_path / "results.json")
@@ -247,12 +248,12 @@ def test_resume_reruns_only_unfinished_cells_and_merges(tmp_path, monkeypatch, c
 
 @pytest.mark.unit
 def test_interrupt_exits_130_naming_the_partial_results(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    import harness.execute
+    import harness.run.execute
 
     def run(*a, **kw):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(harness.execute, "execute_plan", run)
+    monkeypatch.setattr(harness.run.execute, "execute_plan", run)
     argv = ["matrix", "--platform", "cpu", "--versions", "0.32.0", "--reports", str(tmp_path)]
     assert main(argv) == 130
     # The console wraps long lines, a long path even inside a word (as under xdist's popen-gwN folders).

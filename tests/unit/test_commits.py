@@ -1,4 +1,4 @@
-"""Tests of harness.commits: commit lists from a file or a (temporary, real) git repository, labels, recipes."""
+"""Tests of harness.bisect.commits: commit lists from a file or a (temporary, real) git repository, labels, recipes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.commits import (
+from harness.bisect.commits import (
     DEFAULT_WHEEL_INDEX,
     Commit,
     commit_recipe,
@@ -21,8 +21,8 @@ from harness.commits import (
     labels,
     parse_commit_file,
 )
-from harness.envs import EnvRecipe, IndexConfig
-from harness.errors import BadInput
+from harness.core.errors import BadInput
+from harness.envbuild.envs import EnvRecipe, IndexConfig
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones run git on a scratch repository.
 

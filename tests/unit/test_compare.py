@@ -8,12 +8,12 @@ import pytest
 from rich.console import Console
 from synthetic_runs import RUNNING, infra, ran, records, report
 
-from harness.compare import ACROSS_TIERS_NOTE, compare, markdown, render_terminal, verdict_of
-from harness.errors import BadInput
-from harness.known_bugs import annotate, load_known_bugs
-from harness.matrix import Cell
-from harness.oracle import Outcome, cell_verdict
-from harness.results import CellResult, Results, judged_result
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome, cell_verdict
+from harness.plan.matrix import Cell
+from harness.verdicts.compare import ACROSS_TIERS_NOTE, compare, markdown, render_terminal, verdict_of
+from harness.verdicts.known_bugs import annotate, load_known_bugs
+from harness.verdicts.results import CellResult, Results, judged_result
 
 pytestmark = pytest.mark.unit
 
@@ -141,11 +141,11 @@ def test_compare_does_not_depend_on_history() -> None:
     import ast
     import inspect
 
-    import harness.compare
+    import harness.verdicts.compare
 
-    tree = ast.parse(inspect.getsource(harness.compare))
+    tree = ast.parse(inspect.getsource(harness.verdicts.compare))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert "harness.history" not in imported and "harness.core.outcomes" in imported
+    assert "harness.verdicts.history" not in imported and "harness.core.outcomes" in imported
 
 
 # --------------------------------------------------------------------------- across tiers

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from harness.core.axes import AXES, BY_NAME, EXECUTORS, MODEL_RUNNERS, MODES, SCENARIOS, TIERS
 from harness.core.cell import Cell, EngineKey, find_cell_id, parse_cell_id, parse_config_id
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome
 from harness.core.pattern import parse_pattern, pattern_from_mapping
 from harness.core.scenarios import BY_SCENARIO, PROFILES, SCENARIO_TABLE, pauses
-from harness.errors import BadInput
-from harness.known_bugs import expectation, load_known_bugs
-from harness.oracle import Outcome
-from harness.workarounds import load_ledger
+from harness.verdicts.known_bugs import expectation, load_known_bugs
+from harness.verdicts.workarounds import load_ledger
 
 pytestmark = pytest.mark.unit
 

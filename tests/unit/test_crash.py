@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from harness.matrix import Cell
-from harness.oracle import Outcome
-from harness.runner import scenario_result
+from harness.core.oracle import Outcome
+from harness.plan.matrix import Cell
+from harness.run.runner import scenario_result
 from repro import cell as repro_cell
 from repro import crash
 from repro.wire import check_event

@@ -1,5 +1,5 @@
-"""Your model and engine settings: parsing and validation (harness.engine_args), the one merge point into the
-spec (harness.runner.merge_engine_args), and that the engine is started with exactly the arguments given
+"""Your model and engine settings: parsing and validation (harness.plan.engine_args), the one merge point into the
+spec (harness.run.runner.merge_engine_args), and that the engine is started with exactly the arguments given
 (repro.engine.engine_kwargs) or says which ones vLLM rejected (repro.engine.rejected_engine_args)."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
-from harness.commands.context import run_config
-from harness.commands.matrix import matrix_axes
-from harness.engine_args import (
+from harness.core.errors import BadInput
+from harness.frontends.cli import main
+from harness.frontends.commands.context import run_config
+from harness.frontends.commands.matrix import matrix_axes
+from harness.plan.engine_args import (
     PRESETS,
     RLHF_SOURCE,
     engine_setup,
@@ -23,9 +24,8 @@ from harness.engine_args import (
     parse_model,
     read_engine_args_file,
 )
-from harness.errors import BadInput
-from harness.matrix import Cell, EngineKey
-from harness.runner import RunConfig, build_spec, merge_engine_args
+from harness.plan.matrix import Cell, EngineKey
+from harness.run.runner import RunConfig, build_spec, merge_engine_args
 from repro import engine as repro_engine
 from repro.model_kinds import LoadedModel, load_model
 from repro.realistic import SIZES
@@ -324,8 +324,8 @@ def test_model_kinds_resolve_in_the_engine(tmp_path: Path) -> None:
 
 
 def test_compare_warns_when_the_two_reports_ran_different_set_ups() -> None:
-    from harness.compare import compare
-    from harness.results import Results
+    from harness.verdicts.compare import compare
+    from harness.verdicts.results import Results
 
     mine = Results((), {"model": {"kind": "qwen3-random", "label": "qwen3-random"},
                         "engine_args": {"enable_prefix_caching": False}})

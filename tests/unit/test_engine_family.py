@@ -20,11 +20,11 @@ from fake_engine import SP, Completion, Output
 
 import repro.scenarios.base as base
 from harness.core.cell import Cell, parse_cell_id
+from harness.core.oracle import Outcome, cell_verdict, classify_request
 from harness.core.scenarios import BY_SCENARIO
-from harness.known_bugs import expectation, load_known_bugs
-from harness.matrix import Selection, plan_matrix
-from harness.oracle import Outcome, cell_verdict, classify_request
-from harness.runner import RunConfig, scenario_entry
+from harness.plan.matrix import Selection, plan_matrix
+from harness.run.runner import RunConfig, scenario_entry
+from harness.verdicts.known_bugs import expectation, load_known_bugs
 from repro.cell import run_scenario
 from repro.models import BigramCycleSpec, cycle_permutation, expected_continuation
 from repro.scenarios import RUNNERS, SCENARIOS, abort_some, manual_reset, pauses, reset_inflight
@@ -37,7 +37,7 @@ FAMILY = ("reset-inflight", "manual-reset", "manual-reset-reload", "abort-some")
 
 
 def _cfg(tmp_path: Path, **kw: Any) -> RunConfig:
-    # The scenario parameters every matrix run passes (harness.commands.context.run_config).
+    # The scenario parameters every matrix run passes (harness.frontends.commands.context.run_config).
     return RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path / "m",
                      scenario_params={"num_requests": 8, "max_tokens": 48, "pause_after": 8}, **kw)
 
@@ -376,8 +376,8 @@ def test_no_running_request_reset_is_unsupported_before_any_request(monkeypatch:
 
 
 def test_reports_show_no_mode_for_a_scenario_that_does_not_pause() -> None:
-    from harness.report import markdown
-    from harness.results import Results, judged_result
+    from harness.verdicts.report import markdown
+    from harness.verdicts.results import Results, judged_result
 
     rec = {**_rec(REF[:20], REF, [_op("reset", 8)]), "rid": "reset_inflight-r00"}
     cells = tuple(judged_result(Cell("0.21.0", "mp", True, scenario=name), cell_verdict([rec]), [rec], None, 1.0)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.history import HistoryCell
-from harness.matrix import Cell, EngineKey, Selection, plan_matrix, unsupported_reason
-from harness.oracle import Outcome
-from harness.results import CellResult
-from harness.runner import RunConfig, engine_env, engine_spec
-from harness.workarounds import workaround_verdicts
+from harness.core.oracle import Outcome
+from harness.plan.matrix import Cell, EngineKey, Selection, plan_matrix, unsupported_reason
+from harness.run.runner import RunConfig, engine_env, engine_spec
+from harness.verdicts.history import HistoryCell
+from harness.verdicts.results import CellResult
+from harness.verdicts.workarounds import workaround_verdicts
 from repro.cell import effective_settings, refused_setting, runner_generation
 
 pytestmark = pytest.mark.unit
@@ -150,7 +150,7 @@ def test_workaround_verdict_pairs_within_one_runner() -> None:
 
 
 def test_history_rows_sort_by_engine_config_then_scenario() -> None:
-    from harness.history import Row, _row_key
+    from harness.verdicts.history import Row, _row_key
 
     def config(**kw: object) -> str:
         return Cell("0.21.0", "mp", True, "keep", True, **kw).config_id  # type: ignore[arg-type]

@@ -14,18 +14,18 @@ from typing import Any
 
 import pytest
 
+import harness.envbuild.envs as envs
 import harness.envbuild.index as index_mod
 import harness.envbuild.uv as uv_mod
-import harness.envs as envs
-from harness.commits import Commit, commit_recipe
+from harness.bisect.commits import Commit, commit_recipe
+from harness.bundle.wheelhouse import WheelhouseError
+from harness.core.errors import EnvBuildError
 from harness.envbuild.base import BuildResult, BuildStep, build_env
 from harness.envbuild.cache import STATUS_FILE, build_log, env_dir
+from harness.envbuild.from_wheelhouse import WheelhouseBackend
 from harness.envbuild.index import IndexConfig, as_of_after, dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe, default_recipe
 from harness.envbuild.uv import UvBackend
-from harness.envbuild.wheelhouse import WheelhouseBackend
-from harness.errors import EnvBuildError
-from harness.wheelhouse import WheelhouseError
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def test_recipe_factory_with_wheelhouse_uses_it(tmp_path: Path, monkeypatch: pyt
 
 
 def test_backend_for_picks_by_recipe() -> None:
-    from harness.envs import WheelhouseSource
+    from harness.envbuild.envs import WheelhouseSource
 
     assert isinstance(envs.backend_for(RECIPE), UvBackend)
     wh = EnvRecipe("vllm", "0.21.0", "cuda", "3.12", wheelhouse=WheelhouseSource("/w", "0" * 64, "/py"))

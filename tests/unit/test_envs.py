@@ -1,4 +1,4 @@
-"""Tests of harness.envs without uv or the network: recipe names/hashes and the env cache bookkeeping."""
+"""Tests of harness.envbuild.envs without uv or the network: recipe names/hashes and the env cache bookkeeping."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.envs import (
+from harness.envbuild.envs import (
     RECIPE_VERSION,
     STATUS_FILE,
     EnvRecipe,

@@ -1,4 +1,4 @@
-"""The one matrix loop (harness.execute.execute_plan) on a fake backend: what every backend gets for free."""
+"""The one matrix loop (harness.run.execute.execute_plan) on a fake backend: what every backend gets for free."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.context import BackendReport, CellSink, EngineWork, Progress, RunContext
-from harness.envs import IndexConfig
-from harness.execute import execute_plan
-from harness.matrix import Cell, plan_cells
-from harness.oracle import Outcome
-from harness.results import ResultsLog, infra_result, read_results
-from harness.runner import RunConfig
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import IndexConfig
+from harness.plan.matrix import Cell, plan_cells
+from harness.run.context import BackendReport, CellSink, EngineWork, Progress, RunContext
+from harness.run.execute import execute_plan
+from harness.run.runner import RunConfig
+from harness.verdicts.results import ResultsLog, infra_result, read_results
 
 pytestmark = pytest.mark.unit
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from synthetic import request_record
 
-from harness.errors import BadInput
-from harness.faults import annotate_injected, bugs_with_injection, parse_inject, sensitivity_failures
-from harness.known_bugs import load_known_bugs
-from harness.matrix import Cell
-from harness.oracle import Outcome
-from harness.results import CellResult, Results
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome
+from harness.plan.faults import annotate_injected, bugs_with_injection, parse_inject, sensitivity_failures
+from harness.plan.matrix import Cell
+from harness.verdicts.known_bugs import load_known_bugs
+from harness.verdicts.results import CellResult, Results
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +37,7 @@ def test_injected_bug_covers_fixed_versions_only_when_injected() -> None:
 
 
 def _judged(running: bool, lost: bool) -> dict:
-    from harness.oracle import classify_request
+    from harness.core.oracle import classify_request
 
     obs = REF[:6] + REF[7:20] if lost else REF[:19]
     rec = request_record("r0", obs, REF, running=running, max_tokens=19)

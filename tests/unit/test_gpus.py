@@ -1,4 +1,4 @@
-"""GPU visibility, GPU slot leases and start-up locks (harness.gpus) — no GPU needed: the locks are plain files.
+"""GPU visibility, GPU slot leases and start-up locks (harness.run.gpus) — no GPU needed: the locks are plain files.
 
 flock locks belong to an open file, so two lease calls in one process (threads, or one after the other with the
 first still held) contend exactly as two pytest-xdist workers do.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.gpus import GpuLeaseError, hold_startup, lease_slots, visible_gpus
-from harness.scheduling import Capacity
+from harness.run.gpus import GpuLeaseError, hold_startup, lease_slots, visible_gpus
+from harness.run.slots import Capacity
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones fork processes.
 

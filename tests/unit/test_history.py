@@ -14,9 +14,11 @@ import pytest
 from rich.console import Console
 from synthetic_runs import RUNNING, infra, ran, report, write
 
+from harness.core.errors import BadInput, ReproError, ResultsFileError
+from harness.core.oracle import Outcome
 from harness.core.records import legacy_label as cell_label
-from harness.errors import BadInput, ReproError, ResultsFileError
-from harness.history import (
+from harness.plan.matrix import Cell
+from harness.verdicts.history import (
     COLORS,
     SCHEMA,
     Category,
@@ -31,9 +33,7 @@ from harness.history import (
     show,
     version_order,
 )
-from harness.matrix import Cell
-from harness.oracle import Outcome
-from harness.results import ResultsLog
+from harness.verdicts.results import ResultsLog
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Tests of harness.known_bugs: the shipped table, expectation() and check() on realistic cell results."""
+"""Tests of harness.verdicts.known_bugs: the shipped table, expectation() and check() on realistic cell results."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from synthetic import request_record
 
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome, cell_verdict
 from harness.core.pattern import parse_pattern
-from harness.errors import BadInput
-from harness.known_bugs import Expectation, KnownBug, Rule, check, expectation, load_known_bugs
-from harness.matrix import EXECUTORS, MODES, Cell
-from harness.oracle import Outcome, cell_verdict
-from harness.results import CellResult, infra_result, judged_result
+from harness.plan.matrix import EXECUTORS, MODES, Cell
+from harness.verdicts.known_bugs import Expectation, KnownBug, Rule, check, expectation, load_known_bugs
+from harness.verdicts.results import CellResult, infra_result, judged_result
 
 pytestmark = pytest.mark.unit
 

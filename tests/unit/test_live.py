@@ -1,4 +1,4 @@
-"""The live board a person watches on a terminal (harness.commands.live)."""
+"""The live board a person watches on a terminal (harness.frontends.commands.live)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import io
 import pytest
 from rich.console import Console
 
-from harness.commands.live import LiveBoard
-from harness.context import Progress
-from harness.matrix import Cell, Selection, plan_matrix
-from harness.oracle import Outcome
-from harness.results import CellResult, infra_result
+from harness.core.oracle import Outcome
+from harness.frontends.commands.live import LiveBoard
+from harness.plan.matrix import Cell, Selection, plan_matrix
+from harness.run.context import Progress
+from harness.verdicts.results import CellResult, infra_result
 
 pytestmark = pytest.mark.unit
 

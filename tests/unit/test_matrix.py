@@ -1,4 +1,4 @@
-"""The matrix (harness.matrix): cell ids, planning per platform, and parsing of the axis options."""
+"""The matrix (harness.plan.matrix): cell ids, planning per platform, and parsing of the axis options."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.errors import BadInput, ReproError
-from harness.matrix import (
+from harness.core.errors import BadInput, ReproError
+from harness.plan.matrix import (
     DEFAULT_VERSIONS,
     EXECUTORS,
     MODES,
@@ -22,7 +22,7 @@ from harness.matrix import (
     plan_matrix,
     unsupported_reason,
 )
-from harness.versions import Release
+from harness.plan.releases import Release
 
 pytestmark = pytest.mark.unit
 
@@ -258,7 +258,7 @@ def test_parse_versions_message_names_the_bad_value() -> None:
 
 
 def test_tp_parsing_and_defaults() -> None:
-    from harness.matrix import parse_tps
+    from harness.plan.matrix import parse_tps
 
     assert parse_tps(None, "cpu") == (1,)
     assert parse_tps(None, "cuda") == (1, 2)
@@ -291,7 +291,7 @@ def test_the_default_scenarios_per_platform() -> None:
     # which vLLM refuses or cannot start there, only with --scenario all.  On cuda: the default profile's only.
     from harness.core.axes import BY_NAME
     from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS
-    from harness.matrix import parse_option
+    from harness.plan.matrix import parse_option
 
     gpu = parse_option(BY_NAME["scenario"], None, "cuda")
     assert gpu == DEFAULT_SCENARIOS and {"pause", "weight-sync", "reset-inflight", "abort-some"} <= set(gpu)

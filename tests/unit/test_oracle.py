@@ -1,4 +1,4 @@
-"""Property tests of the oracle (harness.oracle): stream, request and cell verdicts.
+"""Property tests of the oracle (harness.core.oracle): stream, request and cell verdicts.
 
 Token streams are modelled the way the bigram-cycle model produces them: a
 walk along a cycle of DISTINCT tokens.  ``full`` is that walk (longer than any
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from harness.oracle import (
+from harness.core.oracle import (
     SHIFTS,
     FaultEvent,
     Outcome,

@@ -17,11 +17,11 @@ import pytest
 from fake_engine import SP, FakeLLM
 
 import repro.scenarios.base as base
+from harness.core.oracle import Outcome, cell_verdict
 from harness.core.scenarios import BY_SCENARIO, PROFILES
-from harness.matrix import Cell, plan_cells
-from harness.oracle import Outcome, cell_verdict
-from harness.results import judged_result
-from harness.runner import RunConfig, build_spec, scenario_spec, with_precondition
+from harness.plan.matrix import Cell, plan_cells
+from harness.run.runner import RunConfig, build_spec, scenario_spec, with_precondition
+from harness.verdicts.results import judged_result
 from repro import counters
 from repro.cell import refused_setting
 from repro.models import BigramCycleSpec, build_checkpoint, cycle_permutation, expected_continuation, load_perm
@@ -519,8 +519,8 @@ def test_progress_says_a_refused_engine_did_not_start() -> None:
 
     from rich.console import Console
 
-    from harness.commands.matrix import MatrixProgress
-    from harness.context import Progress
+    from harness.frontends.commands.matrix import MatrixProgress
+    from harness.run.context import Progress
 
     out = io.StringIO()
     show = MatrixProgress(Console(file=out, width=200), 1, 0)

@@ -15,18 +15,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import harness.envbuild.wheelhouse as whb
-import harness.pytest_plugin as plugin
-from harness.commands.options import add_wheelhouse_options
+import harness.envbuild.from_wheelhouse as whb
+import harness.frontends.pytest_plugin as plugin
+from harness.bundle.wheelhouse import MANIFEST, SCHEMA_VERSION
+from harness.core.oracle import Outcome
 from harness.core.scenarios import DEFAULT_SCENARIOS, SCENARIOS
-from harness.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory
-from harness.gpus import GpuLeaseError, hold_startup
-from harness.matrix import EXECUTORS, MODES, Cell
-from harness.oracle import Outcome
-from harness.pytest_plugin import RECIPES, engine_scope
-from harness.scheduling import SHARED_GPU_KV_BYTES
-from harness.session import EngineSession
-from harness.wheelhouse import MANIFEST, SCHEMA_VERSION
+from harness.envbuild.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory
+from harness.frontends.commands.options import add_wheelhouse_options
+from harness.frontends.pytest_plugin import RECIPES, engine_scope
+from harness.plan.matrix import EXECUTORS, MODES, Cell
+from harness.run.gpus import GpuLeaseError, hold_startup
+from harness.run.session import EngineSession
+from harness.run.slots import SHARED_GPU_KV_BYTES
 
 pytestmark = pytest.mark.unit
 pytest_plugins = ["pytester"]  # in-process option parsing: no subprocess
@@ -82,7 +82,7 @@ def test_wheelhouse_options_mirror_the_cli_with_the_same_defaults(pytester: pyte
         return a.wheelhouse, a.base_python
 
     def pytest_opts(*argv: str) -> tuple[Any, Any]:
-        cfg = pytester.parseconfig("-p", "harness.pytest_plugin", *argv)
+        cfg = pytester.parseconfig("-p", "harness.frontends.pytest_plugin", *argv)
         return cfg.getoption("wheelhouse"), cfg.getoption("base_python")
 
     for parse in (cli, pytest_opts):
@@ -153,7 +153,7 @@ def test_the_base_python_is_resolved_as_the_cli_does(tmp_path: Path, interpreter
 def test_auto_workers_on_a_gpu_machine_are_the_engines_that_fit(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plugin, "visible_gpus", lambda: ["0"])
-    monkeypatch.setattr("harness.scheduling.os.cpu_count", lambda: 16)
+    monkeypatch.setattr("harness.run.slots.os.cpu_count", lambda: 16)
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     auto = plugin.pytest_xdist_auto_num_workers
     assert auto(_Config(tmp_path, "cuda")) == 8  # type: ignore[arg-type]  # --jobs auto: 8 tiny engines per GPU
@@ -199,7 +199,7 @@ def gpu_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[...
     """Engine pools as separate xdist workers of one run (their own lock files, one run folder) on fake GPUs."""
     fakes = fake_sessions()
     monkeypatch.setattr(plugin, "EngineSession", fakes)
-    monkeypatch.setattr("harness.scheduling.os.cpu_count", lambda: 16)
+    monkeypatch.setattr("harness.run.slots.os.cpu_count", lambda: 16)
     config = _Config(tmp_path, "cuda")
 
     def pools(gpus: list[str], workers: int, fixed_kv: bool) -> tuple[Any, list[plugin.EnginePool]]:
@@ -262,7 +262,7 @@ def test_workers_beyond_the_capacity_wait_for_a_slot(gpu_workers: Callable[..., 
 
 
 def test_pool_reports_a_dead_engine_once_with_its_typed_outcome(tmp_path: Path) -> None:
-    from harness.pytest_plugin import EngineDown, EnginePool
+    from harness.frontends.pytest_plugin import EngineDown, EnginePool
 
     root = tmp_path / "env"
     (root / "bin").mkdir(parents=True)
@@ -287,7 +287,7 @@ def test_pool_reports_a_dead_engine_once_with_its_typed_outcome(tmp_path: Path) 
 
 
 def test_pool_retries_a_dead_engine_on_a_fresh_one(tmp_path: Path) -> None:
-    from harness.pytest_plugin import EngineDown, EnginePool
+    from harness.frontends.pytest_plugin import EngineDown, EnginePool
 
     root = tmp_path / "env"
     (root / "bin").mkdir(parents=True)
@@ -339,7 +339,7 @@ class _StandIn(EngineSession):
 
 def _flaky_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcomes: list[Outcome],
                 **options: Any) -> tuple[plugin.EnginePool, list[_StandIn]]:
-    from harness.results import CellResult, infra_result
+    from harness.verdicts.results import CellResult, infra_result
 
     started: list[_StandIn] = []
     runs: list[str] = []
@@ -368,10 +368,13 @@ def test_the_pytest_default_retries_as_the_nightly_does(pytester: pytest.Pyteste
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # (That default equals what the nightly passes: tests/unit/test_ci_files.py.)
     monkeypatch.delenv(plugin.RETRY_INFRA_ENV, raising=False)
-    assert pytester.parseconfig("-p", "harness.pytest_plugin").getoption("retry_infra") == plugin.DEFAULT_RETRY_INFRA
+    def retry(*argv: str) -> int:
+        return int(pytester.parseconfig("-p", "harness.frontends.pytest_plugin", *argv).getoption("retry_infra"))
+
+    assert retry() == plugin.DEFAULT_RETRY_INFRA
     monkeypatch.setenv(plugin.RETRY_INFRA_ENV, "0")
-    assert pytester.parseconfig("-p", "harness.pytest_plugin").getoption("retry_infra") == 0
-    assert pytester.parseconfig("-p", "harness.pytest_plugin", "--retry-infra", "3").getoption("retry_infra") == 3
+    assert retry() == 0
+    assert retry("--retry-infra", "3") == 3
 
 
 def test_an_item_whose_engine_failed_to_start_passes_on_a_fresh_engine(tmp_path: Path,
@@ -388,7 +391,7 @@ def test_an_item_whose_engine_failed_to_start_passes_on_a_fresh_engine(tmp_path:
 def test_a_crash_or_a_finding_is_never_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                first: Outcome) -> None:
     pool, started = _flaky_pool(tmp_path, monkeypatch, [first, Outcome.OK], retry_infra=3)
-    from harness.results import CellResult
+    from harness.verdicts.results import CellResult
 
     if first is not Outcome.OK:  # a judged result of that outcome, as the oracle would give
         monkeypatch.setattr(plugin.EnginePool, "_run_on",

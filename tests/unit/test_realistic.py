@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.oracle import explanations
+from harness.core.oracle import explanations
 from repro.realistic import (
     SIZES,
     Qwen3RandomSpec,

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from synthetic_runs import RUNNING, infra, ran, report
 
-from harness.compare import compare
-from harness.compare import markdown as compare_markdown
 from harness.core.axes import BY_NAME
 from harness.core.cell import Cell
+from harness.core.errors import ResultsFileError
+from harness.core.oracle import Outcome
 from harness.core.records import (
     LINE,
     RESULTS,
@@ -33,11 +33,11 @@ from harness.core.records import (
     legacy_label,
     migrate_cell,
 )
-from harness.errors import ResultsFileError
-from harness.history import run_id_of
-from harness.oracle import Outcome
-from harness.report import markdown
-from harness.results import Results, ResultsLog, read_results
+from harness.verdicts.compare import compare
+from harness.verdicts.compare import markdown as compare_markdown
+from harness.verdicts.history import run_id_of
+from harness.verdicts.report import markdown
+from harness.verdicts.results import Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
 
@@ -284,7 +284,7 @@ def test_results_pickle_as_they_are() -> None:
 
 
 def test_repeat_labels_are_what_schema_1_files_recover() -> None:
-    from harness.repeat import aggregate
+    from harness.verdicts.repeat import aggregate
 
     lossy, ok = ran("0.21.0", lose=RUNNING), ran("0.21.0")
     down = infra("0.21.0", Outcome.TIMEOUT, "hang")

@@ -1,4 +1,4 @@
-"""``--repeat``: folding a cell's runs (harness.repeat)."""
+"""``--repeat``: folding a cell's runs (harness.verdicts.repeat)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.matrix import Cell
-from harness.oracle import Outcome
-from harness.repeat import aggregate
-from harness.results import CellResult
+from harness.core.oracle import Outcome
+from harness.plan.matrix import Cell
+from harness.verdicts.repeat import aggregate
+from harness.verdicts.results import CellResult
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""``harness.replay.replay_plan`` (what ``vllm-repro plan`` renders) on fake engine sessions, without vLLM."""
+"""``harness.run.replay.replay_plan`` (what ``vllm-repro plan`` renders) on fake engine sessions, without vLLM."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from synthetic import request_record
 
-from harness.context import RunContext
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv
-from harness.oracle import Outcome
-from harness.replay import replay_plan
-from harness.runner import RunConfig
-from harness.session import EngineDied
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.run.context import RunContext
+from harness.run.replay import replay_plan
+from harness.run.runner import RunConfig
+from harness.run.session import EngineDied
 
 pytestmark = pytest.mark.unit
 

@@ -10,10 +10,10 @@ import pytest
 from rich.console import Console
 from synthetic import request_record
 
+from harness.core.oracle import Outcome, cell_verdict
 from harness.core.versions import version_key
-from harness.matrix import Cell
-from harness.oracle import Outcome, cell_verdict
-from harness.report import (
+from harness.plan.matrix import Cell
+from harness.verdicts.report import (
     ReportPaths,
     junit_xml,
     markdown,
@@ -22,8 +22,8 @@ from harness.report import (
     verdict_paragraph,
     write_reports,
 )
-from harness.results import CellResult, Results, infra_result, judged_result, read_results
-from harness.workarounds import WorkaroundStatus, workaround_verdicts
+from harness.verdicts.results import CellResult, Results, infra_result, judged_result, read_results
+from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
 
 pytestmark = pytest.mark.unit
 
@@ -302,7 +302,7 @@ def test_markdown_truncated_at_the_pause() -> None:
 
 
 def test_markdown_names_a_cuda_build_on_a_cpu_torch() -> None:
-    # The run's meta "envs" (harness.context.env_facts): a plain env says nothing, a cpu_torch one (--wheels cuda
+    # The run's meta "envs" (harness.run.context.env_facts): a plain env says nothing, a cpu_torch one (--wheels cuda
     # on cpu) says what it is, the torch vLLM pins and how many CUDA packages were left out.
     envs = {"0.21.0": {"package": "vllm", "torch_version": "2.13.0+cpu", "torch_pinned": "2.11.0",
                        "left_out": ["nvidia-cublas", "triton"]},
@@ -446,10 +446,10 @@ def test_write_reports_replaces_existing(results: Results, tmp_path: Path) -> No
 
 
 def test_every_report_of_an_injected_run_says_so() -> None:
-    from harness.matrix import Cell
-    from harness.oracle import Outcome
-    from harness.report import junit_xml, markdown
-    from harness.results import CellResult, Results
+    from harness.core.oracle import Outcome
+    from harness.plan.matrix import Cell
+    from harness.verdicts.report import junit_xml, markdown
+    from harness.verdicts.results import CellResult, Results
 
     cells = (CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.LOSS, "LOSS(1) in 8/10"),)
     plain = Results(cells, {"inject": []})
@@ -460,10 +460,10 @@ def test_every_report_of_an_injected_run_says_so() -> None:
 
 
 def test_flaky_cells_fail_in_junit() -> None:
-    from harness.matrix import Cell
-    from harness.oracle import Outcome
-    from harness.report import junit_xml
-    from harness.results import CellResult, Results
+    from harness.core.oracle import Outcome
+    from harness.plan.matrix import Cell
+    from harness.verdicts.report import junit_xml
+    from harness.verdicts.results import CellResult, Results
 
     res = Results((CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5"),),
                   {"repeat": 5})
@@ -471,10 +471,10 @@ def test_flaky_cells_fail_in_junit() -> None:
 
 
 def test_flaky_cells_in_the_workaround_verdict() -> None:
-    from harness.matrix import Cell
-    from harness.oracle import Outcome
-    from harness.results import CellResult
-    from harness.workarounds import WorkaroundStatus, judge_pair
+    from harness.core.oracle import Outcome
+    from harness.plan.matrix import Cell
+    from harness.verdicts.results import CellResult
+    from harness.verdicts.workarounds import WorkaroundStatus, judge_pair
 
     on_cell, off_cell = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
     flaky_loss = CellResult(on_cell, Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5",
@@ -493,10 +493,10 @@ def test_flaky_cells_in_the_workaround_verdict() -> None:
 def test_injection_banner_survives_merging_and_jsonl_logs() -> None:
     from pathlib import Path
 
-    from harness.matrix import Cell
-    from harness.oracle import Outcome
-    from harness.report import injection_banner
-    from harness.results import CellResult, Results, merge_results
+    from harness.core.oracle import Outcome
+    from harness.plan.matrix import Cell
+    from harness.verdicts.report import injection_banner
+    from harness.verdicts.results import CellResult, Results, merge_results
 
     cell = Cell("0.32.0", "mp", True, "keep", True)
     engine = {"probe": {"core": {"inject": {"requested": ["vllm#42043"], "applied": {"vllm#42043": "x"}}}}}
@@ -515,9 +515,9 @@ def test_report_rejudge_compares_with_the_current_table(tmp_path: Path) -> None:
 
     from synthetic_runs import RUNNING, ran
 
-    from harness.cli import main
     from harness.core.records import ExpectationRecord
-    from harness.report import write_reports
+    from harness.frontends.cli import main
+    from harness.verdicts.report import write_reports
 
     stale = replace(ran("0.21.0", lose=RUNNING), expectation=ExpectationRecord("UNEXPECTED", "OK", None, "old"))
     src = write_reports(Results((stale,), {"platform": "cpu"}), tmp_path / "old").json

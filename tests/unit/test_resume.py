@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import BadInput, ResultsFileError
-from harness.matrix import Cell, Selection
-from harness.oracle import Outcome
-from harness.results import CellResult, ResultsLog, read_results
-from harness.resume import RUN_FILE, resume_state, rewrite_log, run_record
-from harness.runner import RunConfig
+from harness.core.errors import BadInput, ResultsFileError
+from harness.core.oracle import Outcome
+from harness.plan.matrix import Cell, Selection
+from harness.run.resume import RUN_FILE, resume_state, rewrite_log, run_record
+from harness.run.runner import RunConfig
+from harness.verdicts.results import CellResult, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_cell_ids_round_trip_with_scenario_and_tp() -> None:
 
 
 def test_engine_logs_of_the_interrupted_run_are_kept(tmp_path: Path) -> None:
-    from harness.resume import keep_engine_logs
+    from harness.run.resume import keep_engine_logs
 
     assert keep_engine_logs(tmp_path) is None
     (tmp_path / "engines" / "e1").mkdir(parents=True)

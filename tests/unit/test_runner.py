@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.envs import EnvRecipe, VllmEnv
-from harness.matrix import Cell, EngineKey
-from harness.oracle import Outcome
-from harness.runner import RunConfig, engine_spec, group_alive, run_engine, stage_repro
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, VllmEnv
+from harness.plan.matrix import Cell, EngineKey
+from harness.run.runner import RunConfig, engine_spec, group_alive, run_engine, stage_repro
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start a fake engine process.
 
@@ -165,7 +165,7 @@ def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_p
 
 @pytest.mark.unit
 def test_injection_problem_needs_every_requested_fault_applied() -> None:
-    from harness.runner import injection_problem
+    from harness.run.runner import injection_problem
 
     assert injection_problem(None, ()) is None
     assert "did not report" in (injection_problem({"probe": {}}, ("vllm#42043",)) or "")
@@ -176,7 +176,7 @@ def test_injection_problem_needs_every_requested_fault_applied() -> None:
 
 @pytest.mark.unit
 def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.runner import engine_env
+    from harness.run.runner import engine_env
 
     monkeypatch.setenv("VLLM_REPRO_INJECT", "vllm#42043")  # leaked from a caller's shell: must not count
     assert engine_env(ENGINE, cfg(tmp_path), tmp_path)["VLLM_REPRO_INJECT"] == ""
@@ -185,7 +185,7 @@ def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.unit
 def test_weight_sync_cells_name_their_scenario_and_transfer(tmp_path: Path) -> None:
-    from harness.runner import scenario_entry
+    from harness.run.runner import scenario_entry
 
     c = Cell("0.21.0", "mp", True, "keep", True, scenario="weight-sync")
     e = scenario_entry(c, cfg(tmp_path, weight_transfer="nccl"))
@@ -217,7 +217,7 @@ def test_a_scenario_event_the_wire_format_refuses_does_not_count(tmp_path: Path)
 
 @pytest.mark.integration
 def test_session_failures_are_typed(tmp_path: Path) -> None:
-    from harness.session import EngineDied, EngineSession
+    from harness.run.session import EngineDied, EngineSession
 
     # Starts, then reads one scenario line and never answers it; ends on the next line (the stop).
     env = fake_env(tmp_path, """
@@ -309,8 +309,8 @@ def test_a_crash_or_a_last_attempt_stays_as_it_is(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_what_is_retried() -> None:
-    from harness.results import CellResult, infra_result
-    from harness.runner import retryable
+    from harness.run.runner import retryable
+    from harness.verdicts.results import CellResult, infra_result
 
     c = CELLS[0]
     for outcome, again in ((Outcome.ERROR, True), (Outcome.TIMEOUT, True), (Outcome.CRASH, False),

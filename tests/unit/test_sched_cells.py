@@ -1,4 +1,4 @@
-"""Scheduler-tier cells on the harness side (harness.sched_tier, the tier axis in planning and verdicts)."""
+"""Scheduler-tier cells on the harness side (harness.sched.cells, the tier axis in planning and verdicts)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from synthetic import request_record
 
+from harness.core.oracle import Outcome
 from harness.core.scenarios import SCENARIO_TABLE
-from harness.matrix import Cell, unsupported_reason
-from harness.oracle import Outcome
-from harness.runner import scenario_result
-from harness.sched_tier import SHAPES, sched_result, sched_scenario, sched_spec
-from harness.workarounds import workaround_verdicts
+from harness.plan.matrix import Cell, unsupported_reason
+from harness.run.runner import scenario_result
+from harness.sched.cells import SHAPES, sched_result, sched_scenario, sched_spec
+from harness.verdicts.workarounds import workaround_verdicts
 from repro.sched.script import SCHEMA_VERSION, build_script
 
 pytestmark = pytest.mark.unit
@@ -65,7 +65,7 @@ def test_the_family_cells_play_their_shapes() -> None:
     assert (deep.depth, deep.num_blocks, deep.spec_tokens, deep.spec_accepted) == (3, 7, 2, 0)
     assert (setup("preempt").setup.depth, setup("preempt").setup.spec_tokens, setup("preempt", False).setup.depth) \
         == (2, 0, 1)
-    # PRs #46066, #49860 / #49620: resets with a frame in flight, every draft rejected; once, or twice.
+    # PRs #42117, #46066, #48245: resets with a frame in flight, every draft rejected; once, or twice.
     assert reset_in_flight(setup("spec-reset")) == [1] and reset_in_flight(setup("spec-reset-twice")) == [1, 1]
     assert setup("spec-reset").setup.spec_tokens == 2 and setup("spec-reset").setup.spec_accepted == 0
     assert setup("spec-reset-partial").setup.spec_accepted == 1 and reset_in_flight(setup("spec-reset-partial")) == [1]
@@ -115,7 +115,7 @@ def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupp
 
 
 def test_the_workaround_verdict_prefers_the_engine_tier_and_keeps_the_tiers_apart() -> None:
-    from harness.results import CellResult
+    from harness.verdicts.results import CellResult
 
     engine_on, engine_off = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)
     cells = [CellResult(engine_on, Outcome.OK, "OK 10/10"), CellResult(engine_off, Outcome.OK, "OK 10/10"),
@@ -142,7 +142,7 @@ def test_a_preemption_cell_in_which_nothing_was_preempted_is_unsupported_not_ok(
 
 
 def test_one_scenario_event_judged_on_its_own_as_plan_and_fuzz_judge_it() -> None:
-    from harness.sched_tier import sched_verdict
+    from harness.sched.cells import sched_verdict
 
     assert sched_verdict(_ran()).label == "LOSS(1)"
     crash = sched_verdict({"status": "crash", "reason": "AssertionError:  at vllm/x.py:1:f",

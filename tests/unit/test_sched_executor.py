@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from toy_sched import ToyAdapter, ToyBuilder, ToyRequest, ToyScheduler
 
-from harness.oracle import Outcome, cell_verdict
+from harness.core.oracle import Outcome, cell_verdict
 from repro.models import cycle_permutation
 from repro.sched.adapter import innermost_vllm_frame
 from repro.sched.executor import Executor, OpUnsupported

@@ -1,5 +1,5 @@
 """The scheduler fuzzer's state machine (repro.sched.fuzz) against the toy scheduler, and its harness side
-(harness.fuzz, ``vllm-repro fuzz``) against fake vLLM envs: no vLLM anywhere.
+(harness.sched.fuzz, ``vllm-repro fuzz``) against fake vLLM envs: no vLLM anywhere.
 
 The toy with 0.21's one-frame discard flag (vllm#42043) must be falsified and shrunk to a few ops whose
 replay the harness judges as a finding; the toy with a discard counter (the fix) must survive.
@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 from toy_sched import ToyAdapter, ToyScheduler
 
-from harness.cli import main
-from harness.commands.fuzz import exit_code
-from harness.commands.plan import read_plan
-from harness.context import RunContext
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv
-from harness.fuzz import FuzzResult, fuzz_spec, fuzz_version, plan_document, write_plan
-from harness.oracle import Outcome
-from harness.replay import replay_sched_plan
-from harness.runner import EventTail, RunConfig
-from harness.sched_tier import sched_verdict
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.frontends.cli import main
+from harness.frontends.commands.fuzz import exit_code
+from harness.frontends.commands.plan import read_plan
+from harness.run.context import RunContext
+from harness.run.replay import replay_sched_plan
+from harness.run.runner import EventTail, RunConfig
+from harness.sched.cells import sched_verdict
+from harness.sched.fuzz import FuzzResult, fuzz_spec, fuzz_version, plan_document, write_plan
 from repro.models import cycle_permutation
 from repro.sched.adapter import Unsupported
 from repro.sched.fuzz import run_fuzz
@@ -170,7 +170,7 @@ def test_a_run_that_never_answers_is_an_error_and_exit_codes_follow_the_matrix(t
 
 
 def _found() -> Any:
-    from harness.fuzz import falsifying
+    from harness.sched.fuzz import falsifying
 
     return falsifying(FALSIFYING)
 

@@ -1,4 +1,4 @@
-"""Engines side by side (harness.scheduling, harness.local): capacity, GPU slots, order, failures.
+"""Engines side by side (harness.run.slots, harness.run.local): capacity, GPU slots, order, failures.
 
 The engines here are stand-ins (``run_engine`` replaced): threads that report synthetic cell results, so the
 tests exercise the scheduling itself, synchronised by events and barriers, never by sleeps.
@@ -12,15 +12,14 @@ from typing import Any
 
 import pytest
 
-import harness.local as local
-from harness.context import RunContext
-from harness.envs import EnvRecipe, IndexConfig, VllmEnv
-from harness.execute import execute_plan
-from harness.matrix import Cell, MatrixPlan
-from harness.oracle import Outcome
-from harness.results import CellResult, ResultsLog, read_results
-from harness.runner import Cancelled, RunConfig
-from harness.scheduling import (
+import harness.run.local as local
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
+from harness.plan.matrix import Cell, MatrixPlan
+from harness.run.context import RunContext
+from harness.run.execute import execute_plan
+from harness.run.runner import Cancelled, RunConfig
+from harness.run.slots import (
     SHARED_GPU_KV_BYTES,
     Capacity,
     EngineStart,
@@ -31,6 +30,7 @@ from harness.scheduling import (
     for_workers,
     pick_gpus,
 )
+from harness.verdicts.results import CellResult, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
 
@@ -254,8 +254,8 @@ def test_an_engine_that_runs_alone_takes_a_whole_unused_gpu() -> None:
 
 
 def test_the_sleep_profile_runs_alone_and_starts_as_if_alone(tmp_path: Path) -> None:
-    from harness.matrix import EngineKey
-    from harness.scheduling import runs_alone
+    from harness.plan.matrix import EngineKey
+    from harness.run.slots import runs_alone
 
     sleep = EngineKey("0.21.0", "mp", True, profile="sleep")
     assert runs_alone(sleep)
@@ -268,8 +268,8 @@ def test_the_sleep_profile_runs_alone_and_starts_as_if_alone(tmp_path: Path) -> 
 
 
 def test_ray_engines_keep_their_own_shutdown() -> None:
-    from harness.matrix import EngineKey
-    from harness.runner import stops_when_judged
+    from harness.plan.matrix import EngineKey
+    from harness.run.runner import stops_when_judged
 
     # Ray's shutdown also stops the Ray cluster the engine process started; its daemons leave the process group.
     assert stops_when_judged(EngineKey("0.21.0", "mp", True))

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import BadInput
-from harness.matrix import parse_versions
-from harness.versions import INSTALLED, Release, candidate_versions, resolve_versions, wheelhouse_fetch
+from harness.core.errors import BadInput
+from harness.plan.matrix import parse_versions
+from harness.plan.releases import INSTALLED, Release, candidate_versions, resolve_versions, wheelhouse_fetch
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +86,7 @@ def test_matrix_parse_versions_uses_the_package_of_the_platform() -> None:
 def _wheelhouse(folder: Path, package: str, versions: list[str], platform: str) -> Path:
     import json
 
-    from harness.wheelhouse import MANIFEST, SCHEMA_VERSION
+    from harness.bundle.wheelhouse import MANIFEST, SCHEMA_VERSION
 
     folder.mkdir()
     entries = {v: {"requirements": [f"{package}=={v}"], "wheels": []} for v in versions}

@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import repro.scenarios.base as base
-from harness.oracle import Outcome, cell_verdict, classify_request
+from harness.core.oracle import Outcome, cell_verdict, classify_request
 from repro.models import (
     BigramCycleSpec,
     build_checkpoint,

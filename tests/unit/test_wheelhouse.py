@@ -1,4 +1,4 @@
-"""Tests of harness.wheelhouse and the air-gapped install backend (harness.envbuild.wheelhouse).
+"""Tests of harness.bundle.wheelhouse and the air-gapped install backend (harness.envbuild.from_wheelhouse).
 
 Resolution and download are tested against fake ``uv``/``pip`` processes (the
 real ones need the network); the install path runs the real ``venv`` + ``pip
@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 
+import harness.bundle.wheelhouse as wh
+import harness.envbuild.envs as envs
 import harness.envbuild.index as index_mod
 import harness.envbuild.uv as envbuild_uv
-import harness.envs as envs
-import harness.wheelhouse as wh
-from harness.errors import BadInput, EnvBuildError, ReproError
-from harness.wheelhouse import (
+from harness.bundle.wheelhouse import (
     MANIFEST,
     SCHEMA_VERSION,
     Installed,
@@ -42,6 +41,7 @@ from harness.wheelhouse import (
     uv_python_platform,
     wheels_for,
 )
+from harness.core.errors import BadInput, EnvBuildError, ReproError
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones build real venvs and run pip.
 

@@ -18,8 +18,8 @@ import pytest
 
 import repro.cell as cell_mod
 import repro.engine as engine_mod
-from harness.matrix import Cell, EngineKey
-from harness.runner import EventTail, RunConfig, build_spec, engine_spec
+from harness.plan.matrix import Cell, EngineKey
+from harness.run.runner import EventTail, RunConfig, build_spec, engine_spec
 from repro.scenarios.base import ScenarioTimeout, ScenarioUnsupported
 from repro.wire import EVENTS, SCHEMA_VERSION, STOP, FuzzSpec, ScenarioSpec, Spec, WireError, check_event
 

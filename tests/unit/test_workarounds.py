@@ -1,4 +1,4 @@
-"""Tests of harness.workarounds: the shipped ledger, ledger validation, judge() and LedgerCheck."""
+"""Tests of harness.verdicts.workarounds: the shipped ledger, ledger validation, judge() and LedgerCheck."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from synthetic import request_record
 
-from harness.errors import BadInput
-from harness.matrix import Cell
-from harness.oracle import Outcome, cell_verdict
-from harness.results import CellResult, infra_result, judged_result
-from harness.workarounds import LedgerCheck, Workaround, WorkaroundStatus, WorkaroundVerdict, judge, load_ledger
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome, cell_verdict
+from harness.plan.matrix import Cell
+from harness.verdicts.results import CellResult, infra_result, judged_result
+from harness.verdicts.workarounds import (
+    LedgerCheck,
+    Workaround,
+    WorkaroundStatus,
+    WorkaroundVerdict,
+    judge,
+    load_ledger,
+)
 
 pytestmark = pytest.mark.unit
 

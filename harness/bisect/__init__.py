@@ -1,0 +1,1 @@
+"""Bisect: the pure search, the probe that runs one cell per candidate, and per-commit candidates."""

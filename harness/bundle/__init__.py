@@ -1,0 +1,1 @@
+"""What an air-gapped node is handed: vLLM wheelhouses and the harness's own wheels."""

@@ -1,0 +1,24 @@
+"""One error hierarchy; ``harness.frontends.cli.main`` turns any ReproError into a one-line message and exit 2."""
+
+from __future__ import annotations
+
+
+class ReproError(Exception):
+    """Base of every error the CLI reports as a usage/input problem (exit code 2)."""
+
+
+class BadInput(ReproError):
+    """A value given by the user is invalid; the message names it and the valid choices."""
+
+
+class EnvBuildError(ReproError):
+    """A vLLM environment could not be built."""
+
+
+class ResultsFileError(ReproError):
+    """A results file is unreadable, corrupt, or of an unknown schema version."""
+
+
+def bad_choice(what: str, value: object, valid: list[str] | tuple[str, ...]) -> BadInput:
+    """BadInput naming the bad value and every valid choice."""
+    return BadInput(f"unknown {what} {value!r}; valid choices: {', '.join(valid)}")

@@ -1,0 +1,1 @@
+"""The faces: the ``vllm-repro`` CLI (one module per command) and the pytest plugin."""

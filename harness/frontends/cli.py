@@ -1,0 +1,47 @@
+"""``vllm-repro``: the entry point; the commands live in :mod:`harness.frontends.commands`, one module each."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from harness import __version__
+from harness.core.errors import ReproError
+from harness.frontends.commands import COMMANDS
+from harness.frontends.commands.base import HANDLER, Command, register
+from harness.frontends.commands.context import Context
+from harness.frontends.commands.face import Interrupted
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``vllm-repro`` parser, one sub-parser per registered command."""
+    parser = argparse.ArgumentParser(
+        prog="vllm-repro",
+        description="Reproduce vLLM #42043 (first post-resume token lost under async scheduling) across a "
+        "matrix of vLLM versions, executors, async on/off, pause modes and clear_cache.",
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-repro {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        register(sub, command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``vllm-repro`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    command: Command = getattr(args, HANDLER)
+    try:
+        return command.run(Context(args, tuple(argv)), args)
+    except ReproError as exc:
+        print(f"vllm-repro: error: {exc}", file=sys.stderr)
+        return 2
+    except Interrupted:
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""The ``vllm-repro`` commands, one module each; ``COMMANDS`` is the registry the parser is built from."""
+
+from __future__ import annotations
+
+from harness.frontends.commands.base import Command
+from harness.frontends.commands.bisect import BisectCommand
+from harness.frontends.commands.compare import CompareCommand
+from harness.frontends.commands.envs import EnvsCommand
+from harness.frontends.commands.fuzz import FuzzCommand
+from harness.frontends.commands.history import HistoryCommand
+from harness.frontends.commands.matrix import MatrixCommand
+from harness.frontends.commands.plan import PlanCommand
+from harness.frontends.commands.report import ReportCommand
+from harness.frontends.commands.wheelhouse import WheelhouseCommand
+from harness.frontends.commands.workarounds import WorkaroundsCommand
+
+# In the order of `vllm-repro --help`.
+COMMANDS: tuple[Command, ...] = (
+    MatrixCommand(),
+    BisectCommand(),
+    WorkaroundsCommand(),
+    PlanCommand(),
+    FuzzCommand(),
+    ReportCommand(),
+    HistoryCommand(),
+    CompareCommand(),
+    WheelhouseCommand(),
+    EnvsCommand(),
+)

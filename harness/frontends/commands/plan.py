@@ -1,0 +1,116 @@
+"""``vllm-repro plan``: replay one pause schedule (e.g. a Hypothesis falsifying example) on engines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.core.errors import BadInput, bad_choice
+from harness.frontends.commands.base import Command
+from harness.frontends.commands.context import Context, run_context
+from harness.frontends.commands.options import add_index_options, add_run_options, add_version_options
+from harness.plan.matrix import EXECUTORS, ON_OFF, parse_bools
+from harness.run.replay import PlanReplay, replay_plan, replay_sched_plan
+from repro.models import BigramCycleSpec
+from repro.sched.script import ScriptError, build_script
+
+DESCRIPTION = (
+    "Run one JSON pause schedule ({\"requests\": [...], \"pauses\": [...]}, as printed by a failing property test) "
+    "on each selected version and async setting, and print every request's verdict against its no-pause reference. "
+    "A scheduler-tier plan ({\"tier\": \"scheduler\", \"script\": {...}}, as `vllm-repro fuzz` writes for a "
+    "falsifying example) replays its op script on vLLM's scheduler of each selected version."
+)
+TIERS = ("engine", "scheduler")
+
+
+def read_plan(path: Path) -> dict[str, Any]:
+    """The plan in ``path``; BadInput when it cannot be read or is not a plan (a scheduler-tier plan's script is
+    checked as the ``ops`` scenario reads it, so a bad one is refused before any env is built)."""
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"cannot read plan {path}: {exc}") from exc
+    if not isinstance(plan, dict):
+        raise BadInput(f"{path}: not a plan (expected a JSON object)")
+    tier = plan.get("tier", "engine")
+    if tier not in TIERS:
+        raise bad_choice(f"plan tier in {path}:", tier, TIERS)
+    if tier == "scheduler":
+        script = plan.get("script")
+        try:
+            build_script("ops", script if isinstance(script, dict) else {}, BigramCycleSpec().vocab_size)
+        except ScriptError as exc:
+            raise BadInput(f"{path}: not a scheduler-tier plan: {exc}") from exc
+    elif "requests" not in plan:
+        raise BadInput(f"{path}: not a plan (expected {{\"requests\": [...], \"pauses\": [...]}}, or "
+                       f"{{\"tier\": \"scheduler\", \"script\": {{...}}}})")
+    return plan
+
+
+def print_replay(r: PlanReplay) -> int:
+    """One engine's replay: its verdict, then per request the label, pauses and whether #42043-style losses
+    explain it; 1 when the engine gave no verdict."""
+    if r.died is not None:
+        print(f"{r.engine.id}: {r.died}")
+        return 1
+    if r.verdict is None:
+        print(f"{r.engine.id}: {r.status.upper()}: {r.reason}")
+        return 1
+    print(f"{r.engine.id}: {r.verdict.summary}")
+    if r.engine.tier == "scheduler":
+        for q in r.requests:
+            resets = ", ".join(f"{m}@{n}" for m, n in q.pauses)
+            print(f"  {q.rid}: {q.label}; resets/aborts at tokens [{resets}]; finish {q.finish_reason}")
+        return 0
+    for q in r.requests:
+        pauses = ", ".join(f"{m}@{n}" for m, n in q.pauses)
+        print(f"  {q.rid}: {q.label}; pauses [{pauses}]; finish {q.finish_reason}; "
+              f"preempted by keep+clear pauses at {list(q.preempted_at)}; "
+              f"stream = reference minus #42043-style losses there: {q.explained_by_losses}")
+    return 0
+
+
+class PlanCommand(Command):
+    name = "plan"
+    help = "replay a pause schedule or a scheduler-tier op script (e.g. a Hypothesis falsifying example)"
+    description = DESCRIPTION
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("plan_file", type=Path, metavar="PLAN.json")
+        add_version_options(parser)
+        parser.add_argument("--async", dest="async_", metavar="ASYNC",
+                            help="on, off or both (default: on); engine-tier plans only")
+        parser.add_argument("--executor", help="executor (default mp); engine-tier plans only")
+        add_run_options(parser, reports="reports/plan")
+        add_index_options(parser)
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        plan = read_plan(args.plan_file)
+        ctx.platform  # noqa: B018 -- a bad --platform is reported before a bad --executor
+        if plan.get("tier") == "scheduler":
+            return self._scheduler(ctx, args, plan)
+        executor = args.executor or "mp"
+        if executor not in EXECUTORS:
+            raise BadInput(f"unknown executor {executor!r}; valid choices: {', '.join(EXECUTORS)}")
+        cfg = ctx.run_config
+        versions = ctx.versions
+        asyncs = parse_bools("async setting", args.async_, ON_OFF, (True,))
+        worst = 0
+        for r in replay_plan(plan, versions, asyncs, executor, run_context(ctx, cfg)):
+            worst = max(worst, print_replay(r))
+        return worst
+
+    @staticmethod
+    def _scheduler(ctx: Context, args: argparse.Namespace, plan: dict[str, Any]) -> int:
+        """A scheduler-tier plan: its script names the scheduler (and its depth), so --async/--executor do not apply."""
+        if args.async_ is not None or args.executor is not None:
+            raise BadInput(f"{args.plan_file} is a scheduler-tier plan: its script names the scheduler "
+                           f"({plan['script'].get('scheduler', 'async')}); --async and --executor apply to "
+                           "engine-tier plans only")
+        cfg = ctx.run_config
+        worst = 0
+        for r in replay_sched_plan(plan["script"], ctx.versions, run_context(ctx, cfg)):
+            worst = max(worst, print_replay(r))
+        return worst

