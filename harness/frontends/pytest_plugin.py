@@ -25,6 +25,9 @@ through :class:`harness.run.session.EngineSession`, the one engine driver run in
   the CLI's options of the same names; a bad one is a usage error.
 * Every judged cell is written to the same results files as the CLI
   (``--repro-reports``, default ``reports/pytest``).
+* ``--retry-infra N`` (default 1, what the nightly passes; ``$VLLM_REPRO_RETRY_INFRA``): a cell that came out
+  ERROR or TIMEOUT runs again on a fresh engine, as the matrix's option of the same name; CRASH and token
+  faults never.  The terminal summary lists every retried item, each attempt and why it failed.
 """
 
 from __future__ import annotations
@@ -83,6 +86,11 @@ GPU_MEMORY_UTILIZATION = 0.05
 # How long a worker waits for GPU slots or a start-up lock: other workers' engines hold theirs while their items
 # run (each within its own timeouts), so a whole session's worth, not one engine's.
 LEASE_WAIT_S = 7200.0
+# --retry-infra's default here: what every nightly matrix passes (.github/workflows/nightly.yml,
+# .buildkite/pipeline.yml; tests/unit/test_ci_files.py holds them equal), so one engine that died outside vLLM's
+# code or hung on a busy runner (issue 21: a port taken by a neighbour engine) does not fail the session.
+DEFAULT_RETRY_INFRA = 1
+RETRY_INFRA_ENV = "VLLM_REPRO_RETRY_INFRA"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,9 +107,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
                 help="known-bug table to judge cells against (default: the one shipped with vllm-repro)")
-    g.addoption("--retry-infra", type=int, default=int(os.environ.get("VLLM_REPRO_RETRY_INFRA") or 0), metavar="N",
-                help="run a cell that came out ERROR or TIMEOUT again on a fresh engine, up to N more times "
-                     "(default 0); CRASH and token faults are never retried")
+    _add_retry_option(g)
     g.addoption("--repro-reports", type=Path, default=Path("reports/pytest"),
                 help="where the results JSON/Markdown/JUnit of the post_resume cells go (default reports/pytest)")
     # The CLI's --model / --engine-arg / --engine-args / --preset (harness.plan.engine_args), for every engine.
@@ -115,6 +121,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--vllm-preset", default=None, help=f"engine settings people copy: {', '.join(PRESETS)}")
     for flag, kwargs in source_options():  # the CLI's --wheelhouse and --base-python, defaults included
         g.addoption(flag, **kwargs)
+
+
+def _add_retry_option(g: Any) -> None:
+    """``--retry-infra N``: the CLI's option of the same name (``harness.frontends.commands.options``), with the
+    nightly's default."""
+    raw = os.environ.get(RETRY_INFRA_ENV)
+    g.addoption("--retry-infra", type=int, default=int(raw) if raw else DEFAULT_RETRY_INFRA, metavar="N",
+                help="run a cell that came out ERROR or TIMEOUT again on a fresh engine, up to N more times "
+                     f"(default {DEFAULT_RETRY_INFRA}, as the nightly; env {RETRY_INFRA_ENV}); CRASH and token "
+                     "faults are never retried; the summary lists every retried item and why")
 
 
 def engine_setup_of(config: pytest.Config, platform: str) -> EngineSetup:
@@ -484,6 +500,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     cells: tuple[CellResult, ...] = getattr(config, "_repro_cells", ())
     if not cells:
         return
+    write_retried(tr, cells)
     tr.section("vllm-repro post-resume cells")
     for c in cells:
         line = f"{c.id}: {c.summary} [{c.expectation.status if c.expectation else '?'}]"
@@ -494,3 +511,31 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     paths = getattr(config, "_repro_report_paths", None)
     if paths is not None:
         tr.write_line(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
+
+
+_RETRIED = frozenset(o.value for o in Outcome if o.is_retryable)
+
+
+def retried_lines(cells: tuple[CellResult, ...]) -> list[str]:
+    """One line per cell ``--retry-infra`` ran again: every attempt's outcome, and why each failed one failed."""
+    lines = []
+    for c in cells:
+        if len(c.attempts) < 2:
+            continue
+        tries = []
+        for a in c.attempts:
+            why = (a.reason or a.summary or "").strip().splitlines() if a.outcome in _RETRIED else []
+            tries.append(f"attempt {a.n} {a.label or a.outcome}" + (f" ({why[0][:300]})" if why else ""))
+        lines.append(f"{c.id}: " + "; ".join(tries))
+    return lines
+
+
+def write_retried(tr: Any, cells: tuple[CellResult, ...]) -> None:
+    """The summary's section of retried items (infrastructure failures run again on a fresh engine)."""
+    lines = retried_lines(cells)
+    if not lines:
+        return
+    tr.section(f"vllm-repro: {len(lines)} item(s) retried after an infrastructure failure (--retry-infra)",
+               yellow=True)
+    for line in lines:
+        tr.write_line(line)
