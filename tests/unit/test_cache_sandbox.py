@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 def test_this_session_writes_its_caches_under_the_test_cache() -> None:
     # Set by tests/conftest.py before any test module was imported: fails if the sandbox was not entered.
-    root = Path(os.environ.get(cache_sandbox.TEST_CACHE_VAR) or cache_sandbox.DEFAULT_TEST_CACHE).resolve()
+    root = Path(os.environ.get(cache_sandbox.TEST_CACHE_VAR) or cache_sandbox.default_test_cache(os.environ)).resolve()
     assert default_cache_dir() == root / "vllm-repro"
     assert Path(os.environ["HF_HOME"]).is_relative_to(root)
     assert Path(os.environ["VLLM_CACHE_ROOT"]).is_relative_to(root)
