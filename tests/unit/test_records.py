@@ -35,7 +35,7 @@ from harness.core.records import (
 )
 from harness.verdicts.compare import compare
 from harness.verdicts.compare import markdown as compare_markdown
-from harness.verdicts.history import run_id_of
+from harness.verdicts.history.store import run_id_of
 from harness.verdicts.report import markdown
 from harness.verdicts.results import Results, ResultsLog, read_results
 
