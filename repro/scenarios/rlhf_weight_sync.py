@@ -61,14 +61,9 @@ from repro.scenarios.base import (
     RequestSpec,
     ScenarioFailed,
     ScenarioUnsupported,
-    check_pause_api,
-    check_reset_api,
     params_from_dict,
-    reset_action,
-    run_plan,
-    run_reference,
-    run_unpaused,
 )
+from repro.scenarios.runs import check_pause_api, check_reset_api, reset_action, run_plan, run_reference, run_unpaused
 
 TRANSFERS = ("reload", "nccl")
 MODES = ("keep",)

@@ -22,7 +22,7 @@ from fake_engine import SP, Completion, Output
 from hypothesis import given
 from hypothesis import strategies as st
 
-import repro.scenarios.base as base
+import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict, classify_request
 from repro.models import (
     BigramCycleSpec,
@@ -303,7 +303,7 @@ def _ctx(ck: dict[str, Any], tmp_path: Path, start_engine: Any = None) -> Engine
 
 
 def _play(llm: FakeLLM, ctx: EngineContext, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(base, "_vllm_api", lambda: (_SP, "DELTA"))
+    monkeypatch.setattr(runs, "_vllm_api", lambda: (_SP, "DELTA"))
     sc = {"id": "weight_sync-keep-clear", "scenario": "weight_sync", "params": params, "seed": 17}
     return asyncio.run(rlhf_weight_sync.run(llm, sc, ctx, timeout=30))
 
