@@ -41,8 +41,8 @@ from repro.scenarios.base import (
     make_prompts,
     params_from_dict,
 )
-from repro.scenarios.rlhf_weight_sync import reload_unsupported
 from repro.scenarios.runs import run_plan, run_reference
+from repro.scenarios.weight_transfer import reload_unsupported
 
 MODES = ("keep",)
 
