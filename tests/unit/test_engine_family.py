@@ -377,7 +377,7 @@ def test_no_running_request_reset_is_unsupported_before_any_request(monkeypatch:
 
 
 def test_reports_show_no_mode_for_a_scenario_that_does_not_pause() -> None:
-    from harness.verdicts.report import markdown
+    from harness.verdicts.report.markdown import markdown
     from harness.verdicts.results import Results, judged_result
 
     rec = {**_rec(REF[:20], REF, [_op("reset", 8)]), "rid": "reset_inflight-r00"}
