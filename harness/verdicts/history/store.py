@@ -16,6 +16,8 @@ from harness.core.axes import BY_NAME
 from harness.core.cell import Cell
 from harness.core.errors import ResultsFileError
 from harness.core.records import AXES_AFTER_V1, Schema, identity_form, inject_ids, known_cell, legacy_label
+from harness.core.schema import validate
+from harness.verdicts.file_schemas import HISTORY_RUN
 from harness.verdicts.results import SCHEMA as RESULTS_SCHEMA
 from harness.verdicts.results import CellResult, Results, read_results
 
@@ -255,6 +257,7 @@ def _parse(text: str, path: Path) -> tuple[Run, ...]:
                 f"{where}: corrupt history line ({exc.msg} at column {exc.colno}){cut}; fix or delete that line"
             ) from exc
         HISTORY.check(obj, where, _history_hint)
+        validate(HISTORY_RUN, obj, where, ResultsFileError)
         try:
             missing = [k for k in ("run_id", "added", "cells") if k not in obj]
             if missing:
