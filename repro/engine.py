@@ -37,7 +37,8 @@ from repro.cell import effective_settings, probe_engine, refused_setting, run_ce
 from repro.model_kinds import LoadedModel, load_model
 from repro.rootcause import root_causes
 from repro.scenarios import pauses
-from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
+from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
+from repro.scenarios.runs import check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 

@@ -19,7 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.bundle.wheelhouse import check_python, pip_download_args, sha256_file
+from harness.bundle.manifest import sha256_file
+from harness.bundle.wheelhouse import check_python, pip_download_args
 from harness.core.errors import BadInput, EnvBuildError
 from harness.envbuild.tools import Log, last_lines
 

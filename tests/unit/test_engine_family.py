@@ -19,6 +19,7 @@ import pytest
 from fake_engine import SP, Completion, Output
 
 import repro.scenarios.base as base
+import repro.scenarios.runs as runs
 from harness.core.cell import Cell, parse_cell_id
 from harness.core.oracle import Outcome, cell_verdict, classify_request
 from harness.core.scenarios import BY_SCENARIO
@@ -286,7 +287,7 @@ PERM = cycle_permutation(VOCAB, BigramCycleSpec().seed)
 def _play(llm: FakeLLM, scenario: str, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
           bigram: bool = True) -> dict[str, Any]:
     """``bigram=False``: the engine's model is another one (``--model``): its stream is not known in advance."""
-    monkeypatch.setattr(base, "_vllm_api", lambda: (_SP, "DELTA"))
+    monkeypatch.setattr(runs, "_vllm_api", lambda: (_SP, "DELTA"))
     ctx = EngineContext(model_spec=BigramCycleSpec(), model_dir=Path("/nonexistent"), perm=PERM if bigram else None,
                         model_cache=Path("/nonexistent"), work_dir=Path("/nonexistent"), tensor_parallel_size=1,
                         start_engine=lambda d: pytest.fail("no engine start expected"),
@@ -376,7 +377,7 @@ def test_no_running_request_reset_is_unsupported_before_any_request(monkeypatch:
 
 
 def test_reports_show_no_mode_for_a_scenario_that_does_not_pause() -> None:
-    from harness.verdicts.report import markdown
+    from harness.verdicts.report.markdown import markdown
     from harness.verdicts.results import Results, judged_result
 
     rec = {**_rec(REF[:20], REF, [_op("reset", 8)]), "rid": "reset_inflight-r00"}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_engine import SP, FakeLLM
 
-import repro.scenarios.base as base
+import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.scenarios import BY_SCENARIO, PROFILES
 from harness.plan.matrix import Cell, plan_cells
@@ -308,7 +308,7 @@ def _ctx(model: dict[str, Any], tmp_path: Path) -> EngineContext:
 
 def _play(name: str, llm: FakeLLM, model: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
           **params: Any) -> dict[str, Any]:
-    monkeypatch.setattr(base, "_vllm_api", lambda: (SP, "DELTA"))
+    monkeypatch.setattr(runs, "_vllm_api", lambda: (SP, "DELTA"))
     sc = {"id": name, "scenario": name, "params": {"max_tokens": 16, **params}, "seed": 7}
     return asyncio.run(RUNNERS[name](llm, sc, _ctx(model, tmp_path), 30))
 

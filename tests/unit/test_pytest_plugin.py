@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import harness.envbuild.from_wheelhouse as whb
 import harness.frontends.pytest_plugin as plugin
-from harness.bundle.wheelhouse import MANIFEST, SCHEMA_VERSION
+from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION
 from harness.core.oracle import Outcome
 from harness.core.scenarios import DEFAULT_SCENARIOS, SCENARIOS
 from harness.envbuild.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory

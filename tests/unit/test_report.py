@@ -13,15 +13,11 @@ from synthetic import request_record
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.versions import version_key
 from harness.plan.matrix import Cell
-from harness.verdicts.report import (
-    ReportPaths,
-    junit_xml,
-    markdown,
-    render_terminal,
-    terminal_table,
-    verdict_paragraph,
-    write_reports,
-)
+from harness.verdicts.report import ReportPaths, write_reports
+from harness.verdicts.report.junit import junit_xml
+from harness.verdicts.report.markdown import markdown
+from harness.verdicts.report.terminal import render_terminal, terminal_table
+from harness.verdicts.report.workaround_text import verdict_paragraph
 from harness.verdicts.results import CellResult, Results, infra_result, judged_result, read_results
 from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
 
@@ -448,7 +444,6 @@ def test_write_reports_replaces_existing(results: Results, tmp_path: Path) -> No
 def test_every_report_of_an_injected_run_says_so() -> None:
     from harness.core.oracle import Outcome
     from harness.plan.matrix import Cell
-    from harness.verdicts.report import junit_xml, markdown
     from harness.verdicts.results import CellResult, Results
 
     cells = (CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.LOSS, "LOSS(1) in 8/10"),)
@@ -462,7 +457,6 @@ def test_every_report_of_an_injected_run_says_so() -> None:
 def test_flaky_cells_fail_in_junit() -> None:
     from harness.core.oracle import Outcome
     from harness.plan.matrix import Cell
-    from harness.verdicts.report import junit_xml
     from harness.verdicts.results import CellResult, Results
 
     res = Results((CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5"),),
@@ -495,7 +489,7 @@ def test_injection_banner_survives_merging_and_jsonl_logs() -> None:
 
     from harness.core.oracle import Outcome
     from harness.plan.matrix import Cell
-    from harness.verdicts.report import injection_banner
+    from harness.verdicts.report.cells import injection_banner
     from harness.verdicts.results import CellResult, Results, merge_results
 
     cell = Cell("0.32.0", "mp", True, "keep", True)

@@ -22,7 +22,8 @@ from harness.core.oracle import Outcome, cell_verdict
 from repro.models import cycle_permutation
 from repro.sched.adapter import innermost_vllm_frame
 from repro.sched.executor import Executor, OpUnsupported
-from repro.sched.runner import Emitter, run_scenario
+from repro.sched.runner import Emitter
+from repro.sched.scenario import run_scenario
 from repro.sched.script import SCHEMA_VERSION, Op, build_script
 
 pytestmark = pytest.mark.unit

@@ -22,7 +22,7 @@ from fake_engine import SP, Completion, Output
 from hypothesis import given
 from hypothesis import strategies as st
 
-import repro.scenarios.base as base
+import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict, classify_request
 from repro.models import (
     BigramCycleSpec,
@@ -32,16 +32,16 @@ from repro.models import (
     load_perm,
     swap_partner,
 )
-from repro.scenarios import RUNNERS, SCENARIOS, rlhf_weight_sync
+from repro.scenarios import RUNNERS, SCENARIOS, rlhf_weight_sync, weight_transfer
 from repro.scenarios.base import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
 from repro.scenarios.rlhf_weight_sync import (
     WeightSyncParams,
     computed_reference,
     cross_check_request,
     disagreements,
-    reload_unsupported,
     swap_index,
 )
+from repro.scenarios.weight_transfer import reload_unsupported
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start the trainer process.
 
@@ -303,7 +303,7 @@ def _ctx(ck: dict[str, Any], tmp_path: Path, start_engine: Any = None) -> Engine
 
 
 def _play(llm: FakeLLM, ctx: EngineContext, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(base, "_vllm_api", lambda: (_SP, "DELTA"))
+    monkeypatch.setattr(runs, "_vllm_api", lambda: (_SP, "DELTA"))
     sc = {"id": "weight_sync-keep-clear", "scenario": "weight_sync", "params": params, "seed": 17}
     return asyncio.run(rlhf_weight_sync.run(llm, sc, ctx, timeout=30))
 
@@ -402,10 +402,10 @@ def test_a_failing_swap_resumes_the_engine_and_restores_a(
 @pytest.mark.unit
 def test_the_trainer_takes_the_first_visible_gpu_after_the_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
-    assert rlhf_weight_sync.trainer_gpu_candidates(1) == ["5", "6"]
-    assert rlhf_weight_sync.trainer_gpu_candidates(2) == ["6"]
+    assert weight_transfer.trainer_gpu_candidates(1) == ["5", "6"]
+    assert weight_transfer.trainer_gpu_candidates(2) == ["6"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
-    assert rlhf_weight_sync.trainer_gpu_candidates(1) == []
+    assert weight_transfer.trainer_gpu_candidates(1) == []
 
 
 @pytest.mark.unit
@@ -433,8 +433,8 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
 
     proc = subprocess.run([sys.executable, "-m", "repro.weight_trainer"], input="".join(x + "\n" for x in lines),
                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
-    replies = [json.loads(x[len(rlhf_weight_sync.TRAINER_TAG):]) for x in proc.stdout.splitlines()
-               if x.startswith(rlhf_weight_sync.TRAINER_TAG)]
+    replies = [json.loads(x[len(weight_transfer.TRAINER_TAG):]) for x in proc.stdout.splitlines()
+               if x.startswith(weight_transfer.TRAINER_TAG)]
     return proc.returncode, replies, proc.stderr
 
 
@@ -442,7 +442,7 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
 def test_trainer_replies_with_the_tag_the_scenario_reads_and_stops_on_request() -> None:
     from repro import weight_trainer
 
-    assert weight_trainer.TAG == rlhf_weight_sync.TRAINER_TAG
+    assert weight_trainer.TAG == weight_transfer.TRAINER_TAG
     rc, replies, err = _trainer(['{"op": "stop"}', '{"op": "never-read"}'])
     assert (rc, replies) == (0, [{"ok": True}]), err
 

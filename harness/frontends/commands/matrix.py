@@ -296,7 +296,8 @@ class MatrixCommand(Command):
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts.report import render_terminal, write_reports
+        from harness.verdicts.report import write_reports
+        from harness.verdicts.report.terminal import render_terminal
 
         setup = matrix_setup(ctx, args)
         console = stderr_console()
