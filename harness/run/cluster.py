@@ -63,6 +63,7 @@ from harness.run.context import (
     RunContext,
     env_facts,
 )
+from harness.run.events import Event, StartEvent
 from harness.run.runner import RunConfig, kill_group, run_engine
 from harness.verdicts.results import CellResult, infra_result
 
@@ -340,10 +341,10 @@ def run_engine_job(job: EngineJob, mailbox: Any) -> dict[str, Any]:
     env_info = {"path": facts.pop("path"), "host": node["host"], **facts}  # the key order of earlier reports
     wd = (cfg.work_dir / "engines" / job.key.id).resolve()
 
-    def on_event(_key: EngineKey, ev: dict[str, Any]) -> None:
-        if ev.get("event") == "start" and isinstance(ev.get("pgid"), int):
-            reaper.watch(ev["pgid"])
-        post("event", ev)
+    def on_event(_key: EngineKey, ev: Event) -> None:
+        if isinstance(ev, StartEvent):
+            reaper.watch(ev.pgid)
+        post("event", ev)  # the typed event (Ray pickles it)
 
     reaper = Reaper(wd)
     try:
@@ -453,8 +454,8 @@ class _RayRun:
             if kind == "result":
                 self.record(CellResult.from_dict(payload))
             elif kind == "event":
-                if payload.get("event") == "start" and isinstance(payload.get("pgid"), int):
-                    self.seen.setdefault(eid, {})["pgid"] = payload["pgid"]
+                if isinstance(payload, StartEvent):
+                    self.seen.setdefault(eid, {})["pgid"] = payload.pgid
                 self.ctx.event(key, payload)
             elif kind == "node":
                 self.seen.setdefault(eid, {}).update(payload)

@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from harness.core.cell import Cell
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import CellVerdict, Outcome
 from harness.core.records import LINE, RESULTS, SCHEMA_VERSION, CellResult, EngineInfo, migrate_cell
+from harness.core.streams import StreamRecord
 
 SCHEMA = RESULTS.name
 LINE_SCHEMA = LINE.name
@@ -30,12 +32,13 @@ def infra_result(cell: Cell, outcome: Outcome, reason: str,
 
 
 def judged_result(
-    cell: Cell, verdict: CellVerdict, records: list[dict[str, Any]], engine: EngineInfo | dict[str, Any] | None,
+    cell: Cell, verdict: CellVerdict, records: Sequence[StreamRecord], engine: EngineInfo | dict[str, Any] | None,
     duration_s: float | None,
 ) -> CellResult:
-    """A cell whose scenario ran, with the oracle's verdict merged into each request record."""
+    """A cell whose scenario ran, with the oracle's verdict merged into each request record (as the engine wrote
+    it: ``StreamRecord.raw``)."""
     by_rid = {rv.rid: rv.to_dict() for rv in verdict.requests}
-    reqs = tuple({**rec, "verdict": by_rid.get(rec["rid"])} for rec in records)
+    reqs = tuple({**rec.raw, "verdict": by_rid.get(rec.rid)} for rec in records)
     return CellResult(cell, verdict.outcome, verdict.summary, verdict.reason, verdict.counts, reqs, engine,
                       duration_s, label=verdict.label)
 
