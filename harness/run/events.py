@@ -81,6 +81,13 @@ class Precondition:
     met: bool
     what: str = ""
 
+    @classmethod
+    def from_json(cls, value: Any) -> Precondition | None:
+        """The precondition of a scenario event's ``precondition`` object (None: the scenario states none)."""
+        if not isinstance(value, Mapping):
+            return None
+        return cls(bool(value.get("met")), str(value.get("what") or ""))
+
 
 @dataclass(frozen=True)
 class ScenarioEvent:
@@ -195,20 +202,15 @@ def _engine(ev: Mapping[str, Any]) -> EngineEvent:
                        started if isinstance(started, bool) else None, ev)
 
 
-def _precondition(value: Any) -> Precondition | None:
-    if not isinstance(value, Mapping):
-        return None
-    return Precondition(bool(value.get("met")), str(value.get("what") or ""))
-
-
 def scenario_event(ev: Mapping[str, Any]) -> ScenarioEvent:
     """A ``scenario`` event (checked by ``repro.wire`` already) with its records read."""
     records = stream_records(ev["records"]) if ev["status"] == "ran" else _partial(ev.get("records"))
     stalled = ev.get("stalled")
     return ScenarioEvent(
         str(ev["id"]), str(ev["status"]), records, _str(ev.get("reason")), _num(ev.get("duration_s")),
-        _precondition(ev.get("precondition")), bool(ev.get("engine_recovered")), _str(ev.get("scheduler_class")),
-        _str(ev.get("spec_method")), str(stalled) if stalled else None, _str(ev.get("vllm_source")), ev)
+        Precondition.from_json(ev.get("precondition")), bool(ev.get("engine_recovered")),
+        _str(ev.get("scheduler_class")), _str(ev.get("spec_method")), str(stalled) if stalled else None,
+        _str(ev.get("vllm_source")), ev)
 
 
 def _partial(value: Any) -> tuple[StreamRecord, ...]:
@@ -222,10 +224,10 @@ def _partial(value: Any) -> tuple[StreamRecord, ...]:
         return ()
 
 
-def replay_event(replay: Mapping[str, Any], scenario_id: str = "falsifying") -> ScenarioEvent:
+def as_scenario_event(fields: Mapping[str, Any], scenario_id: str = "falsifying") -> ScenarioEvent:
     """A scenario's fields without the event envelope (a fuzz run's replay of its falsifying example), checked
-    as the ``scenario`` event they are."""
-    event = parse_event({"event": "scenario", "id": scenario_id, **replay})
+    as the ``scenario`` event they are (``id`` defaults to ``scenario_id``)."""
+    event = parse_event({"event": "scenario", "id": scenario_id, **fields})
     assert isinstance(event, ScenarioEvent)
     return event
 
@@ -234,7 +236,7 @@ def _fuzz(ev: Mapping[str, Any]) -> FuzzEvent:
     fals = ev.get("falsifying")
     if fals is not None and not (isinstance(fals.get("script"), Mapping) and isinstance(fals.get("replay"), Mapping)):
         raise MalformedEvent("fuzz event: a falsifying example without its script or its replay")
-    replay = replay_event(fals["replay"]) if fals is not None else None
+    replay = as_scenario_event(fals["replay"]) if fals is not None else None
     return FuzzEvent(
         str(ev["status"]), _int(ev.get("examples")) or 0, _int(ev.get("seed")), _int(ev.get("examples_to_failure")),
         _num(ev.get("wall_s")) or 0.0, _num(ev.get("cpu_s")), fals, replay, _str(ev.get("reason")),
