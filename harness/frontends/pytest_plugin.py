@@ -231,7 +231,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class EngineScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    class EngineScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return engine_scope(nodeid.split("@", 1)[0])
 
@@ -250,7 +250,7 @@ def _run_dir(config: pytest.Config) -> Path:
     if not hasattr(config, "_repro_run_dir"):
         base = config.getoption("repro_reports")
         config._repro_run_dir = base / f".run-{uuid.uuid4().hex[:8]}"  # type: ignore[attr-defined]
-    return config._repro_run_dir  # type: ignore[attr-defined, no-any-return]
+    return config._repro_run_dir  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

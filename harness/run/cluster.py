@@ -134,7 +134,7 @@ def task_resources(key: EngineKey, platform: str) -> dict[str, float]:
     return {"num_cpus": 1.0, "num_gpus": float(key.tp) if platform == "cuda" else 0.0}
 
 
-def unplaceable_reason(need: Mapping[str, float], nodes: list[Mapping[str, float]], label: str) -> str | None:
+def unplaceable_reason(need: Mapping[str, float], nodes: Sequence[Mapping[str, float]], label: str) -> str | None:
     """Why no node of the cluster can ever run a task needing ``need``, or None if one can.
 
     Ray would leave such a task pending forever; the cell is UNSUPPORTED instead.

@@ -76,7 +76,8 @@ class _LocalRun:
                 self._start(queue, running, pool, block=True)
                 continue
             building = [f for v, f in self.builds.items() if v not in self.envs and not f.done()]
-            done, _ = wait([*running, *building], timeout=1.0, return_when=FIRST_COMPLETED)
+            waiting: list[Future[Any]] = [*running, *building]
+            done, _ = wait(waiting, timeout=1.0, return_when=FIRST_COMPLETED)
             for f in done & running.keys():
                 self.slots.give(*running.pop(f))
                 f.result()  # a harness bug in an engine thread surfaces here

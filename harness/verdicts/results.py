@@ -18,7 +18,15 @@ from typing import Any
 from harness.core.cell import Cell
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import CellVerdict, Outcome
-from harness.core.records import LINE, RESULTS, SCHEMA_VERSION, CellResult, EngineInfo, migrate_cell
+from harness.core.records import (
+    LINE,
+    RESULTS,
+    SCHEMA_VERSION,
+    CellResult,
+    EngineInfo,
+    RequestRecord,
+    migrate_cell,
+)
 from harness.core.streams import StreamRecord
 
 SCHEMA = RESULTS.name
@@ -28,7 +36,11 @@ LINE_SCHEMA = LINE.name
 def infra_result(cell: Cell, outcome: Outcome, reason: str,
                  engine: EngineInfo | dict[str, Any] | None = None) -> CellResult:
     """A cell that did not produce token streams: UNSUPPORTED, ERROR or TIMEOUT, with its reason."""
-    return CellResult(cell, outcome, reason, reason=reason, engine=engine, label=outcome.value)
+    return CellResult(cell, outcome, reason, reason=reason, engine=_engine(engine), label=outcome.value)
+
+
+def _engine(engine: EngineInfo | dict[str, Any] | None) -> EngineInfo | None:
+    return EngineInfo(engine) if isinstance(engine, dict) else engine
 
 
 def judged_result(
@@ -38,8 +50,8 @@ def judged_result(
     """A cell whose scenario ran, with the oracle's verdict merged into each request record (as the engine wrote
     it: ``StreamRecord.raw``)."""
     by_rid = {rv.rid: rv.to_dict() for rv in verdict.requests}
-    reqs = tuple({**rec.raw, "verdict": by_rid.get(rec.rid)} for rec in records)
-    return CellResult(cell, verdict.outcome, verdict.summary, verdict.reason, verdict.counts, reqs, engine,
+    reqs = tuple(RequestRecord({**rec.raw, "verdict": by_rid.get(rec.rid)}) for rec in records)
+    return CellResult(cell, verdict.outcome, verdict.summary, verdict.reason, verdict.counts, reqs, _engine(engine),
                       duration_s, label=verdict.label)
 
 

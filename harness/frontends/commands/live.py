@@ -138,7 +138,8 @@ class LiveBoard:
         for r in shown:
             table.add_row(r.id, f"[{STATE_STYLE[r.state]}]{r.state}[/]", f"{r.done}/{r.cells}",
                           str(r.faults or ""), r.elapsed(now))
-        lines = [f"environments: {', '.join(f'{v} {s}' for v, s in self.envs.items()) or 'none'}", table]
+        lines: list[RenderableType] = [f"environments: {', '.join(f'{v} {s}' for v, s in self.envs.items()) or 'none'}",
+                                    table]
         if queued:
             lines.append(f"[dim]{queued} engine(s) queued[/]")
         lines += [f"[yellow]{n} cell(s) UNSUPPORTED[/]: {why}" for why, n in self.folded.items()]

@@ -56,7 +56,7 @@ def add_axis_options(p: argparse.ArgumentParser) -> None:
     for a in AXES:
         if a.option:
             # ``--async`` cannot be an attribute name: its dest is ``async_``.
-            extra = {"dest": "async_", "metavar": "ASYNC"} if a.option == "async" else {}
+            extra: dict[str, Any] = {"dest": "async_", "metavar": "ASYNC"} if a.option == "async" else {}
             p.add_argument(f"--{a.option}", help=a.help, **extra)
 
 
