@@ -18,7 +18,7 @@ are recognised, anything else is reported not applicable (never guessed at):
   ``request.async_tokens_to_discard = request.num_output_placeholders`` and
   AsyncScheduler drops that many frames.  Injection: set the counter back to
   1 for every request the reset preempted, i.e. revert the PR's one line.
-* ``stale-accounting`` -- vLLM PR #48245 (0.32.0 ...): ``_preempt_request``
+* ``stale-accounting`` -- vLLM PR #48245 (0.27.0 ...): ``_preempt_request``
   marks ``num_in_flight_tokens`` as stale and ``update_from_output`` skips
   stale frames of a ``drop_stale_output`` preemption before they reach
   ``_update_request_with_output``.  Injection: a request the reset preempted

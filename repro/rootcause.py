@@ -15,8 +15,17 @@ import os
 import re
 from pathlib import Path
 
-# vLLM prefixes the lines of its child processes: "(Worker pid=1) ERROR 12-01 03:08:43 [file.py:870] text".
-_PREFIX = re.compile(r"^\([^)]*\) (?:[A-Z]+ \S+ \S+ \[[^\]]*\] )?")
+# vLLM prefixes the lines of its child processes: "(Worker pid=1) ERROR 12-01 03:08:43 [file.py:870] text";
+# the front end's logger lines have the level header alone ("ERROR 12-01 03:08:43 [core_client.py:9] text").
+_PREFIX = re.compile(r"^(?:\([^)]*\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S+ \[[^\]]*\] )?")
+# Python's lines between the tracebacks of one chained exception (innermost printed first).
+_CHAINED = ("The above exception was the direct cause of the following exception:",
+            "During handling of the above exception, another exception occurred:")
+# vLLM's exceptions that only point elsewhere for the cause: vllm/v1/engine/utils.py wait_for_engine_startup
+# ("Engine core initialization failed. See root cause above. Failed core proc(s): {}", 0.14-0.33),
+# vllm/v1/executor/multiproc_executor.py ("WorkerProc initialization failed due to an exception in a background
+# process. See stack trace for root cause.", 0.14-0.33).
+POINTERS = ("See root cause above", "See stack trace for root cause")
 _TAIL_BYTES = 256 * 1024
 _START = "Traceback (most recent call last):"
 
@@ -46,14 +55,52 @@ def tracebacks(text: str) -> list[list[str]]:
     return out
 
 
-def root_causes(path: Path | None = None) -> list[list[str]]:
-    """The tracebacks of the engine's log (``path``, default this process's stdout), oldest first."""
-    path = path or own_log()
-    if path is None:
-        return []
+def chains(text: str) -> list[list[list[str]]]:
+    """The tracebacks of ``text`` grouped into chained exceptions, each chain innermost first."""
+    out: list[list[list[str]]] = []
+    joined = False
+    for raw in text.splitlines():
+        ln = _PREFIX.sub("", raw).strip()
+        if ln in _CHAINED:
+            joined = bool(out)
+        elif ln == _START:
+            if joined:
+                out[-1].append([])
+            else:
+                out.append([[]])
+            joined = False
+    blocks = iter(tracebacks(text))
+    return [[next(blocks) for _ in chain] for chain in out]
+
+
+def root_cause(text: str) -> str | None:
+    """The exception line vLLM's failure comes down to: of the last chained exception in ``text``, the innermost
+    one that is not only a pointer elsewhere (:data:`POINTERS`), else of the chain before it.
+
+    e.g. ``torch.distributed.DistNetworkError: The server socket has failed to listen on any local network
+    address. ... EADDRINUSE`` printed by the engine core process, 40 lines above the front end's
+    ``RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}``.
+    """
+    for chain in reversed(chains(text)):
+        for tb in chain:
+            # A traceback cut short (the process killed mid-print) ends on a frame: no exception line.
+            line = tb[-1].strip() if len(tb) > 1 and tb[-1][:1] not in ("", " ", "\t") else ""
+            if line and not any(p in line for p in POINTERS):
+                return line[:500]
+    return None
+
+
+def read_tail(path: Path) -> str:
+    """The last :data:`_TAIL_BYTES` of ``path`` (empty when it cannot be read)."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
-            return tracebacks(f.read().decode("utf-8", errors="replace"))
+            return f.read().decode("utf-8", errors="replace")
     except OSError:
-        return []
+        return ""
+
+
+def root_causes(path: Path | None = None) -> list[list[str]]:
+    """The tracebacks of the engine's log (``path``, default this process's stdout), oldest first."""
+    path = path or own_log()
+    return [] if path is None else tracebacks(read_tail(path))

@@ -109,7 +109,7 @@ def _request_progress(self: Any) -> dict[str, dict[str, Any]]:
             "status": getattr(status, "name", str(status)),
             "num_preemptions": getattr(req, "num_preemptions", None),
             "discard_latest_async_tokens": bool(getattr(req, "discard_latest_async_tokens", False)),
-            # Frames in flight for it, and (0.22+, PR #42117) how many returning frames it will discard:
+            # Frames in flight for it, and (0.22-0.26, PR #42117) how many returning frames it will discard:
             # the evidence of what a reset did to it.
             "num_output_placeholders": getattr(req, "num_output_placeholders", None),
             "async_tokens_to_discard": getattr(req, "async_tokens_to_discard", None),

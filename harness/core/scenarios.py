@@ -133,6 +133,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # repro/scenarios/preempt.py: every request must resume from KV-pressure preemption with exactly its solo
     # stream; a run that provoked no preemption is UNSUPPORTED (failed precondition), never OK.
     Scenario("preempt", "more long requests than the tiny KV cache holds: preempted requests must resume exactly",
+             # #48245 merged (0.27.0); #47900 and #38624 were closed unmerged.
              profile="tiny-kv", tiers=("engine", "scheduler"), refs=("PR #48245", "PR #47900", "PR #38624"),
              trigger=False),
     # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode; the second wave
@@ -151,14 +152,15 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
              modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
     # The scheduler tier's family beyond the shared names (harness.sched.cells.SHAPES says what each plays).
+    # Refs name merged PRs that shaped the windows (docs/citations.md); #49860 and #49620 never merged.
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",
              tiers=("scheduler",), refs=("PR #42117",)),
     Scenario("preempt-deep", "KV-cache pressure preemption with two frames in flight and speculative decoding "
              "(2 drafts, all rejected)", tiers=("scheduler",), refs=("PR #48245",)),
     Scenario("spec-reset", "reset with a frame in flight under speculative decoding (2 drafts, all rejected)",
-             tiers=("scheduler",), refs=("PR #46066", "PR #49860", "PR #49620")),
+             tiers=("scheduler",), refs=("PR #42117", "PR #46066", "PR #48245")),
     Scenario("spec-reset-partial", "spec-reset with one of the 2 drafts accepted each step", tiers=("scheduler",),
-             refs=("PR #49860", "PR #49620")),
+             refs=("PR #42117", "PR #48245")),
     Scenario("spec-reset-twice", "spec-reset with two resets back to back, each with a frame in flight",
              tiers=("scheduler",), refs=("PR #46066",)),
 )

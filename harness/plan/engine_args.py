@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import BadInput
+from harness.core.schema import Anything, MapOf, Str, validate
 from repro.realistic import KIND as QWEN3_RANDOM
 from repro.realistic import spec_for
 from repro.wire import OWNED_ENGINE_ARGS
@@ -43,6 +44,10 @@ BUILTIN_MODELS: dict[str, str] = {
                   "Qwen3-0.6B's shape, ~0.75B in bfloat16, on cuda; built locally, no hub",
 }
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# An --engine-args file (and a preset's engine args): AsyncEngineArgs field names to any JSON value; whether vLLM
+# takes the value is vLLM's to say (UNSUPPORTED with its message).
+ENGINE_ARGS = MapOf(Anything(), Str(pattern=_KEY.pattern, what="an AsyncEngineArgs field name"),
+                    what="a JSON object of engine arguments")
 
 
 @dataclass(frozen=True)
@@ -156,12 +161,7 @@ def read_engine_args_file(path: Path) -> dict[str, Any]:
         raise BadInput(f"--engine-args {path}: cannot read it ({exc.strerror})") from exc
     except ValueError as exc:
         raise BadInput(f"--engine-args {path}: not JSON ({exc})") from exc
-    if not isinstance(doc, dict):
-        raise BadInput(f"--engine-args {path}: expected a JSON object of engine arguments, got "
-                       f"{type(doc).__name__}")
-    for key in doc:
-        if not _KEY.match(key):
-            raise BadInput(f"--engine-args {path}: {key!r} is not an AsyncEngineArgs field name")
+    validate(ENGINE_ARGS, doc, f"--engine-args {path}")
     return dict(doc)
 
 

@@ -11,9 +11,11 @@ from harness import __version__
 from harness.core.errors import BadInput, ResultsFileError
 from harness.core.oracle import Outcome
 from harness.core.records import Schema
+from harness.core.schema import validate
 from harness.envbuild.envs import default_wheels
 from harness.plan.matrix import Selection
 from harness.run.runner import RunConfig
+from harness.verdicts.file_schemas import RUN_RECORD
 from harness.verdicts.results import CellResult, log_line, read_results
 
 RUN_FILE = "run.json"
@@ -63,6 +65,7 @@ def resume_state(reports: Path, current: dict[str, Any]) -> list[CellResult]:
     except (OSError, json.JSONDecodeError) as exc:
         raise ResultsFileError(f"{run_path}: unreadable run record ({exc})") from exc
     RUN.check(previous, str(run_path))
+    validate(RUN_RECORD, previous, str(run_path), ResultsFileError)
     diffs = [k for k in ("platform", "cells", "settings") if previous.get(k) != current.get(k)]
     if diffs:
         raise BadInput(f"--resume: the run in {reports} was started with different {', '.join(diffs)}; "

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -38,6 +38,7 @@ from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import Cell, EngineKey
+from harness.run.engine_death import death_reason, log_tail
 from harness.run.events import (
     EngineEvent,
     Event,
@@ -47,6 +48,7 @@ from harness.run.events import (
     SchedEvent,
     parse_line,
 )
+from harness.run.ports import lease_ports
 from harness.sched import cells as sched_tier
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult, infra_result, judged_result
@@ -249,8 +251,12 @@ def scenario_entry(cell: Cell, cfg: RunConfig, rep: int = 1) -> dict[str, Any]:
     return scenario_spec(cell, cfg, rep).to_json()
 
 
-def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path) -> dict[str, str]:
+def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path,
+               ports: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment; ``ports`` (its :class:`harness.run.ports.PortLease`'s) replaces a ``VLLM_PORT``
+    of the caller's shell, which every engine would share, but not one the run's own ``extra_env`` sets."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(ports or {})
     env.update(
         PYTHONPATH=str(pythonpath),
         PYTHONUNBUFFERED="1",
@@ -366,13 +372,19 @@ class EngineProcess:
         self.spec_path.write_text(json.dumps(doc, indent=2))
         module = sched_tier.MODULE if engine.tier == "scheduler" else ENGINE_MODULE
         self.tail = EventTail(self.events_path)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [str(env.python), "-m", module, str(self.spec_path), str(self.events_path)],
-                cwd=self.wd, env={**engine_env(engine, cfg, stage), **(extra_env or {})}, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.PIPE if interactive else subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        # Its own ports until it is stopped: engines started side by side never pick the same one (issue 21).
+        self.ports = lease_ports()
+        try:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    [str(env.python), "-m", module, str(self.spec_path), str(self.events_path)],
+                    cwd=self.wd, env={**engine_env(engine, cfg, stage, self.ports.env), **(extra_env or {})},
+                    stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.PIPE if interactive else subprocess.DEVNULL, start_new_session=True,
+                )
+        except BaseException:
+            self.ports.release()
+            raise
 
     @property
     def pgid(self) -> int:
@@ -408,17 +420,12 @@ class EngineProcess:
         # Whatever happened, nothing of this engine outlives the run.
         kill_group(self.proc.pid)
         self.proc.wait()
+        self.ports.release()  # only now: a process of its group could still hold one of its ports
 
     def log_tail(self) -> str:
         return log_tail(self.log_path)
 
 
-def log_tail(path: Path, n: int = 8) -> str:
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(ln.strip()[:200] for ln in lines[-n:])
 
 
 ResultHook = Callable[[CellResult], None]
@@ -485,7 +492,7 @@ def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: 
                                 f"log: {proc.log_path}")
     else:
         dead = cells_of.fatal or f"engine process exited with code {proc.proc.returncode}"
-        why = (Outcome.ERROR, f"{dead} before this scenario reported; last log lines: {proc.log_tail()}")
+        why = (Outcome.ERROR, death_reason(dead, proc.log_path))
     cells_of.finish(*why)
 
 

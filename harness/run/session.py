@@ -20,6 +20,7 @@ from harness.core.errors import ReproError
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import EngineKey
+from harness.run.engine_death import with_cause
 from harness.run.events import EngineEvent, Event, FatalEvent, ScenarioEvent
 from harness.run.runner import EngineProcess, RunConfig
 from repro.wire import ScenarioSpec
@@ -119,7 +120,10 @@ class EngineSession:
     def _death(self, why: str) -> EngineDied:
         self.close()
         assert self.process is not None
-        return EngineDied(Outcome.ERROR, self.dead_reason or why, self.process.log_tail())
+        dead = self.dead_reason or why
+        # vLLM's root cause from the engine log when there is one (issue 21), else the log's last lines.
+        reason = with_cause(dead, self.process.log_path)
+        return EngineDied(Outcome.ERROR, reason or dead, None if reason else self.process.log_tail())
 
     def close(self) -> None:
         """Stop the engine (politely, then by killing its process group)."""

@@ -59,12 +59,15 @@ _DEEP_ONLY_ASYNC = ("two frames in flight need the AsyncScheduler (a batch queue
 # Scenario (harness.core.scenarios) -> what it plays on this tier.  "pause" is mapped by its mode and
 # clear_cache axes instead (sched_scenario).
 SHAPES: dict[str, SchedShape] = {
-    # PR #42117 wrote the one-frame discard flag for this case (an async engine holds one frame between
-    # iterations): a control on every release.  Async off: the reset between two steps of the sync Scheduler.
+    # The one-frame discard flag (discard_latest_async_tokens, 0.12.0-0.21.0; PR #42117 replaced it with a
+    # counter in 0.22.0) was written for this case (an async engine holds one frame between iterations): a
+    # control on every release.  Async off: the reset between two steps of the sync Scheduler.
     "reset-inflight": SchedShape("inflight_reset", {"depth": 2, "in_flight": 1}, {"in_flight": 0}),
-    # PR #42117's other half: two frames in flight (D=3) at the reset; the flag drops only the first.
+    # PR #42117's other half: two frames in flight (D=3) at the reset; 0.21's flag drops only the first, 0.22's
+    # counter (num_output_placeholders at the reset) drops both.
     "reset-deep": SchedShape("inflight_reset", {"depth": 3, "in_flight": 2}, sync_reason=_DEEP_ONLY_ASYNC),
-    # Negative control (PR #38624's proposal): stale output of a memory-pressure preemption delivered once.
+    # Negative control: stale output of a memory-pressure preemption delivered once, never twice (PR #38624,
+    # closed unmerged, claimed it duplicates and proposed discarding it).
     "preempt": SchedShape("preempt_pressure", {"depth": 2}, {}, preempts=True),
     # PR #48245: KV-pressure preemption with two frames in flight and speculative decoding (every draft
     # rejected), before 0.27 the stale frames drain against the rolled-back placeholder count.
@@ -72,8 +75,9 @@ SHAPES: dict[str, SchedShape] = {
                                sync_reason=_DEEP_ONLY_ASYNC, preempts=True),
     # Abort one of three running requests with a frame in flight; the others finish untouched.
     "abort-some": SchedShape("abort_inflight", {"depth": 2}, {}),
-    # PRs #46066 and #49860 / #49620: a reset with a frame in flight under speculative decoding (2 drafts a
-    # step, all rejected; one of them accepted; all rejected and two resets back to back).
+    # A reset with a frame in flight under speculative decoding (2 drafts a step, all rejected; one of them
+    # accepted; all rejected and two resets back to back): the stale frame's rejection correction (PR #46066,
+    # 0.25.0) and PR #42117's discard counted in tokens, drained in frames (0.22.0-0.26.0; ended by PR #48245).
     "spec-reset": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0, "in_flight": 1},
                              sync_reason=_SPEC_ONLY_ASYNC),
     "spec-reset-partial": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 1,

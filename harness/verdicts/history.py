@@ -41,7 +41,9 @@ from harness.core.errors import BadInput, ReproError, ResultsFileError
 from harness.core.outcomes import COLORS, LEGEND, Category, category, style
 from harness.core.pattern import CellPattern, parse_pattern
 from harness.core.records import AXES_AFTER_V1, Schema, identity_form, inject_ids, known_cell, legacy_label
+from harness.core.schema import validate
 from harness.core.versions import version_order
+from harness.verdicts.file_schemas import HISTORY_RUN
 from harness.verdicts.results import SCHEMA as RESULTS_SCHEMA
 from harness.verdicts.results import CellResult, Results, read_results
 
@@ -285,6 +287,7 @@ def _parse(text: str, path: Path) -> tuple[Run, ...]:
                 f"{where}: corrupt history line ({exc.msg} at column {exc.colno}){cut}; fix or delete that line"
             ) from exc
         HISTORY.check(obj, where, _history_hint)
+        validate(HISTORY_RUN, obj, where, ResultsFileError)
         try:
             missing = [k for k in ("run_id", "added", "cells") if k not in obj]
             if missing:

@@ -22,6 +22,8 @@ from harness.core.errors import BadInput
 from harness.core.oracle import SHIFTS, FaultEvent, Outcome, events_label, running_pauses
 from harness.core.pattern import CellPattern, pattern_from_mapping
 from harness.core.records import ExpectationRecord, RequestRecord, RequestVerdictRecord
+from harness.core.schema import found, validate
+from harness.verdicts.file_schemas import KNOWN_BUG, KNOWN_BUGS
 from harness.verdicts.results import CellResult
 from harness.verdicts.tomlfile import load_table
 
@@ -72,10 +74,15 @@ class Check:
 def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
     """Parse the known-bug TOML (default: the table shipped with vllm-repro)."""
     data, where = load_table(path, "known_bugs.toml", "known-bug table")
+    validate(KNOWN_BUGS, data, where)
     bugs = []
     for i, b in enumerate(data.get("bug", [])):
         try:
             affected = SpecifierSet(b["affected"])
+        except InvalidSpecifier:
+            raise BadInput(f"{where}: bug[{i}].affected: expected {KNOWN_BUG.fields['affected'].expected}, found "
+                           f"{found(b['affected'])}") from None
+        try:
             rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}") for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
                                  rules, str(b.get("note", ""))))

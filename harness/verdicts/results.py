@@ -27,9 +27,14 @@ from harness.core.records import (
     RequestRecord,
     migrate_cell,
 )
+from harness.core.schema import ListOf, Obj, validate
 from harness.core.streams import StreamRecord
+from harness.verdicts.file_schemas import CELL_RESULT
 
 SCHEMA = RESULTS.name
+# Checked before migration (which needs an object); each cell is then checked against CELL_RESULT.
+CELL_OBJECT = Obj({}, open=True, what="a cell result object")
+RESULTS_DOC = Obj({"cells": ListOf(CELL_OBJECT, what="a list of cell results")}, open=True)
 LINE_SCHEMA = LINE.name
 
 
@@ -171,11 +176,16 @@ def read_results(path: Path) -> Results:
     meta = {k: v for k, v in obj.items() if k not in ("schema", "schema_version", "cells", "migrated_from")}
     if version != SCHEMA_VERSION or "migrated_from" in obj:
         meta["migrated_from"] = obj.get("migrated_from", version)
-    return Results(tuple(_cell(c, version, str(path)) for c in obj.get("cells", [])), meta)
+    validate(RESULTS_DOC, obj, str(path), ResultsFileError)
+    return Results(tuple(_cell(c, version, str(path), f"cells[{i}]") for i, c in enumerate(obj.get("cells", []))),
+                   meta)
 
 
-def _cell(obj: Any, version: int, where: str) -> CellResult:
+def _cell(obj: Any, version: int, where: str, at: str = "") -> CellResult:
+    validate(CELL_OBJECT, obj, where, ResultsFileError, at)
+    migrated = migrate_cell(obj, version)
+    validate(CELL_RESULT, migrated, where, ResultsFileError, at)
     try:
-        return CellResult.from_dict(migrate_cell(obj, version))
+        return CellResult.from_dict(migrated)
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ResultsFileError(f"{where}: malformed cell result ({exc!r})") from exc

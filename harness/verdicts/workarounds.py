@@ -19,7 +19,9 @@ from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.core.pattern import pattern_from_mapping
+from harness.core.schema import validate
 from harness.core.versions import version_key
+from harness.verdicts.file_schemas import LEDGER
 from harness.verdicts.results import CellResult, Results
 from harness.verdicts.tomlfile import load_table
 
@@ -206,6 +208,7 @@ def _check_cell(where: str, table: Any, required: bool) -> None:
 def load_ledger(path: Path | None = None) -> tuple[Workaround, ...]:
     """Parse the ledger (default: the ``workarounds.toml`` shipped with vllm-repro)."""
     data, where = load_table(path, "workarounds.toml", "workaround ledger")
+    validate(LEDGER, data, where)
     out = []
     for i, w in enumerate(data.get("workaround", [])):
         here = f"{where}: workaround #{i + 1} ({w.get('id', '?')})"

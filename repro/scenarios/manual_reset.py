@@ -7,10 +7,11 @@ with the old weights), then ``resume_generation()``.  That is the sequence
 keep + clear_cache performs inside the engine, so on an async engine it meets
 vLLM #42043 the same way: the reset force-preempts the frozen requests and marks
 each to discard an output frame that is not in flight, and the first
-post-resume token is lost (PR #42117, in 0.22.0, discards exactly the frames in
-flight).  Requests submitted during the pause start after resume and must be
-unaffected.  The variant with a weight swap between pause and reset is the
-weight-sync flow with ``explicit_reset`` (``repro.scenarios.rlhf_weight_sync``).
+post-resume token is lost (PR #42117, in 0.22.0, discards as many returning
+frames as placeholders were in flight: 0 after the keep pause).  Requests
+submitted during the pause start after resume and must be unaffected.  The
+variant with a weight swap between pause and reset is the weight-sync flow
+with ``explicit_reset`` (``repro.scenarios.rlhf_weight_sync``).
 """
 
 from __future__ import annotations

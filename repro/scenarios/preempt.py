@@ -4,8 +4,9 @@ Runs on the ``tiny-kv`` engine profile (``harness.core.scenarios.PROFILES``: 8 K
 of them vLLM's null block).  Every request needs two blocks by its end, so eight at once need sixteen: vLLM's
 scheduler preempts running requests (frees their blocks, recomputes them later from prompt + output so far)
 to let the others grow.  With async scheduling a preempted request may have an output frame in flight when
-it is preempted; vLLM must neither deliver that stale frame twice nor lose it (PR #47900, PR #48245: the
-``num_output_placeholders`` underflow on the KV-pressure preemption path).  Every request must end with
+it is preempted; vLLM must neither deliver that stale frame twice nor lose it (the
+``num_output_placeholders`` underflow on the KV-pressure preemption path: PR #47900, closed unmerged; fixed by
+PR #48245 in 0.27.0).  Every request must end with
 exactly its reference stream.
 
 Reference: each request run **alone** on the same engine (one request fits the cache, so nothing is

@@ -412,9 +412,19 @@ class NcclTransfer:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """The trainer's NCCL rendezvous port: the highest free one of this engine's block (``harness.run.ports``
+    leases it; vLLM scans up from its bottom), so no engine started beside this one can pick it between this
+    probe and the bind (issue 21).  Without a block, one the kernel gives, as before."""
+    lo, _, hi = os.environ.get("VLLM_REPRO_PORT_RANGE", "").partition("-")
+    candidates = range(int(hi) - 1, int(lo) - 1, -1) if lo.isdigit() and hi.isdigit() else range(0)
+    for port in [*candidates, 0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError("no free port for the trainer's rendezvous")
 
 
 async def _transfer_for(params: WeightSyncParams, llm: Any, ctx: EngineContext, timeout: float) -> Any:

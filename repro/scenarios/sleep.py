@@ -1,8 +1,8 @@
 """Sleep mode mid-generation: ``sleep(level=1, mode="keep")`` + ``wake_up()``, then ``sleep(level=2)`` + reload.
 
 Runs on the ``sleep`` engine profile (``enable_sleep_mode=True``).  vLLM's ``AsyncLLM.sleep(level, mode)``
-(0.21+) first pauses the scheduler in ``mode`` with the prefix cache cleared (level >= 1), then frees device
-memory: level 1 offloads the weights and discards the KV cache, level 2 discards both.
+(0.17+; 0.16's takes no mode) first pauses the scheduler in ``mode`` with the prefix cache cleared (level >= 1),
+then frees device memory: level 1 offloads the weights and discards the KV cache, level 2 discards both.
 
 1. Once every running request has ``pause_after`` tokens: ``sleep(level=1, mode="keep")``.  The kept
    requests lose their KV cache (the pause force-preempts them: the keep + clear_cache shape of vllm#42043)

@@ -30,7 +30,7 @@ SPEC (JSON)::
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
-for scripted speculative decoding), ``spec_reset`` (PRs #46066, #49860 / #49620) and ``ops`` (an explicit
+for scripted speculative decoding), ``spec_reset`` (PRs #42117, #46066, #48245) and ``ops`` (an explicit
 script: setup fields, ``requests`` [{rid, prompt, max_tokens}] and ``ops`` [{op, rid, n, tokens,
 in_flight, optional}] — ``Script.to_dict()`` gives it, so a fuzzer replays what it drew).  Every
 scenario takes the setup fields of ``script.Setup``: ``scheduler`` ("async" | "sync"), ``depth`` (D),

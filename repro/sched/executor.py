@@ -61,7 +61,7 @@ IDLE_LIMIT = 64
 
 
 class OpUnsupported(Exception):
-    """A non-optional operation this scheduler does not have (e.g. pause before 0.19)."""
+    """A non-optional operation this scheduler does not have (e.g. pause before 0.17)."""
 
 
 @dataclass

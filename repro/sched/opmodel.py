@@ -78,7 +78,7 @@ class FuzzState:
     """What one example has drawn so far: its setup, requests and operations, and the rule preconditions."""
 
     setup: Setup
-    pause_supported: bool  # the release has set_pause_state (0.19+)
+    pause_supported: bool  # the release has set_pause_state (0.17+; 0.16.0 has none)
     max_requests: int
     requests: list[RequestSpec] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)

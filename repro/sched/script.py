@@ -281,9 +281,9 @@ def inflight_reset(params: Mapping[str, Any], vocab_size: int, seed: int) -> Scr
 
 
 def preempt_pressure(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
-    """Negative control (PR #38624's proposal): too few KV-cache blocks for every running request, so the
-    scheduler preempts under memory pressure with frames in flight; the stale output of a preempted
-    request must be delivered exactly once — neither lost nor duplicated — on every release.
+    """Negative control (PR #38624, closed unmerged, claimed a duplicate here): too few KV-cache blocks for
+    every running request, so the scheduler preempts under memory pressure with frames in flight; the stale
+    output of a preempted request must be delivered exactly once — neither lost nor duplicated — on every release.
     """
     _known(params, set())
     # 4 requests of 8 + 40 tokens need 3 blocks of 16 each at the end; 7 blocks force preemption.
@@ -305,8 +305,9 @@ def spec_decode(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script
 def spec_reset(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
     """A reset with running requests under speculative decoding (k drafts, some rejected), with
     ``in_flight`` frames in flight (default D-1 = 1; 0 = drained first).  The family of PR #46066 (the
-    rejection correction of a stale frame drives ``num_output_placeholders`` below zero) and PRs
-    #49860 / #49620 (0.22-0.26 count the frames to discard in *tokens*, 1 + k per frame).  ``resets``
+    rejection correction of a stale frame drives ``num_output_placeholders`` below zero; fixed in 0.25.0) and
+    of PR #42117's counter (0.22-0.26 count the frames to discard in *tokens*, 1 + k per frame, and drain one
+    frame per count; ended by PR #48245 in 0.27.0).  ``resets``
     (default 1) resets back to back, each with ``in_flight`` frames in flight."""
     _known(params, {"reset_after", "in_flight", "resets"})
     setup = _setup_from(params, scheduler="async", depth=2, spec_tokens=2, spec_accepted=1)

@@ -128,7 +128,7 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
     else:
         assert last["stalled"] is None and cell_verdict(stream_records(last["records"])).outcome is Outcome.OK
     if version == "0.22.0":
-        # PRs #49860 / #49620: 0.22 counts the frames to discard in tokens (1 + k per frame).
+        # PR #42117's counter: 0.22 counts the frames to discard in tokens (1 + k per frame).
         assert cell_verdict(stream_records(scenarios["spec-reset"]["records"])).summary == \
             "LOSS(3) in 3/3 requests (3/3 running at pause)"
     # The negative control really preempted under memory pressure.

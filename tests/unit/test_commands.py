@@ -52,8 +52,8 @@ def _leaves() -> list[tuple[list[str], argparse.ArgumentParser]]:
 def test_every_command_and_action_dispatches_to_its_own_handler() -> None:
     leaves = _leaves()
     assert [c.name for c in COMMANDS] == ["matrix", "bisect", "workarounds", "plan", "fuzz", "report", "history",
-                                          "compare", "wheelhouse", "envs"]
-    assert len(leaves) == 15  # 7 commands, and 2 + 3 + 3 actions of workarounds, history, envs
+                                          "windows", "compare", "wheelhouse", "envs"]
+    assert len(leaves) == 16  # 8 commands, and 2 + 3 + 3 actions of workarounds, history, envs
     for prefix, parser in leaves:
         handler = parser.get_default(HANDLER)
         assert handler is not None and handler.name == prefix[-1], prefix

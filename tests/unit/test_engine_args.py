@@ -163,7 +163,7 @@ def test_bad_setup_exits_2_with_one_line(argv: list[str], must_name: list[str],
 
 def test_plan_takes_the_setup_options_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"requests": [], "pauses": []}))
+    plan.write_text(json.dumps({"requests": [{"rid": "r0", "prompt": [5, 7], "max_tokens": 4}], "pauses": []}))
     assert main(["plan", str(plan), "--versions", "0.21.0", "--engine-arg", "model=x"]) == 2
     assert "--model" in capsys.readouterr().err
 

@@ -126,7 +126,7 @@ def _bad_line_cases(tmp_path: Path, hist: Path) -> list[tuple[str, str]]:
     return [
         (good + '{"schema": "vllm-repro/history", "schema_ver\n', r":2: corrupt history line \(.*column"),
         (good + json.dumps(future) + "\n", r":2: history schema_version 2 is not supported .*upgrade vllm-repro"),
-        (good + json.dumps(no_cells) + "\n", r":2: malformed history run \(missing cells\)"),
+        (good + json.dumps(no_cells) + "\n", r":2: cells: missing \(expected a list"),
         (json.dumps(results_doc) + "\n", r":1: not a vllm-repro/history line .*history add"),
         (good + '"just a string"\n', r":2: not a vllm-repro/history line"),
     ]
@@ -425,5 +425,6 @@ def test_a_history_cell_with_an_unknown_axis_value_names_its_line(hist: Path, tm
     run = json.loads(hist.read_text())
     run["cells"][0]["tier"] = "quantum"
     hist.write_text(json.dumps(run) + "\n")
-    with pytest.raises(ResultsFileError, match=r":1: malformed history run .*unknown tier 'quantum'"):
+    with pytest.raises(ResultsFileError,
+                       match=r":1: cells\[0\]\.tier: expected one of engine, scheduler, found 'quantum'"):
         read_history(hist)

@@ -109,7 +109,7 @@ def make_native() -> tuple[type, type]:
 
 
 def make_counter() -> tuple[type, type]:
-    class Scheduler:  # vLLM 0.22.0-0.25.0 (PR #42117)
+    class Scheduler:  # vLLM 0.22.0-0.26.0 (PR #42117)
         def __init__(self, reqs: list[Req]) -> None:
             self.running = list(reqs)
 

@@ -1,7 +1,9 @@
 """Typed cell results, the one schema check, the migration of older files and stable run ids.
 
-Every results file committed under docs/results/ (schema 1 or 2) must load, re-render exactly as committed
-and keep the run id ``history add`` gave it before the schema moved on.
+The report fixtures under tests/fixtures/results/ are cut from the reports committed under docs/results/
+(schema 1, 2 and 3, both tiers, every outcome; tests/fixtures/results/README.md says which): each must load,
+round-trip, re-render exactly as its committed Markdown, and keep its run id across the schema upgrade.
+Every committed report itself is loaded and rendered by the ``slow`` test in test_committed_reports.py.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ from harness.verdicts.results import Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "results"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "results"
+REPORTS = sorted(FIXTURES.glob("*.json*"))
 
 
 def _text(path: Path) -> str:
-    """A committed results file's text (``.gz`` ones are gzipped)."""
+    """A results file's text (``.gz`` ones are gzipped)."""
     return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
 
 
@@ -55,15 +58,7 @@ def _is_log(path: Path) -> bool:
 
 def _first_doc(path: Path) -> dict[str, Any]:
     text = _text(path)
-    return json.loads(text.splitlines()[0] if _is_log(path) else text)
-
-
-# Every committed results document (reports and their JSONL logs; not the wheelhouse manifests beside them).
-COMMITTED = sorted(p for p in DOCS.rglob("*.json*") if "history" not in p.parts
-                   and _first_doc(p).get("schema") in ("vllm-repro/results", "vllm-repro/cell"))
-# Run ids ``history add`` gave these reports before the schema gained tier and label (a19fad5).
-RUN_IDS = {"cpu-2026-11-30/results.json": "a58f86ccb6751397",
-           "gpu-h200-2026-11-30/results.json": "ebea3e61362c982f"}
+    return dict(json.loads(text.splitlines()[0] if _is_log(path) else text))
 
 
 def _cells_of(path: Path) -> list[dict[str, Any]]:
@@ -72,26 +67,18 @@ def _cells_of(path: Path) -> list[dict[str, Any]]:
     return list(json.loads(_text(path))["cells"])
 
 
-# ---------------------------------------------------------------------- committed reports
-
-
-def test_docs_results_are_there() -> None:
-    assert len(COMMITTED) >= 20 and all(p.suffix in (".json", ".jsonl", ".gz") for p in COMMITTED)
-
-
-@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
-def test_every_committed_report_loads_and_round_trips(path: Path) -> None:
+def check_round_trip(path: Path) -> Results:
+    """``path`` loads, and each cell written back is what was read (plus, for older schemas, the new fields and
+    the axes an older writer left out at their defaults)."""
     results = read_results(path)
     originals = _cells_of(path)
     assert len(results.cells) == len(originals)
     if _first_doc(path)["schema_version"] == SCHEMA_VERSION:  # written by this schema: back exactly as it was
         assert [cr.to_dict() for cr in results.cells] == [
             {k: v for k, v in o.items() if k not in ("schema", "schema_version")} for o in originals]
-        return
+        return results
     for cr, orig in zip(results.cells, originals, strict=True):
         orig = {k: v for k, v in orig.items() if k not in ("schema", "schema_version")}
-        # Written back, a cell is what was read plus the new fields, and the axes an older writer left out at
-        # their defaults.
         implicit = {k: v for k, v in cr.cell.to_dict().items() if k not in orig["cell"] and k != "tier"}
         assert all(v == BY_NAME[k].default for k, v in implicit.items())
         assert identity_form(cr.to_dict()) == identity_form({**orig, "cell": {**orig["cell"], **implicit}})
@@ -104,32 +91,43 @@ def test_every_committed_report_loads_and_round_trips(path: Path) -> None:
             v = req.verdict
             assert v is not None and [e.label for e in v.events] == ([v.label] if v.outcome in ("LOSS",
                                                                                             "DUPLICATE") else [])
+    return results
 
 
-@pytest.mark.parametrize("name", ["cpu-2026-11-30", "gpu-h200-2026-11-30"])
-def test_committed_reports_re_render_as_committed(name: str) -> None:
-    results = read_results(DOCS / name / "results.json")
-    assert results.meta["migrated_from"] == 1
-    assert markdown(results) == (DOCS / name / "results.md").read_text(encoding="utf-8")
+# ---------------------------------------------------------------------- report fixtures
 
 
-def test_committed_comparison_re_renders_as_committed() -> None:
-    a, b = (read_results(DOCS / n / "results.json") for n in ("cpu-2026-11-30", "gpu-h200-2026-11-30"))
-    cmp = compare(a, b, "cpu-2026-11-30/results.json", "gpu-h200-2026-11-30/results.json")
-    assert compare_markdown(cmp) == (DOCS / "cpu-vs-gpu.md").read_text(encoding="utf-8")
+def test_the_fixtures_hold_every_schema_tier_and_outcome() -> None:
+    docs = [(_first_doc(p), read_results(p)) for p in REPORTS]
+    assert {d["schema_version"] for d, _ in docs} == set(range(1, SCHEMA_VERSION + 1))
+    assert {c.cell.tier for _, r in docs for c in r.cells} == {"engine", "scheduler"}
+    assert {c.outcome for _, r in docs for c in r.cells} == set(Outcome)
+    assert any(p.suffix == ".gz" for p in REPORTS) and any(_is_log(p) for p in REPORTS)
 
 
-@pytest.mark.parametrize(("name", "run_id"), RUN_IDS.items())
-def test_run_ids_survive_the_schema_upgrade(name: str, run_id: str, tmp_path: Path) -> None:
-    results = read_results(DOCS / name)
-    assert run_id_of(results) == run_id
-    # Re-rendered at schema 3 (tier, label, fault events and attempts written out), the report is still the
-    # same run.
+@pytest.mark.parametrize("path", REPORTS, ids=lambda p: p.name)
+def test_every_fixture_loads_round_trips_and_re_renders_as_committed(path: Path) -> None:
+    results = check_round_trip(path)
+    golden = FIXTURES / (path.name.split(".")[0] + ".md")
+    assert markdown(results) == golden.read_text(encoding="utf-8")
+
+
+def test_a_comparison_of_fixtures_re_renders_as_committed() -> None:
+    a, b = (read_results(FIXTURES / n) for n in ("schema1-cpu.json", "schema1-gpu.json"))
+    cmp = compare(a, b, "schema1-cpu.json", "schema1-gpu.json")
+    assert compare_markdown(cmp) == (FIXTURES / "compare-schema1-cpu-vs-gpu.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", ["schema1-cpu.json", "schema2-sched.json"])
+def test_run_ids_survive_the_schema_upgrade(name: str, tmp_path: Path) -> None:
+    results = read_results(FIXTURES / name)
+    # Re-written at the current schema (tier, label, fault events and attempts written out), the report is
+    # still the same run.
     rewritten = tmp_path / "results.json"
     rewritten.write_text(json.dumps(results.to_dict()))
     again = read_results(rewritten)
     assert json.loads(rewritten.read_text())["schema_version"] == SCHEMA_VERSION == 3
-    assert run_id_of(again) == run_id and again.meta["migrated_from"] == 1
+    assert run_id_of(again) == run_id_of(results) and again.meta["migrated_from"] == results.meta["migrated_from"]
 
 
 def test_a_non_default_new_axis_changes_the_run_id() -> None:
@@ -216,7 +214,7 @@ def test_unreadable_cells_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "r.json"
     bad.write_text(json.dumps({"schema": RESULTS.name, "schema_version": 1,
                                "cells": [{**ran("0.21.0").to_dict(), "engine": "a string"}]}))
-    with pytest.raises(ResultsFileError, match=r"r\.json: malformed cell result"):
+    with pytest.raises(ResultsFileError, match=r"r\.json: cells\[0\]\.engine: expected an object, found 'a string'"):
         read_results(bad)
 
 
@@ -298,5 +296,6 @@ def test_an_axis_value_from_a_newer_writer_is_refused_by_name(tmp_path: Path) ->
     bad = tmp_path / "r.json"
     bad.write_text(json.dumps({"schema": RESULTS.name, "schema_version": 2,
                                "cells": [{**d, "cell": {**d["cell"], "executor": "ray-v3"}}]}))
-    with pytest.raises(ResultsFileError, match=r"r\.json: malformed cell result .*unknown executor 'ray-v3'"):
+    with pytest.raises(ResultsFileError, match=r"r\.json: cells\[0\]\.cell\.executor: expected one of mp, uni, "
+                                               r"ray-v1, ray-v2, found 'ray-v3'"):
         read_results(bad)

@@ -66,7 +66,7 @@ def test_the_family_cells_play_their_shapes() -> None:
     assert (deep.depth, deep.num_blocks, deep.spec_tokens, deep.spec_accepted) == (3, 7, 2, 0)
     assert (setup("preempt").setup.depth, setup("preempt").setup.spec_tokens, setup("preempt", False).setup.depth) \
         == (2, 0, 1)
-    # PRs #46066, #49860 / #49620: resets with a frame in flight, every draft rejected; once, or twice.
+    # PRs #42117, #46066, #48245: resets with a frame in flight, every draft rejected; once, or twice.
     assert reset_in_flight(setup("spec-reset")) == [1] and reset_in_flight(setup("spec-reset-twice")) == [1, 1]
     assert setup("spec-reset").setup.spec_tokens == 2 and setup("spec-reset").setup.spec_accepted == 0
     assert setup("spec-reset-partial").setup.spec_accepted == 1 and reset_in_flight(setup("spec-reset-partial")) == [1]

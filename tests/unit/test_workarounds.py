@@ -127,25 +127,28 @@ def test_custom_ledger_loads(tmp_path: Path) -> None:
     ("text", "needles"),
     [
         ("[[workaround]\nid = 1", ["invalid TOML"]),
-        (HEAD + CELL + "color = 'red'\n" + APPLIED, ["w1", "unknown cell key 'color'"]),
-        (HEAD + CELL + "[workaround.applied]\nasync = false\n", ["unknown cell key 'async'"]),
+        (HEAD + CELL + "color = 'red'\n" + APPLIED,
+         ["workaround[0].cell.color: unknown key", "async_scheduling, mode"]),
+        (HEAD + CELL + "[workaround.applied]\nasync = false\n", ["workaround[0].applied.async: unknown key"]),
         (HEAD + CELL.replace("async_scheduling = true", 'async_scheduling = "yes"') + APPLIED,
-         ["async_scheduling = 'yes'", "bool"]),
-        (HEAD + CELL.replace("clear_cache = true", "clear_cache = 1") + APPLIED, ["clear_cache = 1", "bool"]),
-        (HEAD + CELL.replace('executor = "mp"', "executor = 2") + APPLIED, ["executor = 2", "str"]),
-        (HEAD + CELL.replace('"keep"', '"hold"') + APPLIED, ["mode 'hold'", "keep, wait, abort"]),
-        (HEAD + CELL + "[workaround.applied]\nmode = 'hold'\n", ["mode 'hold'", "keep, wait, abort"]),
-        (HEAD + CELL.replace('"mp"', '"gpu"') + APPLIED, ["executor 'gpu'", "mp, uni, ray-v1, ray-v2"]),
+         ["cell.async_scheduling: expected true or false, found 'yes'"]),
+        (HEAD + CELL.replace("clear_cache = true", "clear_cache = 1") + APPLIED,
+         ["cell.clear_cache: expected true or false, found 1 (an integer)"]),
+        (HEAD + CELL.replace('executor = "mp"', "executor = 2") + APPLIED,
+         ["cell.executor: expected one of mp, uni, ray-v1, ray-v2, found 2"]),
+        (HEAD + CELL.replace('"keep"', '"hold"') + APPLIED, ["cell.mode", "'hold'", "keep, wait, abort"]),
+        (HEAD + CELL + "[workaround.applied]\nmode = 'hold'\n", ["applied.mode", "'hold'", "keep, wait, abort"]),
+        (HEAD + CELL.replace('"mp"', '"gpu"') + APPLIED, ["cell.executor", "'gpu'", "mp, uni, ray-v1, ray-v2"]),
         (HEAD + CELL + "[workaround.applied]\n", ["w1", "[applied] changes nothing"]),
-        ("# an empty ledger\n", ["no [[workaround]] entries"]),
-        ("", ["no [[workaround]] entries"]),
+        ("# an empty ledger\n", ["workaround: missing", "[[workaround]] tables"]),
+        ("", ["workaround: missing", "[[workaround]] tables"]),
         (HEAD + CELL.replace('mode = "keep"\n', "") + APPLIED, ["cell lacks ['mode']"]),
         (HEAD + CELL.replace('mode = "keep"\n', "").replace("clear_cache = true\n", "") + APPLIED,
          ["cell lacks ['clear_cache', 'mode']"]),
-        (HEAD + APPLIED, ["missing 'cell'"]),
-        (HEAD + CELL, ["missing 'applied'"]),
-        (HEAD.replace('id = "w1"\n', "") + CELL + APPLIED, ["workaround #1 (?)", "missing 'id'"]),
-        (HEAD.replace('issue = "vllm#1"\n', "") + CELL + APPLIED, ["missing 'issue'"]),
+        (HEAD + APPLIED, ["workaround[0].cell: missing"]),
+        (HEAD + CELL, ["workaround[0].applied: missing"]),
+        (HEAD.replace('id = "w1"\n', "") + CELL + APPLIED, ["workaround[0].id: missing"]),
+        (HEAD.replace('issue = "vllm#1"\n', "") + CELL + APPLIED, ["workaround[0].issue: missing"]),
     ],
 )
 def test_bad_ledger(tmp_path: Path, text: str, needles: list[str]) -> None:
@@ -162,7 +165,7 @@ def test_bad_ledger(tmp_path: Path, text: str, needles: list[str]) -> None:
 def test_bad_ledger_names_the_entry(tmp_path: Path) -> None:
     p = tmp_path / "ledger.toml"
     p.write_text(HEAD + CELL + APPLIED + HEAD.replace('"w1"', '"w2"') + CELL.replace('"mp"', '"gpu"') + APPLIED)
-    with pytest.raises(BadInput, match=r"workaround #2 \(w2\)"):
+    with pytest.raises(BadInput, match=r"workaround\[1\]\.cell\.executor"):
         load_ledger(p)
 
 

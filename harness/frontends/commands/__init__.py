@@ -12,6 +12,7 @@ from harness.frontends.commands.matrix import MatrixCommand
 from harness.frontends.commands.plan import PlanCommand
 from harness.frontends.commands.report import ReportCommand
 from harness.frontends.commands.wheelhouse import WheelhouseCommand
+from harness.frontends.commands.windows import WindowsCommand
 from harness.frontends.commands.workarounds import WorkaroundsCommand
 
 # In the order of `vllm-repro --help`.
@@ -23,6 +24,7 @@ COMMANDS: tuple[Command, ...] = (
     FuzzCommand(),
     ReportCommand(),
     HistoryCommand(),
+    WindowsCommand(),
     CompareCommand(),
     WheelhouseCommand(),
     EnvsCommand(),

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from harness.core.errors import BadInput, bad_choice
+from harness.core.errors import BadInput
 from harness.frontends.commands.base import Command
 from harness.frontends.commands.context import Context, run_context
 from harness.frontends.commands.options import add_index_options, add_run_options, add_version_options
 from harness.plan.matrix import EXECUTORS, ON_OFF, parse_bools
+from harness.plan.plan_file import check_plan_fits, model_limits, read_plan
 from harness.run.replay import PlanReplay, replay_plan, replay_sched_plan
-from repro.models import BigramCycleSpec
-from repro.sched.script import ScriptError, build_script
 
 DESCRIPTION = (
     "Run one JSON pause schedule ({\"requests\": [...], \"pauses\": [...]}, as printed by a failing property test) "
@@ -22,31 +20,7 @@ DESCRIPTION = (
     "A scheduler-tier plan ({\"tier\": \"scheduler\", \"script\": {...}}, as `vllm-repro fuzz` writes for a "
     "falsifying example) replays its op script on vLLM's scheduler of each selected version."
 )
-TIERS = ("engine", "scheduler")
-
-
-def read_plan(path: Path) -> dict[str, Any]:
-    """The plan in ``path``; BadInput when it cannot be read or is not a plan (a scheduler-tier plan's script is
-    checked as the ``ops`` scenario reads it, so a bad one is refused before any env is built)."""
-    try:
-        plan = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise BadInput(f"cannot read plan {path}: {exc}") from exc
-    if not isinstance(plan, dict):
-        raise BadInput(f"{path}: not a plan (expected a JSON object)")
-    tier = plan.get("tier", "engine")
-    if tier not in TIERS:
-        raise bad_choice(f"plan tier in {path}:", tier, TIERS)
-    if tier == "scheduler":
-        script = plan.get("script")
-        try:
-            build_script("ops", script if isinstance(script, dict) else {}, BigramCycleSpec().vocab_size)
-        except ScriptError as exc:
-            raise BadInput(f"{path}: not a scheduler-tier plan: {exc}") from exc
-    elif "requests" not in plan:
-        raise BadInput(f"{path}: not a plan (expected {{\"requests\": [...], \"pauses\": [...]}}, or "
-                       f"{{\"tier\": \"scheduler\", \"script\": {{...}}}})")
-    return plan
+__all__ = ["PlanCommand", "print_replay", "read_plan"]  # read_plan: imported from here by older callers
 
 
 def print_replay(r: PlanReplay) -> int:
@@ -95,6 +69,7 @@ class PlanCommand(Command):
         if executor not in EXECUTORS:
             raise BadInput(f"unknown executor {executor!r}; valid choices: {', '.join(EXECUTORS)}")
         cfg = ctx.run_config
+        check_plan_fits(plan, str(args.plan_file), *model_limits(cfg.model_kind, cfg.model_params, cfg.engine_args))
         versions = ctx.versions
         asyncs = parse_bools("async setting", args.async_, ON_OFF, (True,))
         worst = 0

@@ -1,0 +1,96 @@
+"""The schemas of the files a user hands the verdict side: results (cells), history lines, ``run.json``, the
+known-bug table and the workaround ledger, each checked by :mod:`harness.core.schema` where it is read.
+
+Files the harness writes (results, history, ``run.json``) are *open*: a key this version does not know is left
+alone (their ``schema_version`` already says what they hold); hand-written tables are closed, so a misspelt key
+is named instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+from harness.core.axes import AXES, BY_NAME, Axis
+from harness.core.oracle import Outcome
+from harness.core.schema import (
+    AnyOf,
+    Bool,
+    Choice,
+    Int,
+    ListOf,
+    MapOf,
+    Nullable,
+    Num,
+    Obj,
+    Spec,
+    Str,
+)
+
+OUTCOMES = Choice(tuple(o.value for o in Outcome))
+
+
+def axis_spec(a: Axis) -> Spec:
+    """One value of an axis, of the axis's own type (as ``Axis.coerce`` takes it)."""
+    if a.kind == "flag":
+        return Bool()
+    if a.kind == "int":
+        return Int(lo=1)
+    if a.kind == "choice":
+        return Choice(tuple(a.values))
+    return Str(nonempty=True)
+
+
+def _one_or_more(spec: Spec) -> Spec:
+    return AnyOf((spec, ListOf(spec, min_len=1)), what=f"{spec.expected}, or a non-empty list of them")
+
+
+# A cell as results files hold it: the axes (any newer axis is left to the reader's defaults).
+CELL = Obj({a.name: axis_spec(a) for a in AXES}, required=("version",), open=True, what="a cell object")
+_OPEN = Obj({}, open=True)
+ATTEMPT = Obj({"n": Int(lo=1), "outcome": Str(nonempty=True)}, required=("n", "outcome"), open=True,
+              what="an attempt object {n, outcome, ...}")
+REPEATS = Obj({"n": Int(lo=1), "outcomes": MapOf(Int(lo=0)), "runs": ListOf(Str())}, required=("n",), open=True,
+              what="a repeat summary {n, outcomes, ...}")
+# A cell result of the current schema version (older ones are migrated first).
+CELL_RESULT = Obj({
+    "id": Str(nonempty=True), "cell": CELL, "outcome": OUTCOMES, "label": Str(), "summary": Str(),
+    "reason": Nullable(Str()), "counts": Nullable(MapOf(Int(lo=0))),
+    "requests": Nullable(ListOf(_OPEN, what="a list of request objects")), "engine": Nullable(_OPEN),
+    "duration_s": Nullable(Num(lo=0)), "expectation": Nullable(_OPEN), "repeats": Nullable(REPEATS),
+    "attempts": Nullable(ListOf(ATTEMPT, what="a list of attempts")),
+}, required=("cell", "outcome", "summary"), open=True, what="a cell result object {cell, outcome, summary, ...}")
+
+# One line of a history file (harness.verdicts.history): a run and its cells, flat.
+_HISTORY_KEYS = {"async": Bool(), **{a.name: axis_spec(a) for a in AXES if a.name != "async_scheduling"}}
+HISTORY_CELL = Obj({"id": Str(nonempty=True), **_HISTORY_KEYS, "outcome": Str(nonempty=True),
+                    "summary": Nullable(Str()), "label": Nullable(Str()), "reason": Nullable(Str())},
+                   required=("id", "version", "executor", "async", "mode", "clear_cache", "outcome"), open=True,
+                   what="a history cell object {id, version, executor, async, mode, clear_cache, outcome, ...}")
+HISTORY_RUN = Obj({"run_id": Str(nonempty=True), "added": Str(nonempty=True), "source": Nullable(Str()),
+                   "meta": Nullable(Obj({}, open=True, what="an object")), "cells": ListOf(HISTORY_CELL),
+                   "cells_digest": Nullable(Str())},
+                  required=("run_id", "added", "cells"), open=True, what="a history run object")
+
+# run.json of a matrix run (harness.run.resume.run_record): what a resumed run must match.
+RUN_RECORD = Obj({"platform": Str(nonempty=True), "cells": ListOf(Str(nonempty=True), what="a list of cell ids"),
+                  "settings": Obj({}, open=True, what="an object of run settings"), "tool_version": Str()},
+                 required=("platform", "cells", "settings"), open=True, what="a run record object")
+
+# The known-bug table (harness/verdicts/known_bugs.toml, or --known-bugs FILE).
+_RULE_AXES = {a.name: _one_or_more(axis_spec(a)) for a in AXES}
+KNOWN_BUG_RULE = Obj({**_RULE_AXES, "executors": _one_or_more(axis_spec(BY_NAME["executor"])), "expect": OUTCOMES,
+                      "k": Int(lo=1)}, required=("expect",),
+                     what="a [[bug.cells]] table of cell keys, expect and k")
+KNOWN_BUG = Obj({"id": Str(nonempty=True), "title": Str(), "fix": Str(), "fixed_in": Str(),
+                 "affected": Str(nonempty=True, what="a PEP 440 version specifier, e.g. \">=0.17.0, <0.22.0\""),
+                 "note": Str(), "cells": ListOf(KNOWN_BUG_RULE, what="a list of [[bug.cells]] tables")},
+                required=("id", "affected"), what="a [[bug]] table {id, affected, cells, ...}")
+KNOWN_BUGS = Obj({"bug": ListOf(KNOWN_BUG, what="a list of [[bug]] tables")},
+                 what="a known-bug table of [[bug]] entries")
+
+# The workaround ledger (harness/verdicts/workarounds.toml, or --ledger FILE).
+_CELL_SETTINGS = Obj({a.name: axis_spec(a) for a in AXES}, what="a table of cell settings (one value per key)")
+WORKAROUND = Obj({"id": Str(nonempty=True), "issue": Str(nonempty=True), "title": Str(), "location": Str(),
+                  "setting": Str(), "fix": Str(), "fixed_in": Str(), "cell": _CELL_SETTINGS,
+                  "applied": _CELL_SETTINGS},
+                 required=("id", "issue", "cell", "applied"), what="a [[workaround]] table")
+LEDGER = Obj({"workaround": ListOf(WORKAROUND, min_len=1, what="a non-empty list of [[workaround]] tables")},
+             required=("workaround",), what="a workaround ledger of [[workaround]] entries")
