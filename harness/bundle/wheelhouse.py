@@ -350,12 +350,12 @@ def download(
     files: dict[str, str] = {}
     for p in pins:
         canon = canonicalize_name(p.name)
-        fname = by_key.get((canon, Version(p.version)))
-        if fname is None:
+        found = by_key.get((canon, Version(p.version)))
+        if found is None:
             raise EnvBuildError(
                 f"pip download reported no wheel for {p.name}=={p.version}; output: {last_lines(proc.stdout, 8)}"
             )
-        files[canon] = fname
+        files[canon] = found
     return files
 
 

@@ -71,8 +71,9 @@ from harness.plan.matrix import (
 from harness.plan.platforms import detect_platform
 from harness.plan.releases import wheelhouse_fetch
 from harness.run.context import RunContext, this_python
+from harness.run.events import engine_facts
 from harness.run.gpus import GpuLease, GpuLeaseError, hold_startup, lease_slots, visible_gpus
-from harness.run.runner import RunConfig, engine_info, retryable, scenario_entry, scenario_result
+from harness.run.runner import RunConfig, retryable, scenario_entry, scenario_result
 from harness.run.session import EngineDied, EngineSession
 from harness.run.slots import Capacity, auto_jobs, engine_start, for_workers, runs_alone
 from harness.verdicts.known_bugs import KnownBug, annotate, load_known_bugs
@@ -246,7 +247,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class EngineScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    class EngineScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return engine_scope(nodeid.split("@", 1)[0])
 
@@ -265,7 +266,7 @@ def _run_dir(config: pytest.Config) -> Path:
     if not hasattr(config, "_repro_run_dir"):
         base = config.getoption("repro_reports")
         config._repro_run_dir = base / f".run-{uuid.uuid4().hex[:8]}"  # type: ignore[attr-defined]
-    return config._repro_run_dir  # type: ignore[attr-defined, no-any-return]
+    return config._repro_run_dir  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -403,14 +404,14 @@ class EnginePool:
         self._release(key)
 
     def _run_on(self, s: EngineSession, cell: Cell, scenario: dict[str, Any]) -> CellResult:
-        info = engine_info(s.engine_event or {})
+        info = s.engine_event.info if s.engine_event is not None else engine_facts({})
         try:
             ev = s.run(scenario)
         except EngineDied as exc:
             self.sessions[cell.engine] = EngineDown(exc.outcome, str(exc))
             self._release(cell.engine)
             return infra_result(cell, exc.outcome, str(exc), info)
-        if ev.get("status") == "crash" or (ev.get("status") == "timeout" and not ev.get("engine_recovered")):
+        if ev.status == "crash" or (ev.status == "timeout" and not ev.engine_recovered):
             # The engine core died (CRASH), or its state is unknown after a timeout: the next scenario gets a
             # fresh engine.
             self._forget(cell.engine)

@@ -69,7 +69,9 @@ def fetch_releases(package: str, index_url: str | None) -> list[Release]:
             continue
         ver, plat = parts[1], parts[-1]
         entry = by_version.setdefault(ver, {"tags": [], "rp": f.get("requires-python"), "yanked": True})
-        entry["tags"].append(plat)  # type: ignore[union-attr]
+        tags = entry["tags"]
+        assert isinstance(tags, list)
+        tags.append(plat)
         # A release counts as yanked only if every file is.
         entry["yanked"] = bool(entry["yanked"]) and bool(f.get("yanked"))
     return [

@@ -62,6 +62,7 @@ from harness.run.context import (
     Progress,
     RunContext,
 )
+from harness.run.events import StartEvent
 from harness.run.ray_task import ENGINE_FILES, EngineJob, Mailbox, run_engine_job
 from harness.run.runner import kill_group
 from harness.verdicts.results import CellResult, infra_result
@@ -131,7 +132,7 @@ def task_resources(key: EngineKey, platform: str) -> dict[str, float]:
     return {"num_cpus": 1.0, "num_gpus": float(key.tp) if platform == "cuda" else 0.0}
 
 
-def unplaceable_reason(need: Mapping[str, float], nodes: list[Mapping[str, float]], label: str) -> str | None:
+def unplaceable_reason(need: Mapping[str, float], nodes: Sequence[Mapping[str, float]], label: str) -> str | None:
     """Why no node of the cluster can ever run a task needing ``need``, or None if one can.
 
     Ray would leave such a task pending forever; the cell is UNSUPPORTED instead.
@@ -227,8 +228,8 @@ class _RayRun:
             if kind == "result":
                 self.record(CellResult.from_dict(payload))
             elif kind == "event":
-                if payload.get("event") == "start" and isinstance(payload.get("pgid"), int):
-                    self.seen.setdefault(eid, {})["pgid"] = payload["pgid"]
+                if isinstance(payload, StartEvent):
+                    self.seen.setdefault(eid, {})["pgid"] = payload.pgid
                 self.ctx.event(key, payload)
             elif kind == "node":
                 self.seen.setdefault(eid, {}).update(payload)

@@ -25,6 +25,7 @@ from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env
 from harness.plan.matrix import Cell, EngineKey
 from harness.run.context import env_facts
+from harness.run.events import Event, StartEvent
 from harness.run.runner import RunConfig, run_engine
 from harness.verdicts.results import infra_result
 
@@ -224,10 +225,10 @@ def run_engine_job(job: EngineJob, mailbox: Any) -> dict[str, Any]:
     env_info = {"path": facts.pop("path"), "host": node["host"], **facts}  # the key order of earlier reports
     wd = (cfg.work_dir / "engines" / job.key.id).resolve()
 
-    def on_event(_key: EngineKey, ev: dict[str, Any]) -> None:
-        if ev.get("event") == "start" and isinstance(ev.get("pgid"), int):
-            reaper.watch(ev["pgid"])
-        post("event", ev)
+    def on_event(_key: EngineKey, ev: Event) -> None:
+        if isinstance(ev, StartEvent):
+            reaper.watch(ev.pgid)
+        post("event", ev)  # the typed event (Ray pickles it)
 
     reaper = Reaper(wd)
     try:

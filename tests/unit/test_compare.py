@@ -10,6 +10,7 @@ from synthetic_runs import RUNNING, infra, ran, records, report
 
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from harness.plan.matrix import Cell
 from harness.verdicts.compare.pairs import compare, verdict_of
 from harness.verdicts.compare.render import ACROSS_TIERS_NOTE, markdown, render_terminal
@@ -163,7 +164,7 @@ def sched(version: str, async_on: bool = True, lose: int = 0) -> CellResult:
     info = {"tier": "scheduler", "vllm_version": version, "torch_version": "2.13.0+cpu",
             "effective": {"async_scheduling": async_on, "executor_class": "AsyncScheduler" if async_on
                           else "Scheduler"}}
-    return judged_result(cell, cell_verdict(recs), recs, info, duration_s=0.1)
+    return judged_result(cell, cell_verdict(stream_records(recs)), stream_records(recs), info, duration_s=0.1)
 
 
 def annotated(*cells: CellResult) -> Results:

@@ -11,6 +11,7 @@ from rich.console import Console
 from synthetic import request_record
 
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from harness.core.versions import version_key
 from harness.plan.matrix import Cell
 from harness.verdicts.report import ReportPaths, write_reports
@@ -67,7 +68,7 @@ def _engine(cell: Cell, executor_class: str = "MultiprocExecutor") -> dict[str, 
 def ran(version: str, async_on: bool, lose: int = 0, *, executor: str = "mp", mode: str = "keep",
         clear: bool = True) -> CellResult:
     cell = Cell(version, executor, async_on, mode, clear)
-    records = _records(cell, lose)
+    records = stream_records(_records(cell, lose))
     return judged_result(cell, cell_verdict(records), records, _engine(cell), duration_s=1.25)
 
 
@@ -283,7 +284,7 @@ def test_markdown_truncated_at_the_pause() -> None:
     cell = Cell("0.21.0", "mp", True, "keep", True)
     records = _records(cell)
     records[0]["observed"] = records[0]["reference"][:PAUSE_AT]  # the stream ended at the pause
-    cr = judged_result(cell, cell_verdict(records), records, _engine(cell), 2.0)
+    cr = judged_result(cell, cell_verdict(stream_records(records)), stream_records(records), _engine(cell), 2.0)
     assert cr.outcome is Outcome.TRUNCATED
     md = markdown(Results((cr,)))
     ref = _reference(0)

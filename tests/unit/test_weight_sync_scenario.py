@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict, classify_request
+from harness.core.streams import StreamRecord, stream_records
 from repro.models import (
     BigramCycleSpec,
     build_checkpoint,
@@ -44,6 +45,7 @@ from repro.scenarios.rlhf_weight_sync import (
 from repro.scenarios.weight_transfer import reload_unsupported
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start the trainer process.
+typed = StreamRecord.from_json  # the oracle judges typed request records
 
 
 # --------------------------------------------------------------------------- the reference
@@ -99,7 +101,7 @@ def test_the_oracle_sees_the_lost_first_post_swap_token_as_loss_1() -> None:
     lost = ref[:i] + ref[i + 1 : n + 1]  # vLLM #42043: the first post-resume token never arrives
     rec = _record(prompt, lost, pause_at=i, max_tokens=n)
     rec["reference"] = ref
-    v = classify_request(rec)
+    v = classify_request(typed(rec))
     assert v.outcome is Outcome.LOSS and v.verdict.label == f"LOSS(1 at {i})"
     assert v.first_post_resume == {"index": i, "expected": pb[ref[i - 1]], "observed": ref[i + 1]}
 
@@ -110,11 +112,11 @@ def test_the_oracle_passes_the_exact_a_then_b_stream_and_catches_a_missed_swap()
     i, n = 8, 24
     ok = _record(prompt, ref[:n], pause_at=i, max_tokens=n)
     ok["reference"] = ref
-    assert classify_request(ok).outcome is Outcome.OK
+    assert classify_request(typed(ok)).outcome is Outcome.OK
     # Weights never changed: the stream keeps walking A, which differs from B at every token.
     stale = _record(prompt, expected_continuation(pa, prompt[-1], n), pause_at=i, max_tokens=n)
     stale["reference"] = ref
-    v = classify_request(stale)
+    v = classify_request(typed(stale))
     assert v.outcome is Outcome.DIVERGED and v.verdict.at == i
 
 
@@ -314,7 +316,7 @@ def test_bug_shows_as_loss_1_on_every_request_running_at_the_pause(
 ) -> None:
     llm = FakeLLM(checkpoints["a"], bug=True)
     out = _play(llm, _ctx(checkpoints, tmp_path), {"clear_cache": True, "max_tokens": 24}, monkeypatch)
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.outcome is Outcome.LOSS, verdict.summary
     assert verdict.summary == "LOSS(1) in 8/10 requests (8/8 running at pause)"
     perm_b = load_perm(checkpoints["b"])
@@ -352,7 +354,7 @@ def test_fixed_engine_is_ok_and_the_fresh_engine_check_runs(
     llm = FakeLLM(checkpoints["a"], bug=False)
     out = _play(llm, _ctx(checkpoints, tmp_path, start_engine),
                 {"clear_cache": True, "max_tokens": 24, "fresh_engine_check": True}, monkeypatch)
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.outcome is Outcome.OK, verdict.summary
     assert [f.weights for f in fresh] == [checkpoints["b"]]
     assert out["weight_sync"]["cross_check"] == {"same_engine": 10, "fresh_engine": 10, "agree": True}

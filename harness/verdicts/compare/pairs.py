@@ -156,6 +156,8 @@ def _expectation(cr: CellResult) -> str:
 def verdict_of(cr: CellResult) -> Verdict:
     """A cell's verdict as compared: outcome, label and how many requests it affected."""
     outcomes = [r.verdict.outcome if r.verdict else None for r in cr.requests]
+    affected: int | None
+    total: int | None
     if outcomes and all(o is not None for o in outcomes):
         affected, total = sum(o != "OK" for o in outcomes), len(outcomes)
     else:
@@ -343,7 +345,8 @@ def _side(name: str, source: str, results: Results, show_tier: bool = False) -> 
 def _setup(results: Results) -> str:
     """The model and engine arguments of a report (reports before --model ran the bigram-cycle model)."""
     meta = results.meta or {}
-    model = meta.get("model") if isinstance(meta.get("model"), dict) else {}
+    model = meta.get("model")
+    model = model if isinstance(model, dict) else {}
     args = meta.get("engine_args") or {}
     shown = ", ".join(f"{k}={v}" for k, v in sorted(args.items())) or "no engine arguments"
     return f"model {model.get('label') or model.get('kind') or 'bigram-cycle'} with {shown}"

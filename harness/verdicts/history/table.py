@@ -33,7 +33,7 @@ def history_table(view: HistoryView) -> Table:
     for name, kw in (("cell", {"no_wrap": True}), ("vLLM", {"no_wrap": True}), ("latest", {"no_wrap": True}),
                      ("since", {"no_wrap": True}), ("runs", {"justify": "right"}),
                      ("outcomes, old → new", {"min_width": 12})):
-        table.add_column(name, **kw)  # type: ignore[arg-type]
+        table.add_column(name, **kw)
     for s in view.series:
         last = s.latest
         since = s.since.created[:16].replace("T", " ")

@@ -40,7 +40,7 @@ def terminal_table(results_or_cells: CellsLike) -> Table:
     table = Table(title=f"vllm-repro: {ISSUE}", show_lines=False)
     for name, kw in (("cell", {"no_wrap": True}), ("outcome", {"no_wrap": True}), ("summary / reason", {}),
                      ("known bugs", {}), ("effective", {"no_wrap": True}), ("time", {"justify": "right"})):
-        table.add_column(name, **kw)  # type: ignore[arg-type]
+        table.add_column(name, **kw)
     cells = sorted_cells(cells_of(results_or_cells))
     # Cells the platform cannot run (no engine was asked) fold into one row per
     # reason; the Markdown and JUnit reports still list each of them.
