@@ -38,7 +38,8 @@ from repro.engine_axes import IMPLICIT, engine_args, unrealised
 from repro.model_kinds import LoadedModel, load_model
 from repro.rootcause import root_causes
 from repro.scenarios import pauses
-from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
+from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
+from repro.scenarios.runs import check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 

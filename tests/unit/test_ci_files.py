@@ -33,6 +33,7 @@ from ci_files import (
 from packaging.version import Version
 
 from harness.core.errors import BadInput
+from harness.frontends.pytest_plugin import DEFAULT_RETRY_INFRA
 from harness.verdicts.known_bugs import load_known_bugs
 
 pytestmark = pytest.mark.unit
@@ -230,6 +231,8 @@ def test_every_nightly_matrix_retries_infrastructure_failures_once(report_name: 
     runs = [args for job in report.jobs for args in _matrix_runs(report, job)]
     assert len(runs) == len(_jobs_by_platform(report)) + 1  # every channel and platform, and the self-test
     assert {args.retry_infra for args in runs} == {1}
+    # The pytest face's default is the nightly's (tox -e post-resume, pytest -k post_resume).
+    assert {args.retry_infra for args in runs} == {DEFAULT_RETRY_INFRA}
 
 
 # ------------------------------------------------------------------------------------- Buildkite structure

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
 import stat
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -24,18 +25,16 @@ from harness.plan.matrix import Cell, EngineKey
 from harness.run.cluster import (
     INSTALL_HINT,
     ClusterTarget,
-    EngineJob,
     _finish,
     _RayRun,
     connect_failure,
-    engine_environ_changes,
     import_ray,
     parse_cluster,
-    run_engine_job,
     task_resources,
     unplaceable_reason,
 )
 from harness.run.context import RunContext
+from harness.run.ray_task import EngineJob, engine_environ_changes, run_engine_job
 from harness.run.runner import RunConfig, group_alive
 from harness.verdicts.results import CellResult, ResultsLog
 
@@ -153,7 +152,7 @@ def test_engine_environment_drops_what_ray_sets_for_its_worker() -> None:
 _FAKE_WORKER = textwrap.dedent("""
     import os, subprocess, sys
     from pathlib import Path
-    from harness.run.cluster import Reaper
+    from harness.run.ray_task import Reaper
     wd, register, engine_cwd = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
     reaper = Reaper(wd)
     env = {**os.environ, "VLLM_REPRO_CPU_ASYNC": "0"}
@@ -187,10 +186,13 @@ def _run_fake_worker(tmp_path: Path, register: bool, engine_cwd: Path, mode: str
     assert group_alive(engine_pid)
     worker.send_signal(signal.SIGKILL)  # what Ray does to a worker it kills: no finally runs
     worker.wait()
-    # The reaper acts on its own; wait (bounded) for it to finish its work.
-    deadline = time.monotonic() + 20
-    while not _gone(reaper_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # The reaper acts on its own: wait for its exit (a pidfd turns readable then; the bound is only a backstop).
+    with contextlib.suppress(ProcessLookupError):
+        fd = os.pidfd_open(reaper_pid)
+        try:
+            select.select([fd], [], [], 300)
+        finally:
+            os.close(fd)
     assert _gone(reaper_pid), "the reaper did not exit"
     return engine_pid, reaper_pid
 

@@ -325,7 +325,7 @@ def test_model_kinds_resolve_in_the_engine(tmp_path: Path) -> None:
 
 
 def test_compare_warns_when_the_two_reports_ran_different_set_ups() -> None:
-    from harness.verdicts.compare import compare
+    from harness.verdicts.compare.pairs import compare
     from harness.verdicts.results import Results
 
     mine = Results((), {"model": {"kind": "qwen3-random", "label": "qwen3-random"},

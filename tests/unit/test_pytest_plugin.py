@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import harness.envbuild.from_wheelhouse as whb
 import harness.frontends.pytest_plugin as plugin
-from harness.bundle.wheelhouse import MANIFEST, SCHEMA_VERSION
+from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION
 from harness.core.oracle import Outcome
 from harness.core.scenarios import DEFAULT_SCENARIOS, SCENARIOS
 from harness.envbuild.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory
@@ -25,6 +25,7 @@ from harness.frontends.commands.options import add_wheelhouse_options
 from harness.frontends.pytest_plugin import RECIPES, engine_scope, plugin_axes
 from harness.plan.matrix import EXECUTORS, MODES, Cell
 from harness.run.gpus import GpuLeaseError, hold_startup
+from harness.run.session import EngineSession
 from harness.run.slots import SHARED_GPU_KV_BYTES
 
 pytestmark = pytest.mark.unit
@@ -321,3 +322,117 @@ def test_scenarios_option_selects_the_post_resume_cells(tmp_path: Path) -> None:
     assert {c.scenario for c in every} == set(SCENARIOS)
     with pytest.raises(pytest.UsageError, match="unknown scenario 'chaos'"):
         plugin.matrix_cells(_Config(tmp_path, repro_scenarios="chaos", **opts))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- --retry-infra: as the nightly
+
+
+class _StandIn(EngineSession):
+    """An engine session stand-in (no process): what it runs is decided by the test's ``_run_on``."""
+
+    def __init__(self, runs: list[str]) -> None:  # no super().__init__: nothing to start
+        self.runs = runs
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _flaky_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcomes: list[Outcome],
+                **options: Any) -> tuple[plugin.EnginePool, list[_StandIn]]:
+    from harness.verdicts.results import CellResult, infra_result
+
+    started: list[_StandIn] = []
+    runs: list[str] = []
+
+    def session(self: plugin.EnginePool, key: Any) -> Any:
+        if key not in self.sessions:
+            self.sessions[key] = started.append(_StandIn(runs)) or started[-1]  # type: ignore[func-returns-value]
+        return self.sessions[key]
+
+    def run_on(self: plugin.EnginePool, s: Any, cell: Cell, scenario: dict[str, Any]) -> CellResult:
+        outcome = outcomes[len(runs)]
+        runs.append(cell.id)
+        if outcome is Outcome.OK:
+            return CellResult(cell, Outcome.OK, "8 requests, all tokens as expected", label="OK")
+        return infra_result(cell, outcome, "RuntimeError: Engine core initialization failed\n"
+                                           "torch.distributed.DistNetworkError: EADDRINUSE")
+
+    monkeypatch.setattr(plugin.EnginePool, "session", session)
+    monkeypatch.setattr(plugin.EnginePool, "_run_on", run_on)
+    config = _Config(tmp_path, **options)
+    pool = plugin.EnginePool(config)  # type: ignore[arg-type]
+    return pool, started
+
+
+def test_the_pytest_default_retries_as_the_nightly_does(pytester: pytest.Pytester,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # (That default equals what the nightly passes: tests/unit/test_ci_files.py.)
+    monkeypatch.delenv(plugin.RETRY_INFRA_ENV, raising=False)
+    def retry(*argv: str) -> int:
+        return int(pytester.parseconfig("-p", "harness.frontends.pytest_plugin", *argv).getoption("retry_infra"))
+
+    assert retry() == plugin.DEFAULT_RETRY_INFRA
+    monkeypatch.setenv(plugin.RETRY_INFRA_ENV, "0")
+    assert retry() == 0
+    assert retry("--retry-infra", "3") == 3
+
+
+def test_an_item_whose_engine_failed_to_start_passes_on_a_fresh_engine(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    pool, started = _flaky_pool(tmp_path, monkeypatch, [Outcome.ERROR, Outcome.OK],
+                                retry_infra=plugin.DEFAULT_RETRY_INFRA)
+    res = pool.run_cell(Cell("0.21.0", "mp", True, "keep", True))
+    assert res.outcome is Outcome.OK
+    assert [(a.n, a.outcome) for a in res.attempts] == [(1, "ERROR"), (2, "OK")]
+    assert len(started) == 2 and started[0].closed, "the retry ran on a fresh engine, the failed one stopped"
+
+
+@pytest.mark.parametrize("first", [Outcome.CRASH, Outcome.LOSS, Outcome.OK])
+def test_a_crash_or_a_finding_is_never_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               first: Outcome) -> None:
+    pool, started = _flaky_pool(tmp_path, monkeypatch, [first, Outcome.OK], retry_infra=3)
+    from harness.verdicts.results import CellResult
+
+    if first is not Outcome.OK:  # a judged result of that outcome, as the oracle would give
+        monkeypatch.setattr(plugin.EnginePool, "_run_on",
+                            lambda self, s, cell, sc: CellResult(cell, first, first.value, label=first.value))
+    res = pool.run_cell(Cell("0.21.0", "mp", True, "keep", True))
+    assert res.outcome is first and res.attempts == () and len(started) == 1
+
+
+def test_the_summary_names_each_retried_item_and_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool, _ = _flaky_pool(tmp_path, monkeypatch, [Outcome.ERROR, Outcome.OK, Outcome.OK, Outcome.TIMEOUT,
+                                                  Outcome.TIMEOUT], retry_infra=1)
+    retried, plain, failed = (Cell("0.21.0", "mp", True, m, True) for m in ("keep", "wait", "abort"))
+    for cell in (retried, plain, failed):
+        pool.run_cell(cell)
+    config = _Config(tmp_path, retry_infra=1)
+    config._repro_run_dir = pool.run_dir  # type: ignore[attr-defined]  # the same run: its results logs
+
+    class Session:
+        pass
+
+    session = Session()
+    session.config = config  # type: ignore[attr-defined]
+    plugin.pytest_sessionfinish(session, 0)  # type: ignore[arg-type]  # reads the logs back, as under xdist
+
+    class Reporter:
+        def __init__(self) -> None:
+            self.out: list[str] = []
+
+        def section(self, title: str, **_: Any) -> None:
+            self.out.append(f"== {title}")
+
+        def write_line(self, line: str) -> None:
+            self.out.append(line)
+
+    tr = Reporter()
+    plugin.pytest_terminal_summary(tr, 0, config)  # type: ignore[arg-type]
+    head = tr.out.index("== vllm-repro: 2 item(s) retried after an infrastructure failure (--retry-infra)")
+    section = tr.out[head + 1:head + 3]
+    assert sorted(section) == sorted([
+        f"{retried.id}: attempt 1 ERROR (RuntimeError: Engine core initialization failed); attempt 2 OK",
+        f"{failed.id}: attempt 1 TIMEOUT (RuntimeError: Engine core initialization failed); "
+        "attempt 2 TIMEOUT (RuntimeError: Engine core initialization failed)"])
+    assert not any(plain.id in line for line in section), "an item that passed first time is not listed"

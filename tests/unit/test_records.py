@@ -34,10 +34,10 @@ from harness.core.records import (
     legacy_label,
     migrate_cell,
 )
-from harness.verdicts.compare import compare
-from harness.verdicts.compare import markdown as compare_markdown
-from harness.verdicts.history import run_id_of
-from harness.verdicts.report import markdown
+from harness.verdicts.compare.pairs import compare
+from harness.verdicts.compare.render import markdown as compare_markdown
+from harness.verdicts.history.store import run_id_of
+from harness.verdicts.report.markdown import markdown
 from harness.verdicts.results import Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit

@@ -165,11 +165,12 @@ def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_p
 
 @pytest.mark.unit
 def test_injection_problem_needs_every_requested_fault_applied() -> None:
+    from harness.core.records import EngineInfo
     from harness.run.runner import injection_problem
 
     assert injection_problem(None, ()) is None
-    assert "did not report" in (injection_problem({"probe": {}}, ("vllm#42043",)) or "")
-    ok = {"probe": {"core": {"inject": {"applied": {"vllm#42043": "Scheduler.reset_prefix_cache"}}}}}
+    assert "did not report" in (injection_problem(EngineInfo({"probe": {}}), ("vllm#42043",)) or "")
+    ok = EngineInfo({"probe": {"core": {"inject": {"applied": {"vllm#42043": "Scheduler.reset_prefix_cache"}}}}})
     assert injection_problem(ok, ("vllm#42043",)) is None
     assert "hang#pause" in (injection_problem(ok, ("vllm#42043", "hang#pause")) or "")
 

@@ -30,6 +30,7 @@ from harness.plan.matrix import MatrixPlan, Selection, plan_cells, selection_axe
 from harness.plan.platforms import require_scheduler_tier
 from harness.run import execute
 from harness.run.context import Progress
+from harness.run.events import EngineEvent
 from harness.run.gpus import visible_gpus
 from harness.run.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
 from harness.run.runner import RunConfig
@@ -216,17 +217,15 @@ class MatrixProgress:
             retried = f" (attempt {len(p.cell.attempts)}; earlier: {escape(earlier)})" if p.cell.attempts else ""
             self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]"
                                f"{retried}")
-        elif p.kind == "event" and p.event and p.event.get("event") == "engine":
-            ev = p.event
-            eff = ev.get("effective") or {}
-            if ev.get("started") is False:
+        elif p.kind == "event" and isinstance(p.event, EngineEvent):
+            info = p.event.info
+            if p.event.started is False:
                 # vLLM refused the engine before it ran (e.g. a profile argument): the cells say why.
-                self.console.print(f"  engine not started: vLLM {ev.get('vllm_version')}, torch "
-                                   f"{ev.get('torch_version')}")
+                self.console.print(f"  engine not started: vLLM {info.vllm_version}, torch {info.torch_version}")
                 return
-            self.console.print(f"  engine up in {ev.get('startup_s')}s: vLLM {ev.get('vllm_version')}, torch "
-                               f"{ev.get('torch_version')}, executor {eff.get('executor_class')}, effective async "
-                               f"{eff.get('async_scheduling')}")
+            self.console.print(f"  engine up in {info.get('startup_s')}s: vLLM {info.vllm_version}, torch "
+                               f"{info.torch_version}, executor {info.executor_class}, effective async "
+                               f"{info.effective_async}")
         elif p.kind in ("env", "engine-start"):
             self.console.print(f"[cyan]{escape(p.message)}[/]")
 
@@ -300,7 +299,8 @@ class MatrixCommand(Command):
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts.report import render_terminal, write_reports
+        from harness.verdicts.report import write_reports
+        from harness.verdicts.report.terminal import render_terminal
 
         setup = matrix_setup(ctx, args)
         console = stderr_console()
