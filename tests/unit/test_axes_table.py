@@ -27,7 +27,7 @@ from harness.frontends.pytest_plugin import add_axis_options as add_pytest_optio
 from harness.frontends.pytest_plugin import matrix_cells, plugin_axes
 from harness.plan.matrix import plan_cells, unsupported_reason
 from harness.run.runner import RunConfig, build_spec, engine_env
-from harness.verdicts.history import run_id_of
+from harness.verdicts.history.store import run_id_of
 from harness.verdicts.known_bugs import expectation, load_known_bugs
 from harness.verdicts.results import Results, read_results
 from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
