@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, make_dataclass, replace
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from harness.core import scenarios
 from harness.core.axes import (
@@ -202,7 +202,18 @@ def engine_key_type(cell_type: type[Cell]) -> type:
     return _ENGINE_KEYS.setdefault(cell_type, key)
 
 
-EngineKey = engine_key_type(Cell)
+if TYPE_CHECKING:
+    class EngineKey(_EngineKeyMethods):
+        """What a type checker sees: the engine axes are read off the cell's table when the class is built, so adding
+        an axis needs no edit here (a typo in a cell's axis is still caught: ``Cell`` is the table itself)."""
+
+        profile: str
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+        def __lt__(self, other: EngineKey) -> bool: ...
+else:
+    EngineKey = engine_key_type(Cell)
 
 TABLE = Cell.table()
 AXES = TABLE.axes

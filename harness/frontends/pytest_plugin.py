@@ -208,7 +208,8 @@ def matrix_cells(config: pytest.Config, cell_type: type[Cell] = Cell) -> list[Ce
         axes = selection_axes(raw, platform, cell_type, per_platform=False)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
-    return selection_type(cell_type)(versions=versions, **axes).cells()  # type: ignore[no-any-return]
+    cells: list[Cell] = selection_type(cell_type)(versions=versions, **axes).cells()
+    return cells
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

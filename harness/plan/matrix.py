@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
 from itertools import product
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from harness.core.axes import (
     EXECUTORS,
@@ -45,6 +45,7 @@ DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0", "l
 
 class _SelectionMethods:
     cell_type: ClassVar[type[Cell]]
+    versions: tuple[str, ...]
 
     def cells(self) -> list[Any]:
         """Every cell of the selection, engine axes outermost (cells of one engine are adjacent)."""
@@ -75,7 +76,16 @@ def selection_type(cell_type: type[Cell] = Cell) -> type:
     return _SELECTIONS[cell_type]
 
 
-Selection = selection_type(Cell)
+if TYPE_CHECKING:
+    class Selection(_SelectionMethods):
+        """What a type checker sees: one field per axis with a ``plural``, read off the table at run time."""
+
+        versions: tuple[str, ...]
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    Selection = selection_type(Cell)
 
 
 @dataclass(frozen=True)

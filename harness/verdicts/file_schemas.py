@@ -92,7 +92,7 @@ def known_bugs_schema(cell_type: type[Cell] = Cell) -> Obj:
 
 
 KNOWN_BUGS = known_bugs_schema()
-KNOWN_BUG = cast(ListOf, KNOWN_BUGS.fields["bug"]).item
+KNOWN_BUG = cast(Obj, cast(ListOf, KNOWN_BUGS.fields["bug"]).item)
 
 # The workaround ledger (harness/verdicts/workarounds.toml, or --ledger FILE).
 _CELL_SETTINGS = Obj({a.name: axis_spec(a) for a in AXES}, what="a table of cell settings (one value per key)")

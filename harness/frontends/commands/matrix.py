@@ -61,7 +61,7 @@ def add_axis_options(p: argparse.ArgumentParser, cell_type: type[Cell] = Cell) -
     """One option per axis of the cell's table that has one (``--executor``, ``--async``, ``--tier``, ...)."""
     for a in cell_type.table().axes:
         if a.option:
-            extra = {"metavar": "ASYNC"} if a.option == "async" else {}
+            extra: dict[str, Any] = {"metavar": "ASYNC"} if a.option == "async" else {}
             p.add_argument(f"--{a.option}", dest=_dest(a), help=a.help, **extra)
 
 
