@@ -105,7 +105,7 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
     model and a scheduler bug need no more), the model kind's needs (its
     dtype), the cell's axes, then ``spec.engine.extra``: the scenario profile's,
     the scheduler's and the user's engine arguments, merged by
-    ``harness.run.runner.merge_engine_args`` (``repro.wire`` keeps the axes out of it).
+    ``harness.run.spec.merge_engine_args`` (``repro.wire`` keeps the axes out of it).
     """
     eng = spec.engine
     kwargs: dict[str, Any] = {

@@ -57,6 +57,7 @@ from harness.envbuild.envs import (
     recipe_factory,
     source_options,
 )
+from harness.frontends.pytest_summary import terminal_summary
 from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engine_setup
 from harness.plan.matrix import (
     Cell,
@@ -71,24 +72,36 @@ from harness.plan.releases import wheelhouse_fetch
 from harness.run.context import RunContext, this_python
 from harness.run.events import engine_facts
 from harness.run.gpus import GpuLease, GpuLeaseError, hold_startup, lease_slots, visible_gpus
-from harness.run.runner import RunConfig, retryable, scenario_entry, scenario_result
+from harness.run.runner import retryable
+from harness.run.scenario_results import scenario_result
 from harness.run.session import EngineDied, EngineSession
 from harness.run.slots import Capacity, auto_jobs, engine_start, for_workers, runs_alone
+from harness.run.spec import RunConfig, scenario_entry
 from harness.verdicts.known_bugs import KnownBug, annotate, load_known_bugs
 from harness.verdicts.results import CellResult, Results, ResultsLog, infra_result, read_results
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
+
+
 RECIPES = pytest.StashKey[RecipeFor]()  # how this process builds each version's env (from the options)
+
+
 # The tiny model's share of a GPU's memory, as the CLI's default --gpu-memory-utilization: it sets how many
 # engines share a GPU (harness.run.slots.auto_jobs).
 GPU_MEMORY_UTILIZATION = 0.05
+
+
 # How long a worker waits for GPU slots or a start-up lock: other workers' engines hold theirs while their items
 # run (each within its own timeouts), so a whole session's worth, not one engine's.
 LEASE_WAIT_S = 7200.0
+
+
 # --retry-infra's default here: what every nightly matrix passes (.github/workflows/nightly.yml,
 # .buildkite/pipeline.yml; tests/unit/test_ci_files.py holds them equal), so one engine that died outside vLLM's
 # code or hung on a busy runner (issue 21: a port taken by a neighbour engine) does not fail the session.
 DEFAULT_RETRY_INFRA = 1
+
+
 RETRY_INFRA_ENV = "VLLM_REPRO_RETRY_INFRA"
 
 
@@ -479,69 +492,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def first_post_resume_tokens(c: CellResult) -> list[str]:
-    """``rid#i: expected X, observed Y`` for every request with a post-resume token (mismatches first).
-
-    Frozen requests: the token at their pause index; requests submitted during
-    the pause or after resume: their token 0.
-    """
-    rows = []
-    for r in c.requests:
-        v = r.get("verdict") or {}
-        f = v.get("first_post_resume")
-        if isinstance(f, dict):
-            bad = f.get("expected") != f.get("observed")
-            rows.append((not bad, f"{r['rid']}#{f['index']}: expected {f['expected']}, observed {f['observed']}"))
-    return [text for _, text in sorted(rows, key=lambda t: t[0])]
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    tr = terminalreporter
-    pool = getattr(config, "_repro_pool", None)
-    if pool is not None and pool.hangs:
-        tr.section("vllm-repro: engine hangs during property tests", yellow=True)
-        for version, reason in pool.hangs:
-            tr.write_line(f"vLLM {version}: {reason[:400]}")
-        tr.write_line(f"plans saved to {pool.run_dir.parent / 'hangs.jsonl'}; replay with vllm-repro plan")
-    cells: tuple[CellResult, ...] = getattr(config, "_repro_cells", ())
-    if not cells:
-        return
-    write_retried(tr, cells)
-    tr.section("vllm-repro post-resume cells")
-    for c in cells:
-        line = f"{c.id}: {c.summary} [{c.expectation.status if c.expectation else '?'}]"
-        firsts = first_post_resume_tokens(c)
-        if firsts:
-            line += "; first post-resume token " + "; ".join(firsts[:3]) + (" ..." if len(firsts) > 3 else "")
-        tr.write_line(line)
-    paths = getattr(config, "_repro_report_paths", None)
-    if paths is not None:
-        tr.write_line(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
-
-
-_RETRIED = frozenset(o.value for o in Outcome if o.is_retryable)
-
-
-def retried_lines(cells: tuple[CellResult, ...]) -> list[str]:
-    """One line per cell ``--retry-infra`` ran again: every attempt's outcome, and why each failed one failed."""
-    lines = []
-    for c in cells:
-        if len(c.attempts) < 2:
-            continue
-        tries = []
-        for a in c.attempts:
-            why = (a.reason or a.summary or "").strip().splitlines() if a.outcome in _RETRIED else []
-            tries.append(f"attempt {a.n} {a.label or a.outcome}" + (f" ({why[0][:300]})" if why else ""))
-        lines.append(f"{c.id}: " + "; ".join(tries))
-    return lines
-
-
-def write_retried(tr: Any, cells: tuple[CellResult, ...]) -> None:
-    """The summary's section of retried items (infrastructure failures run again on a fresh engine)."""
-    lines = retried_lines(cells)
-    if not lines:
-        return
-    tr.section(f"vllm-repro: {len(lines)} item(s) retried after an infrastructure failure (--retry-infra)",
-               yellow=True)
-    for line in lines:
-        tr.write_line(line)
+    terminal_summary(terminalreporter, config)

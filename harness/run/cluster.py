@@ -63,8 +63,8 @@ from harness.run.context import (
     RunContext,
 )
 from harness.run.events import StartEvent
+from harness.run.process import kill_group
 from harness.run.ray_task import ENGINE_FILES, EngineJob, Mailbox, run_engine_job
-from harness.run.runner import kill_group
 from harness.verdicts.results import CellResult, infra_result
 
 INSTALL_HINT = "pip install 'vllm-repro[cluster]'"

@@ -19,8 +19,9 @@ from typing import Any, Protocol
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv, default_recipe, ensure_env
 from harness.plan.matrix import Cell, EngineKey
 from harness.run.events import Event
-from harness.run.runner import EventHook, RunConfig
+from harness.run.runner import EventHook
 from harness.run.slots import Capacity
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog
 
 

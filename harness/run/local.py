@@ -18,8 +18,9 @@ from harness.envbuild.envs import VllmEnv, ensure_env
 from harness.plan.matrix import EngineKey
 from harness.run.context import BackendReport, CellSink, EngineWork, Progress, RunContext, env_facts
 from harness.run.events import EngineEvent, Event
-from harness.run.runner import run_engine, weight_transfer
+from harness.run.runner import run_engine
 from harness.run.slots import Capacity, Slots, engine_start, runs_alone
+from harness.run.spec import weight_transfer
 from harness.verdicts.results import infra_result
 
 

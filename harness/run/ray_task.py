@@ -26,7 +26,8 @@ from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_
 from harness.plan.matrix import Cell, EngineKey
 from harness.run.context import env_facts
 from harness.run.events import Event, StartEvent
-from harness.run.runner import RunConfig, run_engine
+from harness.run.runner import run_engine
+from harness.run.spec import RunConfig
 from harness.verdicts.results import infra_result
 
 ENGINE_FILES = ("spec.json", "events.jsonl", "engine.log")

@@ -1,6 +1,6 @@
 """A long-lived engine process that runs scenarios on demand (pytest items, Hypothesis examples, ``plan``).
 
-The same driver as ``runner.run_engine`` (:class:`harness.run.runner.EngineProcess`):
+The same driver as ``runner.run_engine`` (:class:`harness.run.process.EngineProcess`):
 the engine runs ``python -m repro.engine`` in its own process group; here the
 spec is marked interactive and scenarios are sent one JSON line at a time on
 stdin, each answered by one ``scenario`` event in the event file.  ``close()``
@@ -22,7 +22,8 @@ from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import EngineKey
 from harness.run.engine_death import with_cause
 from harness.run.events import EngineEvent, Event, FatalEvent, ScenarioEvent
-from harness.run.runner import EngineProcess, RunConfig
+from harness.run.process import EngineProcess
+from harness.run.spec import RunConfig
 from repro.wire import ScenarioSpec
 
 ENGINE_LOG_ENV = "VLLM_REPRO_ENGINE_LOG"  # if set, one line per engine start is appended to this file

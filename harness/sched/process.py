@@ -3,7 +3,7 @@
 The matrix runs scheduler-tier cells through :func:`harness.run.runner.run_engine`
 like any engine; ``plan`` and ``fuzz`` hand the process a spec of their own
 (an ``ops`` scenario, a ``fuzz`` section) through the same
-:class:`harness.run.runner.EngineProcess`: own process group, spec and events
+:class:`harness.run.process.EngineProcess`: own process group, spec and events
 checked against ``repro.wire``, the whole group killed at the end.
 """
 
@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import EngineKey
 from harness.run.events import Event, FatalEvent
-from harness.run.runner import EngineProcess, RunConfig
+from harness.run.process import EngineProcess
+from harness.run.spec import RunConfig
 
 E = TypeVar("E", bound=Event)
 

@@ -37,7 +37,7 @@ import pytest
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.streams import stream_records
 from harness.envbuild.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
-from harness.run.runner import stage_repro
+from harness.run.staging import stage_repro
 from repro.sched.script import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.integration]
@@ -164,7 +164,7 @@ def test_scheduler_tier_cells_in_the_matrix(tmp_path: Path) -> None:
     from harness.plan.matrix import Selection, plan_matrix
     from harness.run.context import RunContext
     from harness.run.execute import execute_plan
-    from harness.run.runner import RunConfig
+    from harness.run.spec import RunConfig
     from harness.verdicts.results import ResultsLog
 
     sel = Selection(versions=("0.21.0", "0.22.0"), modes=("keep",), tiers=("scheduler",), scenarios=FAMILY)

@@ -26,7 +26,8 @@ from harness.frontends.commands.matrix import add_axis_options, matrix_axes
 from harness.frontends.pytest_plugin import add_axis_options as add_pytest_options
 from harness.frontends.pytest_plugin import matrix_cells, plugin_axes
 from harness.plan.matrix import plan_cells, unsupported_reason
-from harness.run.runner import RunConfig, build_spec, engine_env
+from harness.run.process import engine_env
+from harness.run.spec import RunConfig, build_spec
 from harness.verdicts.history.store import run_id_of
 from harness.verdicts.known_bugs import expectation, load_known_bugs
 from harness.verdicts.results import Results, read_results

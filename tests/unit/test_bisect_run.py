@@ -28,7 +28,7 @@ from harness.core.streams import stream_records
 from harness.envbuild.envs import IndexConfig
 from harness.plan.matrix import EXECUTORS, MODES, Cell
 from harness.run.context import BackendReport, CellSink, EngineWork, RunContext
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, infra_result, judged_result
 
 pytestmark = pytest.mark.unit

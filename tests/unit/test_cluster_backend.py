@@ -34,8 +34,9 @@ from harness.run.cluster import (
     unplaceable_reason,
 )
 from harness.run.context import RunContext
+from harness.run.process import group_alive
 from harness.run.ray_task import EngineJob, engine_environ_changes, run_engine_job
-from harness.run.runner import RunConfig, group_alive
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start Python and shell processes.

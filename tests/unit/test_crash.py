@@ -16,7 +16,7 @@ import pytest
 from harness.core.oracle import Outcome
 from harness.plan.matrix import Cell
 from harness.run.events import as_scenario_event
-from harness.run.runner import scenario_result
+from harness.run.scenario_results import scenario_result
 from repro import cell as repro_cell
 from repro import crash
 from repro.wire import check_event

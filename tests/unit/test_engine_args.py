@@ -1,5 +1,5 @@
 """Your model and engine settings: parsing and validation (harness.plan.engine_args), the one merge point into the
-spec (harness.run.runner.merge_engine_args), and that the engine is started with exactly the arguments given
+spec (harness.run.spec.merge_engine_args), and that the engine is started with exactly the arguments given
 (repro.engine.engine_kwargs) or says which ones vLLM rejected (repro.engine.rejected_engine_args)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from harness.plan.engine_args import (
     read_engine_args_file,
 )
 from harness.plan.matrix import Cell, EngineKey
-from harness.run.runner import RunConfig, build_spec, merge_engine_args
+from harness.run.spec import RunConfig, build_spec, merge_engine_args
 from repro import engine as repro_engine
 from repro.model_kinds import LoadedModel, load_model
 from repro.realistic import SIZES

@@ -25,7 +25,7 @@ from harness.core.oracle import Outcome, cell_verdict, classify_request
 from harness.core.scenarios import BY_SCENARIO
 from harness.core.streams import StreamRecord, stream_records
 from harness.plan.matrix import Selection, plan_matrix
-from harness.run.runner import RunConfig, scenario_entry
+from harness.run.spec import RunConfig, scenario_entry
 from harness.verdicts.known_bugs import expectation, load_known_bugs
 from repro.cell import run_scenario
 from repro.models import BigramCycleSpec, cycle_permutation, expected_continuation

@@ -13,7 +13,8 @@ import pytest
 
 from harness.core.oracle import Outcome
 from harness.plan.matrix import Cell, EngineKey, Selection, plan_matrix, unsupported_reason
-from harness.run.runner import RunConfig, engine_env, engine_spec
+from harness.run.process import engine_env
+from harness.run.spec import RunConfig, engine_spec
 from harness.verdicts.history.store import HistoryCell
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import workaround_verdicts

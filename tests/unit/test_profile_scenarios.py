@@ -22,7 +22,8 @@ from harness.core.scenarios import BY_SCENARIO, PROFILES
 from harness.core.streams import stream_records
 from harness.plan.matrix import Cell, plan_cells
 from harness.run.events import Precondition
-from harness.run.runner import RunConfig, build_spec, scenario_spec, with_precondition
+from harness.run.scenario_results import with_precondition
+from harness.run.spec import RunConfig, build_spec, scenario_spec
 from harness.verdicts.results import judged_result
 from repro import counters
 from repro.cell import refused_setting

@@ -11,7 +11,7 @@ from harness.core.oracle import Outcome
 from harness.core.scenarios import SCENARIO_TABLE
 from harness.plan.matrix import Cell, unsupported_reason
 from harness.run.events import as_scenario_event
-from harness.run.runner import scenario_result
+from harness.run.scenario_results import scenario_result
 from harness.sched.cells import SHAPES, sched_result, sched_scenario, sched_spec
 from harness.verdicts.workarounds import workaround_verdicts
 from repro.sched.script import SCHEMA_VERSION, build_script

@@ -23,8 +23,9 @@ from harness.frontends.commands.fuzz import exit_code
 from harness.frontends.commands.plan import read_plan
 from harness.run.context import RunContext
 from harness.run.events import FuzzEvent, as_scenario_event, parse_event
+from harness.run.process import EventTail
 from harness.run.replay import replay_sched_plan
-from harness.run.runner import EventTail, RunConfig
+from harness.run.spec import RunConfig
 from harness.sched.cells import sched_verdict
 from harness.sched.fuzz import FuzzResult, fuzz_spec, fuzz_version, plan_document, write_plan
 from repro.models import cycle_permutation

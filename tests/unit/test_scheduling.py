@@ -20,7 +20,7 @@ from harness.plan.matrix import Cell, MatrixPlan
 from harness.run.context import RunContext
 from harness.run.events import EngineEvent
 from harness.run.execute import execute_plan
-from harness.run.runner import Cancelled, RunConfig
+from harness.run.runner import Cancelled
 from harness.run.slots import (
     SHARED_GPU_KV_BYTES,
     Capacity,
@@ -32,6 +32,7 @@ from harness.run.slots import (
     for_workers,
     pick_gpus,
 )
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit

@@ -20,7 +20,8 @@ import repro.cell as cell_mod
 import repro.engine as engine_mod
 from harness.plan.matrix import Cell, EngineKey
 from harness.run.events import CorruptEvent, Event, FatalEvent, ScenarioEvent
-from harness.run.runner import EventTail, RunConfig, build_spec, engine_spec
+from harness.run.process import EventTail
+from harness.run.spec import RunConfig, build_spec, engine_spec
 from repro.scenarios.base import ScenarioTimeout, ScenarioUnsupported
 from repro.wire import EVENTS, SCHEMA_VERSION, STOP, FuzzSpec, ScenarioSpec, Spec, WireError, check_event
 

@@ -33,8 +33,8 @@ from harness.run.context import Progress
 from harness.run.events import EngineEvent
 from harness.run.gpus import visible_gpus
 from harness.run.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
-from harness.run.runner import RunConfig
 from harness.run.slots import Capacity, capacity
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, Results, ResultsLog
 
 if TYPE_CHECKING:
