@@ -28,7 +28,7 @@ where an engine runs:
   are deferred (``harness.run.deferred``): the driver never blocks in Ray for
   more than ``POLL_S`` at a time, acts on the signal between waits, and gives
   ``ray.shutdown`` a bounded time (it can hang: ray-project/ray#44836); a
-  second Ctrl-C cuts the grace periods short.
+  Ctrl-C during a grace period or the shutdown cuts it short.
 
 Ray is imported lazily: the harness does not depend on it unless ``--cluster``
 is used (``pip install 'vllm-repro[cluster]'``).
@@ -80,7 +80,8 @@ LOCAL_OBJECT_STORE_BYTES = 128 * 1024**2
 CANCEL_GRACE_S = 30.0  # run_engine's kill_group waits up to 10 s per engine
 POLL_S = 0.25  # driver: the longest one Ray call blocks before the mailbox is drained and signals are looked at
 DRAIN_S = 10.0  # after a cancel: how long the mailbox may take to hand over what the engines last reported
-SHUTDOWN_S = 60.0  # ray.shutdown; past this (or on a second Ctrl-C) the local cluster's processes are killed
+SHUTDOWN_S = 60.0  # ray.shutdown; past this (or on a Ctrl-C meanwhile) the local cluster's processes are killed
+SHUTDOWN_KILLED_S = 30.0  # ... and then, how long its shutdown may take to notice they are gone
 ENGINE_FILES = ("spec.json", "events.jsonl", "engine.log")
 MAX_SHIPPED_BYTES = 8 * 1024**2  # per engine file copied back from a node without the driver's file system
 
@@ -503,10 +504,11 @@ def _run_on_ray(run: _RayRun, engines: Sequence[EngineWork], address: str | None
 
 
 def _shutdown(ray: ModuleType, interrupts: DeferredInterrupts) -> None:
-    """``ray.shutdown``, bounded: it can block for good (ray-project/ray#44836: it joins a GCS subscriber thread
-    stuck in a poll; a Ctrl-C does not reach a main thread blocked there), and the run must still end."""
+    """``ray.shutdown``, bounded: it can block for good (ray-project/ray#44836: with a GCS that does not answer,
+    it waits in a gRPC call without a deadline, where no Ctrl-C reaches it), and the run must still end."""
     node = getattr(ray._private.worker, "_global_node", None)  # the local cluster this run started, if any
-    if call_bounded(ray.shutdown, SHUTDOWN_S, interrupts, "vllm-repro-ray-shutdown"):
+    stopping = call_bounded(ray.shutdown, SHUTDOWN_S, interrupts, "vllm-repro-ray-shutdown")
+    if not stopping.is_alive():
         return
     # Its atexit hook would wait for the lock the stuck call holds, and the interpreter would never exit.
     atexit.unregister(ray.shutdown)
@@ -516,6 +518,9 @@ def _shutdown(ray: ModuleType, interrupts: DeferredInterrupts) -> None:
         for info in infos:
             with contextlib.suppress(OSError, AttributeError):
                 info.process.kill()
+    # With its peers gone, the call it waited in fails and its shutdown ends: let it, or the interpreter's
+    # exit would tear Ray's core down under that thread (a crash at exit instead of the run's exit status).
+    stopping.join(SHUTDOWN_KILLED_S)
 
 
 def _init_ray(ray: ModuleType, run: _RayRun, stage: Path, address: str | None) -> None:
@@ -681,9 +686,9 @@ def _cancel(ray: ModuleType, refs: list[Any], interrupts: DeferredInterrupts) ->
         with contextlib.suppress(Exception):
             ray.cancel(ref, force=False)
     left = refs
-    deadline = time.monotonic() + CANCEL_GRACE_S
-    # In slices: a second Ctrl-C ends the grace period at once.
-    while left and time.monotonic() < deadline and not interrupts.insisted:
+    deadline, mark = time.monotonic() + CANCEL_GRACE_S, interrupts.mark()
+    # In slices: a Ctrl-C during the grace period (a second one, if a first started this cleanup) ends it.
+    while left and time.monotonic() < deadline and not interrupts.since(mark):
         try:
             _, left = ray.wait(left, num_returns=len(left), timeout=POLL_S)
         except Exception:  # Ray itself is failing: force what is left

@@ -15,9 +15,9 @@ with one that only notes the signal.  The driver waits only in bounded
 slices and calls :meth:`DeferredInterrupts.check` between them, which runs the
 original handler (for the CLI and Python's default: raise
 ``KeyboardInterrupt``) at a point where the driver's own cleanup can run.
-Whoever blocks on something that may never return waits for it in a thread,
-and gives up when :attr:`DeferredInterrupts.insisted` says the user asked
-twice.
+Whoever waits on something only out of politeness (a grace period, a shutdown
+that may never return) gives up when a signal arrives during that wait
+(:meth:`DeferredInterrupts.since`): the user asking again.
 """
 
 from __future__ import annotations
@@ -73,10 +73,13 @@ class DeferredInterrupts:
     def pending(self) -> bool:
         return bool(self.received)
 
-    @property
-    def insisted(self) -> bool:
-        """A second signal: stop waiting for anything that is only polite (grace periods, a slow shutdown)."""
-        return len(self.received) >= 2
+    def mark(self) -> int:
+        """A point to compare with :meth:`since`: how many signals were noted so far."""
+        return len(self.received)
+
+    def since(self, mark: int) -> bool:
+        """Whether a signal arrived after ``mark``: stop waiting for anything that is only polite."""
+        return len(self.received) > mark
 
     def check(self) -> None:
         """Run the original handler of the first signal noted (the CLI's and Python's raise KeyboardInterrupt)."""
@@ -88,15 +91,16 @@ class DeferredInterrupts:
 
 
 def call_bounded(fn: Callable[[], object], limit_s: float, interrupts: DeferredInterrupts,
-                 name: str) -> bool:
-    """Run ``fn`` in a daemon thread; wait until it returns, ``limit_s`` passes or the user insists.
+                 name: str) -> threading.Thread:
+    """Run ``fn`` in a daemon thread; wait until it returns, ``limit_s`` passes or a signal arrives.
 
-    True if it returned.  A call that did not is left running in its thread:
-    the caller cleans up by other means.
+    The thread is returned: alive if ``fn`` has not returned, and then the
+    caller cleans up by other means.
     """
+    mark = interrupts.mark()
     worker = threading.Thread(target=fn, name=name, daemon=True)
     worker.start()
     deadline = time.monotonic() + limit_s
-    while worker.is_alive() and time.monotonic() < deadline and not interrupts.insisted:
+    while worker.is_alive() and time.monotonic() < deadline and not interrupts.since(mark):
         worker.join(SLICE_S)
-    return not worker.is_alive()
+    return worker
