@@ -69,7 +69,7 @@ from harness.run.context import (
     RunContext,
     env_facts,
 )
-from harness.run.deferred import DeferredInterrupts, call_bounded
+from harness.run.deferred import DeferredInterrupts, call_bounded, join_bounded
 from harness.run.runner import RunConfig, kill_group, run_engine
 from harness.verdicts.results import CellResult, infra_result
 
@@ -81,7 +81,7 @@ CANCEL_GRACE_S = 30.0  # run_engine's kill_group waits up to 10 s per engine
 POLL_S = 0.25  # driver: the longest one Ray call blocks before the mailbox is drained and signals are looked at
 DRAIN_S = 10.0  # after a cancel: how long the mailbox may take to hand over what the engines last reported
 SHUTDOWN_S = 60.0  # ray.shutdown; past this (or on a Ctrl-C meanwhile) the local cluster's processes are killed
-SHUTDOWN_KILLED_S = 30.0  # ... and then, how long its shutdown may take to notice they are gone
+SHUTDOWN_KILLED_S = 90.0  # ... and then, how long its shutdown may take to notice they are gone (or a Ctrl-C)
 ENGINE_FILES = ("spec.json", "events.jsonl", "engine.log")
 MAX_SHIPPED_BYTES = 8 * 1024**2  # per engine file copied back from a node without the driver's file system
 
@@ -520,7 +520,8 @@ def _shutdown(ray: ModuleType, interrupts: DeferredInterrupts) -> None:
                 info.process.kill()
     # With its peers gone, the call it waited in fails and its shutdown ends: let it, or the interpreter's
     # exit would tear Ray's core down under that thread (a crash at exit instead of the run's exit status).
-    stopping.join(SHUTDOWN_KILLED_S)
+    # Not always at once: Ray's core retries the lost GCS for up to gcs_rpc_server_reconnect_timeout_s (60 s).
+    join_bounded(stopping, SHUTDOWN_KILLED_S, interrupts)
 
 
 def _init_ray(ray: ModuleType, run: _RayRun, stage: Path, address: str | None) -> None:

@@ -100,7 +100,18 @@ def call_bounded(fn: Callable[[], object], limit_s: float, interrupts: DeferredI
     mark = interrupts.mark()
     worker = threading.Thread(target=fn, name=name, daemon=True)
     worker.start()
+    join_bounded(worker, limit_s, interrupts, mark)
+    return worker
+
+
+def join_bounded(worker: threading.Thread, limit_s: float, interrupts: DeferredInterrupts,
+                 mark: int | None = None) -> bool:
+    """Wait for ``worker`` until it ends, ``limit_s`` passes or a signal arrives after ``mark`` (default: now).
+
+    True if it ended.
+    """
+    mark = interrupts.mark() if mark is None else mark
     deadline = time.monotonic() + limit_s
     while worker.is_alive() and time.monotonic() < deadline and not interrupts.since(mark):
         worker.join(SLICE_S)
-    return worker
+    return not worker.is_alive()
