@@ -17,13 +17,8 @@ from typing import Any
 
 from repro import crash
 from repro.scenarios import RUNNERS, SCENARIOS
-from repro.scenarios.base import (
-    EngineContext,
-    Plan,
-    ScenarioTimeout,
-    ScenarioUnsupported,
-    run_with_reference,
-)
+from repro.scenarios.base import EngineContext, Plan, ScenarioTimeout, ScenarioUnsupported
+from repro.scenarios.runs import run_with_reference
 
 Emit = Callable[..., None]  # emit(kind, **fields): one event, checked against repro.wire
 

@@ -34,10 +34,12 @@ from typing import Any
 
 from repro import crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
+from repro.engine_axes import IMPLICIT, engine_args, unrealised
 from repro.model_kinds import LoadedModel, load_model
 from repro.rootcause import root_causes
 from repro.scenarios import pauses
-from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported, check_pause_api
+from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
+from repro.scenarios.runs import check_pause_api
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 
@@ -103,7 +105,7 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
     model and a scheduler bug need no more), the model kind's needs (its
     dtype), the cell's axes, then ``spec.engine.extra``: the scenario profile's,
     the scheduler's and the user's engine arguments, merged by
-    ``harness.run.runner.merge_engine_args`` (``repro.wire`` keeps the axes out of it).
+    ``harness.run.spec.merge_engine_args`` (``repro.wire`` keeps the axes out of it).
     """
     eng = spec.engine
     kwargs: dict[str, Any] = {
@@ -117,9 +119,7 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
         "seed": 0,
         "disable_log_stats": True,
         **model.defaults,
-        "async_scheduling": eng.async_scheduling,
-        "tensor_parallel_size": eng.tensor_parallel_size,
-        "distributed_executor_backend": "ray" if eng.executor.startswith("ray") else eng.executor,
+        **engine_args(eng.axes),  # the cell's engine axes (repro.engine_axes)
     }
     if eng.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = eng.gpu_memory_utilization
@@ -180,8 +180,7 @@ def rejected_engine_args(spec: Spec, model: LoadedModel, exc: BaseException) -> 
 
 def _requested(spec: Spec) -> dict[str, Any]:
     eng = spec.engine
-    out = {"async_scheduling": eng.async_scheduling, "executor": eng.executor,
-           "model_runner": eng.model_runner, "batch_invariant": eng.batch_invariant}
+    out = {k: v for k, v in eng.axes.items() if k not in IMPLICIT}
     if eng.extra:
         # Further engine arguments the engine was started with (the user's; a fixed KV cache when engines
         # share a GPU): every report says what really ran.
@@ -218,6 +217,11 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], 
     """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    missing = unrealised(spec.engine.axes)
+    if missing:
+        # An axis added to the harness's table without its engine side: the cells would run unlabelled.
+        _refuse_all(spec, emit, info, f"repro.engine_axes cannot realise the cell axis(es) {missing}")
+        return None
     # Any vocabulary will do to tell a pausing plan from another (it only draws the prompts).
     vocab = model.vocab_size or 64
     if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):

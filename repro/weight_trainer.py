@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-TAG = "@@repro-trainer "  # must match repro.scenarios.rlhf_weight_sync.TRAINER_TAG
+TAG = "@@repro-trainer "  # must match repro.scenarios.weight_transfer.TRAINER_TAG
 
 
 def _reply(**data: Any) -> None:

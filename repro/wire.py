@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+from repro.engine_axes import engine_args, owned_engine_args
+
+# 2: the engine's axes travel by name (EngineSpec.axes), as the harness's axes table names them.
+SCHEMA_VERSION = 2
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
 # bigram-cycle: the built-in deterministic checkpoint (repro.models); qwen3-random: the built-in random-weight
 # Qwen3 (repro.realistic); path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
@@ -24,9 +27,7 @@ MODEL_KINDS = ("bigram-cycle", "qwen3-random", "path")
 # Engine arguments that a cell's axes or a harness option decide, and the option to use instead: an
 # ``EngineSpec.extra`` naming one would silently relabel the cell, so both sides refuse it.
 OWNED_ENGINE_ARGS: dict[str, str] = {
-    "async_scheduling": "--async (the cell's async axis)",
-    "distributed_executor_backend": "--executor (the cell's executor axis: mp, uni, ray-v1, ray-v2)",
-    "tensor_parallel_size": "--tp (the cell's tensor-parallel axis)",
+    **owned_engine_args(),  # those the cell's engine axes decide (repro.engine_axes)
     "model": "--model",
     "gpu_memory_utilization": "--gpu-memory-utilization (it also decides how many engines share a GPU)",
     "weight_transfer_config": "--weight-transfer (the weight-sync scenario sets it where it swaps over NCCL)",
@@ -71,14 +72,11 @@ _NUM = (int, float)
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """The engine config: the axes of an engine key the engine must realise (and report back)."""
+    """The engine config: the engine axes of a cell, by name (``harness.core.cell.Cell``'s table), which the
+    engine must realise (``repro.engine_axes``) and report back, and the further engine arguments."""
 
-    executor: str
-    async_scheduling: bool
-    tensor_parallel_size: int = 1
+    axes: dict[str, Any]
     gpu_memory_utilization: float | None = None
-    model_runner: str = "v1"
-    batch_invariant: bool = False
     # Further AsyncEngineArgs on top of the engine's defaults: the user's (--engine-arg, --preset) and the
     # scheduler's (a fixed KV cache when engines share a GPU), merged by harness.run.runner.engine_extra.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -89,12 +87,12 @@ class EngineSpec:
             raise WireError("spec engine", f"extra engine argument(s) {owned} are decided by the cell's axes or "
                                            "the harness's own options")
 
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(engine_args(self.axes).get("tensor_parallel_size", 1))
+
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "executor": self.executor, "async_scheduling": self.async_scheduling,
-            "tensor_parallel_size": self.tensor_parallel_size, "gpu_memory_utilization": self.gpu_memory_utilization,
-            "model_runner": self.model_runner, "batch_invariant": self.batch_invariant,
-        }
+        out: dict[str, Any] = {"axes": dict(self.axes), "gpu_memory_utilization": self.gpu_memory_utilization}
         if self.extra:
             out["extra"] = dict(self.extra)
         return out
@@ -102,14 +100,15 @@ class EngineSpec:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> EngineSpec:
         what = "spec engine"
-        _only(doc, {"executor", "async_scheduling", "tensor_parallel_size", "gpu_memory_utilization",
-                    "model_runner", "batch_invariant", "extra"}, what)
+        _only(doc, {"axes", "gpu_memory_utilization", "extra"}, what)
+        axes = _need(doc, "axes", dict, what)
+        bad = sorted(k for k, v in axes.items() if not isinstance(v, str | int | float | bool))
+        if bad:
+            raise WireError(what, f"axes {bad} are not JSON scalars")
         gmu = doc.get("gpu_memory_utilization")
         if gmu is not None and not isinstance(gmu, _NUM):
             raise WireError(what, f"gpu_memory_utilization is {type(gmu).__name__}, expected a number or null")
-        return cls(_need(doc, "executor", str, what), _need(doc, "async_scheduling", bool, what),
-                   int(doc.get("tensor_parallel_size", 1)), gmu, str(doc.get("model_runner", "v1")),
-                   bool(doc.get("batch_invariant", False)), dict(doc.get("extra") or {}))
+        return cls(dict(axes), gmu, dict(doc.get("extra") or {}))
 
 
 @dataclass(frozen=True)

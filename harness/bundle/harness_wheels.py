@@ -19,7 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.bundle.wheelhouse import check_python, pip_download_args, sha256_file
+from harness.bundle.manifest import sha256_file
+from harness.bundle.wheelhouse import check_python, pip_download_args
 from harness.core.errors import BadInput, EnvBuildError
 from harness.envbuild.tools import Log, last_lines
 
@@ -52,10 +53,11 @@ def bundle_harness(dest: Path, python: str, platform: str, log: Log = lambda s: 
         target = [a for a in pip_download_args(python, platform) if a != "--no-deps"]
         _pip(["download", "-d", str(folder), *target, f"{folder / own.name}[{EXTRA}]", *TOOLS], log)
     files = sorted(p.name for p in folder.glob("*.whl"))
-    listing = {f: {"bytes": (folder / f).stat().st_size, "sha256": sha256_file(folder / f)} for f in files}
+    sizes = {f: (folder / f).stat().st_size for f in files}
+    listing = {f: {"bytes": sizes[f], "sha256": sha256_file(folder / f)} for f in files}
     (folder / LISTING).write_text(json.dumps({"python": python, "platform": platform, "wheels": listing},
                                              indent=2) + "\n")
-    return HarnessBundle(folder, tuple(files), sum(m["bytes"] for m in listing.values()))
+    return HarnessBundle(folder, tuple(files), sum(sizes.values()))
 
 
 def source_checkout(cwd: Path | None = None) -> Path:

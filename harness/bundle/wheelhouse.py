@@ -28,7 +28,6 @@ Resolution (measured on an offline H200 node with torch 2.11.0+cu130):
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import re
@@ -44,12 +43,11 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION, Manifest, load_manifest, sha256_file
 from harness.core.errors import BadInput, EnvBuildError
 from harness.envbuild.index import IndexConfig, dependency_cutoff
 from harness.envbuild.tools import Log, last_lines, uv_bin
 
-SCHEMA_VERSION = 1
-MANIFEST = "wheelhouse.json"
 # flashinfer-python pulls flashinfer-cubin (and -jit-cache on some versions):
 # ~300 MB of kernels that vLLM only imports lazily (#42043 needs none of them).
 DEFAULT_EXTRA = ("ray",)
@@ -72,10 +70,6 @@ _ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2,
 _PY_RE = re.compile(r"^3\.\d{1,2}$")
 
 
-class WheelhouseError(EnvBuildError):
-    """A wheelhouse folder or its manifest is missing, incomplete or corrupt."""
-
-
 @dataclass(frozen=True)
 class Installed:
     name: str  # as the freeze list spells it
@@ -86,31 +80,6 @@ class Installed:
 class Pin:
     name: str
     version: str
-
-
-@dataclass(frozen=True)
-class VersionEntry:
-    """What the manifest says about one vLLM version."""
-
-    version: str
-    requirements: tuple[str, ...]
-    wheels: tuple[str, ...]  # file names, in install order
-    kept_installed: tuple[dict[str, str], ...]
-    replaces_installed: tuple[dict[str, str], ...]
-    excluded: tuple[dict[str, str], ...]
-    resolved_as_of: str | None
-    bytes: int
-
-
-@dataclass(frozen=True)
-class Manifest:
-    path: Path  # the wheelhouse folder
-    sha256: str  # of wheelhouse.json's bytes: part of an env's cache key
-    python: str
-    platform: str
-    package: str
-    files: dict[str, dict[str, Any]]  # file name -> {"sha256", "bytes", "name", "version"}
-    versions: dict[str, VersionEntry]
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -256,86 +225,6 @@ def pip_download_args(python: str, platform: str) -> list[str]:
     return args
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-# --------------------------------------------------------------------------- manifest
-
-
-def load_manifest(folder: Path) -> Manifest:
-    """Read and check ``folder/wheelhouse.json`` (not the wheels: see ``wheels_for``)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise WheelhouseError(f"wheelhouse folder {folder} does not exist; build one with 'vllm-repro wheelhouse'")
-    mpath = folder / MANIFEST
-    try:
-        raw = mpath.read_bytes()
-    except OSError as exc:
-        raise WheelhouseError(
-            f"{folder} has no {MANIFEST} ({exc.strerror}); it is not a wheelhouse built by 'vllm-repro wheelhouse'"
-        ) from exc
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise WheelhouseError(f"{mpath} is not valid JSON ({exc}); rebuild the wheelhouse") from exc
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        found = data.get("schema_version") if isinstance(data, dict) else None
-        raise WheelhouseError(
-            f"{mpath} has schema_version {found!r}; this harness reads {SCHEMA_VERSION}: rebuild the wheelhouse"
-        )
-    try:
-        versions = {
-            v: VersionEntry(
-                version=v,
-                requirements=tuple(e["requirements"]),
-                wheels=tuple(e["wheels"]),
-                kept_installed=tuple(e.get("kept_installed", ())),
-                replaces_installed=tuple(e.get("replaces_installed", ())),
-                excluded=tuple(e.get("excluded", ())),
-                resolved_as_of=e.get("resolved_as_of"),
-                bytes=int(e.get("bytes", 0)),
-            )
-            for v, e in data["versions"].items()
-        }
-        return Manifest(folder, hashlib.sha256(raw).hexdigest(), data["python"], data["platform"],
-                        data["package"], dict(data["files"]), versions)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise WheelhouseError(f"{mpath} lacks field {exc}; rebuild the wheelhouse") from exc
-
-
-def wheels_for(manifest: Manifest, version: str, verify: bool = True) -> list[Path]:
-    """The wheel files that install ``version``; each checked against the manifest's size and sha256."""
-    entry = manifest.versions.get(version)
-    if entry is None:
-        have = ", ".join(sorted(manifest.versions)) or "none"
-        raise WheelhouseError(
-            f"vLLM {version} is not in the wheelhouse {manifest.path} (it has: {have}); "
-            f"add it with 'vllm-repro wheelhouse --vllm {version} --dest {manifest.path}'"
-        )
-    paths: list[Path] = []
-    for fname in entry.wheels:
-        p = manifest.path / fname
-        meta = manifest.files.get(fname)
-        if meta is None:
-            raise WheelhouseError(f"{MANIFEST} of {manifest.path} lists {fname} for {version} but has no hash for it")
-        if not p.is_file():
-            raise WheelhouseError(f"wheel {fname} listed for vLLM {version} is missing from {manifest.path}")
-        if verify:
-            size = p.stat().st_size
-            if size != meta["bytes"] or sha256_file(p) != meta["sha256"]:
-                raise WheelhouseError(
-                    f"wheel {p} does not match the manifest (size {size}, expected {meta['bytes']}, or sha256 "
-                    "differs): the copy is truncated or corrupt; copy the wheelhouse again"
-                )
-        paths.append(p)
-    return paths
-
-
 # --------------------------------------------------------------------------- building (network)
 
 
@@ -461,12 +350,12 @@ def download(
     files: dict[str, str] = {}
     for p in pins:
         canon = canonicalize_name(p.name)
-        fname = by_key.get((canon, Version(p.version)))
-        if fname is None:
+        found = by_key.get((canon, Version(p.version)))
+        if found is None:
             raise EnvBuildError(
                 f"pip download reported no wheel for {p.name}=={p.version}; output: {last_lines(proc.stdout, 8)}"
             )
-        files[canon] = fname
+        files[canon] = found
     return files
 
 

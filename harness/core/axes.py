@@ -1,18 +1,23 @@
-"""Every axis of a matrix cell, declared once.
+"""What an axis of a matrix cell is, and the table of axes a cell class declares.
 
-A cell is one value per axis.  The table :data:`AXES` says, per axis, its values, its default, whether it
-needs an engine process of its own, how it is spelled in a cell id, how a user writes it (``--cell
-key=value``, TOML rules, command-line options) and where it sorts.  ``harness.core.cell`` derives the cell,
-the engine key, ids and their parser from it; ``harness.core.pattern`` derives cell patterns.
+The axes are declared once, as the fields of :class:`harness.core.cell.Cell`: each field carries an
+:class:`Axis` (``field(default=..., metadata=axis(...))``) saying its values, whether it needs an engine process
+of its own, how it is spelled in a cell id, how a user writes it (``--cell key=value``, TOML rules,
+command-line and pytest options), where it sorts and since which results schema it exists.  :func:`table_of`
+reads that declaration back as an :class:`AxisTable`; every consumer (ids, patterns, engine keys, workaround
+pairing, the scheduler-tier check, the wire spec, options, run-id hashing) derives from it, taking the table of
+the cell class it is given, so a test can add an axis to a subclass of ``Cell`` and check them all.
 
-Adding an axis is one entry here (with a default that spells as "" in ids, so existing ids stay valid)
-plus the engine side that honours it.
+Adding an axis is one field of ``Cell`` (with a default that spells as "" in ids, so existing ids stay valid)
+plus the engine side that honours it (``repro.engine_axes``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields, replace
+from functools import cached_property
 from typing import Any
 
 from harness.core import scenarios
@@ -41,10 +46,11 @@ _FLAG_WORDS = {**ON_OFF, **TRUE_FALSE}
 class Axis:
     """One axis of a cell.
 
-    ``name`` is its key in JSON and patterns, ``attr`` the cell attribute; ``engine`` axes need an engine
-    process of their own (the others run as scenarios of one engine).  ``spell`` maps a value to its id
-    segment ("" leaves it out of the id, as every default does); ``id_rank`` orders segments in an id,
-    ``loop_rank`` the cells of a selection, ``sort_rank`` the rows of a report.
+    ``name`` is its key in JSON and patterns, ``attr`` the cell attribute (the field's name); ``engine`` axes
+    need an engine process of their own (the others run as scenarios of one engine).  ``spell`` maps a value to
+    its id segment ("" leaves it out of the id, as every default does); ``id_rank`` orders segments in an id,
+    ``loop_rank`` the cells of a selection, ``sort_rank`` the rows of a report.  ``attr`` and ``default`` come
+    from the field that declares the axis (:func:`table_of`).
     """
 
     name: str
@@ -70,6 +76,32 @@ class Axis:
     platform_defaults: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # the option's default per platform, if any
     help: str = ""  # the option's help text
     pause_only: bool = False  # applies only to scenarios that pause (else left out of ids, at its default)
+    # The scheduler tier (harness.sched.cells: vLLM's scheduler in-process, no executor or model) honours this
+    # engine axis; any other engine axis labels a scheduler-tier cell only at its default.
+    sched_tier: bool = False
+    # The results schema (harness.core.records) that first carried this axis; None: added since the last one.
+    # Run ids hash a cell without the axes added after schema 1 while they are at their default, so every
+    # committed report keeps its run id when an axis is added.
+    added_in_schema: int | None = None
+    pytest_option: str = ""  # the pytest plugin's option ("" = --vllm-<option>)
+
+    @property
+    def pytest_flag(self) -> str:
+        """The pytest plugin's option for this axis, without dashes (``executors``, ``vllm-async``)."""
+        return self.pytest_option or f"vllm-{self.option}"
+
+    @property
+    def pytest_dest(self) -> str:
+        return f"repro_{self.plural}"
+
+    @property
+    def pytest_env(self) -> str:
+        """The variable giving the pytest option's default (``--executors``: VLLM_REPRO_EXECUTORS)."""
+        return "VLLM_REPRO_" + self.pytest_flag.removeprefix("vllm-").upper().replace("-", "_")
+
+    @property
+    def in_schema_1(self) -> bool:
+        return self.added_in_schema == 1
 
     def spell(self, value: Any) -> str:
         """The id segment of ``value`` ("" when it is left out)."""
@@ -77,7 +109,7 @@ class Axis:
             return f"{self.prefix}{value}"
         if self.kind == "int":
             return "" if value == self.default else f"{self.prefix}{value}"
-        return dict(self.spellings)[value]
+        return str(dict(self.spellings)[value])
 
     def segment_re(self) -> str:
         """A regex matching any non-empty spelling of this axis (used to parse ids)."""
@@ -133,70 +165,72 @@ class Axis:
         return raw
 
 
-AXES: tuple[Axis, ...] = (
-    Axis("version", "version", "version", (), None, engine=True, id_rank=0, loop_rank=0, sort_rank=0,
-         prefix="vllm"),
-    Axis("executor", "executor", "choice", EXECUTORS, "mp", engine=True, id_rank=1, loop_rank=1, sort_rank=1,
-         spellings=tuple((e, e) for e in EXECUTORS),
-         option="executor", what="executor", option_all=True, plural="executors", selection_default=("mp",),
-         help=f"executors: {','.join(EXECUTORS)} or all (default: all)"),
-    Axis("async_scheduling", "async_on", "flag", (False, True), True, engine=True, id_rank=2, loop_rank=2,
-         sort_rank=5, spellings=((True, "async_on"), (False, "async_off")), aliases=("async",),
-         option="async", what="async setting", option_words=tuple(ON_OFF.items()), plural="asyncs",
-         selection_default=(False, True), help="async scheduling: on, off or both (default)"),
-    Axis("mode", "mode", "choice", MODES, "keep", engine=False, id_rank=3, loop_rank=9, sort_rank=6,
-         spellings=tuple((m, m) for m in MODES),
-         option="mode", what="mode", option_all=True, plural="modes", selection_default=MODES,
-         help=f"pause modes: {','.join(MODES)} or all (default: all)", pause_only=True),
-    Axis("clear_cache", "clear_cache", "flag", (True, False), True, engine=False, id_rank=4, loop_rank=10,
-         sort_rank=7, spellings=((True, "clear"), (False, "noclear")),
-         option="clear-cache", what="clear-cache value", option_words=tuple(TRUE_FALSE.items()),
-         plural="clear_caches", selection_default=(True, False), help="clear_cache: true, false or both (default)",
-         pause_only=True),
-    Axis("tp", "tp", "int", (), 1, engine=True, id_rank=5, loop_rank=3, sort_rank=2, prefix="tp",
-         option="tp", what="tensor-parallel size", plural="tps", selection_default=(1,),
-         help="tensor-parallel sizes, e.g. 1,2 (default: 1 on cpu; 1,2 on cuda, where TP=2 cells are UNSUPPORTED "
-              "unless 2 GPUs are visible)"),
-    Axis("scenario", "scenario", "choice", SCENARIOS, "pause", engine=False, id_rank=9, loop_rank=8,
-         sort_rank=9, spellings=tuple((s.name, s.segment) for s in scenarios.SCENARIO_TABLE),
-         value_aliases=tuple((s.replace("-", "_"), s) for s in SCENARIOS if "-" in s),
-         option="scenario", what="scenario", plural="scenarios", selection_default=("pause",),
-         option_default=scenarios.DEFAULT_SCENARIOS,
-         platform_defaults=tuple((p, scenarios.default_scenarios(p)) for p in PLATFORMS),
-         help=f"scenarios: {','.join(SCENARIOS)} or all (default on cuda: "
-              f"{','.join(scenarios.default_scenarios('cuda'))}, the scenarios sharing their config's engine; "
-              "on cpu also "
-              f"{','.join(s for s in scenarios.default_scenarios('cpu') if s not in scenarios.DEFAULT_SCENARIOS)}: "
-              "every scenario vLLM's CPU platform runs)"),
-    Axis("model_runner", "model_runner", "choice", MODEL_RUNNERS, "v1", engine=True, id_rank=6, loop_rank=4,
-         sort_rank=3, spellings=(("v1", ""), ("v2", "mr_v2")),
-         option="model-runner", what="model runner", plural="model_runners", selection_default=("v1",),
-         help="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER, set explicitly per cell): v1, v2 or all "
-              "(default: v1); v2 is UNSUPPORTED on cpu"),
-    Axis("batch_invariant", "batch_invariant", "flag", (False, True), False, engine=True, id_rank=7,
-         loop_rank=5, sort_rank=4, spellings=((True, "batch_invariant"), (False, "")),
-         option="batch-invariant", what="batch-invariant setting", option_words=tuple(ON_OFF.items()),
-         plural="batch_invariants", selection_default=(False,),
-         help="VLLM_BATCH_INVARIANT: on, off or both (default: off); on is UNSUPPORTED on cpu"),
-    Axis("tier", "tier", "choice", TIERS, "engine", engine=True, id_rank=8, loop_rank=6, sort_rank=8,
-         spellings=(("engine", ""), ("scheduler", "sched")),
-         option="tier", what="tier", plural="tiers", selection_default=("engine",),
-         help="engine (a real AsyncLLM engine per config, default) or scheduler (vLLM's scheduler driven "
-              "in-process with scripted model outputs)"),
-)
+def axis(kind: str, values: tuple[Any, ...] = (), **settings: Any) -> Mapping[str, Axis]:
+    """The metadata of a ``Cell`` field that declares an axis: ``field(default=..., metadata=axis(...))``.
 
-BY_NAME: dict[str, Axis] = {a.name: a for a in AXES}
-# Every key a pattern may use: names and aliases.
-PATTERN_KEYS: dict[str, Axis] = {**BY_NAME, **{alias: a for a in AXES for alias in a.aliases}}
-ENGINE_AXES = tuple(a for a in AXES if a.engine)
-ID_ORDER = tuple(sorted(AXES, key=lambda a: a.id_rank))
-LOOP_ORDER = tuple(sorted(AXES, key=lambda a: a.loop_rank))
-SORT_ORDER = tuple(sorted(AXES, key=lambda a: a.sort_rank))
+    ``settings`` are :class:`Axis` fields (``engine``, ``id_rank``, ``loop_rank`` and ``sort_rank`` are
+    required; ``name`` defaults to the field's name).  The field's name and default complete it (table_of).
+    """
+    name = settings.pop("name", "")
+    return {"axis": Axis(name, "", kind, values, None, **settings)}
 
 
-def axis(key: str) -> Axis:
-    """The axis a pattern key names; BadInput listing every valid key otherwise."""
-    try:
-        return PATTERN_KEYS[key]
-    except KeyError:
-        raise bad_choice("cell key", key, tuple(PATTERN_KEYS)) from None
+@dataclass(frozen=True)
+class AxisTable:
+    """The axes a cell class declares, in declaration order, and the orders and lookups derived from them."""
+
+    axes: tuple[Axis, ...]
+
+    @cached_property
+    def by_name(self) -> dict[str, Axis]:
+        return {a.name: a for a in self.axes}
+
+    @cached_property
+    def pattern_keys(self) -> dict[str, Axis]:
+        """Every key a pattern may use: names and aliases."""
+        return {**self.by_name, **{alias: a for a in self.axes for alias in a.aliases}}
+
+    @cached_property
+    def engine(self) -> tuple[Axis, ...]:
+        return tuple(a for a in self.axes if a.engine)
+
+    @cached_property
+    def id_order(self) -> tuple[Axis, ...]:
+        return tuple(sorted(self.axes, key=lambda a: a.id_rank))
+
+    @cached_property
+    def loop_order(self) -> tuple[Axis, ...]:
+        return tuple(sorted(self.axes, key=lambda a: a.loop_rank))
+
+    @cached_property
+    def sort_order(self) -> tuple[Axis, ...]:
+        return tuple(sorted(self.axes, key=lambda a: a.sort_rank))
+
+    @cached_property
+    def after_v1(self) -> tuple[str, ...]:
+        """Names of the axes added after results schema 1 (left out of old forms while at their default)."""
+        return tuple(a.name for a in self.axes if not a.in_schema_1)
+
+    def lookup(self, key: str) -> Axis:
+        """The axis a pattern key names; BadInput listing every valid key otherwise."""
+        keys = self.pattern_keys
+        if key not in keys:
+            raise bad_choice("cell key", key, tuple(keys))
+        return keys[key]
+
+
+_TABLES: dict[type, AxisTable] = {}
+
+
+def table_of(cell_type: type) -> AxisTable:
+    """The axes the dataclass ``cell_type`` declares (its fields with ``axis`` metadata), completed with each
+    field's name and default."""
+    if cell_type in _TABLES:
+        return _TABLES[cell_type]
+    out = []
+    for f in fields(cell_type):
+        spec = f.metadata.get("axis")
+        if isinstance(spec, Axis):
+            default = None if f.default is MISSING else f.default
+            out.append(replace(spec, name=spec.name or f.name, attr=f.name, default=default))
+    return _TABLES.setdefault(cell_type, AxisTable(tuple(out)))

@@ -22,3 +22,8 @@ class ResultsFileError(ReproError):
 def bad_choice(what: str, value: object, valid: list[str] | tuple[str, ...]) -> BadInput:
     """BadInput naming the bad value and every valid choice."""
     return BadInput(f"unknown {what} {value!r}; valid choices: {', '.join(valid)}")
+
+
+class MalformedEvent(ReproError):
+    """A line from an engine or scheduler process (an event, a request record in it) is not what the wire format
+    describes: read as a ``corrupt`` event, never judged."""

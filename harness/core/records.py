@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.core.axes import AXES, BY_NAME
 from harness.core.cell import Cell, cell_from_dict
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import FaultEvent, Outcome, events_label
+from harness.core.streams import PauseRecord, pauses_of
 
 # Version 2: cells carry the ``tier`` axis and the oracle's ``label``.
 # Version 3: request verdicts carry their fault ``events`` (several per request: one per pause that lost or
@@ -83,10 +83,11 @@ def legacy_label(outcome: str, summary: str) -> str:
 
 
 def _update_to_2(cell: dict[str, Any]) -> dict[str, Any]:
-    # The tier axis (every earlier cell ran on a real engine) and the label, recovered once, here.
+    # The axes of schema 2 (tier: every earlier cell ran on a real engine) and the label, recovered once, here.
     axes = cell.get("cell")
-    if isinstance(axes, dict) and "tier" not in axes:
-        axes = {**axes, "tier": BY_NAME["tier"].default}
+    if isinstance(axes, dict):
+        added = {a.name: a.default for a in Cell.table().axes if a.added_in_schema == 2 and a.name not in axes}
+        axes = {**axes, **added}
     label = cell.get("label") or legacy_label(str(cell.get("outcome")), str(cell.get("summary") or ""))
     return {**cell, "cell": axes, "label": label}
 
@@ -121,15 +122,15 @@ def migrate_cell(cell: dict[str, Any], version: int) -> dict[str, Any]:
     return cell
 
 
-def identity_form(cell: dict[str, Any]) -> dict[str, Any]:
+def identity_form(cell: dict[str, Any], cell_type: type[Cell] = Cell) -> dict[str, Any]:
     """A cell result's JSON form without what migrations add when it holds the value they give.
 
     Run ids hash this form, so a report keeps its run id across schema versions: the label and the requests'
     fault events are left out (derived from the outcome, summary and streams, which are hashed), so are the
     attempts while there are none, and so is every axis added after schema 1 while it is at its default (a
-    schema-1 cell could not have another value).
+    schema-1 cell could not have another value; harness.core.axes.Axis.added_in_schema).
     """
-    axes = {k: v for k, v in cell["cell"].items() if k not in AXES_AFTER_V1 or v != BY_NAME[k].default}
+    axes = new_axes_off_default(cell["cell"], cell_type)
     out = {k: v for k, v in cell.items() if k != "label" and not (k == "attempts" and not v)}
     if "requests" in out:
         out["requests"] = [_without_events(r) for r in out["requests"]]
@@ -143,7 +144,10 @@ def _without_events(request: Any) -> Any:
     return {**request, "verdict": {k: v for k, v in verdict.items() if k != "events"}}
 
 
-AXES_AFTER_V1 = ("tier",)  # axes added after schema 1: left out of old forms while at their default
+def new_axes_off_default(axes: Mapping[str, Any], cell_type: type[Cell] = Cell) -> dict[str, Any]:
+    """A cell's JSON axes without those added after schema 1 while they hold their default (old forms)."""
+    table = cell_type.table()
+    return {k: v for k, v in axes.items() if k not in table.after_v1 or v != table.by_name[k].default}
 
 
 # --------------------------------------------------------------------------- injection ids
@@ -162,14 +166,14 @@ def inject_ids(value: Any) -> tuple[str, ...]:
     return (str(value),)
 
 
-def known_cell(axes: Mapping[str, Any]) -> Cell:
+def known_cell(axes: Mapping[str, Any], cell_type: type[Cell] = Cell) -> Cell:
     """The Cell of a JSON cell object; ValueError naming an axis value this vllm-repro does not know.
 
     (A file from a newer vllm-repro may hold one; its id could not be spelled, so it is refused here, with the
     file and line named by the caller, rather than failing later in a view.)
     """
-    cell = cell_from_dict(dict(axes))
-    for a in AXES:
+    cell = cell_from_dict(dict(axes), cell_type)
+    for a in cell_type.table().axes:
         value = getattr(cell, a.attr)
         if a.values and value not in a.values:
             raise ValueError(f"unknown {a.name} {value!r} (this vllm-repro knows {', '.join(map(str, a.values))})")
@@ -307,6 +311,11 @@ class RequestRecord(_RawRecord):
     @property
     def reference(self) -> list[int] | None:
         return self.raw.get("reference")
+
+    @property
+    def pauses(self) -> tuple[PauseRecord, ...]:
+        """The pauses it was submitted and unfinished at (read leniently: older reports lack fields)."""
+        return pauses_of(self.raw.get("pauses"))
 
     @property
     def verdict(self) -> RequestVerdictRecord | None:

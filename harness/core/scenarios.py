@@ -1,6 +1,6 @@
 """Every scenario a cell can name, declared once: its pause shape, its engine profile and its tiers.
 
-The ``scenario`` axis of :mod:`harness.core.axes` takes its values from :data:`SCENARIO_TABLE`.  A scenario
+The ``scenario`` axis of :class:`harness.core.cell.Cell` takes its values from :data:`SCENARIO_TABLE`.  A scenario
 says which pause modes it plays (none for a scenario that never pauses: then the ``mode`` and
 ``clear_cache`` axes do not apply, its cells keep their defaults and their ids leave both out, e.g.
 ``vllm0.21.0-mp-async_on-reset_inflight``), which clear_cache values are meaningful, which *engine

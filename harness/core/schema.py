@@ -273,13 +273,13 @@ class Obj(Spec):
                 raise Invalid(key_path(path, key), spec.expected, "nothing",
                               f"missing (expected {spec.expected})")
         for key, v in value.items():
-            spec = self.fields.get(key)
-            if spec is None:
+            known = self.fields.get(key)
+            if known is None:
                 if self.open:
                     continue
                 raise Invalid(key_path(path, key), "a known key", repr(key),
                               f"unknown key; valid keys: {', '.join(self.fields)}")
-            spec.check(v, key_path(path, key))
+            known.check(v, key_path(path, key))
         for cross in self.checks:
             cross(value, path)
 

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from harness.bundle.wheelhouse import load_manifest
+from harness.bundle.manifest import load_manifest
 from harness.envbuild.base import EnvBackend, build_env
 from harness.envbuild.cache import (
     STATUS_FILE,

@@ -6,7 +6,8 @@ file ``site.addsitedir``-s the base's site-packages *after* the env's own, so
 the wheelhouse's versions shadow installed ones and everything else (torch,
 CUDA libraries) comes from the base.  ``pip install --no-index --no-deps``
 installs exactly the manifest's wheels for the version.  The wheelhouse itself
-is made by ``harness.bundle.wheelhouse`` (the download side), which this module reads.
+is made by ``harness.bundle.wheelhouse`` (the download side); this module reads its
+manifest (``harness.bundle.manifest``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.bundle.wheelhouse import Manifest, WheelhouseError, load_manifest, wheels_for
+from harness.bundle.manifest import Manifest, WheelhouseError, load_manifest, wheels_for
 from harness.core.errors import BadInput, EnvBuildError
 from harness.envbuild.base import BuildResult, BuildStep
 from harness.envbuild.recipe import EnvRecipe, WheelhouseSource

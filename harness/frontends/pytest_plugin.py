@@ -6,9 +6,9 @@ whichever vllm-repro is installed (tox's, or one from an air-gapped node's bundl
 other project's pytest.  Never imports vllm or torch: engines run in their own environments
 through :class:`harness.run.session.EngineSession`, the one engine driver run interactively.
 
-* ``--vllm-versions``, ``--executors``, ``--scenarios``, ``--platform`` choose the cells
-  (defaults from ``VLLM_REPRO_VERSIONS`` / ``VLLM_REPRO_EXECUTORS`` / ``VLLM_REPRO_SCENARIOS`` /
-  ``VLLM_REPRO_PLATFORM``, else the platform's default matrix).
+* ``--vllm-versions``, ``--platform`` and one option per axis (``--executors``, ``--scenarios``, ``--vllm-async``,
+  ``--vllm-tp``, ...: harness.core.axes.Axis.pytest_flag) choose the cells (defaults from ``VLLM_REPRO_VERSIONS``,
+  ``VLLM_REPRO_PLATFORM``, ``VLLM_REPRO_EXECUTORS``, ..., else the platform's default matrix).
 * A test asking for the ``post_resume_cell`` argument gets one item per cell,
   id ``vllm0.21.0-mp-async_on-keep-clear``; cells the platform cannot run are
   skipped with the reason.
@@ -44,11 +44,11 @@ from typing import Any
 
 import pytest
 
+from harness.core.axes import Axis
 from harness.core.cell import find_cell_id
 from harness.core.errors import BadInput, EnvBuildError, ReproError
 from harness.core.oracle import Outcome
 from harness.core.records import Attempt
-from harness.core.scenarios import DEFAULT_SCENARIOS
 from harness.envbuild.envs import (
     RecipeFor,
     VllmEnv,
@@ -57,39 +57,51 @@ from harness.envbuild.envs import (
     recipe_factory,
     source_options,
 )
+from harness.frontends.pytest_summary import terminal_summary
 from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engine_setup
 from harness.plan.matrix import (
-    EXECUTORS,
-    SCENARIOS,
     Cell,
     EngineKey,
-    Selection,
-    parse_choices,
     parse_versions,
+    selection_axes,
+    selection_type,
     unsupported_reason,
 )
 from harness.plan.platforms import detect_platform
 from harness.plan.releases import wheelhouse_fetch
 from harness.run.context import RunContext, this_python
+from harness.run.events import engine_facts
 from harness.run.gpus import GpuLease, GpuLeaseError, hold_startup, lease_slots, visible_gpus
-from harness.run.runner import RunConfig, engine_info, retryable, scenario_entry, scenario_result
+from harness.run.runner import retryable
+from harness.run.scenario_results import scenario_result
 from harness.run.session import EngineDied, EngineSession
 from harness.run.slots import Capacity, auto_jobs, engine_start, for_workers, runs_alone
+from harness.run.spec import RunConfig, scenario_entry
 from harness.verdicts.known_bugs import KnownBug, annotate, load_known_bugs
 from harness.verdicts.results import CellResult, Results, ResultsLog, infra_result, read_results
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
+
+
 RECIPES = pytest.StashKey[RecipeFor]()  # how this process builds each version's env (from the options)
+
+
 # The tiny model's share of a GPU's memory, as the CLI's default --gpu-memory-utilization: it sets how many
 # engines share a GPU (harness.run.slots.auto_jobs).
 GPU_MEMORY_UTILIZATION = 0.05
+
+
 # How long a worker waits for GPU slots or a start-up lock: other workers' engines hold theirs while their items
 # run (each within its own timeouts), so a whole session's worth, not one engine's.
 LEASE_WAIT_S = 7200.0
+
+
 # --retry-infra's default here: what every nightly matrix passes (.github/workflows/nightly.yml,
 # .buildkite/pipeline.yml; tests/unit/test_ci_files.py holds them equal), so one engine that died outside vLLM's
 # code or hung on a busy runner (issue 21: a port taken by a neighbour engine) does not fail the session.
 DEFAULT_RETRY_INFRA = 1
+
+
 RETRY_INFRA_ENV = "VLLM_REPRO_RETRY_INFRA"
 
 
@@ -98,11 +110,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--vllm-versions", default=os.environ.get("VLLM_REPRO_VERSIONS"),
                 help="vLLM versions of the post_resume matrix (list, A..B range, latest); "
                      "default: 0.21.0,0.32.0 on cpu, 0.21.0,0.22.0,latest on cuda")
-    g.addoption("--executors", default=os.environ.get("VLLM_REPRO_EXECUTORS"),
-                help=f"executors: {','.join(EXECUTORS)} or all (default: all)")
-    g.addoption("--scenarios", dest="repro_scenarios", default=os.environ.get("VLLM_REPRO_SCENARIOS"),
-                help=f"scenarios of the post_resume matrix: {','.join(SCENARIOS)} or all (default: "
-                     f"{','.join(DEFAULT_SCENARIOS)}, as the matrix: the scenarios sharing their config's engine)")
+    add_axis_options(g)
     g.addoption("--platform", dest="repro_platform", default=os.environ.get("VLLM_REPRO_PLATFORM"),
                 help="cpu or cuda (default: detected)")
     g.addoption("--known-bugs", type=Path, default=None,
@@ -121,6 +129,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--vllm-preset", default=None, help=f"engine settings people copy: {', '.join(PRESETS)}")
     for flag, kwargs in source_options():  # the CLI's --wheelhouse and --base-python, defaults included
         g.addoption(flag, **kwargs)
+
+
+def plugin_axes(cell_type: type[Cell] = Cell) -> tuple[Axis, ...]:
+    """The axes the plugin offers an option for: every axis with one but the tier (it runs the engine tier)."""
+    return tuple(a for a in cell_type.table().axes if a.option and a.name != "tier")
+
+
+def add_axis_options(g: Any, cell_type: type[Cell] = Cell) -> None:
+    """One option per axis of ``cell_type``'s table (:func:`plugin_axes`), default from its variable."""
+    for a in plugin_axes(cell_type):  # unlike the CLI's, no per-platform scenario default (matrix_cells)
+        note = f" (here: {','.join(map(str, a.option_default))} on every platform)" if a.option_default else ""
+        g.addoption(f"--{a.pytest_flag}", dest=a.pytest_dest, default=os.environ.get(a.pytest_env), help=a.help + note)
 
 
 def _add_retry_option(g: Any) -> None:
@@ -188,22 +208,21 @@ def _platform(config: pytest.Config) -> str:
     return raw
 
 
-def matrix_cells(config: pytest.Config) -> list[Cell]:
-    """The cells selected by the command-line options (every mode, async and clear_cache value)."""
+def matrix_cells(config: pytest.Config, cell_type: type[Cell] = Cell) -> list[Cell]:
+    """The cells selected by the command-line options (by default every mode, async and clear_cache value, and
+    on cuda TP 1 and 2: TP=2 cells skip as UNSUPPORTED with the reason where fewer GPUs are visible)."""
     platform = _platform(config)
     try:
         wheelhouse = config.getoption("wheelhouse")
         # Air-gapped: ranges and latest (in the cuda default) resolve from what the wheelhouse holds.
         versions = parse_versions(config.getoption("vllm_versions"), platform,
                                   fetch=wheelhouse_fetch(wheelhouse) if wheelhouse else None)
-        executors = parse_choices("executor", config.getoption("executors"), EXECUTORS, EXECUTORS)
-        scenarios = parse_choices("scenario", config.getoption("repro_scenarios"), SCENARIOS, DEFAULT_SCENARIOS)
+        raw = {a.option: config.getoption(a.pytest_dest) for a in plugin_axes(cell_type)}
+        axes = selection_axes(raw, platform, cell_type, per_platform=False)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
-    # TP=2 only where two GPUs are visible (the cells are generated anyway and
-    # skip as UNSUPPORTED with the reason when fewer are).
-    tps = (1, 2) if platform == "cuda" else (1,)
-    return Selection(versions=versions, executors=executors, tps=tps, scenarios=scenarios).cells()
+    cells: list[Cell] = selection_type(cell_type)(versions=versions, **axes).cells()
+    return cells
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -246,7 +265,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class EngineScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    class EngineScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return engine_scope(nodeid.split("@", 1)[0])
 
@@ -265,7 +284,7 @@ def _run_dir(config: pytest.Config) -> Path:
     if not hasattr(config, "_repro_run_dir"):
         base = config.getoption("repro_reports")
         config._repro_run_dir = base / f".run-{uuid.uuid4().hex[:8]}"  # type: ignore[attr-defined]
-    return config._repro_run_dir  # type: ignore[attr-defined, no-any-return]
+    return config._repro_run_dir  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -403,14 +422,14 @@ class EnginePool:
         self._release(key)
 
     def _run_on(self, s: EngineSession, cell: Cell, scenario: dict[str, Any]) -> CellResult:
-        info = engine_info(s.engine_event or {})
+        info = s.engine_event.info if s.engine_event is not None else engine_facts({})
         try:
             ev = s.run(scenario)
         except EngineDied as exc:
             self.sessions[cell.engine] = EngineDown(exc.outcome, str(exc))
             self._release(cell.engine)
             return infra_result(cell, exc.outcome, str(exc), info)
-        if ev.get("status") == "crash" or (ev.get("status") == "timeout" and not ev.get("engine_recovered")):
+        if ev.status == "crash" or (ev.status == "timeout" and not ev.engine_recovered):
             # The engine core died (CRASH), or its state is unknown after a timeout: the next scenario gets a
             # fresh engine.
             self._forget(cell.engine)
@@ -473,69 +492,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def first_post_resume_tokens(c: CellResult) -> list[str]:
-    """``rid#i: expected X, observed Y`` for every request with a post-resume token (mismatches first).
-
-    Frozen requests: the token at their pause index; requests submitted during
-    the pause or after resume: their token 0.
-    """
-    rows = []
-    for r in c.requests:
-        v = r.get("verdict") or {}
-        f = v.get("first_post_resume")
-        if isinstance(f, dict):
-            bad = f.get("expected") != f.get("observed")
-            rows.append((not bad, f"{r['rid']}#{f['index']}: expected {f['expected']}, observed {f['observed']}"))
-    return [text for _, text in sorted(rows, key=lambda t: t[0])]
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    tr = terminalreporter
-    pool = getattr(config, "_repro_pool", None)
-    if pool is not None and pool.hangs:
-        tr.section("vllm-repro: engine hangs during property tests", yellow=True)
-        for version, reason in pool.hangs:
-            tr.write_line(f"vLLM {version}: {reason[:400]}")
-        tr.write_line(f"plans saved to {pool.run_dir.parent / 'hangs.jsonl'}; replay with vllm-repro plan")
-    cells: tuple[CellResult, ...] = getattr(config, "_repro_cells", ())
-    if not cells:
-        return
-    write_retried(tr, cells)
-    tr.section("vllm-repro post-resume cells")
-    for c in cells:
-        line = f"{c.id}: {c.summary} [{c.expectation.status if c.expectation else '?'}]"
-        firsts = first_post_resume_tokens(c)
-        if firsts:
-            line += "; first post-resume token " + "; ".join(firsts[:3]) + (" ..." if len(firsts) > 3 else "")
-        tr.write_line(line)
-    paths = getattr(config, "_repro_report_paths", None)
-    if paths is not None:
-        tr.write_line(f"reports: {paths.json}, {paths.markdown}, {paths.junit}")
-
-
-_RETRIED = frozenset(o.value for o in Outcome if o.is_retryable)
-
-
-def retried_lines(cells: tuple[CellResult, ...]) -> list[str]:
-    """One line per cell ``--retry-infra`` ran again: every attempt's outcome, and why each failed one failed."""
-    lines = []
-    for c in cells:
-        if len(c.attempts) < 2:
-            continue
-        tries = []
-        for a in c.attempts:
-            why = (a.reason or a.summary or "").strip().splitlines() if a.outcome in _RETRIED else []
-            tries.append(f"attempt {a.n} {a.label or a.outcome}" + (f" ({why[0][:300]})" if why else ""))
-        lines.append(f"{c.id}: " + "; ".join(tries))
-    return lines
-
-
-def write_retried(tr: Any, cells: tuple[CellResult, ...]) -> None:
-    """The summary's section of retried items (infrastructure failures run again on a fresh engine)."""
-    lines = retried_lines(cells)
-    if not lines:
-        return
-    tr.section(f"vllm-repro: {len(lines)} item(s) retried after an infrastructure failure (--retry-infra)",
-               yellow=True)
-    for line in lines:
-        tr.write_line(line)
+    terminal_summary(terminalreporter, config)

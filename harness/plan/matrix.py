@@ -1,6 +1,6 @@
 """The matrix: axes, cells, what a platform cannot run, and grouping cells into engines.
 
-A cell is one value per axis of ``harness.core.axes`` (vLLM version, executor,
+A cell is one value per axis of ``harness.core.cell.Cell`` (vLLM version, executor,
 async_scheduling, pause mode, clear_cache, tensor-parallel size, scenario, model
 runner, batch-invariant mode, tier).  Cells that differ only in their scenario
 axes (mode, clear_cache, scenario) share an engine config, so they run as
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, make_dataclass
 from itertools import product
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from harness.core.axes import (
-    AXES,
     EXECUTORS,
-    LOOP_ORDER,
     MODEL_RUNNERS,
     MODES,
     ON_OFF,
@@ -26,6 +24,7 @@ from harness.core.axes import (
     SCENARIOS,
     TIERS,
     TRUE_FALSE,
+    Axis,
 )
 from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput, bad_choice
@@ -44,27 +43,49 @@ __all__ = [
 DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0", "latest")}
 
 
-def _selection_fields() -> list[tuple[str, type, Any]]:
-    return [("versions", tuple, field()),
-            *((a.plural, tuple, field(default=a.selection_default)) for a in AXES if a.plural)]
-
-
 class _SelectionMethods:
+    cell_type: ClassVar[type[Cell]]
+    versions: tuple[str, ...]
+
     def cells(self) -> list[Any]:
         """Every cell of the selection, engine axes outermost (cells of one engine are adjacent)."""
-        chosen = [getattr(self, a.plural) if a.plural else self.versions for a in LOOP_ORDER]  # type: ignore[attr-defined]
+        loop = self.cell_type.table().loop_order
+        chosen = [getattr(self, a.plural) if a.plural else self.versions for a in loop]
         out = []
         for values in product(*chosen):
-            cell = Cell(**{a.attr: v for a, v in zip(LOOP_ORDER, values, strict=True)})
+            cell = self.cell_type(**{a.attr: v for a, v in zip(loop, values, strict=True)})
             shape = scenario_of(cell.scenario)
             if shape is None or shape.admits(cell.mode, cell.clear_cache):
                 out.append(cell)
         return list(dict.fromkeys(out))
 
 
-Selection = make_dataclass("Selection", _selection_fields(), bases=(_SelectionMethods,), frozen=True)
-Selection.__doc__ = "The chosen versions and, per axis of harness.core.axes, the chosen values."
-Selection.__module__ = __name__
+_SELECTIONS: dict[type, type] = {}
+
+
+def selection_type(cell_type: type[Cell] = Cell) -> type:
+    """The selection class of ``cell_type``: the chosen versions and, per axis with a ``plural``, its values."""
+    if cell_type not in _SELECTIONS:
+        specs: list[tuple[str, type, Any]] = [("versions", tuple, field())]
+        specs += [(a.plural, tuple, field(default=a.selection_default)) for a in cell_type.table().axes if a.plural]
+        sel = make_dataclass("Selection", specs, bases=(_SelectionMethods,), namespace={"cell_type": cell_type},
+                             frozen=True)
+        sel.__doc__ = "The chosen versions and, per axis of the cell's table, the chosen values."
+        sel.__module__ = __name__
+        _SELECTIONS[cell_type] = sel
+    return _SELECTIONS[cell_type]
+
+
+if TYPE_CHECKING:
+    class Selection(_SelectionMethods):
+        """What a type checker sees: one field per axis with a ``plural``, read off the table at run time."""
+
+        versions: tuple[str, ...]
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+else:
+    Selection = selection_type(Cell)
 
 
 @dataclass(frozen=True)
@@ -132,13 +153,23 @@ def _not_shape(shape: Scenario) -> str:
     return f"{only} only"
 
 
-def _not_scheduler_tier(cell: Any) -> str | None:
+def _not_scheduler_tier(cell: Cell) -> str | None:
     """Why the scheduler tier (harness.sched.cells: vLLM's scheduler in-process, on any platform's CPU) cannot
-    express ``cell``, or None."""
-    if (cell.executor, cell.tp, cell.model_runner, cell.batch_invariant) != ("mp", 1, "v1", False):
+    express ``cell``, or None.  Every engine axis it does not honour (harness.core.axes.Axis.sched_tier) labels
+    its cells only at its default."""
+    fixed = [a for a in type(cell).table().engine if not a.sched_tier]
+    if any(getattr(cell, a.attr) != a.default for a in fixed):
+        defaults = ", ".join(f"{a.name} {_word(a, a.default)}" for a in fixed)
         return ("the scheduler tier drives vLLM's scheduler in-process, with no executor, TP, model runner or "
-                "batch-invariant kernels: only their defaults (executor mp, tp 1, v1, off) label its cells")
+                f"batch-invariant kernels: only the defaults of the engine axes it does not vary ({defaults}) "
+                "label its cells")
     return shape_reason(cell)
+
+
+def _word(a: Axis, value: Any) -> str:
+    if a.kind == "flag":
+        return "on" if value else "off"
+    return str(value)
 
 
 def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) -> MatrixPlan:
@@ -201,38 +232,49 @@ def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: t
     return tuple(dict.fromkeys(out))
 
 
-def parse_tps(raw: str | None, platform: str) -> tuple[int, ...]:
-    """``--tp 1,2``: tensor-parallel sizes (default 1 on cpu, 1 and 2 on cuda)."""
+def parse_ints(a: Axis, raw: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    """``--tp 1,2``: positive integers, sorted."""
     if raw is None:
-        return (1, 2) if platform == "cuda" else (1,)
+        return default
     out: list[int] = []
     for it in split_list(raw):
         if not it.isdigit() or int(it) < 1:
-            raise BadInput(f"invalid tensor-parallel size {it!r} in --tp {raw!r}; use positive integers like 1,2")
+            raise BadInput(f"invalid {a.what} {it!r} in --{a.option} {raw!r}; use positive integers like 1,2")
         out.append(int(it))
     if not out:
-        raise BadInput("empty --tp; use positive integers like 1,2")
+        raise BadInput(f"empty --{a.option}; use positive integers like 1,2")
     return tuple(sorted(set(out)))
 
 
-def parse_option(a: Any, raw: str | None, platform: str) -> tuple[Any, ...]:
-    """The values of axis ``a`` chosen by its command-line option (``--executor mp,uni``, ``--async both``)."""
+def parse_tps(raw: str | None, platform: str) -> tuple[int, ...]:
+    """``--tp 1,2``: tensor-parallel sizes (default 1 on cpu, 1 and 2 on cuda)."""
+    return parse_option(Cell.table().by_name["tp"], raw, platform)
+
+
+def parse_option(a: Axis, raw: str | None, platform: str, per_platform: bool = True) -> tuple[Any, ...]:
+    """The values of axis ``a`` chosen by its command-line option (``--executor mp,uni``, ``--async both``).
+
+    ``per_platform``: an axis's default may differ per platform (``Axis.platform_defaults``); the pytest
+    plugin's scenario default does not.
+    """
+    platform_default = dict(a.platform_defaults).get(platform) if per_platform or a.kind == "int" else None
+    default = a.values if a.option_all else (platform_default or a.option_default or a.selection_default)
     if a.kind == "int":
-        return parse_tps(raw, platform)
+        return parse_ints(a, raw, default)
     if a.kind == "flag":
         return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
-    default = a.values if a.option_all else (
-        dict(a.platform_defaults).get(platform) or a.option_default or a.selection_default)
     return parse_choices(a.what, raw, a.values, default)
 
 
-def selection_axes(options: dict[str, str | None], platform: str) -> dict[str, tuple[Any, ...]]:
+def selection_axes(options: dict[str, str | None], platform: str, cell_type: type[Cell] = Cell,
+                   per_platform: bool = True) -> dict[str, tuple[Any, ...]]:
     """``Selection`` fields but versions from the raw option values, keyed by option name (``clear-cache``).
 
     BadInput names a bad value and the choices.  The CI-file checks call it (through the CLI's
     ``matrix_axes``) too, so a nightly cannot pass a value the CLI refuses.
     """
-    return {a.plural: parse_option(a, options.get(a.option), platform) for a in AXES if a.option}
+    return {a.plural: parse_option(a, options.get(a.option), platform, per_platform)
+            for a in cell_type.table().axes if a.option}
 
 
 def parse_versions(

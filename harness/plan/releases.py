@@ -69,7 +69,9 @@ def fetch_releases(package: str, index_url: str | None) -> list[Release]:
             continue
         ver, plat = parts[1], parts[-1]
         entry = by_version.setdefault(ver, {"tags": [], "rp": f.get("requires-python"), "yanked": True})
-        entry["tags"].append(plat)  # type: ignore[union-attr]
+        tags = entry["tags"]
+        assert isinstance(tags, list)
+        tags.append(plat)
         # A release counts as yanked only if every file is.
         entry["yanked"] = bool(entry["yanked"]) and bool(f.get("yanked"))
     return [
@@ -81,7 +83,7 @@ def fetch_releases(package: str, index_url: str | None) -> list[Release]:
 def wheelhouse_fetch(folder: Path) -> Fetch:
     """A :data:`Fetch` that lists the releases a wheelhouse holds (its ``wheelhouse.json``), for ranges and
     ``latest`` on a node without network.  BadInput when the folder is no wheelhouse or holds another package."""
-    from harness.bundle.wheelhouse import WheelhouseError, load_manifest
+    from harness.bundle.manifest import WheelhouseError, load_manifest
 
     def fetch(package: str, _index_url: str | None) -> list[Release]:
         try:

@@ -18,8 +18,10 @@ from typing import Any, Protocol
 
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv, default_recipe, ensure_env
 from harness.plan.matrix import Cell, EngineKey
-from harness.run.runner import EventHook, RunConfig
+from harness.run.events import Event
+from harness.run.runner import EventHook
 from harness.run.slots import Capacity
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog
 
 
@@ -31,7 +33,7 @@ class Progress:
     message: str
     engine: EngineKey | None = None
     cell: CellResult | None = None
-    event: dict[str, Any] | None = None
+    event: Event | None = None
 
 
 ProgressHook = Callable[[Progress], None]
@@ -67,9 +69,9 @@ class RunContext:
         if self.on_progress is not None:
             self.on_progress(p)
 
-    def event(self, key: EngineKey, ev: dict[str, Any]) -> None:
+    def event(self, key: EngineKey, ev: Event) -> None:
         """One engine event: shown as progress, then handed to ``on_event``."""
-        self.say(Progress("event", str(ev.get("event")), key, event=ev))
+        self.say(Progress("event", ev.kind, key, event=ev))
         if self.on_event is not None:
             self.on_event(key, ev)
 

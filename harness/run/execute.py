@@ -19,7 +19,7 @@ from harness.plan.faults import bugs_with_injection
 from harness.plan.matrix import MatrixPlan
 from harness.run.context import Backend, Progress, ProgressHook, RunContext
 from harness.run.local import LocalBackend
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.known_bugs import annotate
 from harness.verdicts.results import CellResult, Results, ResultsLog, infra_result
 

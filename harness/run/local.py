@@ -15,9 +15,12 @@ from typing import Any
 from harness.core.errors import EnvBuildError
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import VllmEnv, ensure_env
+from harness.plan.matrix import EngineKey
 from harness.run.context import BackendReport, CellSink, EngineWork, Progress, RunContext, env_facts
-from harness.run.runner import run_engine, weight_transfer
+from harness.run.events import EngineEvent, Event
+from harness.run.runner import run_engine
 from harness.run.slots import Capacity, Slots, engine_start, runs_alone
+from harness.run.spec import weight_transfer
 from harness.verdicts.results import infra_result
 
 
@@ -74,7 +77,8 @@ class _LocalRun:
                 self._start(queue, running, pool, block=True)
                 continue
             building = [f for v, f in self.builds.items() if v not in self.envs and not f.done()]
-            done, _ = wait([*running, *building], timeout=1.0, return_when=FIRST_COMPLETED)
+            waiting: list[Future[Any]] = [*running, *building]
+            done, _ = wait(waiting, timeout=1.0, return_when=FIRST_COMPLETED)
             for f in done & running.keys():
                 self.slots.give(*running.pop(f))
                 f.result()  # a harness bug in an engine thread surfaces here
@@ -140,8 +144,8 @@ class _LocalRun:
             lock.acquire()
         held = list(locks)
 
-        def on_event(k: Any, ev: dict[str, Any]) -> None:
-            if ev.get("event") == "engine":  # ready (or refused): the next engine on these GPUs may start
+        def on_event(k: EngineKey, ev: Event) -> None:
+            if isinstance(ev, EngineEvent):  # ready (or refused): the next engine on these GPUs may start
                 while held:
                     held.pop().release()
             self.ctx.event(k, ev)

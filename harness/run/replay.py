@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.oracle import CellVerdict, Outcome, cell_verdict, fit_losses, preempted_at_keep_clear
+from harness.core.streams import StreamRecord
 from harness.plan.matrix import EngineKey
 from harness.run.context import RunContext
+from harness.run.events import ScenarioEvent
 from harness.run.session import EngineDied, EngineSession
 from harness.sched import cells as sched_tier
 from harness.sched.process import run_sched
@@ -30,7 +32,7 @@ class RequestReplay:
 
     rid: str
     label: str  # the oracle's verdict label
-    pauses: tuple[tuple[str, int], ...]  # (mode, client tokens at the pause)
+    pauses: tuple[tuple[str | None, int | None], ...]  # (mode, client tokens at the pause)
     finish_reason: str | None
     preempted_at: tuple[int, ...]  # where vLLM #42043 would drop a token (keep + clear_cache pauses)
     explained_by_losses: bool  # stream == reference minus #42043-style losses at those points
@@ -72,11 +74,11 @@ def _replay_on(session: EngineSession, plan: dict[str, Any]) -> PlanReplay:
         return PlanReplay(session.engine, died=exc)
     finally:
         session.close()
-    if ev.get("status") != "ran":
-        return PlanReplay(session.engine, status=str(ev.get("status")), reason=ev.get("reason"))
-    verdict = cell_verdict(ev["records"])
+    if ev.status != "ran":
+        return PlanReplay(session.engine, status=ev.status, reason=ev.reason)
+    verdict = cell_verdict(ev.records)
     return PlanReplay(session.engine, verdict=verdict, requests=tuple(
-        _request(rv.rid, rv.verdict.label, rec) for rv, rec in zip(verdict.requests, ev["records"], strict=True)))
+        _request(rv.rid, rv.verdict.label, rec) for rv, rec in zip(verdict.requests, ev.records, strict=True)))
 
 
 def replay_sched_plan(script: dict[str, Any], versions: Sequence[str], ctx: RunContext) -> Iterator[PlanReplay]:
@@ -87,26 +89,26 @@ def replay_sched_plan(script: dict[str, Any], versions: Sequence[str], ctx: RunC
         spec = sched_tier.sched_spec(engine, [{"id": "plan", "scenario": "ops", "params": script, "seed": 0}],
                                      str(ctx.cfg.model_cache.resolve()), ctx.cfg.model_params)
         run = run_sched(env, engine, ctx.cfg, f"plan-{engine.id}", spec, ctx.cfg.engine_timeout)
-        ev = run.first("scenario")
+        ev = run.first(ScenarioEvent)
         if ev is None:
             outcome = Outcome.TIMEOUT if run.timed_out else Outcome.ERROR
             yield PlanReplay(engine, died=EngineDied(outcome, run.problem))
             continue
-        status = str(ev.get("status"))
+        status = ev.status
         if status not in ("ran", "crash"):
-            yield PlanReplay(engine, status=status, reason=ev.get("reason"))
+            yield PlanReplay(engine, status=status, reason=ev.reason)
             continue
         verdict = sched_tier.sched_verdict(ev)
-        records = ev.get("records") or []
+        records = ev.records
         # A crash has no per-request verdict of its own: each stream is judged as far as it got.
         judged = verdict.requests or (cell_verdict(records).requests if records else ())
         by_rid = {rv.rid: rv.verdict.label for rv in judged}
-        yield PlanReplay(engine, status=status, reason=ev.get("reason"), verdict=verdict, requests=tuple(
-            _request(rec["rid"], by_rid.get(rec["rid"], "-"), rec) for rec in records))
+        yield PlanReplay(engine, status=status, reason=ev.reason, verdict=verdict, requests=tuple(
+            _request(rec.rid, by_rid.get(rec.rid, "-"), rec) for rec in records))
 
 
-def _request(rid: str, label: str, rec: dict[str, Any]) -> RequestReplay:
-    points = preempted_at_keep_clear(rec)
-    fit = fit_losses(rec["reference"], rec["observed"], rec["max_tokens"], points)
-    return RequestReplay(rid, label, tuple((p["mode"], p["client_tokens"]) for p in rec.get("pauses") or []),
-                         rec.get("finish_reason"), tuple(points), fit is not None)
+def _request(rid: str, label: str, rec: StreamRecord) -> RequestReplay:
+    points = preempted_at_keep_clear(rec.pauses)
+    fit = fit_losses(rec.reference, rec.observed, rec.max_tokens, points)
+    return RequestReplay(rid, label, tuple((p.mode, p.client_tokens) for p in rec.pauses),
+                         rec.finish_reason, tuple(points), fit is not None)

@@ -14,7 +14,7 @@ from harness.core.records import Schema
 from harness.core.schema import validate
 from harness.envbuild.envs import default_wheels
 from harness.plan.matrix import Selection
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.file_schemas import RUN_RECORD
 from harness.verdicts.results import CellResult, log_line, read_results
 

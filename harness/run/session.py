@@ -1,6 +1,6 @@
 """A long-lived engine process that runs scenarios on demand (pytest items, Hypothesis examples, ``plan``).
 
-The same driver as ``runner.run_engine`` (:class:`harness.run.runner.EngineProcess`):
+The same driver as ``runner.run_engine`` (:class:`harness.run.process.EngineProcess`):
 the engine runs ``python -m repro.engine`` in its own process group; here the
 spec is marked interactive and scenarios are sent one JSON line at a time on
 stdin, each answered by one ``scenario`` event in the event file.  ``close()``
@@ -14,17 +14,20 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.core.errors import ReproError
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import EngineKey
 from harness.run.engine_death import with_cause
-from harness.run.runner import EngineProcess, RunConfig
+from harness.run.events import EngineEvent, Event, FatalEvent, ScenarioEvent
+from harness.run.process import EngineProcess
+from harness.run.spec import RunConfig
 from repro.wire import ScenarioSpec
 
 ENGINE_LOG_ENV = "VLLM_REPRO_ENGINE_LOG"  # if set, one line per engine start is appended to this file
+E = TypeVar("E", bound=Event)
 
 
 class EngineDied(ReproError):
@@ -52,27 +55,26 @@ class EngineSession:
         self.extra_env = extra_env or {}
         self.engine_extra = engine_extra  # further engine arguments (a fixed KV cache on a shared GPU)
         self.process: EngineProcess | None = None
-        self.engine_event: dict[str, Any] | None = None
+        self.engine_event: EngineEvent | None = None
         self.dead_reason: str | None = None
-        self._backlog: list[dict[str, Any]] = []
+        self._backlog: list[Event] = []
         self.wd = (cfg.work_dir / "sessions" / f"{engine.id}-{os.getpid()}").resolve()
 
-    def start(self) -> dict[str, Any]:
+    def start(self) -> EngineEvent:
         """Start the engine and wait for its ``engine`` event (start-up facts and effective settings)."""
         self.process = EngineProcess(self.env, self.engine, self.cfg, self.wd, interactive=True,
                                      extra_env=self.extra_env, engine_extra=self.engine_extra)
         if os.environ.get(ENGINE_LOG_ENV):
             with open(os.environ[ENGINE_LOG_ENV], "a") as f:
                 f.write(f"{self.engine.id} {os.getpid()} {self.process.pgid}\n")
-        self.engine_event = self._wait(lambda ev: ev.get("event") == "engine", self.cfg.engine_timeout,
-                                       "engine start-up")
+        self.engine_event = self._wait(EngineEvent, lambda ev: True, self.cfg.engine_timeout, "engine start-up")
         return self.engine_event
 
     @property
     def unsupported_reason(self) -> str | None:
-        return (self.engine_event or {}).get("unsupported_reason")
+        return self.engine_event.unsupported_reason if self.engine_event is not None else None
 
-    def run(self, scenario: ScenarioSpec | dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def run(self, scenario: ScenarioSpec | dict[str, Any], timeout: float | None = None) -> ScenarioEvent:
         """Send one scenario (a ``repro.wire.ScenarioSpec`` or its JSON form) and return its result event."""
         sc = scenario if isinstance(scenario, ScenarioSpec) else ScenarioSpec.from_json(scenario)
         if sc.timeout is None:
@@ -81,30 +83,34 @@ class EngineSession:
             raise EngineDied(Outcome.ERROR, "session not started")
         if self.unsupported_reason and self.process.proc.poll() is not None:
             # Decided before start-up (e.g. no keep mode): the process has exited.
-            return {"event": "scenario", "id": sc.id, "status": "unsupported", "reason": self.unsupported_reason}
+            return ScenarioEvent(sc.id, "unsupported", reason=self.unsupported_reason)
         limit = timeout or (float(sc.timeout or 0) * 3 + 30)
         try:
             self.process.send(sc.to_json())
         except OSError as exc:
             raise self._death(f"engine stdin closed ({exc})") from exc
-        return self._wait(lambda ev: ev.get("event") == "scenario" and ev.get("id") == sc.id, limit,
-                          f"scenario {sc.id}")
+        return self._wait(ScenarioEvent, lambda ev: ev.id == sc.id, limit, f"scenario {sc.id}")
 
-    def _wait(self, match: Callable[[dict[str, Any]], bool], limit: float, what: str) -> dict[str, Any]:
+    def _wait(self, kind: type[E], match: Callable[[E], bool], limit: float, what: str) -> E:
+        """The first event of ``kind`` that ``match`` accepts (earlier events stay for later waits)."""
         assert self.process is not None
+
+        def wanted(ev: Event) -> bool:
+            return isinstance(ev, kind) and match(ev)
+
         proc = self.process.proc
         deadline = time.monotonic() + limit
         while True:
             self._backlog += self.process.events()
             for i, ev in enumerate(self._backlog):
-                if ev.get("event") == "fatal":
-                    self.dead_reason = ev.get("reason")
-                if match(ev):
+                if isinstance(ev, FatalEvent):
+                    self.dead_reason = ev.reason
+                if isinstance(ev, kind) and match(ev):
                     del self._backlog[: i + 1]
                     return ev
             if proc.poll() is not None:
                 self._backlog += self.process.events()
-                if any(match(ev) for ev in self._backlog):
+                if any(wanted(ev) for ev in self._backlog):
                     continue
                 raise self._death(f"engine exited with code {proc.returncode} during {what}")
             if time.monotonic() > deadline:

@@ -23,6 +23,8 @@ from typing import Any
 
 from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import CellVerdict, Outcome, cell_verdict
+from harness.core.records import EngineInfo
+from harness.run.events import ScenarioEvent
 from harness.verdicts.results import CellResult, infra_result
 from repro.sched.script import SCHEMA_VERSION
 from repro.wire import FuzzSpec
@@ -121,58 +123,52 @@ def sched_spec(engine: EngineKey, scenarios: list[dict[str, Any]], model_cache: 
     return spec
 
 
-def sched_info(ev: dict[str, Any]) -> dict[str, Any]:
-    """The facts of a ``sched`` event kept in every cell result (the release's scheduler API as detected)."""
-    keep = ("vllm_version", "torch_version", "python", "platform", "scheduler_classes", "discard_mechanism",
-            "reset_prefix_cache_params", "pause_state", "import_s", "load_s", "unsupported_reason")
-    return {"tier": "scheduler", **{k: ev.get(k) for k in keep if k in ev}}
-
-
-def sched_result(cell: Cell, ev: dict[str, Any], info: dict[str, Any] | None,
-                 judge: Callable[[Cell, dict[str, Any], dict[str, Any]], CellResult]) -> CellResult:
+def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
+                 judge: Callable[[Cell, ScenarioEvent, EngineInfo], CellResult]) -> CellResult:
     """A scheduler-tier ``scenario`` event as a cell result: ``judge`` (the engine tier's rules) for streams,
     unsupported and error.  A crash in vLLM's own code is CRASH; a stall (vLLM never finished a request) is
     TIMEOUT (:func:`sched_verdict`); a cell whose scheduler class is not the one its async axis names, or a
     preemption shape in which vLLM preempted nothing, is UNSUPPORTED, never judged."""
-    cls = str(ev.get("scheduler_class") or "")
-    effective = {"async_scheduling": cls.endswith(".AsyncScheduler"), "executor_class": cls.rsplit(".", 1)[-1] or None}
-    if ev.get("spec_method"):  # the drafter vLLM accepted with async scheduling (EAGLE on every release)
-        effective["spec_method"] = ev["spec_method"]
-    info = {**(info or {}), "effective": effective}
-    if ev.get("status") == "crash":
+    cls = ev.scheduler_class or ""
+    effective: dict[str, Any] = {"async_scheduling": cls.endswith(".AsyncScheduler"),
+                                 "executor_class": cls.rsplit(".", 1)[-1] or None}
+    if ev.spec_method:  # the drafter vLLM accepted with async scheduling (EAGLE on every release)
+        effective["spec_method"] = ev.spec_method
+    facts = EngineInfo({**(info or {}), "effective": effective})
+    if ev.status == "crash":
         v = sched_verdict(ev)
-        return infra_result(cell, v.outcome, v.reason or v.summary, info)
-    if ev.get("status") == "ran" and cls.endswith(".AsyncScheduler") != cell.async_on:
+        return infra_result(cell, v.outcome, v.reason or v.summary, facts)
+    if ev.status == "ran" and cls.endswith(".AsyncScheduler") != cell.async_on:
         return infra_result(cell, Outcome.UNSUPPORTED, f"asked for async {'on' if cell.async_on else 'off'} but "
-                                                       f"vLLM built {cls or 'no scheduler'}", info)
+                                                       f"vLLM built {cls or 'no scheduler'}", facts)
     shape = SHAPES.get(cell.scenario)
-    if ev.get("status") == "ran" and shape is not None and shape.preempts and not any(
-            r.get("num_preemptions") for r in ev.get("records") or ()):
+    if ev.status == "ran" and shape is not None and shape.preempts and not any(
+            r.num_preemptions for r in ev.records):
         return infra_result(cell, Outcome.UNSUPPORTED, "the KV cache never ran short: vLLM preempted no request, so "
-                                                       "the run says nothing about preemption", info)
-    if ev.get("status") == "ran" and ev.get("stalled"):
+                                                       "the run says nothing about preemption", facts)
+    if ev.status == "ran" and ev.stalled:
         v = sched_verdict(ev)
-        return infra_result(cell, v.outcome, v.reason or v.summary, info)
-    return judge(cell, ev, info)
+        return infra_result(cell, v.outcome, v.reason or v.summary, facts)
+    return judge(cell, ev, facts)
 
 
-def sched_verdict(ev: dict[str, Any]) -> CellVerdict:
+def sched_verdict(ev: ScenarioEvent) -> CellVerdict:
     """One scheduler-tier ``scenario`` event judged on its own (``plan`` and ``fuzz`` judge a script this way;
     the matrix through :func:`sched_result`): CRASH when vLLM's code raised, TIMEOUT when vLLM never finished a
     request (``stalled``; the streams' own verdict kept in the summary), else the oracle's verdict of the streams;
     UNSUPPORTED and ERROR with the scenario's reason."""
-    status = ev.get("status")
+    status = ev.status
     if status == "crash":
-        reason = f"{ev['reason']} ({ev.get('vllm_source') or 'vLLM raised'})"
+        reason = f"{ev.reason} ({ev.vllm_source or 'vLLM raised'})"
         return CellVerdict(Outcome.CRASH, f"CRASH: {reason}", reason=reason)
     if status != "ran":
         outcome = Outcome.UNSUPPORTED if status == "unsupported" else Outcome.ERROR
-        reason = str(ev.get("reason") or f"scenario status {status!r}")
+        reason = ev.reason or f"scenario status {status!r}"
         return CellVerdict(outcome, reason, reason=reason)
-    streams = cell_verdict(ev["records"])
-    if not ev.get("stalled"):
+    streams = cell_verdict(ev.records)
+    if not ev.stalled:
         return streams
-    reason = f"vLLM's scheduler never finished a request: {ev['stalled']}"
+    reason = f"vLLM's scheduler never finished a request: {ev.stalled}"
     summary = f"TIMEOUT: {reason}" + (
         "" if streams.outcome in (Outcome.OK, Outcome.TRUNCATED) else f"; streams: {streams.summary}")
     return CellVerdict(Outcome.TIMEOUT, summary, streams.counts, streams.requests, reason)

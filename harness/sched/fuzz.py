@@ -27,6 +27,7 @@ from harness.core.errors import BadInput, EnvBuildError
 from harness.core.oracle import CellVerdict, Outcome
 from harness.plan.matrix import EngineKey
 from harness.run.context import RunContext
+from harness.run.events import Event, FuzzEvent
 from harness.sched import cells as sched_tier
 from harness.sched.process import SchedRun, run_sched
 from repro.wire import FuzzSpec
@@ -141,14 +142,14 @@ def fuzz_spec(profile: str, examples: int | None, seed: int | None, depths: Sequ
 
 
 def fuzz_versions(versions: Sequence[str], spec: FuzzSpec, ctx: RunContext, timeout: float,
-                  on_event: Callable[[str, dict[str, Any]], None] | None = None) -> Iterator[FuzzResult]:
+                  on_event: Callable[[str, Event], None] | None = None) -> Iterator[FuzzResult]:
     """Fuzz each version in turn, lazily (each result as soon as its run ends)."""
     for v in versions:
         yield fuzz_version(v, spec, ctx, timeout, on_event)
 
 
 def fuzz_version(version: str, spec: FuzzSpec, ctx: RunContext, timeout: float,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None) -> FuzzResult:
+                 on_event: Callable[[str, Event], None] | None = None) -> FuzzResult:
     """Fuzz vLLM's scheduler of ``version``: one process, every example in it."""
     try:
         env = ctx.env(version)
@@ -163,22 +164,26 @@ def fuzz_version(version: str, spec: FuzzSpec, ctx: RunContext, timeout: float,
 
 def fuzz_result(version: str, spec: FuzzSpec, run: SchedRun) -> FuzzResult:
     """The ``fuzz`` event of ``run`` as a FuzzResult (timeout or error when the process never sent one)."""
-    ev = run.first("fuzz")
+    ev = run.first(FuzzEvent)
     if ev is None:
         return FuzzResult(version, "timeout" if run.timed_out else "error", spec.seed, reason=run.problem,
                           log=run.log, wall_s=run.wall_s)
-    fals = ev.get("falsifying")
     return FuzzResult(
-        version, str(ev["status"]), int(ev.get("seed", spec.seed)), int(ev.get("examples") or 0),
-        ev.get("examples_to_failure"), float(ev.get("wall_s") or 0.0), ev.get("cpu_s"),
-        None if fals is None else falsifying(fals), ev.get("reason"), dict(ev.get("coverage") or {}),
-        dict(ev.get("dropped") or {}), run.log, ev.get("hypothesis_version"))
+        version, ev.status, spec.seed if ev.seed is None else ev.seed, ev.examples, ev.examples_to_failure,
+        ev.wall_s, ev.cpu_s, falsifying(ev), ev.reason, dict(ev.coverage), dict(ev.dropped), run.log,
+        ev.hypothesis_version)
 
 
-def falsifying(doc: dict[str, Any]) -> Falsifying:
-    """A ``fuzz`` event's falsifying example, its replay judged by the scheduler tier's one rule."""
+def falsifying(ev: FuzzEvent) -> Falsifying | None:
+    """A ``fuzz`` event's falsifying example (None: nothing found), its replay judged by the scheduler tier's one
+    rule."""
+    doc, replay = ev.falsifying, ev.replay
+    if doc is None or replay is None:
+        return None
+    hyp = doc.get("hypothesis_ops")
     return Falsifying(dict(doc["script"]), str(doc.get("failure", "")), int(doc.get("ops", 0)),
-                      bool(doc.get("shrunk")), sched_tier.sched_verdict(doc["replay"]), doc.get("hypothesis_ops"))
+                      bool(doc.get("shrunk")), sched_tier.sched_verdict(replay),
+                      hyp if isinstance(hyp, int) else None)
 
 
 def plan_document(r: FuzzResult) -> dict[str, Any]:

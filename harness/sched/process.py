@@ -3,7 +3,7 @@
 The matrix runs scheduler-tier cells through :func:`harness.run.runner.run_engine`
 like any engine; ``plan`` and ``fuzz`` hand the process a spec of their own
 (an ``ops`` scenario, a ``fuzz`` section) through the same
-:class:`harness.run.runner.EngineProcess`: own process group, spec and events
+:class:`harness.run.process.EngineProcess`: own process group, spec and events
 checked against ``repro.wire``, the whole group killed at the end.
 """
 
@@ -13,11 +13,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import EngineKey
-from harness.run.runner import EngineProcess, RunConfig
+from harness.run.events import Event, FatalEvent
+from harness.run.process import EngineProcess
+from harness.run.spec import RunConfig
+
+E = TypeVar("E", bound=Event)
 
 
 @dataclass(frozen=True)
@@ -25,37 +29,37 @@ class SchedRun:
     """What one scheduler-tier process reported, and why it ended if not by itself."""
 
     engine: EngineKey
-    events: tuple[dict[str, Any], ...]
+    events: tuple[Event, ...]
     returncode: int | None
     timed_out: bool
     log: Path
     wall_s: float
     log_tail: str = ""
 
-    def first(self, kind: str) -> dict[str, Any] | None:
-        """The first event of ``kind``, or None."""
-        return next((ev for ev in self.events if ev.get("event") == kind), None)
+    def first(self, kind: type[E]) -> E | None:
+        """The first event of ``kind`` (an event class), or None."""
+        return next((ev for ev in self.events if isinstance(ev, kind)), None)
 
     @property
     def problem(self) -> str:
         """Why the process did not report what was asked of it (for an event that never came)."""
         if self.timed_out:
             return f"killed after {self.wall_s:.0f} s (the time limit); log: {self.log}"
-        fatal = self.first("fatal")
+        fatal = self.first(FatalEvent)
         if fatal is not None:
-            return f"repro.sched failed: {fatal['reason']}; log: {self.log}"
+            return f"repro.sched failed: {fatal.reason}; log: {self.log}"
         return f"repro.sched exited with code {self.returncode}; last log lines: {self.log_tail}"
 
 
 def run_sched(env: VllmEnv, engine: EngineKey, cfg: RunConfig, name: str, spec: dict[str, Any], timeout: float,
-              distributions: Sequence[str] = (), on_event: Callable[[dict[str, Any]], None] | None = None,
+              distributions: Sequence[str] = (), on_event: Callable[[Event], None] | None = None,
               ) -> SchedRun:
     """Run ``spec`` in ``env`` (work dir ``cfg.work_dir/engines/name``) until it exits or ``timeout`` seconds pass.
 
     Ctrl-C or SIGTERM while it runs kills its process group before the interrupt propagates.
     """
     proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / name, spec=spec, distributions=distributions)
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     t0 = time.monotonic()
     timed_out = False
     try:

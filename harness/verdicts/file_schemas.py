@@ -8,7 +8,10 @@ is named instead of silently ignored.
 
 from __future__ import annotations
 
-from harness.core.axes import AXES, BY_NAME, Axis
+from typing import cast
+
+from harness.core.axes import Axis
+from harness.core.cell import AXES, Cell
 from harness.core.oracle import Outcome
 from harness.core.schema import (
     AnyOf,
@@ -75,16 +78,21 @@ RUN_RECORD = Obj({"platform": Str(nonempty=True), "cells": ListOf(Str(nonempty=T
                  required=("platform", "cells", "settings"), open=True, what="a run record object")
 
 # The known-bug table (harness/verdicts/known_bugs.toml, or --known-bugs FILE).
-_RULE_AXES = {a.name: _one_or_more(axis_spec(a)) for a in AXES}
-KNOWN_BUG_RULE = Obj({**_RULE_AXES, "executors": _one_or_more(axis_spec(BY_NAME["executor"])), "expect": OUTCOMES,
-                      "k": Int(lo=1)}, required=("expect",),
-                     what="a [[bug.cells]] table of cell keys, expect and k")
-KNOWN_BUG = Obj({"id": Str(nonempty=True), "title": Str(), "fix": Str(), "fixed_in": Str(),
-                 "affected": Str(nonempty=True, what="a PEP 440 version specifier, e.g. \">=0.17.0, <0.22.0\""),
-                 "note": Str(), "cells": ListOf(KNOWN_BUG_RULE, what="a list of [[bug.cells]] tables")},
-                required=("id", "affected"), what="a [[bug]] table {id, affected, cells, ...}")
-KNOWN_BUGS = Obj({"bug": ListOf(KNOWN_BUG, what="a list of [[bug]] tables")},
-                 what="a known-bug table of [[bug]] entries")
+def known_bugs_schema(cell_type: type[Cell] = Cell) -> Obj:
+    """The known-bug table whose rules name the axes of ``cell_type``'s table."""
+    by_name = cell_type.table().by_name
+    rule_axes = {name: _one_or_more(axis_spec(a)) for name, a in by_name.items()}
+    rule = Obj({**rule_axes, "executors": _one_or_more(axis_spec(by_name["executor"])), "expect": OUTCOMES,
+                "k": Int(lo=1)}, required=("expect",), what="a [[bug.cells]] table of cell keys, expect and k")
+    bug = Obj({"id": Str(nonempty=True), "title": Str(), "fix": Str(), "fixed_in": Str(),
+               "affected": Str(nonempty=True, what="a PEP 440 version specifier, e.g. \">=0.17.0, <0.22.0\""),
+               "note": Str(), "cells": ListOf(rule, what="a list of [[bug.cells]] tables")},
+              required=("id", "affected"), what="a [[bug]] table {id, affected, cells, ...}")
+    return Obj({"bug": ListOf(bug, what="a list of [[bug]] tables")}, what="a known-bug table of [[bug]] entries")
+
+
+KNOWN_BUGS = known_bugs_schema()
+KNOWN_BUG = cast(Obj, cast(ListOf, KNOWN_BUGS.fields["bug"]).item)
 
 # The workaround ledger (harness/verdicts/workarounds.toml, or --ledger FILE).
 _CELL_SETTINGS = Obj({a.name: axis_spec(a) for a in AXES}, what="a table of cell settings (one value per key)")

@@ -17,17 +17,17 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from harness.core.axes import BY_NAME
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import SHIFTS, FaultEvent, Outcome, events_label, running_pauses
 from harness.core.pattern import CellPattern, pattern_from_mapping
 from harness.core.records import ExpectationRecord, RequestRecord, RequestVerdictRecord
 from harness.core.schema import found, validate
-from harness.verdicts.file_schemas import KNOWN_BUG, KNOWN_BUGS
+from harness.verdicts.file_schemas import KNOWN_BUG, known_bugs_schema
 from harness.verdicts.results import CellResult
 from harness.verdicts.tomlfile import load_table
 
-# A rule's keys: any axis name (harness.core.axes), "executors" (a list; older tables), expect and k.
+# A rule's keys: any axis name (harness.core.cell.Cell), "executors" (a list; older tables), expect and k.
 _RULE_KEYS = {"expect", "k"}
 
 
@@ -71,10 +71,10 @@ class Check:
     message: str
 
 
-def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
-    """Parse the known-bug TOML (default: the table shipped with vllm-repro)."""
+def load_known_bugs(path: Path | None = None, cell_type: type[Cell] = Cell) -> tuple[KnownBug, ...]:
+    """Parse the known-bug TOML (default: the table shipped with vllm-repro); rules name ``cell_type``'s axes."""
     data, where = load_table(path, "known_bugs.toml", "known-bug table")
-    validate(KNOWN_BUGS, data, where)
+    validate(known_bugs_schema(cell_type), data, where)
     bugs = []
     for i, b in enumerate(data.get("bug", [])):
         try:
@@ -83,7 +83,7 @@ def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
             raise BadInput(f"{where}: bug[{i}].affected: expected {KNOWN_BUG.fields['affected'].expected}, found "
                            f"{found(b['affected'])}") from None
         try:
-            rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}") for c in b.get("cells", []))
+            rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}", cell_type) for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
                                  rules, str(b.get("note", ""))))
         except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
@@ -91,12 +91,12 @@ def load_known_bugs(path: Path | None = None) -> tuple[KnownBug, ...]:
     return tuple(bugs)
 
 
-def _rule(table: dict[str, Any], where: str) -> Rule:
-    unknown = set(table) - set(BY_NAME) - _RULE_KEYS - {"executors"}
+def _rule(table: dict[str, Any], where: str, cell_type: type[Cell] = Cell) -> Rule:
+    unknown = set(table) - set(cell_type.table().by_name) - _RULE_KEYS - {"executors"}
     if unknown:
         raise BadInput(f"{where} has unknown cell keys {sorted(unknown)}")
     axes = {("executor" if k == "executors" else k): v for k, v in table.items() if k not in _RULE_KEYS}
-    return Rule(pattern_from_mapping(axes, where), Outcome(table["expect"]), table.get("k"))
+    return Rule(pattern_from_mapping(axes, where, cell_type), Outcome(table["expect"]), table.get("k"))
 
 
 def expectation(cell: Any, bugs: tuple[KnownBug, ...]) -> Expectation:
@@ -146,8 +146,8 @@ def _request_problem(req: RequestRecord, exp: Expectation) -> str | None:
         return None  # proves nothing either way; the cell's other requests decide
     # A pause in abort mode ends the request there: it has no token after it to lose (the sleep scenario's
     # level-2 sleep aborts the requests its level-1 sleep kept).
-    at = Counter(int(p["client_tokens"]) for p in running_pauses(req)
-                 if p.get("client_tokens") is not None and p.get("mode") != "abort")
+    at = Counter(p.client_tokens for p in running_pauses(req.pauses)
+                 if p.client_tokens is not None and p.mode != "abort")
     if exp.outcome not in SHIFTS:
         want = exp.label if v.running_at_pause else "OK"
         return None if v.short == want else f"{req.rid}: expected {want}, got {v.label or v.short}"

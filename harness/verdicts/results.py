@@ -10,6 +10,7 @@ import gzip
 import json
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,17 @@ from typing import Any
 from harness.core.cell import Cell
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import CellVerdict, Outcome
-from harness.core.records import LINE, RESULTS, SCHEMA_VERSION, CellResult, EngineInfo, migrate_cell
+from harness.core.records import (
+    LINE,
+    RESULTS,
+    SCHEMA_VERSION,
+    CellResult,
+    EngineInfo,
+    RequestRecord,
+    migrate_cell,
+)
 from harness.core.schema import ListOf, Obj, validate
+from harness.core.streams import StreamRecord
 from harness.verdicts.file_schemas import CELL_RESULT
 
 SCHEMA = RESULTS.name
@@ -31,17 +41,22 @@ LINE_SCHEMA = LINE.name
 def infra_result(cell: Cell, outcome: Outcome, reason: str,
                  engine: EngineInfo | dict[str, Any] | None = None) -> CellResult:
     """A cell that did not produce token streams: UNSUPPORTED, ERROR or TIMEOUT, with its reason."""
-    return CellResult(cell, outcome, reason, reason=reason, engine=engine, label=outcome.value)
+    return CellResult(cell, outcome, reason, reason=reason, engine=_engine(engine), label=outcome.value)
+
+
+def _engine(engine: EngineInfo | dict[str, Any] | None) -> EngineInfo | None:
+    return EngineInfo(engine) if isinstance(engine, dict) else engine
 
 
 def judged_result(
-    cell: Cell, verdict: CellVerdict, records: list[dict[str, Any]], engine: EngineInfo | dict[str, Any] | None,
+    cell: Cell, verdict: CellVerdict, records: Sequence[StreamRecord], engine: EngineInfo | dict[str, Any] | None,
     duration_s: float | None,
 ) -> CellResult:
-    """A cell whose scenario ran, with the oracle's verdict merged into each request record."""
+    """A cell whose scenario ran, with the oracle's verdict merged into each request record (as the engine wrote
+    it: ``StreamRecord.raw``)."""
     by_rid = {rv.rid: rv.to_dict() for rv in verdict.requests}
-    reqs = tuple({**rec, "verdict": by_rid.get(rec["rid"])} for rec in records)
-    return CellResult(cell, verdict.outcome, verdict.summary, verdict.reason, verdict.counts, reqs, engine,
+    reqs = tuple(RequestRecord({**rec.raw, "verdict": by_rid.get(rec.rid)}) for rec in records)
+    return CellResult(cell, verdict.outcome, verdict.summary, verdict.reason, verdict.counts, reqs, _engine(engine),
                       duration_s, label=verdict.label)
 
 

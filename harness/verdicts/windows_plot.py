@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.core.errors import BadInput
 from harness.core.outcomes import COLORS, LEGEND, Category
-from harness.verdicts.history import PlotUnavailable
+from harness.verdicts.history.plot import PlotUnavailable
 from harness.verdicts.windows import Box, Chart
 
 CELL_W, CELL_H = 0.42, 0.34  # inches per box

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.core.axes import BY_NAME, EXECUTORS
 from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
@@ -121,48 +120,56 @@ def judge_pair(
     return verdict(WorkaroundStatus.REMOVABLE, f"no token loss with {without} or {with_}")
 
 
-def _pair_rank(v: WorkaroundVerdict, engine: tuple[str, int, str, bool, str]) -> tuple[Any, ...]:
+def pair_key(cell: Cell) -> Cell:
+    """The engine a cell's workaround pair shares: every engine axis but async (the workaround), and no scenario
+    axes (the demonstrating cells share them).  Derived from the cell's own table, so an axis added there
+    separates pairs by itself: cells that differ in any engine axis but async never judge each other."""
+    table = type(cell).table()
+    async_axis = table.by_name["async_scheduling"]
+    keep = {a.attr: getattr(cell, a.attr) for a in table.engine if a is not async_axis}
+    return type(cell)(**keep)
+
+
+def _pair_rank(v: WorkaroundVerdict, key: Cell) -> tuple[Any, ...]:
     # The engine tier first: the workaround is an engine setting; the scheduler tier speaks for it only alone.
-    executor, tp, runner, batch_invariant, tier = engine
-    return (v.status is WorkaroundStatus.UNKNOWN, len(v.cell_ids) < 2, tier != "engine", executor != "mp", tp != 1,
-            runner != "v1", batch_invariant,
-            EXECUTORS.index(executor) if executor in EXECUTORS else len(EXECUTORS), engine)
+    # Then the pair whose engine axes are at their defaults (mp, tp 1, v1, ...), then report order.
+    table = type(key).table()
+    variant = [a for a in table.sort_order
+               if a.engine and a.kind != "version" and a.name not in ("tier", "async_scheduling")]
+    return (v.status is WorkaroundStatus.UNKNOWN, len(v.cell_ids) < 2, key.tier != table.by_name["tier"].default,
+            *(getattr(key, a.attr) != a.default for a in variant), key.sort_key)
 
 
 def workaround_verdicts(cells: Results | Iterable[CellResult]) -> tuple[WorkaroundVerdict, ...]:
     """Per vLLM version (sorted numerically), is ``async_scheduling=False`` needed against vllm#42043?
 
     Compares the keep-mode clear_cache=True cells with async on and off of one
-    executor (and tensor-parallel size).  Among executors, a conclusive pair
-    wins over an inconclusive one; then ``mp``, then tp=1, then matrix order.
+    engine config (every engine axis but async: executor, TP, model runner, ...).
+    Among engine configs, a conclusive pair wins over an inconclusive one; then the
+    engine tier, then ``mp``, then tp=1 and so on (defaults first), then matrix order.
     A later result for the same cell id replaces an earlier one.
     """
     crs = tuple(cells.cells) if isinstance(cells, Results) else tuple(cells)
     versions = sorted({c.cell.version for c in crs}, key=version_key)
     out: list[WorkaroundVerdict] = []
     for version in versions:
-        # Paired within one engine config but for async (executor, TP, model runner, batch invariance).
-        pairs: dict[tuple[str, int, str, bool, str], dict[bool, CellResult]] = {}
+        pairs: dict[Cell, dict[bool, CellResult]] = {}
         for cr in crs:
-            c = cr.cell
-            if c.version == version and _is_demo(cr):
-                pairs.setdefault((c.executor, c.tp, c.model_runner, c.batch_invariant, c.tier), {})[c.async_on] = cr
+            if cr.cell.version == version and _is_demo(cr):
+                pairs.setdefault(pair_key(cr.cell), {})[cr.cell.async_on] = cr
         if not pairs:
             out.append(WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN,
                                          "no keep-mode clear_cache=True cells"))
             continue
-        # The label names the variant axes too (mp-mr_v2), so a verdict from a v2-only run says so.
         judged = [(judge_pair(version, _variant_label(key), p.get(True), p.get(False)), key)
                   for key, p in pairs.items()]
         out.append(min(judged, key=lambda t: _pair_rank(*t))[0])
     return tuple(out)
 
 
-def _variant_label(key: tuple[str, int, str, bool, str]) -> str:
+def _variant_label(key: Cell) -> str:
     # The label names the variant axes too (mp-mr_v2, mp-sched), so a verdict from a v2-only run says so.
-    executor, tp, runner, invariant, tier = key
-    cell = Cell("_", executor, True, tp=tp, model_runner=runner, batch_invariant=invariant, tier=tier)
-    return "-".join((executor, *cell.variant))
+    return "-".join((key.executor, *key.variant))
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,7 @@ class Workaround:
     def cells(self, version: str) -> tuple[Any, Any]:
         """(without the workaround, with it) at ``version``."""
         without = pattern_from_mapping(self.cell, f"workaround {self.id} cell").template().at(version)
-        changes = {BY_NAME[k].attr: v for k, v in self.applied.items()}
+        changes = {type(without).table().by_name[k].attr: v for k, v in self.applied.items()}
         return without, without.replace(**changes)
 
     def _label(self, settings: dict[str, Any]) -> str:

@@ -19,14 +19,8 @@ import time
 from typing import Any
 
 from repro.models import expected_continuation
-from repro.scenarios.base import (
-    REFERENCE_MARGIN,
-    Plan,
-    RequestSpec,
-    ScenarioFailed,
-    ScenarioUnsupported,
-    run_unpaused,
-)
+from repro.scenarios.base import REFERENCE_MARGIN, Plan, RequestSpec, ScenarioFailed, ScenarioUnsupported
+from repro.scenarios.runs import run_unpaused
 
 
 async def engine_counters(llm: Any) -> dict[str, Any]:

@@ -29,15 +29,8 @@ from repro.scenarios._profile import (
     solo_control,
     step_delta,
 )
-from repro.scenarios.base import (
-    EngineContext,
-    Plan,
-    RequestSpec,
-    ScenarioFailed,
-    make_prompts,
-    params_from_dict,
-    run_plan,
-)
+from repro.scenarios.base import EngineContext, Plan, RequestSpec, ScenarioFailed, make_prompts, params_from_dict
+from repro.scenarios.runs import run_plan
 
 
 @dataclass(frozen=True)

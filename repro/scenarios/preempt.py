@@ -30,7 +30,8 @@ from repro.scenarios._profile import (
     precondition,
     solo_control,
 )
-from repro.scenarios.base import EngineContext, Plan, RequestSpec, make_prompts, params_from_dict, run_plan
+from repro.scenarios.base import EngineContext, Plan, RequestSpec, make_prompts, params_from_dict
+from repro.scenarios.runs import run_plan
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,9 @@ from repro.scenarios.base import (
     ScenarioUnsupported,
     make_prompts,
     params_from_dict,
-    run_plan,
-    run_reference,
 )
-from repro.scenarios.rlhf_weight_sync import reload_unsupported
+from repro.scenarios.runs import run_plan, run_reference
+from repro.scenarios.weight_transfer import reload_unsupported
 
 MODES = ("keep",)
 

@@ -37,7 +37,8 @@ from repro.scenarios._profile import (
     precondition,
     solo_control,
 )
-from repro.scenarios.base import EngineContext, PauseSpec, Plan, RequestSpec, params_from_dict, run_plan
+from repro.scenarios.base import EngineContext, PauseSpec, Plan, RequestSpec, params_from_dict
+from repro.scenarios.runs import run_plan
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ from repro.sched.opmodel import (
     setup_for,
     stream_fault,
 )
+from repro.sched.scenario import run_scenario
 from repro.sched.script import Op, Script, Setup
 from repro.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
 
@@ -378,8 +379,6 @@ def _run_machine(machine: type, spec: FuzzSpec) -> Raised | None:
 def _falsifying(run: FuzzRun, failure: Failure) -> dict[str, Any]:
     """The shrunk example, minimised further (:func:`opmodel.minimise`): its op script, Hypothesis' failure, and the
     script replayed as an ``ops`` scenario."""
-    from repro.sched.runner import run_scenario
-
     script = minimise(failure.script, lambda smaller: fails_alike(run, smaller, failure.kind))
     params = script.to_dict()
     replay = run_scenario(run.adapter, {"id": "falsifying", "scenario": "ops", "params": params}, run.model_dir,

@@ -38,7 +38,7 @@ import pytest
 from harness.core.oracle import Outcome
 from harness.plan.matrix import Cell, EngineKey, MatrixPlan, Selection, plan_matrix
 from harness.run.cluster import CANCEL_GRACE_S
-from harness.run.runner import group_alive
+from harness.run.process import group_alive
 from harness.verdicts.results import CellResult, Results, read_results
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -60,7 +60,7 @@ def _tagged(tag: str, engines_only: bool = False) -> list[tuple[int, str]]:
                 environ = f.read().split(b"\0")
             if needle not in environ:
                 continue
-            # runner.engine_env sets it for every engine, and vLLM's processes inherit it.
+            # harness.run.process.engine_env sets it for every engine, and vLLM's processes inherit it.
             if engines_only and not any(v.startswith(b"VLLM_REPRO_CPU_ASYNC=") for v in environ):
                 continue
             with open(f"/proc/{entry}/stat") as f:
@@ -336,7 +336,7 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     from harness.run.cluster import RayBackend
     from harness.run.context import RunContext
     from harness.run.execute import Progress, execute_plan
-    from harness.run.runner import RunConfig
+    from harness.run.spec import RunConfig
     from harness.verdicts.results import ResultsLog
 
     tmp = Path(spec["tmp"])

@@ -19,7 +19,8 @@ from harness.envbuild.envs import default_cache_dir, index_config_from_env
 from harness.plan.matrix import EngineKey, MatrixPlan, Selection, plan_matrix
 from harness.run.context import RunContext
 from harness.run.execute import execute_plan
-from harness.run.runner import RunConfig, group_alive
+from harness.run.process import group_alive
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from harness.plan.faults import sensitivity_failures
 from harness.plan.matrix import Selection, plan_matrix
 from harness.run.context import RunContext
 from harness.run.execute import execute_plan
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import ResultsLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine]

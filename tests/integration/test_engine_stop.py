@@ -16,7 +16,9 @@ import pytest
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv
 from harness.plan.matrix import Cell, EngineKey
-from harness.run.runner import RunConfig, group_alive, run_engine
+from harness.run.process import group_alive
+from harness.run.runner import run_engine
+from harness.run.spec import RunConfig
 
 pytestmark = pytest.mark.integration
 

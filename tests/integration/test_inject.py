@@ -23,7 +23,7 @@ from harness.envbuild.envs import default_cache_dir, index_config_from_env
 from harness.plan.matrix import Selection, plan_matrix
 from harness.run.context import RunContext
 from harness.run.execute import execute_plan
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine]

@@ -15,9 +15,9 @@ import pytest
 
 from harness.core.oracle import Outcome
 from harness.core.records import ExpectationRecord
-from harness.frontends.pytest_plugin import first_post_resume_tokens
+from harness.frontends.pytest_summary import first_post_resume_tokens
 from harness.plan.matrix import Cell
-from harness.verdicts.report import request_lines
+from harness.verdicts.report.junit import request_lines
 from harness.verdicts.results import CellResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,7 +16,7 @@ from loss_checks import assert_first_post_resume_token_lost
 from harness.core.oracle import Outcome
 from harness.frontends.pytest_plugin import EnginePool
 from harness.plan.matrix import Cell
-from harness.run.runner import scenario_entry
+from harness.run.spec import scenario_entry
 from harness.verdicts.results import CellResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]

@@ -35,8 +35,9 @@ from typing import Any
 import pytest
 
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from harness.envbuild.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
-from harness.run.runner import stage_repro
+from harness.run.staging import stage_repro
 from repro.sched.script import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.integration]
@@ -115,10 +116,10 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
         ev = scenarios[sid]
         assert ev["status"] == "ran", ev.get("reason")
         assert ev["stalled"] is None
-        verdict = cell_verdict(ev["records"])
+        verdict = cell_verdict(stream_records(ev["records"]))
         assert verdict.outcome is want, f"{version} {sid}: {verdict.summary}"
         assert ev["scheduler_class"].endswith("AsyncScheduler" if ev["scheduler"] == "async" else ".Scheduler")
-    lost = cell_verdict(scenarios["drained-async"]["records"])
+    lost = cell_verdict(stream_records(scenarios["drained-async"]["records"]))
     if version == "0.21.0":
         # Exactly the first post-reset token of every request running at the reset.
         assert lost.summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
@@ -135,10 +136,10 @@ def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_p
         assert last["stalled"] == "run to completion: nothing scheduled or delivered in 64 iterations"
         assert last["records"][0]["finish_reason"] is None and len(last["records"][0]["observed"]) == 5
     else:
-        assert last["stalled"] is None and cell_verdict(last["records"]).outcome is Outcome.OK
+        assert last["stalled"] is None and cell_verdict(stream_records(last["records"])).outcome is Outcome.OK
     if version == "0.22.0":
         # PR #42117's counter: 0.22 counts the frames to discard in tokens (1 + k per frame).
-        assert cell_verdict(scenarios["spec-reset"]["records"]).summary == \
+        assert cell_verdict(stream_records(scenarios["spec-reset"]["records"])).summary == \
             "LOSS(3) in 3/3 requests (3/3 running at pause)"
     # The negative control really preempted under memory pressure.
     assert any(r["num_preemptions"] for r in scenarios["pressure"]["records"])
@@ -163,7 +164,7 @@ def test_scheduler_tier_cells_in_the_matrix(tmp_path: Path) -> None:
     from harness.plan.matrix import Selection, plan_matrix
     from harness.run.context import RunContext
     from harness.run.execute import execute_plan
-    from harness.run.runner import RunConfig
+    from harness.run.spec import RunConfig
     from harness.verdicts.results import ResultsLog
 
     sel = Selection(versions=("0.21.0", "0.22.0"), modes=("keep",), tiers=("scheduler",), scenarios=FAMILY)

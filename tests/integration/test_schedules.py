@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, event, example, given, note, reject, setting
 from hypothesis import strategies as st
 
 from harness.core.oracle import Outcome, fit_losses, predicted_stream, preempted_at_keep_clear
+from harness.core.records import RequestRecord
 from harness.frontends.pytest_plugin import EnginePool
 from harness.plan.matrix import Cell
 
@@ -85,13 +86,13 @@ def _run(pool: EnginePool, version: str, plan: dict[str, Any], buggy: bool) -> l
     return list(res.requests)
 
 
-def _check(records: list[dict[str, Any]], buggy: bool) -> None:
-    n_losses = sum(len(preempted_at_keep_clear(r)) for r in records)
+def _check(records: list[RequestRecord], buggy: bool) -> None:
+    n_losses = sum(len(preempted_at_keep_clear(r.pauses)) for r in records)
     event(f"requests preempted at a keep+clear_cache pause: {'none' if not n_losses else 'some'}")
     event(f"pauses: {sorted({(p['mode'], p['clear_cache']) for r in records for p in r.get('pauses') or []})}")
     for r in records:
         assert r["error"] is None, r["error"]
-        points = preempted_at_keep_clear(r) if buggy else []
+        points = preempted_at_keep_clear(r.pauses) if buggy else []
         obs, n = r["observed"], r["max_tokens"]
         aborted = any(p.get("mode") == "abort" for p in r.get("pauses") or []) and r.get("finish_reason") == "abort"
         if aborted:

@@ -22,7 +22,8 @@ import pytest
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, default_cache_dir, ensure_env, index_config_from_env, package_for
 from harness.plan.matrix import Cell
-from harness.run.runner import RunConfig, run_engine
+from harness.run.runner import run_engine
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult
 
 pytestmark = pytest.mark.integration

@@ -9,6 +9,7 @@ from typing import Any
 from synthetic import request_record
 
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from harness.plan.matrix import Cell
 from harness.verdicts.results import CellResult, Results, infra_result, judged_result
 
@@ -57,7 +58,7 @@ def ran(version: str, async_on: bool = True, lose: int = 0, *, k: int = 1, first
         effective_async: bool | None = None, inject: Any = None) -> CellResult:
     cell = Cell(version, executor, async_on, mode, clear)
     recs = records(cell, lose, k, first)
-    return judged_result(cell, cell_verdict(recs), recs,
+    return judged_result(cell, cell_verdict(stream_records(recs)), stream_records(recs),
                          engine(cell, platform, device, effective_async, inject), duration_s=0.5)
 
 

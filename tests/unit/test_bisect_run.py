@@ -8,6 +8,7 @@ answers from a table version -> outcome; nothing starts an engine or builds an e
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,12 +22,13 @@ from synthetic import request_record
 from harness.bisect.probe import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
 from harness.bisect.search import ProbeRecord, Verdict
 from harness.core.errors import BadInput
-from harness.core.oracle import Outcome, cell_verdict
+from harness.core.oracle import CellVerdict, Outcome, cell_verdict
 from harness.core.pattern import DEFAULT_TEMPLATE, CellTemplate, parse_pattern
+from harness.core.streams import stream_records
 from harness.envbuild.envs import IndexConfig
 from harness.plan.matrix import EXECUTORS, MODES, Cell
 from harness.run.context import BackendReport, CellSink, EngineWork, RunContext
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, infra_result, judged_result
 
 pytestmark = pytest.mark.unit
@@ -78,8 +80,16 @@ def records(cell: Cell, fault: str = "ok", k: int = 1) -> list[dict[str, Any]]:
 
 
 def judged(cell: Cell, fault: str = "ok", k: int = 1) -> CellResult:
-    recs = records(cell, fault, k)
-    return judged_result(cell, cell_verdict(recs), recs, {"vllm_version": cell.version}, duration_s=0.5)
+    recs = stream_records(records(cell, fault, k))
+    return judged_result(cell, _verdict(cell.mode, cell.clear_cache, fault, k), recs, {"vllm_version": cell.version},
+                         duration_s=0.5)
+
+
+@functools.cache
+def _verdict(mode: str, clear_cache: bool, fault: str, k: int) -> CellVerdict:
+    # The records depend on the cell's mode and clear_cache only, and the oracle's verdict (frozen) on the records
+    # only: judged once per kind, not once per probe of every bisect Hypothesis plays.
+    return cell_verdict(stream_records(records(Cell("0.0.0", "mp", True, mode, clear_cache), fault, k)))
 
 
 CELL = Cell("0.21.0", "mp", True, "keep", True)
@@ -266,7 +276,7 @@ def test_verdict_request_error_is_skip_with_reason() -> None:
 def test_verdict_model_check_failure_is_skip() -> None:
     recs = records(CELL, "loss")
     recs[3]["reference_matches_model"] = False
-    cr = judged_result(CELL, cell_verdict(recs), recs, None, None)
+    cr = judged_result(CELL, cell_verdict(stream_records(recs)), stream_records(recs), None, None)
     pr = verdict_of(cr)
     assert pr.verdict is Verdict.SKIP
     assert "does not follow the bigram cycle" in pr.detail

@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
+from harness.core.streams import StreamRecord
 from harness.frontends.cli import main
+
+typed = StreamRecord.from_json  # the oracle judges typed request records
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start a process
 # (`python -m harness.frontends.cli`).
@@ -179,7 +182,7 @@ def test_inject_self_test_sets_the_exit_code(lost: bool, rc: int, tmp_path, monk
     ref = list(range(10, 40))
     obs = ref[:6] + ref[7:20] if lost else ref[:19]
     rec = request_record("r0", obs, ref, running=True, max_tokens=19)
-    judged = ({**rec, "verdict": classify_request(rec).to_dict()},)
+    judged = ({**rec, "verdict": classify_request(typed(rec)).to_dict()},)
 
     def outcome_for(cell):  # type: ignore[no-untyped-def]
         covered = cell.async_on and cell.clear_cache

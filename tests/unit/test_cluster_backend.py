@@ -25,19 +25,18 @@ from harness.plan.matrix import Cell, EngineKey
 from harness.run.cluster import (
     INSTALL_HINT,
     ClusterTarget,
-    EngineJob,
     _finish,
     _RayRun,
     connect_failure,
-    engine_environ_changes,
     import_ray,
     parse_cluster,
-    run_engine_job,
     task_resources,
     unplaceable_reason,
 )
 from harness.run.context import RunContext
-from harness.run.runner import RunConfig, group_alive
+from harness.run.process import group_alive
+from harness.run.ray_task import EngineJob, engine_environ_changes, run_engine_job
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start Python and shell processes.
@@ -154,7 +153,7 @@ def test_engine_environment_drops_what_ray_sets_for_its_worker() -> None:
 _FAKE_WORKER = textwrap.dedent("""
     import os, subprocess, sys
     from pathlib import Path
-    from harness.run.cluster import Reaper
+    from harness.run.ray_task import Reaper
     wd, register, engine_cwd = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
     reaper = Reaper(wd)
     env = {**os.environ, "VLLM_REPRO_CPU_ASYNC": "0"}

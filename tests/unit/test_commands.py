@@ -21,7 +21,7 @@ from harness.frontends.commands.report import parse_meta
 from harness.plan.matrix import Cell, Selection
 from harness.plan.platforms import choose_platform
 from harness.run.resume import RUN_FILE, run_record
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from test_records import check_round_trip
 
-from harness.verdicts.compare import compare
-from harness.verdicts.compare import markdown as compare_markdown
-from harness.verdicts.history import run_id_of
-from harness.verdicts.report import markdown
+from harness.verdicts.compare.pairs import compare
+from harness.verdicts.compare.render import markdown as compare_markdown
+from harness.verdicts.history.store import run_id_of
+from harness.verdicts.report.markdown import markdown
 from harness.verdicts.results import read_results
 
 pytestmark = pytest.mark.slow

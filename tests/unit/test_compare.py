@@ -10,8 +10,10 @@ from synthetic_runs import RUNNING, infra, ran, records, report
 
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from harness.plan.matrix import Cell
-from harness.verdicts.compare import ACROSS_TIERS_NOTE, compare, markdown, render_terminal, verdict_of
+from harness.verdicts.compare.pairs import compare, verdict_of
+from harness.verdicts.compare.render import ACROSS_TIERS_NOTE, markdown, render_terminal
 from harness.verdicts.known_bugs import annotate, load_known_bugs
 from harness.verdicts.results import CellResult, Results, judged_result
 
@@ -141,11 +143,13 @@ def test_compare_does_not_depend_on_history() -> None:
     import ast
     import inspect
 
-    import harness.verdicts.compare
+    import harness.verdicts.compare.pairs
+    import harness.verdicts.compare.render
 
-    tree = ast.parse(inspect.getsource(harness.verdicts.compare))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert "harness.verdicts.history" not in imported and "harness.core.outcomes" in imported
+    imported = {n.module for m in (harness.verdicts.compare.pairs, harness.verdicts.compare.render)
+                for n in ast.walk(ast.parse(inspect.getsource(m))) if isinstance(n, ast.ImportFrom)}
+    assert not any(m and m.startswith("harness.verdicts.history") for m in imported)
+    assert "harness.core.outcomes" in imported
 
 
 # --------------------------------------------------------------------------- across tiers
@@ -160,7 +164,7 @@ def sched(version: str, async_on: bool = True, lose: int = 0) -> CellResult:
     info = {"tier": "scheduler", "vllm_version": version, "torch_version": "2.13.0+cpu",
             "effective": {"async_scheduling": async_on, "executor_class": "AsyncScheduler" if async_on
                           else "Scheduler"}}
-    return judged_result(cell, cell_verdict(recs), recs, info, duration_s=0.1)
+    return judged_result(cell, cell_verdict(stream_records(recs)), stream_records(recs), info, duration_s=0.1)
 
 
 def annotated(*cells: CellResult) -> Results:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.core.axes import AXES, BY_NAME, EXECUTORS, MODEL_RUNNERS, MODES, SCENARIOS, TIERS
-from harness.core.cell import Cell, EngineKey, find_cell_id, parse_cell_id, parse_config_id
+from harness.core.axes import EXECUTORS, MODEL_RUNNERS, MODES, SCENARIOS, TIERS
+from harness.core.cell import AXES, BY_NAME, Cell, EngineKey, find_cell_id, parse_cell_id, parse_config_id
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.core.pattern import parse_pattern, pattern_from_mapping

@@ -28,7 +28,7 @@ from harness.frontends.commands.context import Context
 from harness.plan.matrix import Selection
 from harness.plan.platforms import choose_wheels, require_scheduler_tier
 from harness.run.resume import run_record
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 
 pytestmark = pytest.mark.unit
 

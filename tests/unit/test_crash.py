@@ -15,7 +15,8 @@ import pytest
 
 from harness.core.oracle import Outcome
 from harness.plan.matrix import Cell
-from harness.run.runner import scenario_result
+from harness.run.events import as_scenario_event
+from harness.run.scenario_results import scenario_result
 from repro import cell as repro_cell
 from repro import crash
 from repro.wire import check_event
@@ -188,7 +189,7 @@ def test_a_scenario_the_engine_core_died_under_is_its_crash(monkeypatch: pytest.
     (ev,) = events
     assert ev["status"] == "crash" and ev["vllm_frame"] == "vllm/v1/core/sched/async_scheduler.py:2:f1"
     assert isinstance(raised, RuntimeError) and "engine is dead" in str(raised)
-    res = scenario_result(Cell("0.32.0", "mp", True, "keep", True), ev, None)
+    res = scenario_result(Cell("0.32.0", "mp", True, "keep", True), as_scenario_event(ev), None)
     assert res.outcome is Outcome.CRASH and res.label == "CRASH"
     assert res.reason == ("the engine core died: AssertionError: assert request.num_output_placeholders >= 0 at "
                           "vllm/v1/core/sched/async_scheduler.py:2:f1")
@@ -204,7 +205,7 @@ def test_an_exception_in_the_scenario_is_the_crash_when_the_engine_core_died(mon
     # Without a crash report (the engine core was killed, or nothing died): ERROR as before.
     events, raised = _run_cell(monkeypatch, tmp_path / "b", dead, None)
     assert [e["status"] for e in events] == ["error"] and raised is not None
-    res = scenario_result(Cell("0.32.0", "mp", True, "keep", True), events[0], None)
+    res = scenario_result(Cell("0.32.0", "mp", True, "keep", True), as_scenario_event(events[0]), None)
     assert res.outcome is Outcome.ERROR
 
 
@@ -216,7 +217,8 @@ def test_a_dead_worker_stays_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path:
     events, _ = _run_cell(monkeypatch, tmp_path, dead, report)
     (ev,) = events
     assert ev["status"] == "error" and "a vLLM worker process died" in ev["reason"]
-    assert scenario_result(Cell("0.32.0", "mp", True, "keep", True), ev, None).outcome is Outcome.ERROR
+    cell = Cell("0.32.0", "mp", True, "keep", True)
+    assert scenario_result(cell, as_scenario_event(ev), None).outcome is Outcome.ERROR
 
 
 def test_a_scenario_that_ran_on_a_live_engine_is_judged(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

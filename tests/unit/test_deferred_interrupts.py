@@ -20,7 +20,7 @@ from harness.plan.matrix import Cell, EngineKey
 from harness.run.cluster import _collect, _RayRun, _shutdown
 from harness.run.context import RunContext
 from harness.run.deferred import DeferredInterrupts, call_bounded
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, infra_result
 
 pytestmark = pytest.mark.unit

@@ -1,5 +1,5 @@
 """Your model and engine settings: parsing and validation (harness.plan.engine_args), the one merge point into the
-spec (harness.run.runner.merge_engine_args), and that the engine is started with exactly the arguments given
+spec (harness.run.spec.merge_engine_args), and that the engine is started with exactly the arguments given
 (repro.engine.engine_kwargs) or says which ones vLLM rejected (repro.engine.rejected_engine_args)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from harness.core.errors import BadInput
 from harness.frontends.cli import main
 from harness.frontends.commands.context import run_config
-from harness.frontends.commands.matrix import matrix_axes
+from harness.frontends.commands.matrix import add_axis_options, matrix_axes
 from harness.plan.engine_args import (
     PRESETS,
     RLHF_SOURCE,
@@ -25,7 +25,7 @@ from harness.plan.engine_args import (
     read_engine_args_file,
 )
 from harness.plan.matrix import Cell, EngineKey
-from harness.run.runner import RunConfig, build_spec, merge_engine_args
+from harness.run.spec import RunConfig, build_spec, merge_engine_args
 from repro import engine as repro_engine
 from repro.model_kinds import LoadedModel, load_model
 from repro.realistic import SIZES
@@ -197,8 +197,9 @@ def test_run_config_carries_the_setup_and_the_presets_memory_unless_given(tmp_pa
 
 
 def test_the_presets_axes_are_matrix_defaults_the_user_can_override() -> None:
-    names = {"executor": None, "async_": None, "mode": None, "clear_cache": None, "tp": None, "scenario": None,
-             "model_runner": None, "batch_invariant": None, "tier": None}
+    p = argparse.ArgumentParser()
+    add_axis_options(p)  # every axis option, at its default (None)
+    names = vars(p.parse_args([]))
     preset = argparse.Namespace(**names, preset="rlhf-async-new-apis", model=None, engine_arg=[], engine_args=[])
     axes = matrix_axes(preset, "cuda")
     assert axes["executors"] == ("ray-v2",) and axes["batch_invariants"] == (True,)
@@ -235,7 +236,7 @@ def test_the_spec_carries_exactly_the_users_arguments_over_the_schedulers(tmp_pa
 @pytest.mark.parametrize("key", sorted(OWNED_ENGINE_ARGS))
 def test_the_wire_refuses_an_axis_in_the_extra_arguments(key: str) -> None:
     with pytest.raises(WireError, match=key):
-        EngineSpec("mp", True, extra={key: 1})
+        EngineSpec({"executor": "mp", "async_scheduling": True}, extra={key: 1})
 
 
 def _model(**defaults: Any) -> LoadedModel:
@@ -324,7 +325,7 @@ def test_model_kinds_resolve_in_the_engine(tmp_path: Path) -> None:
 
 
 def test_compare_warns_when_the_two_reports_ran_different_set_ups() -> None:
-    from harness.verdicts.compare import compare
+    from harness.verdicts.compare.pairs import compare
     from harness.verdicts.results import Results
 
     mine = Results((), {"model": {"kind": "qwen3-random", "label": "qwen3-random"},

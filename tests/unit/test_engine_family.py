@@ -19,11 +19,13 @@ import pytest
 from fake_engine import SP, Completion, Output
 
 import repro.scenarios.base as base
+import repro.scenarios.runs as runs
 from harness.core.cell import Cell, parse_cell_id
 from harness.core.oracle import Outcome, cell_verdict, classify_request
 from harness.core.scenarios import BY_SCENARIO
+from harness.core.streams import StreamRecord, stream_records
 from harness.plan.matrix import Selection, plan_matrix
-from harness.run.runner import RunConfig, scenario_entry
+from harness.run.spec import RunConfig, scenario_entry
 from harness.verdicts.known_bugs import expectation, load_known_bugs
 from repro.cell import run_scenario
 from repro.models import BigramCycleSpec, cycle_permutation, expected_continuation
@@ -31,6 +33,7 @@ from repro.scenarios import RUNNERS, SCENARIOS, abort_some, manual_reset, pauses
 from repro.scenarios.base import EngineContext, InflightSpec, ScenarioUnsupported
 
 pytestmark = pytest.mark.unit
+typed = StreamRecord.from_json  # the oracle judges typed request records
 
 VOCAB = 512
 FAMILY = ("reset-inflight", "manual-reset", "manual-reset-reload", "abort-some")
@@ -171,29 +174,29 @@ REF = list(range(100, 128))
 
 
 def test_a_request_reset_in_flight_must_equal_its_reference() -> None:
-    ok = classify_request(_rec(REF[:20], REF, [_op("reset", 8)]))
+    ok = classify_request(typed(_rec(REF[:20], REF, [_op("reset", 8)])))
     assert ok.outcome is Outcome.OK and ok.running_at_pause and ok.pause_index == 8
-    lost = classify_request(_rec(REF[:9] + REF[10:21], REF, [_op("reset", 8)]))
+    lost = classify_request(typed(_rec(REF[:9] + REF[10:21], REF, [_op("reset", 8)])))
     assert lost.verdict.label == "LOSS(1 at 9)" and lost.running_at_pause
-    dup = classify_request(_rec(REF[:9] + REF[8:19], REF, [_op("reset", 8)]))
+    dup = classify_request(typed(_rec(REF[:9] + REF[8:19], REF, [_op("reset", 8)])))
     assert dup.verdict.label == "DUPLICATE(1 at 9)"
-    short = classify_request(_rec(REF[:12], REF, [_op("reset", 8)], finish="abort"))
+    short = classify_request(typed(_rec(REF[:12], REF, [_op("reset", 8)], finish="abort")))
     assert short.outcome is Outcome.TRUNCATED, "a reset is no abort: a short stream is a fault"
 
 
 def test_aborted_requests_may_end_early_and_the_others_may_not() -> None:
-    aborted = classify_request(_rec(REF[:9], REF, [_op("abort", 8)], finish="abort"))
+    aborted = classify_request(typed(_rec(REF[:9], REF, [_op("abort", 8)], finish="abort")))
     assert aborted.outcome is Outcome.OK and aborted.running_at_pause
-    not_told = classify_request(_rec(REF[:9], REF, [_op("abort", 8)], finish="length"))
+    not_told = classify_request(typed(_rec(REF[:9], REF, [_op("abort", 8)], finish="length")))
     assert not_told.outcome is Outcome.TRUNCATED and "not 'abort'" in not_told.verdict.detail
-    wrong = classify_request(_rec([*REF[:8], 999], REF, [_op("abort", 8)], finish="abort"))
+    wrong = classify_request(typed(_rec([*REF[:8], 999], REF, [_op("abort", 8)], finish="abort")))
     assert wrong.outcome is Outcome.DIVERGED
-    survivor = classify_request(_rec(REF[:9], REF, [_op("abort", 8, target=False)], finish="abort"))
+    survivor = classify_request(typed(_rec(REF[:9], REF, [_op("abort", 8, target=False)], finish="abort")))
     assert survivor.outcome is Outcome.TRUNCATED, "a survivor must run to max_tokens"
-    newcomer = classify_request(_rec(REF[:20], REF, []))
+    newcomer = classify_request(typed(_rec(REF[:20], REF, [])))
     assert newcomer.outcome is Outcome.OK and not newcomer.running_at_pause
     # Records without the key (every pause scenario) judge as before.
-    assert classify_request(_rec(REF[:20], REF, None)).running_at_pause is False
+    assert classify_request(typed(_rec(REF[:20], REF, None))).running_at_pause is False
 
 
 # --------------------------------------------------------------------------- played on a fake engine
@@ -286,7 +289,7 @@ PERM = cycle_permutation(VOCAB, BigramCycleSpec().seed)
 def _play(llm: FakeLLM, scenario: str, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
           bigram: bool = True) -> dict[str, Any]:
     """``bigram=False``: the engine's model is another one (``--model``): its stream is not known in advance."""
-    monkeypatch.setattr(base, "_vllm_api", lambda: (_SP, "DELTA"))
+    monkeypatch.setattr(runs, "_vllm_api", lambda: (_SP, "DELTA"))
     ctx = EngineContext(model_spec=BigramCycleSpec(), model_dir=Path("/nonexistent"), perm=PERM if bigram else None,
                         model_cache=Path("/nonexistent"), work_dir=Path("/nonexistent"), tensor_parallel_size=1,
                         start_engine=lambda d: pytest.fail("no engine start expected"),
@@ -300,7 +303,7 @@ def test_reset_inflight_on_a_fake_engine(bug: str | None, label: str, monkeypatc
     llm = FakeLLM(PERM, reset_bug=bug)
     out = _play(llm, "reset_inflight", {"pause_after": 4, "reset_at": [], "long_prompt_len": 16}, monkeypatch)
     assert llm.calls == ["reset"], "no pause: the engine only resets"
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.label == label, verdict.summary
     for rec, rv in zip(out["records"], verdict.requests, strict=True):
         assert rec["reference"][:24] == expected_continuation(PERM, rec["prompt"][-1], 24)
@@ -317,7 +320,7 @@ def test_two_resets_in_flight(bug: str | None, monkeypatch: pytest.MonkeyPatch) 
     llm = FakeLLM(PERM, reset_bug=bug)
     out = _play(llm, "reset_inflight", {"pause_after": 4, "reset_at": [12], "long_prompt_len": 16}, monkeypatch)
     assert llm.calls == ["reset", "reset"]
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     # Two faults per stream: a token fault whatever label the oracle gives a stream with two of them.
     assert verdict.outcome.is_token_fault if bug else verdict.outcome is Outcome.OK, verdict.summary
     for rec in out["records"]:
@@ -331,7 +334,7 @@ def test_manual_reset_on_a_fake_engine(bug: str | None, label: str, monkeypatch:
     llm = FakeLLM(PERM, reset_bug=bug)
     out = _play(llm, "manual_reset", {"clear_cache": False}, monkeypatch)
     assert llm.calls == ["pause", "reset", "resume"]
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.label == label, verdict.summary
     if bug:
         assert verdict.summary == "LOSS(1) in 8/10 requests (8/8 running at pause)"
@@ -351,7 +354,7 @@ def test_abort_some_on_a_fake_engine(abort_bug: bool, label: str, monkeypatch: p
     llm = FakeLLM(PERM, abort_bug=abort_bug)
     out = _play(llm, "abort_some", {}, monkeypatch)
     assert llm.calls == ["abort"]
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.label == label, verdict.summary
     by_rid = {r["rid"]: r for r in out["records"]}
     aborted = {f"abort_some-r{i:02d}" for i in (1, 3, 5, 7)}
@@ -376,11 +379,11 @@ def test_no_running_request_reset_is_unsupported_before_any_request(monkeypatch:
 
 
 def test_reports_show_no_mode_for_a_scenario_that_does_not_pause() -> None:
-    from harness.verdicts.report import markdown
+    from harness.verdicts.report.markdown import markdown
     from harness.verdicts.results import Results, judged_result
 
-    rec = {**_rec(REF[:20], REF, [_op("reset", 8)]), "rid": "reset_inflight-r00"}
-    cells = tuple(judged_result(Cell("0.21.0", "mp", True, scenario=name), cell_verdict([rec]), [rec], None, 1.0)
+    recs = stream_records([{**_rec(REF[:20], REF, [_op("reset", 8)]), "rid": "reset_inflight-r00"}])
+    cells = tuple(judged_result(Cell("0.21.0", "mp", True, scenario=name), cell_verdict(recs), recs, None, 1.0)
                   for name in ("reset-inflight", "pause"))
     text = markdown(Results(cells, {"platform": "cpu"}))
     assert "| `vllm0.21.0-mp-async_on-reset_inflight` | 0.21.0 | mp | on | - | - | OK |" in text
@@ -401,5 +404,5 @@ def test_another_model_gets_a_second_reference_batched_as_the_run(scenario: str,
     for rec in out["records"]:
         assert "reference_matches_model" not in rec
         assert rec["reference_repeat"] == rec["reference"] and len(rec["reference"]) == 24 + base.REFERENCE_MARGIN
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.label == label and not any(r.reference_split is not None for r in verdict.requests)

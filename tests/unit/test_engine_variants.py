@@ -13,8 +13,9 @@ import pytest
 
 from harness.core.oracle import Outcome
 from harness.plan.matrix import Cell, EngineKey, Selection, plan_matrix, unsupported_reason
-from harness.run.runner import RunConfig, engine_env, engine_spec
-from harness.verdicts.history import HistoryCell
+from harness.run.process import engine_env
+from harness.run.spec import RunConfig, engine_spec
+from harness.verdicts.history.store import HistoryCell
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import workaround_verdicts
 from repro.cell import effective_settings, refused_setting, runner_generation
@@ -75,7 +76,7 @@ def test_engine_env_sets_both_variables_explicitly(tmp_path: Path, monkeypatch: 
     env = engine_env(EngineKey("0.22.0", "mp", True, 1, "v2", True), cfg, tmp_path)
     assert (env["VLLM_USE_V2_MODEL_RUNNER"], env["VLLM_BATCH_INVARIANT"]) == ("1", "1")
     spec = engine_spec(EngineKey("0.22.0", "mp", True, 1, "v2", True), (), cfg)
-    assert (spec["engine"]["model_runner"], spec["engine"]["batch_invariant"]) == ("v2", True)
+    assert (spec["engine"]["axes"]["model_runner"], spec["engine"]["axes"]["batch_invariant"]) == ("v2", True)
 
 
 def test_runner_generation() -> None:
@@ -150,7 +151,7 @@ def test_workaround_verdict_pairs_within_one_runner() -> None:
 
 
 def test_history_rows_sort_by_engine_config_then_scenario() -> None:
-    from harness.verdicts.history import Row, _row_key
+    from harness.verdicts.history.view import Row, _row_key
 
     def config(**kw: object) -> str:
         return Cell("0.21.0", "mp", True, "keep", True, **kw).config_id  # type: ignore[arg-type]

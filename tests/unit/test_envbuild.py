@@ -18,7 +18,7 @@ import harness.envbuild.envs as envs
 import harness.envbuild.index as index_mod
 import harness.envbuild.uv as uv_mod
 from harness.bisect.commits import Commit, commit_recipe
-from harness.bundle.wheelhouse import WheelhouseError
+from harness.bundle.manifest import WheelhouseError
 from harness.core.errors import EnvBuildError
 from harness.envbuild.base import BuildResult, BuildStep, build_env
 from harness.envbuild.cache import STATUS_FILE, build_log, env_dir

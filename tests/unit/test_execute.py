@@ -12,7 +12,7 @@ from harness.envbuild.envs import IndexConfig
 from harness.plan.matrix import Cell, plan_cells
 from harness.run.context import BackendReport, CellSink, EngineWork, Progress, RunContext
 from harness.run.execute import execute_plan
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import ResultsLog, infra_result, read_results
 
 pytestmark = pytest.mark.unit

@@ -7,12 +7,14 @@ from synthetic import request_record
 
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
+from harness.core.streams import StreamRecord
 from harness.plan.faults import annotate_injected, bugs_with_injection, parse_inject, sensitivity_failures
 from harness.plan.matrix import Cell
 from harness.verdicts.known_bugs import load_known_bugs
 from harness.verdicts.results import CellResult, Results
 
 pytestmark = pytest.mark.unit
+typed = StreamRecord.from_json  # the oracle judges typed request records
 
 REF = list(range(10, 40))
 
@@ -41,7 +43,7 @@ def _judged(running: bool, lost: bool) -> dict:
 
     obs = REF[:6] + REF[7:20] if lost else REF[:19]
     rec = request_record("r0", obs, REF, running=running, max_tokens=19)
-    return {**rec, "verdict": classify_request(rec).to_dict()}
+    return {**rec, "verdict": classify_request(typed(rec)).to_dict()}
 
 
 def _results(*cells: CellResult, inject: list[str]) -> Results:

@@ -15,6 +15,7 @@ from synthetic import request_record
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.pattern import parse_pattern
+from harness.core.streams import stream_records
 from harness.plan.matrix import EXECUTORS, MODES, Cell
 from harness.verdicts.known_bugs import Expectation, KnownBug, Rule, check, expectation, load_known_bugs
 from harness.verdicts.results import CellResult, infra_result, judged_result
@@ -56,7 +57,7 @@ def _records(c: Cell, lose: dict[int, int]) -> list[dict[str, Any]]:
 
 def ran(c: Cell, lose: dict[int, int] | None = None) -> CellResult:
     recs = _records(c, lose or {})
-    return judged_result(c, cell_verdict(recs), recs, None, 1.0)
+    return judged_result(c, cell_verdict(stream_records(recs)), stream_records(recs), None, 1.0)
 
 
 ALL_RUNNING_LOSE_1 = dict.fromkeys(range(RUNNING), 1)
@@ -333,7 +334,7 @@ def _two_pause_record(rid: str, lose_at: tuple[int, ...], *, dup_at: int | None 
 
 
 def _two_pauses(records: list[dict[str, Any]]) -> CellResult:
-    return judged_result(cell("0.21.0"), cell_verdict(records), records, None, 1.0)
+    return judged_result(cell("0.21.0"), cell_verdict(stream_records(records)), stream_records(records), None, 1.0)
 
 
 def test_one_loss_per_pause_is_as_expected(bugs: tuple[KnownBug, ...]) -> None:

@@ -8,9 +8,11 @@ import pytest
 from rich.console import Console
 
 from harness.core.oracle import Outcome
+from harness.core.records import EngineInfo
 from harness.frontends.commands.live import LiveBoard
 from harness.plan.matrix import Cell, Selection, plan_matrix
 from harness.run.context import Progress
+from harness.run.events import EngineEvent
 from harness.verdicts.results import CellResult, infra_result
 
 pytestmark = pytest.mark.unit
@@ -30,7 +32,7 @@ def test_board_folds_unsupported_cells_and_counts_what_ran() -> None:
         board(Progress("cell", "", cell.engine, infra_result(cell, Outcome.UNSUPPORTED, why)))
     key, cells = plan.engines[1]
     board(Progress("engine-start", f"engine {key.id}", key))
-    board(Progress("event", "engine", key, event={"event": "engine"}))
+    board(Progress("event", "engine", key, event=EngineEvent(EngineInfo({}))))
     board(Progress("cell", "", key, CellResult(cells[0], Outcome.LOSS, "LOSS(1)", label="LOSS(1)")))
     text = _render(board)
     # 12 unsupported cells of three executors: two reasons, one line each, not twelve lines.

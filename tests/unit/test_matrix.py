@@ -289,7 +289,7 @@ def test_the_default_scenarios_per_platform() -> None:
     # Issue 14: on cpu the default run plays every scenario vLLM's CPU platform runs: the default profile's
     # (seconds each, no engine start) plus preempt and chunked (an engine each per config); sleep and spec-ngram,
     # which vLLM refuses or cannot start there, only with --scenario all.  On cuda: the default profile's only.
-    from harness.core.axes import BY_NAME
+    from harness.core.cell import BY_NAME
     from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS
     from harness.plan.matrix import parse_option
 

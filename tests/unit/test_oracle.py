@@ -29,9 +29,11 @@ from harness.core.oracle import (
     fit_losses,
     preempted_at_keep_clear,
 )
+from harness.core.streams import StreamRecord, stream_records
 from repro.models import cycle_permutation, expected_continuation
 
 pytestmark = pytest.mark.unit
+typed = StreamRecord.from_json  # the oracle judges typed request records
 
 OUT_OF_REFERENCE = 10_000  # every reference token is < 1000
 
@@ -342,7 +344,7 @@ def test_frozen_keep_request_losing_its_pause_token(n: int, data: st.DataObject)
     i = data.draw(st.integers(0, n - 2), label="i")
     rec = lossy_keep_record("r0", n, i)
     ref = rec["reference"]
-    rv = classify_request(rec)
+    rv = classify_request(typed(rec))
     assert rv.verdict.label == f"LOSS(1 at {i})"
     assert rv.running_at_pause is True
     assert rv.pause_index == i
@@ -354,7 +356,7 @@ def test_frozen_keep_request_losing_its_pause_token(n: int, data: st.DataObject)
 def test_frozen_keep_request_losing_its_last_token_is_diverged_with_an_exact_reference() -> None:
     """Limitation pinned: with the reference exactly max_tokens long, losing the LAST token is DIVERGED."""
     n = 10
-    rv = classify_request(lossy_keep_record("r0", n, n - 1))
+    rv = classify_request(typed(lossy_keep_record("r0", n, n - 1)))
     assert rv.verdict.label == f"DIVERGED(at {n - 1})"
 
 
@@ -362,7 +364,7 @@ def test_frozen_keep_request_losing_its_last_token_is_diverged_with_an_exact_ref
 def test_intact_frozen_keep_request_is_ok(n: int, data: st.DataObject) -> None:
     i = data.draw(st.integers(0, n - 1), label="i")
     ref = walk(n)
-    rv = classify_request(record("r1", list(ref), ref, pauses=[pause(i)]))
+    rv = classify_request(typed(record("r1", list(ref), ref, pauses=[pause(i)])))
     assert rv.outcome is Outcome.OK
     assert rv.first_post_resume == {"index": i, "expected": ref[i], "observed": ref[i]}
 
@@ -372,7 +374,7 @@ def test_aborted_request_with_prefix_is_ok(n: int, data: st.DataObject) -> None:
     m = data.draw(st.integers(0, n - 1), label="m")
     ref = walk(n)
     rec = record("a0", ref[:m], ref, pauses=[pause(m, mode="abort", frozen=False)], finish_reason="abort")
-    rv = classify_request(rec)
+    rv = classify_request(typed(rec))
     assert rv.verdict == StreamVerdict(Outcome.OK)
     assert rv.running_at_pause is True
     assert rv.pause_index == m
@@ -382,7 +384,7 @@ def test_aborted_request_with_prefix_is_ok(n: int, data: st.DataObject) -> None:
 def test_aborted_request_that_did_not_finish_as_abort_is_truncated() -> None:
     ref = walk(16)
     rec = record("a1", ref[:6], ref, pauses=[pause(6, mode="abort", frozen=False)], finish_reason="stop")
-    v = classify_request(rec).verdict
+    v = classify_request(typed(rec)).verdict
     assert (v.outcome, v.at) == (Outcome.TRUNCATED, 6)
     assert "'stop'" in v.detail
 
@@ -396,12 +398,12 @@ def test_aborted_request_that_lost_a_token_is_still_loss() -> None:
         pauses=[pause(4, mode="abort", frozen=False)],
         finish_reason="abort",
     )
-    assert classify_request(rec).verdict.label == "LOSS(1 at 4)"
+    assert classify_request(typed(rec)).verdict.label == "LOSS(1 at 4)"
 
 
 def test_request_with_error_is_error() -> None:
     ref = walk(16)
-    rv = classify_request(record("e0", ref[:3], ref, error="EngineDeadError: boom", finish_reason=None))
+    rv = classify_request(typed(record("e0", ref[:3], ref, error="EngineDeadError: boom", finish_reason=None)))
     assert rv.outcome is Outcome.ERROR
     assert rv.verdict.label == "ERROR"
     assert rv.verdict.detail == "EngineDeadError: boom"
@@ -409,21 +411,21 @@ def test_request_with_error_is_error() -> None:
 
 def test_request_submitted_during_pause_is_judged_from_token_0() -> None:
     ref = walk(16)
-    rv = classify_request(record("d0", list(ref), ref, submit=["during", 0]))
+    rv = classify_request(typed(record("d0", list(ref), ref, submit=["during", 0])))
     assert rv.outcome is Outcome.OK
     assert rv.running_at_pause is False
     assert rv.pause_index is None
     assert rv.first_post_resume == {"index": 0, "expected": ref[0], "observed": ref[0]}
     # If it loses its first token, the post-resume token shows it.
     full = walk(17)
-    rv = classify_request(record("d1", full[1:17], full[:16], submit=["during", 0]))
+    rv = classify_request(typed(record("d1", full[1:17], full[:16], submit=["during", 0])))
     assert rv.verdict.label == "LOSS(1 at 0)"
     assert rv.first_post_resume == {"index": 0, "expected": full[0], "observed": full[1]}
 
 
 def test_request_from_start_without_pause_has_no_post_resume_token() -> None:
     ref = walk(8)
-    rv = classify_request(record("s0", list(ref), ref))
+    rv = classify_request(typed(record("s0", list(ref), ref)))
     assert (rv.outcome, rv.running_at_pause, rv.pause_index, rv.first_post_resume) == (
         Outcome.OK,
         False,
@@ -440,7 +442,7 @@ def test_keep_cell_with_8_lossy_running_requests_and_2_late_ok_requests() -> Non
     running = [lossy_keep_record(f"r{j}", n, 4) for j in range(8)]
     ref = walk(n)
     late = [record(f"late{j}", list(ref), ref, submit=["during", 0]) for j in range(2)]
-    cv = cell_verdict(running + late)
+    cv = cell_verdict(stream_records(running + late))
     assert cv.outcome is Outcome.LOSS
     assert cv.summary == "LOSS(1) in 8/10 requests (8/8 running at pause)"
     assert cv.counts == {"LOSS(1)": 8, "OK": 2}
@@ -450,12 +452,12 @@ def test_keep_cell_with_8_lossy_running_requests_and_2_late_ok_requests() -> Non
 
 def test_all_ok_cell() -> None:
     ref = walk(8)
-    cv = cell_verdict([record(f"r{j}", list(ref), ref, pauses=[pause(3)]) for j in range(3)])
+    cv = cell_verdict(stream_records([record(f"r{j}", list(ref), ref, pauses=[pause(3)]) for j in range(3)]))
     assert (cv.outcome, cv.summary, cv.counts) == (Outcome.OK, "OK 3/3", {"OK": 3})
 
 
 def test_cell_without_requests_is_error() -> None:
-    cv = cell_verdict([])
+    cv = cell_verdict(stream_records([]))
     assert cv.outcome is Outcome.ERROR
     assert cv.reason
 
@@ -464,11 +466,11 @@ def test_failed_model_check_makes_the_cell_error() -> None:
     ref = walk(8)
     good = record("r0", list(ref), ref, reference_matches_model=True)
     bad = record("r1", list(ref), ref, reference_matches_model=False)
-    cv = cell_verdict([good, bad])
+    cv = cell_verdict(stream_records([good, bad]))
     assert cv.outcome is Outcome.ERROR
     assert cv.summary == "model check failed"
     assert cv.reason is not None and "r1" in cv.reason
-    assert cell_verdict([good]).outcome is Outcome.OK
+    assert cell_verdict(stream_records([good])).outcome is Outcome.OK
 
 
 KINDS = ("ok", "truncated", "duplicate", "loss", "diverged", "error")
@@ -506,7 +508,7 @@ def synthetic(rid: str, kind: str, running: bool, n: int = 12, i: int = 4) -> di
 @given(st.lists(st.tuples(st.sampled_from(KINDS), st.booleans()), min_size=1, max_size=12))
 def test_cell_takes_the_worst_request_outcome(kinds: list[tuple[str, bool]]) -> None:
     records = [synthetic(f"r{j}", kind, running) for j, (kind, running) in enumerate(kinds)]
-    cv = cell_verdict(records)
+    cv = cell_verdict(stream_records(records))
     expected = [KIND_OUTCOME[kind] for kind, _ in kinds]
     worst = max(expected, key=lambda o: o.rank)
     assert [r.outcome for r in cv.requests] == expected
@@ -534,7 +536,7 @@ def test_summary_count_agrees_with_its_label_when_losses_differ_in_size() -> Non
     one = lossy_keep_record("r0", n, 4)
     full = walk(n + 2)
     two = record("r1", full[:4] + full[6 : n + 2], full[:n], pauses=[pause(4)])
-    cv = cell_verdict([one, two])
+    cv = cell_verdict(stream_records([one, two]))
     assert [r.verdict.label for r in cv.requests] == ["LOSS(1 at 4)", "LOSS(2 at 4)"]
     assert cv.counts == {"LOSS(1)": 1, "LOSS(2)": 1}
     # Every distinct size is named, so the count matches the label.
@@ -629,12 +631,12 @@ def test_the_plan_of_issue_14_reads_one_loss_per_pause() -> None:
     full = walk(48 + 8)
     obs = full[:6] + full[7:19] + full[20:50]
     rec = record("r0", obs, full[:56], max_tokens=48, pauses=[pause(6), pause(18)])
-    rv = classify_request(rec)
+    rv = classify_request(typed(rec))
     assert rv.verdict.label == "LOSS(1 at 6; 1 at 18)"
     assert rv.to_dict()["events"] == [{"kind": "LOSS", "k": 1, "at": 6}, {"kind": "LOSS", "k": 1, "at": 18}]
     assert (rv.to_dict()["at"], rv.to_dict()["k"]) == (6, None)
-    assert fit_losses(rec["reference"], obs, 48, preempted_at_keep_clear(rec)) is None  # no preemption counts
-    cv = cell_verdict([rec, record("late", full[:48], full[:56], max_tokens=48, submit=["during", 1])])
+    assert fit_losses(rec["reference"], obs, 48, preempted_at_keep_clear(typed(rec).pauses)) is None  # no counts
+    cv = cell_verdict(stream_records([rec, record("late", full[:48], full[:56], max_tokens=48, submit=["during", 1])]))
     assert cv.summary == "LOSS(1; 1) in 1/2 requests (1/1 running at pause)"
     assert cv.counts == {"LOSS(1; 1)": 1, "OK": 1}
 
@@ -643,6 +645,6 @@ def test_cell_label_names_each_shape_when_requests_differ() -> None:
     full = walk(48 + 8)
     two = record("r0", full[:6] + full[7:19] + full[20:50], full[:56], max_tokens=48, pauses=[pause(6), pause(18)])
     one = record("r1", full[:6] + full[7:49], full[:56], max_tokens=48, pauses=[pause(6)])
-    cv = cell_verdict([two, one])
+    cv = cell_verdict(stream_records([two, one]))
     assert (cv.outcome, cv.label) == (Outcome.LOSS, "LOSS(1) | LOSS(1; 1)")
     assert cv.summary == "LOSS(1) | LOSS(1; 1) in 2/2 requests (2/2 running at pause)"

@@ -97,7 +97,7 @@ def test_no_block_left_is_one_error(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_the_weight_sync_trainer_port_is_the_top_free_one_of_the_engines_block(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from repro.scenarios.rlhf_weight_sync import _free_port
+    from repro.scenarios.weight_transfer import _free_port
 
     lease = lease_ports(tmp_path)
     try:

@@ -16,11 +16,14 @@ from typing import Any
 import pytest
 from fake_engine import SP, FakeLLM
 
-import repro.scenarios.base as base
+import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.scenarios import BY_SCENARIO, PROFILES
+from harness.core.streams import stream_records
 from harness.plan.matrix import Cell, plan_cells
-from harness.run.runner import RunConfig, build_spec, scenario_spec, with_precondition
+from harness.run.events import Precondition
+from harness.run.scenario_results import with_precondition
+from harness.run.spec import RunConfig, build_spec, scenario_spec
 from harness.verdicts.results import judged_result
 from repro import counters
 from repro.cell import refused_setting
@@ -103,11 +106,12 @@ def test_harness_parameters_are_what_the_engine_side_accepts(name: str, tmp_path
 def test_precondition_rule_unmet_ok_is_unsupported_but_a_fault_stays_a_fault() -> None:
     cell = replace(Cell("0.21.0", "mp", True), scenario="preempt")
     ref = expected_continuation(PERM, 5, 12)
-    ok = [{"rid": "r0", "submit": "start", "prompt": [5], "max_tokens": 4, "observed": ref[:4], "reference": ref,
-           "finish_reason": "length", "error": None, "pauses": []}]
-    lost = [{**ok[0], "observed": [ref[0], ref[2], ref[3], ref[4]]}]
-    met = preempt.preemption_precondition({"r0": 2}, {"num_gpu_blocks": 8})
-    unmet = preempt.preemption_precondition({"r0": 0}, {"num_gpu_blocks": 8})
+    ok_json = {"rid": "r0", "submit": "start", "prompt": [5], "max_tokens": 4, "observed": ref[:4], "reference": ref,
+               "finish_reason": "length", "error": None, "pauses": []}
+    ok = stream_records([ok_json])
+    lost = stream_records([{**ok_json, "observed": [ref[0], ref[2], ref[3], ref[4]]}])
+    met = Precondition.from_json(preempt.preemption_precondition({"r0": 2}, {"num_gpu_blocks": 8}))
+    unmet = Precondition.from_json(preempt.preemption_precondition({"r0": 0}, {"num_gpu_blocks": 8}))
     res = with_precondition(judged_result(cell, cell_verdict(ok), ok, None, 1.0), met)
     assert res.outcome is Outcome.OK and res.summary == "OK 1/1; 2 preemption(s) in 1/1 requests"
     res = with_precondition(judged_result(cell, cell_verdict(ok), ok, None, 1.0), unmet)
@@ -308,7 +312,7 @@ def _ctx(model: dict[str, Any], tmp_path: Path) -> EngineContext:
 
 def _play(name: str, llm: FakeLLM, model: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
           **params: Any) -> dict[str, Any]:
-    monkeypatch.setattr(base, "_vllm_api", lambda: (SP, "DELTA"))
+    monkeypatch.setattr(runs, "_vllm_api", lambda: (SP, "DELTA"))
     sc = {"id": name, "scenario": name, "params": {"max_tokens": 16, **params}, "seed": 7}
     return asyncio.run(RUNNERS[name](llm, sc, _ctx(model, tmp_path), 30))
 
@@ -323,7 +327,7 @@ def test_preempt_ok_when_preempted_requests_resume_exactly(model: dict[str, Any]
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     out = _play("preempt", FakeLLM(model["perm"], on_step=_crowded), model, tmp_path, monkeypatch)
     assert out["precondition"]["met"] and out["precondition"]["evidence"]["preemptions"] == 8
-    v = cell_verdict(out["records"])
+    v = cell_verdict(stream_records(out["records"]))
     assert v.outcome is Outcome.OK and all(r["preemptions"] == 1 for r in out["records"])
     assert all(len(r["reference"]) == 16 + REFERENCE_MARGIN and r["reference_matches_model"] for r in out["records"])
     assert [e["event"] for e in out["events"][-2:]] == ["solo_control", "preemptions"]
@@ -336,7 +340,7 @@ def test_preempt_duplicate_after_preemption_is_a_finding(model: dict[str, Any], 
         return [tok, tok] if i == 10 and "-solo-" not in rid else [tok]
 
     llm = FakeLLM(model["perm"], on_step=_crowded, tamper=stale_twice)
-    v = cell_verdict(_play("preempt", llm, model, tmp_path, monkeypatch)["records"])
+    v = cell_verdict(stream_records(_play("preempt", llm, model, tmp_path, monkeypatch)["records"]))
     assert v.outcome is Outcome.DUPLICATE and v.label == "DUPLICATE(1)" and v.summary.startswith("DUPLICATE(1) in 8/8")
 
 
@@ -344,7 +348,7 @@ def test_preempt_without_pressure_states_the_unmet_precondition(model: dict[str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     out = _play("preempt", FakeLLM(model["perm"]), model, tmp_path, monkeypatch)
     assert not out["precondition"]["met"] and "no request was preempted" in out["precondition"]["what"]
-    assert cell_verdict(out["records"]).outcome is Outcome.OK  # the harness makes it UNSUPPORTED
+    assert cell_verdict(stream_records(out["records"])).outcome is Outcome.OK  # the harness makes it UNSUPPORTED
 
 
 def test_a_control_run_that_is_preempted_is_no_reference(model: dict[str, Any], tmp_path: Path,
@@ -375,7 +379,7 @@ def test_chunked_submits_the_second_wave_once_the_first_decodes(model: dict[str,
     out = _play("chunked", FakeLLM(model["perm"], on_step=chunks), model, tmp_path, monkeypatch)
     (wave,) = [e for e in out["events"] if e["event"] == "submit_wave"]
     assert wave["after_tokens"] == 8 and len(wave["requests"]) == 8
-    assert out["precondition"]["met"] and cell_verdict(out["records"]).outcome is Outcome.OK
+    assert out["precondition"]["met"] and cell_verdict(stream_records(out["records"])).outcome is Outcome.OK
     assert all(r["prefill_chunks"] == 3 for r in out["records"])
     # The second wave starts only once every first-wave request holds 8 tokens.
     firsts = [r for r in out["records"] if r["submit"] == "start"]
@@ -400,7 +404,7 @@ def test_spec_ngram_pause_loss_after_the_keep_clear_pause_is_a_finding(model: di
     llm = FakeLLM(model["perm"], on_step=drafts, tamper=drop_after_resume)
     out = _play("spec_ngram_pause", llm, model, tmp_path, monkeypatch, mode="keep", clear_cache=True, pause_after=8)
     assert "pause(keep,True)" in llm.calls and out["precondition"]["met"]
-    v = cell_verdict(out["records"])
+    v = cell_verdict(stream_records(out["records"]))
     assert v.outcome is Outcome.LOSS and v.label == "LOSS(1)"
     assert v.summary == "LOSS(1) in 8/10 requests (8/8 running at pause)"
 
@@ -419,7 +423,7 @@ def test_sleep_sleeps_wakes_and_reloads_in_order(model: dict[str, Any], tmp_path
     sleeps = [c for c in llm.calls if c.startswith(("sleep", "wake_up", "reload"))]
     assert sleeps == ["sleep(1,keep)", "wake_up(None)", "sleep(2,abort)", "wake_up(['weights'])", "reload_weights",
                       "wake_up(['kv_cache'])"]
-    v = cell_verdict(out["records"])
+    v = cell_verdict(stream_records(out["records"]))
     assert v.outcome is Outcome.OK, v.summary
     aborted = [r for r in out["records"] if r["finish_reason"] == "abort"]
     assert aborted and all(r["submit"] != ["after", 1] for r in aborted)
@@ -505,7 +509,7 @@ def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, t
     mod.AsyncEngineArgs = AsyncEngineArgs  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", mod)
     extra = {"speculative_config": {"method": "ngram_gpu"}}
-    spec = Spec("e", EngineSpec("mp", True, extra=extra), {}, str(tmp_path), 60.0, ())
+    spec = Spec("e", EngineSpec({"executor": "mp", "async_scheduling": True}, extra=extra), {}, str(tmp_path), 60.0, ())
     from repro.model_kinds import LoadedModel
 
     args = engine._engine_args(spec, LoadedModel("bigram-cycle", str(tmp_path)))
@@ -521,14 +525,16 @@ def test_progress_says_a_refused_engine_did_not_start() -> None:
 
     from harness.frontends.commands.matrix import MatrixProgress
     from harness.run.context import Progress
+    from harness.run.events import parse_event
 
     out = io.StringIO()
     show = MatrixProgress(Console(file=out, width=200), 1, 0)
-    show(Progress("event", "", event={"event": "engine", "vllm_version": "0.32.0", "torch_version": "2.13.0",
-                                      "started": False, "effective": None, "startup_s": None}))
-    show(Progress("event", "", event={"event": "engine", "vllm_version": "0.32.0", "torch_version": "2.13.0",
-                                      "startup_s": 31.5, "effective": {"executor_class": "MultiprocExecutor",
-                                                                       "async_scheduling": True}}))
+    show(Progress("event", "", event=parse_event({"event": "engine", "vllm_version": "0.32.0", "probe": None,
+                                                  "torch_version": "2.13.0", "started": False, "effective": None,
+                                                  "startup_s": None})))
+    show(Progress("event", "", event=parse_event({
+        "event": "engine", "vllm_version": "0.32.0", "torch_version": "2.13.0", "probe": None, "startup_s": 31.5,
+        "effective": {"executor_class": "MultiprocExecutor", "async_scheduling": True}})))
     assert out.getvalue().splitlines() == [
         "  engine not started: vLLM 0.32.0, torch 2.13.0",
         "  engine up in 31.5s: vLLM 0.32.0, torch 2.13.0, executor MultiprocExecutor, effective async True"]

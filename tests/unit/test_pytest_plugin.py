@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 import harness.envbuild.from_wheelhouse as whb
 import harness.frontends.pytest_plugin as plugin
-from harness.bundle.wheelhouse import MANIFEST, SCHEMA_VERSION
+from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION
 from harness.core.oracle import Outcome
 from harness.core.scenarios import DEFAULT_SCENARIOS, SCENARIOS
 from harness.envbuild.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory
 from harness.frontends.commands.options import add_wheelhouse_options
-from harness.frontends.pytest_plugin import RECIPES, engine_scope
+from harness.frontends.pytest_plugin import RECIPES, engine_scope, plugin_axes
 from harness.plan.matrix import EXECUTORS, MODES, Cell
 from harness.run.gpus import GpuLeaseError, hold_startup
 from harness.run.session import EngineSession
@@ -63,7 +63,8 @@ class _Config:
     def __init__(self, tmp_path: Path, platform: str = "cpu", **options: Any) -> None:
         self.options = {"repro_platform": platform, "known_bugs": None, "repro_reports": tmp_path / "reports",
                         "wheelhouse": None, "base_python": None, "retry_infra": 0, "vllm_model": None,
-                        "vllm_engine_arg": [], "vllm_engine_args": [], "vllm_preset": None, **options}
+                        "vllm_engine_arg": [], "vllm_engine_args": [], "vllm_preset": None,
+                        **{a.pytest_dest: None for a in plugin_axes()}, **options}
         self.stash = {RECIPES: recipe_factory(platform, "3.11")}
 
     def getoption(self, name: str) -> Any:
@@ -310,7 +311,7 @@ def test_pool_retries_a_dead_engine_on_a_fresh_one(tmp_path: Path) -> None:
 
 
 def test_scenarios_option_selects_the_post_resume_cells(tmp_path: Path) -> None:
-    opts = {"vllm_versions": "0.21.0", "executors": "mp"}
+    opts = {"vllm_versions": "0.21.0", "repro_executors": "mp"}
     default = plugin.matrix_cells(_Config(tmp_path, repro_scenarios=None, **opts))  # type: ignore[arg-type]
     every = plugin.matrix_cells(_Config(tmp_path, repro_scenarios="all", **opts))  # type: ignore[arg-type]
     some = plugin.matrix_cells(_Config(tmp_path, repro_scenarios="pause,weight-sync", **opts))  # type: ignore[arg-type]

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from synthetic_runs import RUNNING, infra, ran, report
 
-from harness.core.axes import BY_NAME
-from harness.core.cell import Cell
+from harness.core.cell import BY_NAME, Cell
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import Outcome
 from harness.core.records import (
@@ -35,10 +34,10 @@ from harness.core.records import (
     legacy_label,
     migrate_cell,
 )
-from harness.verdicts.compare import compare
-from harness.verdicts.compare import markdown as compare_markdown
-from harness.verdicts.history import run_id_of
-from harness.verdicts.report import markdown
+from harness.verdicts.compare.pairs import compare
+from harness.verdicts.compare.render import markdown as compare_markdown
+from harness.verdicts.history.store import run_id_of
+from harness.verdicts.report.markdown import markdown
 from harness.verdicts.results import Results, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit

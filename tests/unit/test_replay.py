@@ -14,8 +14,8 @@ from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
 from harness.run.context import RunContext
 from harness.run.replay import replay_plan
-from harness.run.runner import RunConfig
 from harness.run.session import EngineDied
+from harness.run.spec import RunConfig
 
 pytestmark = pytest.mark.unit
 

@@ -11,17 +11,14 @@ from rich.console import Console
 from synthetic import request_record
 
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from harness.core.versions import version_key
 from harness.plan.matrix import Cell
-from harness.verdicts.report import (
-    ReportPaths,
-    junit_xml,
-    markdown,
-    render_terminal,
-    terminal_table,
-    verdict_paragraph,
-    write_reports,
-)
+from harness.verdicts.report import ReportPaths, write_reports
+from harness.verdicts.report.junit import junit_xml
+from harness.verdicts.report.markdown import markdown
+from harness.verdicts.report.terminal import render_terminal, terminal_table
+from harness.verdicts.report.workaround_text import verdict_paragraph
 from harness.verdicts.results import CellResult, Results, infra_result, judged_result, read_results
 from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
 
@@ -71,7 +68,7 @@ def _engine(cell: Cell, executor_class: str = "MultiprocExecutor") -> dict[str, 
 def ran(version: str, async_on: bool, lose: int = 0, *, executor: str = "mp", mode: str = "keep",
         clear: bool = True) -> CellResult:
     cell = Cell(version, executor, async_on, mode, clear)
-    records = _records(cell, lose)
+    records = stream_records(_records(cell, lose))
     return judged_result(cell, cell_verdict(records), records, _engine(cell), duration_s=1.25)
 
 
@@ -287,7 +284,7 @@ def test_markdown_truncated_at_the_pause() -> None:
     cell = Cell("0.21.0", "mp", True, "keep", True)
     records = _records(cell)
     records[0]["observed"] = records[0]["reference"][:PAUSE_AT]  # the stream ended at the pause
-    cr = judged_result(cell, cell_verdict(records), records, _engine(cell), 2.0)
+    cr = judged_result(cell, cell_verdict(stream_records(records)), stream_records(records), _engine(cell), 2.0)
     assert cr.outcome is Outcome.TRUNCATED
     md = markdown(Results((cr,)))
     ref = _reference(0)
@@ -448,7 +445,6 @@ def test_write_reports_replaces_existing(results: Results, tmp_path: Path) -> No
 def test_every_report_of_an_injected_run_says_so() -> None:
     from harness.core.oracle import Outcome
     from harness.plan.matrix import Cell
-    from harness.verdicts.report import junit_xml, markdown
     from harness.verdicts.results import CellResult, Results
 
     cells = (CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.LOSS, "LOSS(1) in 8/10"),)
@@ -462,7 +458,6 @@ def test_every_report_of_an_injected_run_says_so() -> None:
 def test_flaky_cells_fail_in_junit() -> None:
     from harness.core.oracle import Outcome
     from harness.plan.matrix import Cell
-    from harness.verdicts.report import junit_xml
     from harness.verdicts.results import CellResult, Results
 
     res = Results((CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5"),),
@@ -495,7 +490,7 @@ def test_injection_banner_survives_merging_and_jsonl_logs() -> None:
 
     from harness.core.oracle import Outcome
     from harness.plan.matrix import Cell
-    from harness.verdicts.report import injection_banner
+    from harness.verdicts.report.cells import injection_banner
     from harness.verdicts.results import CellResult, Results, merge_results
 
     cell = Cell("0.32.0", "mp", True, "keep", True)

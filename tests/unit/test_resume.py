@@ -11,7 +11,7 @@ from harness.core.errors import BadInput, ResultsFileError
 from harness.core.oracle import Outcome
 from harness.plan.matrix import Cell, Selection
 from harness.run.resume import RUN_FILE, resume_state, rewrite_log, run_record
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit

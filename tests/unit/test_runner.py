@@ -13,7 +13,10 @@ import pytest
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv
 from harness.plan.matrix import Cell, EngineKey
-from harness.run.runner import RunConfig, engine_spec, group_alive, run_engine, stage_repro
+from harness.run.process import group_alive
+from harness.run.runner import run_engine
+from harness.run.spec import RunConfig, engine_spec
+from harness.run.staging import stage_repro
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start a fake engine process.
 
@@ -93,7 +96,7 @@ def test_fatal_event_reason_is_reported(tmp_path: Path) -> None:
 @pytest.mark.unit
 def test_spec_groups_cells_as_scenarios_of_one_engine(tmp_path: Path) -> None:
     spec = engine_spec(ENGINE, CELLS, cfg(tmp_path, scenario_params={"max_tokens": 32}))
-    assert spec["engine"]["async_scheduling"] is True
+    assert spec["engine"]["axes"]["async_scheduling"] is True
     assert [s["id"] for s in spec["scenarios"]] == ["keep-clear", "wait-clear"]
     assert all(s["params"] == {"max_tokens": 32, "clear_cache": True} for s in spec["scenarios"])
 
@@ -165,18 +168,19 @@ def test_an_engine_that_did_not_apply_the_requested_injection_runs_nothing(tmp_p
 
 @pytest.mark.unit
 def test_injection_problem_needs_every_requested_fault_applied() -> None:
-    from harness.run.runner import injection_problem
+    from harness.core.records import EngineInfo
+    from harness.run.scenario_results import injection_problem
 
     assert injection_problem(None, ()) is None
-    assert "did not report" in (injection_problem({"probe": {}}, ("vllm#42043",)) or "")
-    ok = {"probe": {"core": {"inject": {"applied": {"vllm#42043": "Scheduler.reset_prefix_cache"}}}}}
+    assert "did not report" in (injection_problem(EngineInfo({"probe": {}}), ("vllm#42043",)) or "")
+    ok = EngineInfo({"probe": {"core": {"inject": {"applied": {"vllm#42043": "Scheduler.reset_prefix_cache"}}}}})
     assert injection_problem(ok, ("vllm#42043",)) is None
     assert "hang#pause" in (injection_problem(ok, ("vllm#42043", "hang#pause")) or "")
 
 
 @pytest.mark.unit
 def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.run.runner import engine_env
+    from harness.run.process import engine_env
 
     monkeypatch.setenv("VLLM_REPRO_INJECT", "vllm#42043")  # leaked from a caller's shell: must not count
     assert engine_env(ENGINE, cfg(tmp_path), tmp_path)["VLLM_REPRO_INJECT"] == ""
@@ -185,7 +189,7 @@ def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.unit
 def test_weight_sync_cells_name_their_scenario_and_transfer(tmp_path: Path) -> None:
-    from harness.run.runner import scenario_entry
+    from harness.run.spec import scenario_entry
 
     c = Cell("0.21.0", "mp", True, "keep", True, scenario="weight-sync")
     e = scenario_entry(c, cfg(tmp_path, weight_transfer="nccl"))

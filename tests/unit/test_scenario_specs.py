@@ -1,6 +1,6 @@
 """Every engine-tier scenario of the catalogue: the spec the harness writes for it is one its build accepts.
 
-The harness (harness.run.runner.scenario_spec) and the engine side (repro.scenarios) are written by different
+The harness (harness.run.spec.scenario_spec) and the engine side (repro.scenarios) are written by different
 hands; a parameter one sends and the other refuses would turn every cell of the scenario into ERROR.
 """
 
@@ -12,7 +12,7 @@ import pytest
 
 from harness.core.cell import Cell
 from harness.core.scenarios import MODES, SCENARIO_TABLE
-from harness.run.runner import RunConfig, scenario_spec
+from harness.run.spec import RunConfig, scenario_spec
 from repro.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,8 @@ from synthetic import request_record
 from harness.core.oracle import Outcome
 from harness.core.scenarios import SCENARIO_TABLE
 from harness.plan.matrix import Cell, unsupported_reason
-from harness.run.runner import scenario_result
+from harness.run.events import as_scenario_event
+from harness.run.scenario_results import scenario_result
 from harness.sched.cells import SHAPES, sched_result, sched_scenario, sched_spec
 from harness.verdicts.workarounds import workaround_verdicts
 from repro.sched.script import SCHEMA_VERSION, build_script
@@ -94,7 +95,7 @@ def _ran(cls: str = ASYNC_CLS, **extra: Any) -> dict[str, Any]:
 
 
 def test_streams_are_judged_by_the_oracle_with_the_scheduler_as_effective_setting() -> None:
-    res = sched_result(SCHED, _ran(), {"tier": "scheduler"}, scenario_result)
+    res = sched_result(SCHED, as_scenario_event(_ran()), {"tier": "scheduler"}, scenario_result)
     assert res.outcome is Outcome.LOSS and res.label == "LOSS(1)"
     assert res.engine is not None and res.engine["effective"] == {"async_scheduling": True,
                                                                     "executor_class": "AsyncScheduler"}
@@ -104,13 +105,16 @@ def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupp
     crash = {"event": "scenario", "id": "x", "status": "crash", "scheduler_class": ASYNC_CLS,
              "reason": "AssertionError:  at vllm/v1/core/sched/async_scheduler.py:53:_update_request_with_output",
              "vllm_source": "assert request.num_output_placeholders >= 0"}
-    res = sched_result(SCHED, crash, None, scenario_result)
+    res = sched_result(SCHED, as_scenario_event(crash), None, scenario_result)
     assert res.outcome is Outcome.CRASH and "num_output_placeholders >= 0" in res.summary
-    spec = sched_result(SCHED.replace(scenario="spec-reset"), {**crash, "spec_method": "eagle"}, None, scenario_result)
+    spec = sched_result(SCHED.replace(scenario="spec-reset"), as_scenario_event({**crash, "spec_method": "eagle"}),
+                        None, scenario_result)
     assert spec.outcome is Outcome.CRASH and spec.engine is not None
     assert spec.engine["effective"]["spec_method"] == "eagle"
-    assert sched_result(SCHED, _ran(stalled="r0 never finished"), None, scenario_result).outcome is Outcome.TIMEOUT
-    wrong = sched_result(SCHED, _ran(cls="vllm.v1.core.sched.scheduler.Scheduler"), None, scenario_result)
+    stalled = as_scenario_event(_ran(stalled="r0 never finished"))
+    assert sched_result(SCHED, stalled, None, scenario_result).outcome is Outcome.TIMEOUT
+    wrong = sched_result(SCHED, as_scenario_event(_ran(cls="vllm.v1.core.sched.scheduler.Scheduler")), None,
+                         scenario_result)
     assert wrong.outcome is Outcome.UNSUPPORTED and "asked for async on" in wrong.summary
 
 
@@ -132,28 +136,29 @@ def test_a_preemption_cell_in_which_nothing_was_preempted_is_unsupported_not_ok(
     ev = _ran()
     ev["records"][0]["observed"] = ev["records"][0]["reference"][:15]
     ev["records"][0]["pauses"] = []
-    assert "preempted no request" in sched_result(cell, {**ev, "records": [{**ev["records"][0], "num_preemptions": 0}]},
-                                                  None, scenario_result).summary
-    preempted = sched_result(cell, {**ev, "records": [{**ev["records"][0], "num_preemptions": 2}]}, None,
-                             scenario_result)
-    assert preempted.outcome is Outcome.OK
+    none = as_scenario_event({**ev, "records": [{**ev["records"][0], "num_preemptions": 0}]})
+    assert "preempted no request" in sched_result(cell, none, None, scenario_result).summary
+    two = as_scenario_event({**ev, "records": [{**ev["records"][0], "num_preemptions": 2}]})
+    assert sched_result(cell, two, None, scenario_result).outcome is Outcome.OK
     # Shapes about resets do not ask for it.
-    assert sched_result(SCHED.replace(scenario="reset-deep"), ev, None, scenario_result).outcome is Outcome.OK
+    reset_deep = SCHED.replace(scenario="reset-deep")
+    assert sched_result(reset_deep, as_scenario_event(ev), None, scenario_result).outcome is Outcome.OK
 
 
 def test_one_scenario_event_judged_on_its_own_as_plan_and_fuzz_judge_it() -> None:
     from harness.sched.cells import sched_verdict
 
-    assert sched_verdict(_ran()).label == "LOSS(1)"
-    crash = sched_verdict({"status": "crash", "reason": "AssertionError:  at vllm/x.py:1:f",
-                           "vllm_source": "assert n >= 0"})
+    assert sched_verdict(as_scenario_event(_ran())).label == "LOSS(1)"
+    crash = sched_verdict(as_scenario_event({"status": "crash", "reason": "AssertionError:  at vllm/x.py:1:f",
+                                             "vllm_source": "assert n >= 0"}))
     assert crash.outcome is Outcome.CRASH
     assert crash.summary == "CRASH: AssertionError:  at vllm/x.py:1:f (assert n >= 0)"
     # A hang is TIMEOUT (as the matrix has it); the streams' own verdict stays in the summary.
-    stalled = sched_verdict(_ran(stalled="run to completion: nothing scheduled or delivered in 64 iterations"))
+    hang = "run to completion: nothing scheduled or delivered in 64 iterations"
+    stalled = sched_verdict(as_scenario_event(_ran(stalled=hang)))
     assert stalled.outcome is Outcome.TIMEOUT and stalled.summary.startswith("TIMEOUT: vLLM's scheduler never")
     assert stalled.summary.endswith("streams: LOSS(1) in 1/1 requests (1/1 running at pause)")
-    assert sched_result(SCHED, _ran(stalled="x"), None, scenario_result).summary == \
+    assert sched_result(SCHED, as_scenario_event(_ran(stalled="x")), None, scenario_result).summary == \
         "vLLM's scheduler never finished a request: x"
-    refused = sched_verdict({"status": "unsupported", "reason": "no pause state"})
+    refused = sched_verdict(as_scenario_event({"status": "unsupported", "reason": "no pause state"}))
     assert (refused.outcome, refused.summary) == (Outcome.UNSUPPORTED, "no pause state")

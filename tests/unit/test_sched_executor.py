@@ -19,10 +19,12 @@ import pytest
 from toy_sched import ToyAdapter, ToyBuilder, ToyRequest, ToyScheduler
 
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from repro.models import cycle_permutation
 from repro.sched.adapter import innermost_vllm_frame
 from repro.sched.executor import Executor, OpUnsupported
-from repro.sched.runner import Emitter, run_scenario
+from repro.sched.runner import Emitter
+from repro.sched.scenario import run_scenario
 from repro.sched.script import SCHEMA_VERSION, Op, build_script
 
 pytestmark = pytest.mark.unit
@@ -41,7 +43,7 @@ def _play(scenario: str, params: dict[str, Any], sched: ToyScheduler, builder: T
 
 def test_drained_reset_with_a_one_frame_flag_loses_the_first_post_reset_token() -> None:
     ex = _play("drained_reset", {}, ToyScheduler(flag=True))
-    verdict = cell_verdict(ex.records())
+    verdict = cell_verdict(stream_records(ex.records()))
     assert verdict.outcome is Outcome.LOSS and verdict.summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
     rec = ex.records()[0]
     reset = rec["pauses"][0]
@@ -55,7 +57,7 @@ def test_drained_reset_with_a_one_frame_flag_loses_the_first_post_reset_token() 
 
 def test_drained_reset_with_a_counter_is_ok_and_the_frames_stay_in_flight() -> None:
     ex = _play("drained_reset", {"depth": 3}, ToyScheduler(flag=False))
-    assert cell_verdict(ex.records()).outcome is Outcome.OK
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.OK
     assert max(e["in_flight_after"] for e in ex.log) <= 3
     assert [e["in_flight_after"] for e in ex.log if e["op"]["op"] == "drain"] == [0]
     assert all(r["finish_reason"] == "length" for r in ex.records())
@@ -65,14 +67,14 @@ def test_inflight_reset_holds_the_requested_frames_and_a_flag_misorders_them() -
     ex = _play("inflight_reset", {}, ToyScheduler(flag=True))
     reset = next(e for e in ex.log if e["op"]["op"] == "reset")
     assert reset["in_flight_at_reset"] == 2
-    assert cell_verdict(ex.records()).outcome is Outcome.DIVERGED
-    assert cell_verdict(_play("inflight_reset", {}, ToyScheduler()).records()).outcome is Outcome.OK
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.DIVERGED
+    assert cell_verdict(stream_records(_play("inflight_reset", {}, ToyScheduler()).records())).outcome is Outcome.OK
 
 
 def test_sync_scheduler_runs_one_frame_at_a_time() -> None:
     ex = _play("drained_reset", {"scheduler": "sync"}, ToyScheduler(flag=True, async_=False))
     assert max(e["in_flight_after"] for e in ex.log) <= 1
-    assert cell_verdict(ex.records()).outcome is Outcome.LOSS  # the toy's flag is wrong even there
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.LOSS  # the toy's flag is wrong even there
 
 
 class ToySpecScheduler(ToyScheduler):
@@ -108,7 +110,7 @@ def test_scripted_drafts_follow_the_workers_count_not_the_schedulers_optimism(ac
     # Frame n+1 is scheduled before frame n's rejections are known; a real worker samples from where
     # it really is, so a correct scheduler still delivers the reference.
     ex = _play("spec_decode", {"spec_accepted": accepted, "depth": 3}, ToySpecScheduler())
-    assert cell_verdict(ex.records()).outcome is Outcome.OK
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.OK
     frames = ex.records()[0]["frames"]
     assert any(len(f["positions"]) == accepted + 1 for f in frames[1:])
     flat = [p for f in frames for p in f["positions"]]
@@ -123,14 +125,14 @@ def test_without_new_or_resumed_lists_a_prefill_counts_as_a_restart() -> None:
             return so
 
     ex = _play("inflight_reset", {}, Bare(flag=True))
-    assert cell_verdict(ex.records()).outcome is Outcome.DIVERGED
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.DIVERGED
 
 
 def test_abort_records_a_prefix_and_the_others_finish() -> None:
     ex = _play("abort_inflight", {}, ToyScheduler())
     recs = {r["rid"]: r for r in ex.records()}
     assert recs["r0"]["finish_reason"] == "abort" and recs["r0"]["pauses"][0]["mode"] == "abort"
-    assert cell_verdict(ex.records()).outcome is Outcome.OK
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.OK
 
 
 def test_pause_is_unsupported_unless_optional() -> None:
@@ -149,7 +151,7 @@ def test_a_hang_is_reported_as_stalled_not_waited_for() -> None:
               "ops": [{"op": "add", "rid": "a"}, {"op": "run"}]}
     ex = _play("ops", params, sched)
     assert ex.stalled == "run to completion: not reached after 20 iterations"
-    assert cell_verdict(ex.records()).outcome is Outcome.TRUNCATED
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.TRUNCATED
 
 
 # --------------------------------------------------------------------------- runner: statuses and events
@@ -219,7 +221,7 @@ def test_a_ran_event_carries_what_the_oracle_and_a_replay_need(tmp_path: Path) -
     emit("scenario", id="d", **result)
     event = json.loads((tmp_path / "out.jsonl").read_text())
     assert event["event"] == "scenario" and event["status"] == "ran" and event["stalled"] is None
-    assert cell_verdict(event["records"]).summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
+    assert cell_verdict(stream_records(event["records"])).summary == "LOSS(1) in 4/4 requests (4/4 running at pause)"
     for key in ("rid", "prompt", "reference", "observed", "finish_reason", "max_tokens", "pauses", "frames"):
         assert key in event["records"][0]
     replay = build_script("ops", event["setup"], VOCAB)

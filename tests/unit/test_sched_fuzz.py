@@ -22,8 +22,10 @@ from harness.frontends.cli import main
 from harness.frontends.commands.fuzz import exit_code
 from harness.frontends.commands.plan import read_plan
 from harness.run.context import RunContext
+from harness.run.events import FuzzEvent, as_scenario_event, parse_event
+from harness.run.process import EventTail
 from harness.run.replay import replay_sched_plan
-from harness.run.runner import EventTail, RunConfig
+from harness.run.spec import RunConfig
 from harness.sched.cells import sched_verdict
 from harness.sched.fuzz import FuzzResult, fuzz_spec, fuzz_version, plan_document, write_plan
 from repro.models import cycle_permutation
@@ -51,7 +53,7 @@ def test_the_machine_falsifies_a_one_frame_discard_flag_and_shrinks_it() -> None
     assert "reset" in kinds and kinds[-1] == "run" and len(kinds) <= 6, kinds
     assert build_script("ops", fals["script"], VOCAB).setup.depth == 2
     # The replay (the ops scenario, as `plan` runs it) shows the finding the machine saw.
-    verdict = sched_verdict(fals["replay"])
+    verdict = sched_verdict(as_scenario_event(fals["replay"]))
     assert verdict.outcome.is_finding or verdict.outcome is Outcome.TIMEOUT, verdict.summary
     assert "position" in fals["failure"] or "stalled" in fals["failure"]
     check_event({"event": "fuzz", **out}, strict=True)
@@ -96,8 +98,8 @@ def test_a_spec_with_fuzz_answers_one_fuzz_event_the_harness_reads(tmp_path: Pat
     run(spec, emit, None, lambda: _toys(flag=False))
     emit.f.close()
     events = EventTail(tmp_path / "events.jsonl").read()
-    assert [e["event"] for e in events] == ["sched", "fuzz"]
-    assert events[1]["status"] == "ran" and events[1]["seed"] == 1
+    assert [e.kind for e in events] == ["sched", "fuzz"]
+    assert isinstance(events[1], FuzzEvent) and events[1].status == "ran" and events[1].seed == 1
     bad = {**spec, "fuzz": {"examples": 5}}
     got: list[dict[str, Any]] = []
     run(bad, lambda event, **data: got.append({"event": event, **data}), None, lambda: _toys(flag=False))
@@ -172,7 +174,9 @@ def test_a_run_that_never_answers_is_an_error_and_exit_codes_follow_the_matrix(t
 def _found() -> Any:
     from harness.sched.fuzz import falsifying
 
-    return falsifying(FALSIFYING)
+    event = parse_event({"event": "fuzz", "status": "ran", "examples": 1, "falsifying": FALSIFYING})
+    assert isinstance(event, FuzzEvent)
+    return falsifying(event)
 
 
 @pytest.mark.parametrize(("argv", "message"), [

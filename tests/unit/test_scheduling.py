@@ -14,11 +14,13 @@ import pytest
 
 import harness.run.local as local
 from harness.core.oracle import Outcome
+from harness.core.records import EngineInfo
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
 from harness.plan.matrix import Cell, MatrixPlan
 from harness.run.context import RunContext
+from harness.run.events import EngineEvent
 from harness.run.execute import execute_plan
-from harness.run.runner import Cancelled, RunConfig
+from harness.run.runner import Cancelled
 from harness.run.slots import (
     SHARED_GPU_KV_BYTES,
     Capacity,
@@ -30,6 +32,7 @@ from harness.run.slots import (
     for_workers,
     pick_gpus,
 )
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
@@ -144,7 +147,7 @@ class FakeEngines:
             self.gate.wait(timeout=30)
         with self.lock:
             self.starting -= 1
-        on_event(key, {"event": "engine"})  # ready
+        on_event(key, EngineEvent(EngineInfo({})))  # ready
         if self.after is not None:  # during the scenarios
             self.after.wait(timeout=30)
         out = [CellResult(c, Outcome.ERROR if key.version == "9.9.9" else Outcome.OK, "x") for c in cells]

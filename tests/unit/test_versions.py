@@ -86,7 +86,7 @@ def test_matrix_parse_versions_uses_the_package_of_the_platform() -> None:
 def _wheelhouse(folder: Path, package: str, versions: list[str], platform: str) -> Path:
     import json
 
-    from harness.bundle.wheelhouse import MANIFEST, SCHEMA_VERSION
+    from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION
 
     folder.mkdir()
     entries = {v: {"requirements": [f"{package}=={v}"], "wheels": []} for v in versions}

@@ -22,8 +22,9 @@ from fake_engine import SP, Completion, Output
 from hypothesis import given
 from hypothesis import strategies as st
 
-import repro.scenarios.base as base
+import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict, classify_request
+from harness.core.streams import StreamRecord, stream_records
 from repro.models import (
     BigramCycleSpec,
     build_checkpoint,
@@ -32,18 +33,19 @@ from repro.models import (
     load_perm,
     swap_partner,
 )
-from repro.scenarios import RUNNERS, SCENARIOS, rlhf_weight_sync
+from repro.scenarios import RUNNERS, SCENARIOS, rlhf_weight_sync, weight_transfer
 from repro.scenarios.base import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
 from repro.scenarios.rlhf_weight_sync import (
     WeightSyncParams,
     computed_reference,
     cross_check_request,
     disagreements,
-    reload_unsupported,
     swap_index,
 )
+from repro.scenarios.weight_transfer import reload_unsupported
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start the trainer process.
+typed = StreamRecord.from_json  # the oracle judges typed request records
 
 
 # --------------------------------------------------------------------------- the reference
@@ -99,7 +101,7 @@ def test_the_oracle_sees_the_lost_first_post_swap_token_as_loss_1() -> None:
     lost = ref[:i] + ref[i + 1 : n + 1]  # vLLM #42043: the first post-resume token never arrives
     rec = _record(prompt, lost, pause_at=i, max_tokens=n)
     rec["reference"] = ref
-    v = classify_request(rec)
+    v = classify_request(typed(rec))
     assert v.outcome is Outcome.LOSS and v.verdict.label == f"LOSS(1 at {i})"
     assert v.first_post_resume == {"index": i, "expected": pb[ref[i - 1]], "observed": ref[i + 1]}
 
@@ -110,11 +112,11 @@ def test_the_oracle_passes_the_exact_a_then_b_stream_and_catches_a_missed_swap()
     i, n = 8, 24
     ok = _record(prompt, ref[:n], pause_at=i, max_tokens=n)
     ok["reference"] = ref
-    assert classify_request(ok).outcome is Outcome.OK
+    assert classify_request(typed(ok)).outcome is Outcome.OK
     # Weights never changed: the stream keeps walking A, which differs from B at every token.
     stale = _record(prompt, expected_continuation(pa, prompt[-1], n), pause_at=i, max_tokens=n)
     stale["reference"] = ref
-    v = classify_request(stale)
+    v = classify_request(typed(stale))
     assert v.outcome is Outcome.DIVERGED and v.verdict.at == i
 
 
@@ -303,7 +305,7 @@ def _ctx(ck: dict[str, Any], tmp_path: Path, start_engine: Any = None) -> Engine
 
 
 def _play(llm: FakeLLM, ctx: EngineContext, params: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(base, "_vllm_api", lambda: (_SP, "DELTA"))
+    monkeypatch.setattr(runs, "_vllm_api", lambda: (_SP, "DELTA"))
     sc = {"id": "weight_sync-keep-clear", "scenario": "weight_sync", "params": params, "seed": 17}
     return asyncio.run(rlhf_weight_sync.run(llm, sc, ctx, timeout=30))
 
@@ -314,7 +316,7 @@ def test_bug_shows_as_loss_1_on_every_request_running_at_the_pause(
 ) -> None:
     llm = FakeLLM(checkpoints["a"], bug=True)
     out = _play(llm, _ctx(checkpoints, tmp_path), {"clear_cache": True, "max_tokens": 24}, monkeypatch)
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.outcome is Outcome.LOSS, verdict.summary
     assert verdict.summary == "LOSS(1) in 8/10 requests (8/8 running at pause)"
     perm_b = load_perm(checkpoints["b"])
@@ -352,7 +354,7 @@ def test_fixed_engine_is_ok_and_the_fresh_engine_check_runs(
     llm = FakeLLM(checkpoints["a"], bug=False)
     out = _play(llm, _ctx(checkpoints, tmp_path, start_engine),
                 {"clear_cache": True, "max_tokens": 24, "fresh_engine_check": True}, monkeypatch)
-    verdict = cell_verdict(out["records"])
+    verdict = cell_verdict(stream_records(out["records"]))
     assert verdict.outcome is Outcome.OK, verdict.summary
     assert [f.weights for f in fresh] == [checkpoints["b"]]
     assert out["weight_sync"]["cross_check"] == {"same_engine": 10, "fresh_engine": 10, "agree": True}
@@ -402,10 +404,10 @@ def test_a_failing_swap_resumes_the_engine_and_restores_a(
 @pytest.mark.unit
 def test_the_trainer_takes_the_first_visible_gpu_after_the_engines(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
-    assert rlhf_weight_sync.trainer_gpu_candidates(1) == ["5", "6"]
-    assert rlhf_weight_sync.trainer_gpu_candidates(2) == ["6"]
+    assert weight_transfer.trainer_gpu_candidates(1) == ["5", "6"]
+    assert weight_transfer.trainer_gpu_candidates(2) == ["6"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
-    assert rlhf_weight_sync.trainer_gpu_candidates(1) == []
+    assert weight_transfer.trainer_gpu_candidates(1) == []
 
 
 @pytest.mark.unit
@@ -433,8 +435,8 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
 
     proc = subprocess.run([sys.executable, "-m", "repro.weight_trainer"], input="".join(x + "\n" for x in lines),
                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
-    replies = [json.loads(x[len(rlhf_weight_sync.TRAINER_TAG):]) for x in proc.stdout.splitlines()
-               if x.startswith(rlhf_weight_sync.TRAINER_TAG)]
+    replies = [json.loads(x[len(weight_transfer.TRAINER_TAG):]) for x in proc.stdout.splitlines()
+               if x.startswith(weight_transfer.TRAINER_TAG)]
     return proc.returncode, replies, proc.stderr
 
 
@@ -442,7 +444,7 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
 def test_trainer_replies_with_the_tag_the_scenario_reads_and_stops_on_request() -> None:
     from repro import weight_trainer
 
-    assert weight_trainer.TAG == rlhf_weight_sync.TRAINER_TAG
+    assert weight_trainer.TAG == weight_transfer.TRAINER_TAG
     rc, replies, err = _trainer(['{"op": "stop"}', '{"op": "never-read"}'])
     assert (rc, replies) == (0, [{"ok": True}]), err
 

@@ -24,13 +24,10 @@ import harness.bundle.wheelhouse as wh
 import harness.envbuild.envs as envs
 import harness.envbuild.index as index_mod
 import harness.envbuild.uv as envbuild_uv
+from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION, WheelhouseError, load_manifest, wheels_for
 from harness.bundle.wheelhouse import (
-    MANIFEST,
-    SCHEMA_VERSION,
     Installed,
     Pin,
-    WheelhouseError,
-    load_manifest,
     matches_exclude,
     parse_freeze,
     parse_pins,
@@ -39,7 +36,6 @@ from harness.bundle.wheelhouse import (
     satisfied_by_installed,
     split_resolution,
     uv_python_platform,
-    wheels_for,
 )
 from harness.core.errors import BadInput, EnvBuildError, ReproError
 

@@ -19,7 +19,9 @@ import pytest
 import repro.cell as cell_mod
 import repro.engine as engine_mod
 from harness.plan.matrix import Cell, EngineKey
-from harness.run.runner import EventTail, RunConfig, build_spec, engine_spec
+from harness.run.events import CorruptEvent, Event, FatalEvent, ScenarioEvent
+from harness.run.process import EventTail
+from harness.run.spec import RunConfig, build_spec, engine_spec
 from repro.scenarios.base import ScenarioTimeout, ScenarioUnsupported
 from repro.wire import EVENTS, SCHEMA_VERSION, STOP, FuzzSpec, ScenarioSpec, Spec, WireError, check_event
 
@@ -46,7 +48,8 @@ def test_a_spec_the_harness_writes_is_the_spec_the_engine_reads(tmp_path: Path) 
     read = Spec.from_json(written)
     assert read == build_spec(ENGINE, CELLS, cfg)
     assert read.to_json() == written
-    assert (read.engine.tensor_parallel_size, read.engine.model_runner, read.engine.batch_invariant) == (2, "v2", True)
+    assert read.engine.tensor_parallel_size == 2
+    assert (read.engine.axes["model_runner"], read.engine.axes["batch_invariant"]) == ("v2", True)
     assert [s.id for s in read.scenarios] == [CELLS[0].scenario_id, CELLS[1].scenario_id,
                                               f"{CELLS[0].scenario_id}#2", f"{CELLS[1].scenario_id}#2"]
     assert [s.scenario for s in read.scenarios] == ["keep", "weight_sync"] * 2
@@ -61,8 +64,10 @@ def test_the_engine_refuses_another_schema_version_and_unknown_fields(tmp_path: 
         Spec.from_json({**doc, "schema_version": SCHEMA_VERSION + 1})
     with pytest.raises(WireError, match="unknown field"):
         Spec.from_json({**doc, "scenario_timeot": 3})
-    with pytest.raises(WireError, match="missing field 'executor'"):
-        Spec.from_json({**doc, "engine": {"async_scheduling": True}})
+    with pytest.raises(WireError, match="missing field 'axes'"):
+        Spec.from_json({**doc, "engine": {"gpu_memory_utilization": 0.5}})
+    with pytest.raises(WireError, match=r"axes \['executor'\] are not JSON scalars"):
+        Spec.from_json({**doc, "engine": {"axes": {"executor": ["mp"]}}})
     with pytest.raises(WireError, match="unknown model kind"):
         Spec.from_json({**doc, "model": {"kind": "llama"}})
     bad = tmp_path / "spec.json"
@@ -82,10 +87,10 @@ def test_scenario_lines_of_a_session_round_trip_and_stop_is_not_a_scenario() -> 
 # --------------------------------------------------------------------------- events: engine writes, harness reads
 
 
-def _read_back(path: Path) -> list[dict[str, Any]]:
+def _read_back(path: Path) -> list[Event]:
     """What the harness's reader makes of the engine's event file: nothing may come back corrupt."""
     events = EventTail(path).read()
-    assert [e for e in events if e["event"] == "corrupt"] == []
+    assert [e for e in events if isinstance(e, CorruptEvent)] == []
     return events
 
 
@@ -154,7 +159,8 @@ def test_every_scenario_event_the_engine_writes_is_read_by_the_harness(
     sc = {"id": "keep-clear", "scenario": "keep", "params": {}, "seed": 0}
     asyncio.run(cell_mod.run_cell(_Llm(), sc, None, 1.0, None, emit))  # type: ignore[arg-type]
     asyncio.run(cell_mod.run_cell(_Llm(), sc, None, 1.0, "asked for async but got sync", emit))  # type: ignore[arg-type]
-    assert [(e["event"], e["status"]) for e in _read_back(out)] == [("scenario", status), ("scenario", "unsupported")]
+    assert [(e.kind, e.status) for e in _read_back(out) if isinstance(e, ScenarioEvent)] == \
+        [("scenario", status), ("scenario", "unsupported")]
 
 
 def test_engine_level_events_are_read_by_the_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,13 +177,13 @@ def test_engine_level_events_are_read_by_the_harness(tmp_path: Path, monkeypatch
     monkeypatch.setattr(engine_mod, "run_engine", refuses)
     assert engine_mod.main([str(spec_path), str(tmp_path / "a.jsonl")]) == 0
     events = _read_back(tmp_path / "a.jsonl")
-    assert [e["event"] for e in events] == ["start", "engine", "scenario", "scenario", "done"]
-    assert [e["id"] for e in events if e["event"] == "scenario"] == [s.id for s in spec.scenarios]
+    assert [e.kind for e in events] == ["start", "engine", "scenario", "scenario", "done"]
+    assert [e.id for e in events if isinstance(e, ScenarioEvent)] == [s.id for s in spec.scenarios]
     monkeypatch.setattr(engine_mod, "run_engine", dies)
     assert engine_mod.main([str(spec_path), str(tmp_path / "b.jsonl")]) == 1
     events = _read_back(tmp_path / "b.jsonl")
-    assert [e["event"] for e in events] == ["start", "fatal"]
-    assert events[1]["reason"] == "RuntimeError: engine core died"
+    assert [e.kind for e in events] == ["start", "fatal"]
+    assert isinstance(events[1], FatalEvent) and events[1].reason == "RuntimeError: engine core died"
 
 
 def test_the_engine_cannot_write_an_event_the_harness_would_not_read(tmp_path: Path) -> None:
@@ -200,10 +206,11 @@ def test_the_harness_reads_a_mismatched_event_as_corrupt_with_the_mismatch(tmp_p
         json.dumps({"event": "done", "t": 1.0}),
     ]) + "\n")
     events = EventTail(out).read()
-    assert [e["event"] for e in events] == ["corrupt", "corrupt", "corrupt", "done"]
-    assert "missing field 'records'" in events[0]["error"]
-    assert "field 'pgid' is str, expected int" in events[1]["error"]
-    assert "error" not in events[2]
+    assert [e.kind for e in events] == ["corrupt", "corrupt", "corrupt", "done"]
+    bad_records, bad_pgid, not_json = (e for e in events if isinstance(e, CorruptEvent))
+    assert "missing field 'records'" in (bad_records.error or "")
+    assert "field 'pgid' is str, expected int" in (bad_pgid.error or "")
+    assert not_json.error is None and not_json.line == "not json"
     with pytest.raises(WireError, match="unknown status"):
         check_event({"event": "scenario", "id": "a", "status": "skipped"})
 

@@ -12,6 +12,7 @@ from synthetic import request_record
 
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.streams import stream_records
 from harness.plan.matrix import Cell
 from harness.verdicts.results import CellResult, infra_result, judged_result
 from harness.verdicts.workarounds import (
@@ -55,7 +56,7 @@ def ran(version: str, async_on: bool, lose: int = 0, *, executor: str = "mp", mo
         clear: bool = True) -> CellResult:
     cell = Cell(version, executor, async_on, mode, clear)
     recs = _records(cell, lose)
-    return judged_result(cell, cell_verdict(recs), recs, None, 1.0)
+    return judged_result(cell, cell_verdict(stream_records(recs)), stream_records(recs), None, 1.0)
 
 
 def infra(version: str, async_on: bool, outcome: Outcome, reason: str) -> CellResult:

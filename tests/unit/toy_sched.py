@@ -123,7 +123,7 @@ class ToyBuilder:
 
 
 class ToyAdapter(ToyBuilder):
-    """What repro.sched.runner and repro.sched.fuzz take from the adapter: ``sched`` itself, or (a callable) a fresh
+    """What repro.sched.scenario and repro.sched.fuzz take from the adapter: ``sched`` itself, or (a callable) a fresh
     scheduler built from each setup."""
 
     def __init__(self, sched: ToyScheduler | Callable[[Any], ToyScheduler]) -> None:

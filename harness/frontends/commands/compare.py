@@ -30,7 +30,8 @@ class CompareCommand(Command):
                                  "tier and the tiers differ)")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts.compare import compare, markdown, render_terminal
+        from harness.verdicts.compare.pairs import compare
+        from harness.verdicts.compare.render import markdown, render_terminal
 
         cmp = compare(read_results(args.a), read_results(args.b), str(args.a), str(args.b),
                       across_tiers=True if args.across_tiers else None)

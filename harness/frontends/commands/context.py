@@ -32,7 +32,7 @@ from harness.plan.matrix import parse_versions
 from harness.plan.platforms import choose_platform, choose_wheels
 from harness.plan.releases import INSTALLED, Fetch, wheelhouse_fetch
 from harness.run.context import RunContext
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.verdicts.results import ResultsLog
 
 

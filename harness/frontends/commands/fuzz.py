@@ -14,7 +14,7 @@ from harness.frontends.commands.context import Context, run_context
 from harness.frontends.commands.face import interruptible, stderr_console
 from harness.frontends.commands.options import add_index_options, add_version_options
 from harness.plan.matrix import PLATFORMS
-from harness.run.runner import RunConfig
+from harness.run.spec import RunConfig
 from harness.sched.fuzz import (
     PROFILES,
     TIERS,

@@ -31,7 +31,7 @@ def add_selection_options(parser: argparse.ArgumentParser) -> None:
 
 
 def selection(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of ``history.show``/``history.plot`` from the filter options."""
+    """The keyword arguments of ``history.view.show``/``history.plot.plot`` from the filter options."""
     return {"platform": args.platform, "cells": tuple(split_list(args.cells)),
             "versions": tuple(split_list(args.versions)), "hide_unsupported": args.hide_unsupported}
 
@@ -48,8 +48,8 @@ class HistoryAdd(Command):
         add_history_file_option(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts import history
-        print(history.add_run(args.history, args.report).message)
+        from harness.verdicts.history.store import add_run
+        print(add_run(args.history, args.report).message)
         return 0
 
 
@@ -63,10 +63,11 @@ class HistoryShow(Command):
         parser.add_argument("--exclude-injected", action="store_true", help="leave out runs that used --inject")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts import history
-        hist = history.read_history(args.history)
-        history.render_history(history.show(hist, include_injected=not args.exclude_injected, **selection(args)),
-                               stdout_console())
+        from harness.verdicts.history.store import read_history
+        from harness.verdicts.history.table import render_history
+        from harness.verdicts.history.view import show
+        hist = read_history(args.history)
+        render_history(show(hist, include_injected=not args.exclude_injected, **selection(args)), stdout_console())
         return 0
 
 
@@ -83,9 +84,10 @@ class HistoryPlot(Command):
         parser.add_argument("--out", type=Path, default=Path("reports/history.png"), help="PNG to write")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts import history
-        hist = history.read_history(args.history)
-        layout = history.plot(hist, args.out, include_injected=args.include_injected, **selection(args))
+        from harness.verdicts.history.plot import plot
+        from harness.verdicts.history.store import read_history
+        hist = read_history(args.history)
+        layout = plot(hist, args.out, include_injected=args.include_injected, **selection(args))
         left = f"; {layout.excluded_injected_runs} run(s) with fault injection left out" \
             if layout.excluded_injected_runs else ""
         print(f"wrote {layout.path}: {len(layout.rows)} cell configs x {len(layout.versions)} versions, "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from harness.core.oracle import Outcome
 from harness.plan.matrix import MatrixPlan
 from harness.run.context import Progress
+from harness.run.events import EngineEvent, SchedEvent
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -88,7 +89,7 @@ class LiveBoard:
         elif p.kind == "engine-start" and row is not None:
             row.state, row.t0 = "starting", now
             self.envs[p.engine.version] = "ready"  # type: ignore[union-attr]
-        elif p.kind == "event" and row is not None and (p.event or {}).get("event") in ("engine", "sched"):
+        elif p.kind == "event" and row is not None and isinstance(p.event, EngineEvent | SchedEvent):
             row.state = "running"
         elif p.kind == "cell" and p.cell is not None:
             self._cell(p, row, now)
@@ -137,7 +138,8 @@ class LiveBoard:
         for r in shown:
             table.add_row(r.id, f"[{STATE_STYLE[r.state]}]{r.state}[/]", f"{r.done}/{r.cells}",
                           str(r.faults or ""), r.elapsed(now))
-        lines = [f"environments: {', '.join(f'{v} {s}' for v, s in self.envs.items()) or 'none'}", table]
+        lines: list[RenderableType] = [f"environments: {', '.join(f'{v} {s}' for v, s in self.envs.items()) or 'none'}",
+                                    table]
         if queued:
             lines.append(f"[dim]{queued} engine(s) queued[/]")
         lines += [f"[yellow]{n} cell(s) UNSUPPORTED[/]: {why}" for why, n in self.folded.items()]

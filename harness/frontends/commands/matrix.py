@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.core.axes import AXES
+from harness.core.axes import Axis
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.frontends.commands.base import Command
@@ -29,10 +30,11 @@ from harness.plan.matrix import MatrixPlan, Selection, plan_cells, selection_axe
 from harness.plan.platforms import require_scheduler_tier
 from harness.run import execute
 from harness.run.context import Progress
+from harness.run.events import EngineEvent
 from harness.run.gpus import visible_gpus
 from harness.run.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
-from harness.run.runner import RunConfig
 from harness.run.slots import Capacity, capacity
+from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, Results, ResultsLog
 
 if TYPE_CHECKING:
@@ -50,27 +52,30 @@ DESCRIPTION = (
 )
 
 
-def add_axis_options(p: argparse.ArgumentParser) -> None:
-    """One option per axis of harness.core.axes that has one (``--executor``, ``--async``, ``--tier``, ...)."""
-    for a in AXES:
+def _dest(a: Axis) -> str:
+    # ``--async`` cannot be an attribute name: its dest is ``async_``.
+    return "async_" if a.option == "async" else a.option.replace("-", "_")
+
+
+def add_axis_options(p: argparse.ArgumentParser, cell_type: type[Cell] = Cell) -> None:
+    """One option per axis of the cell's table that has one (``--executor``, ``--async``, ``--tier``, ...)."""
+    for a in cell_type.table().axes:
         if a.option:
-            # ``--async`` cannot be an attribute name: its dest is ``async_``.
-            extra = {"dest": "async_", "metavar": "ASYNC"} if a.option == "async" else {}
-            p.add_argument(f"--{a.option}", help=a.help, **extra)
+            extra: dict[str, Any] = {"metavar": "ASYNC"} if a.option == "async" else {}
+            p.add_argument(f"--{a.option}", dest=_dest(a), help=a.help, **extra)
 
 
-def matrix_axes(args: argparse.Namespace, platform: str) -> dict[str, tuple[Any, ...]]:
+def matrix_axes(args: argparse.Namespace, platform: str, cell_type: type[Cell] = Cell) -> dict[str, tuple[Any, ...]]:
     """The ``Selection`` fields but versions from ``matrix`` options; BadInput names a bad value and the choices.
 
     The CI-file checks (tests/unit/ci_files.py) call it too, so a nightly cannot pass a value the CLI refuses.
     """
-    raw = {a.option: getattr(args, "async_" if a.option == "async" else a.option.replace("-", "_"))
-           for a in AXES if a.option}
+    raw = {a.option: getattr(args, _dest(a)) for a in cell_type.table().axes if a.option}
     # A preset's executor and batch-invariant mode (harness.plan.engine_args.Preset.axes) count where the
     # user chose none: the cell decides them, so the preset sets the axis, not an engine argument.
     preset = setup_of(args, platform).axes if getattr(args, "preset", None) else {}
     raw = {k: preset.get(k) if v is None else v for k, v in raw.items()}
-    return selection_axes(raw, platform)
+    return selection_axes(raw, platform, cell_type)
 
 
 @dataclass(frozen=True)
@@ -212,17 +217,15 @@ class MatrixProgress:
             retried = f" (attempt {len(p.cell.attempts)}; earlier: {escape(earlier)})" if p.cell.attempts else ""
             self.console.print(f"  [{self.done}/{self.n_cells}] {p.cell.id}: [{tint}]{escape(p.cell.summary)}[/]"
                                f"{retried}")
-        elif p.kind == "event" and p.event and p.event.get("event") == "engine":
-            ev = p.event
-            eff = ev.get("effective") or {}
-            if ev.get("started") is False:
+        elif p.kind == "event" and isinstance(p.event, EngineEvent):
+            info = p.event.info
+            if p.event.started is False:
                 # vLLM refused the engine before it ran (e.g. a profile argument): the cells say why.
-                self.console.print(f"  engine not started: vLLM {ev.get('vllm_version')}, torch "
-                                   f"{ev.get('torch_version')}")
+                self.console.print(f"  engine not started: vLLM {info.vllm_version}, torch {info.torch_version}")
                 return
-            self.console.print(f"  engine up in {ev.get('startup_s')}s: vLLM {ev.get('vllm_version')}, torch "
-                               f"{ev.get('torch_version')}, executor {eff.get('executor_class')}, effective async "
-                               f"{eff.get('async_scheduling')}")
+            self.console.print(f"  engine up in {info.get('startup_s')}s: vLLM {info.vllm_version}, torch "
+                               f"{info.torch_version}, executor {info.executor_class}, effective async "
+                               f"{info.effective_async}")
         elif p.kind in ("env", "engine-start"):
             self.console.print(f"[cyan]{escape(p.message)}[/]")
 
@@ -296,7 +299,8 @@ class MatrixCommand(Command):
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts.report import render_terminal, write_reports
+        from harness.verdicts.report import write_reports
+        from harness.verdicts.report.terminal import render_terminal
 
         setup = matrix_setup(ctx, args)
         console = stderr_console()

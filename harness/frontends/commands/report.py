@@ -39,7 +39,8 @@ class ReportCommand(Command):
                                  "under (after a bisect added a row); the header says so")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts.report import render_terminal, write_reports
+        from harness.verdicts.report import write_reports
+        from harness.verdicts.report.terminal import render_terminal
         from harness.verdicts.results import merge_results
 
         extra = parse_meta(args.meta)

@@ -1,0 +1,336 @@
+"""The async driver that plays one plan against one AsyncLLM and records every request's stream.
+
+Synchronisation is by events only: a pause or an in-flight operation is
+triggered when every running request it concerns has received its trigger
+count, and a keep-mode resume waits until every request has received all tokens
+the engine reports it generated before the pause (asked of the engine core, not
+guessed with a sleep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from repro.scenarios.base import (
+    STAGGER,
+    InflightSpec,
+    PauseAction,
+    PauseSpec,
+    Plan,
+    RequestSpec,
+    ScenarioFailed,
+    ScenarioTimeout,
+    submit_kind,
+)
+
+
+@dataclass
+class _Stream:
+    spec: RequestSpec
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    done: bool = False
+    submitted: bool = False
+    t_submit: float | None = None
+    t_first: float | None = None
+    t_finish: float | None = None
+    pauses: list[dict[str, Any]] = field(default_factory=list)
+    interrupts: list[dict[str, Any]] = field(default_factory=list)  # in-flight operations it ran through
+
+
+class Driver:
+    """Plays one plan: submits its requests, triggers its pauses and in-flight operations, records the streams."""
+
+    def __init__(self, llm: Any, plan: Plan, timeout: float, sampling_params_cls: Any, output_kind: Any):
+        self.llm = llm
+        self.plan = plan
+        self.timeout = timeout
+        self.sp_cls = sampling_params_cls
+        self.output_kind = output_kind
+        self.streams = {r.rid: _Stream(r) for r in plan.requests}
+        self.cond = asyncio.Condition()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.t0 = time.monotonic()
+        self.events: list[dict[str, Any]] = []
+
+    def _now(self) -> float:
+        return round(time.monotonic() - self.t0, 6)
+
+    async def _consume(self, st: _Stream) -> None:
+        sp = self.sp_cls(
+            temperature=0.0,
+            max_tokens=st.spec.max_tokens,
+            ignore_eos=True,
+            output_kind=self.output_kind,
+            detokenize=False,
+        )
+        st.t_submit = self._now()
+        try:
+            async for out in self.llm.generate(
+                {"prompt_token_ids": st.spec.prompt}, sp, request_id=st.spec.rid
+            ):
+                comp = out.outputs[0]
+                new = list(comp.token_ids)
+                if new and st.t_first is None:
+                    st.t_first = self._now()
+                st.tokens.extend(new)
+                if comp.finish_reason is not None:
+                    st.finish_reason = str(comp.finish_reason)
+                async with self.cond:
+                    self.cond.notify_all()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an engine error ends this request, not the run
+            st.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            st.done = True
+            st.t_finish = self._now()
+            async with self.cond:
+                self.cond.notify_all()
+
+    def _submit(self, rids: list[str]) -> None:
+        for rid in rids:
+            st = self.streams[rid]
+            st.submitted = True
+            self.tasks.append(asyncio.create_task(self._consume(st), name=f"req-{rid}"))
+
+    async def _wait_until(self, what: str, pred: Any) -> None:
+        try:
+            async with self.cond:
+                await asyncio.wait_for(self.cond.wait_for(pred), self.timeout)
+        except TimeoutError as exc:
+            raise ScenarioTimeout(f"timed out after {self.timeout}s waiting for {what}") from exc
+
+    def _running(self) -> list[_Stream]:
+        return [s for s in self.streams.values() if s.submitted and not s.done]
+
+    def _phase(self, kind: str, k: int) -> list[str]:
+        return [r.rid for r in self.plan.requests if r.submit == (kind, k) or r.submit == [kind, k]]
+
+    async def _engine_progress(self) -> dict[str, dict[str, Any]] | None:
+        core = getattr(self.llm, "engine_core", None)
+        try:
+            raw = await core.call_utility_async("repro_request_progress")
+        except Exception as exc:
+            self.events.append({"t": self._now(), "event": "progress_unavailable", "why": repr(exc)})
+            return None
+        by_rid: dict[str, dict[str, Any]] = {}
+        for internal, info in raw.items():
+            for rid in self.streams:
+                # AsyncLLM appends "-<8 hex>" to the caller's id (0.2x); older
+                # versions keep it as is.
+                if internal == rid or internal.startswith(rid + "-"):
+                    by_rid[rid] = info
+        return by_rid
+
+    async def _stagger(self, k: int, p: PauseSpec) -> None:
+        """A :data:`STAGGER` "pause": no pause at all, only the requests of pause ``k`` joining at its trigger."""
+        running = self._running()
+        await self._wait_until(f"stagger point {k} ({p.after_tokens} tokens in every running request)",
+                               lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running))
+        self.events.append({"t": self._now(), "event": "stagger", "k": k})
+        self._submit(self._phase("during", k) + self._phase("after", k))
+
+    async def _pause(self, k: int, p: PauseSpec) -> None:
+        if p.mode == STAGGER:
+            await self._stagger(k, p)
+            return
+        running = self._running()
+        await self._wait_until(
+            f"pause {k} trigger ({p.after_tokens} tokens in every running request)",
+            lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running),
+        )
+        running = self._running()
+        before = {s.spec.rid: len(s.tokens) for s in running}
+        self.events.append({"t": self._now(), "event": "pause", "k": k, "mode": p.mode,
+                            "clear_cache": p.clear_cache, "client_tokens": before})
+        await self._enter_pause(k, p)
+        self.events.append({"t": self._now(), "event": "paused", "k": k})
+        engine = await self._engine_progress()
+        await self._catch_up(k, p, running, engine)
+        for s in running:
+            s.pauses.append(self._pause_record(k, p, s, engine))
+        if p.action is not None:
+            await self._act(k, p.action)
+        self._submit(self._phase("during", k))
+        self.events.append({"t": self._now(), "event": "resume", "k": k})
+        if p.leave is not None:
+            info = await asyncio.wait_for(p.leave(), self.timeout)
+            self.events.append({"t": self._now(), "event": "pause_leave", "k": k, **info})
+        else:
+            await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+        self._submit(self._phase("after", k))
+
+    async def _enter_pause(self, k: int, p: PauseSpec) -> None:
+        """Pause the engine (pause_generation, or the spec's own ``enter``); a hang names what the engine holds."""
+        try:
+            if p.enter is not None:
+                info = await asyncio.wait_for(p.enter(), self.timeout)
+                self.events.append({"t": self._now(), "event": "pause_enter", "k": k, **info})
+            else:
+                await asyncio.wait_for(
+                    self.llm.pause_generation(mode=p.mode, clear_cache=p.clear_cache), self.timeout
+                )
+        except TimeoutError as exc:
+            # Say what the engine still holds: the evidence for a hang report.
+            try:
+                held = await asyncio.wait_for(self._engine_progress(), 10)
+            except Exception:
+                held = None
+            state = {rid: (i.get("status"), i.get("num_output_tokens")) for rid, i in (held or {}).items()}
+            client = {s.spec.rid: (len(s.tokens), s.finish_reason) for s in self.streams.values() if s.submitted}
+            raise ScenarioTimeout(
+                f"pause_generation(mode={p.mode!r}) did not return in {self.timeout}s; engine holds "
+                f"{state or 'nothing (or could not be asked)'}; client streams {client}"
+            ) from exc
+
+    async def _catch_up(self, k: int, p: PauseSpec, running: list[_Stream],
+                        engine: dict[str, dict[str, Any]] | None) -> None:
+        """Wait until the client holds every token the engine produced before the pause."""
+        if engine is not None:
+            # The engine says which requests it still holds (frozen by keep,
+            # or queued and never scheduled under wait/abort): the client must
+            # have every token it produced for them, so the first token after
+            # resume is exactly stream[pause_index].  The others finished or
+            # were aborted: their streams must end.
+            held = {s.spec.rid: engine[s.spec.rid]["num_output_tokens"] for s in running if s.spec.rid in engine}
+            await self._wait_until(
+                f"{p.mode}-pause {k}: client to catch up with the engine",
+                lambda: all(
+                    (len(s.tokens) >= held[s.spec.rid] or s.done) if s.spec.rid in held else s.done
+                    for s in running
+                ),
+            )
+        elif p.mode == "keep":
+            raise ScenarioFailed("engine progress probe unavailable; cannot tell the pause index")
+        else:
+            # wait: in-flight requests drain to completion; abort: they end
+            # with finish_reason abort.
+            await self._wait_until(
+                f"{p.mode}-pause {k}: in-flight requests to end",
+                lambda: all(s.done for s in running),
+            )
+
+    @staticmethod
+    def _pause_record(k: int, p: PauseSpec, s: _Stream, engine: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+        seen = (engine or {}).get(s.spec.rid, {})
+        return {
+            "k": k,
+            "mode": p.mode,
+            "clear_cache": p.clear_cache,
+            "client_tokens": len(s.tokens),
+            "engine_tokens": seen.get("num_output_tokens"),
+            # The scheduler's view after the pause: PREEMPTED means the
+            # request was running and was force-preempted by the cache reset.
+            "engine_status": seen.get("status"),
+            "engine_preemptions": seen.get("num_preemptions"),
+            # Still frozen inside the engine at resume time (keep mode).
+            "frozen": not s.done,
+        }
+
+    async def _waves(self) -> None:
+        """Submit the ("tokens", n) requests, smallest n first, each once every start request has n tokens."""
+        first = [s for s in self.streams.values() if s.spec.submit == "start"]
+        for n in sorted({int(r.submit[1]) for r in self.plan.requests if submit_kind(r.submit) == "tokens"}):
+            await self._wait_until(f"{n} tokens in every request submitted at start",
+                                   lambda n=n: all(s.done or len(s.tokens) >= n for s in first))
+            rids = [r.rid for r in self.plan.requests if submit_kind(r.submit) == "tokens" and int(r.submit[1]) == n]
+            self.events.append({"t": self._now(), "event": "submit_wave", "after_tokens": n, "requests": rids})
+            self._submit(rids)
+
+    async def _inflight(self, k: int, op: InflightSpec) -> None:
+        """In-flight operation ``k``: once every running request has its trigger count, act with no pause."""
+        running = self._running()
+        await self._wait_until(
+            f"{op.op} {k} trigger ({op.after_tokens} tokens in every running request)",
+            lambda: all(s.done or len(s.tokens) >= op.after_tokens for s in running),
+        )
+        running = self._running()
+        before = {s.spec.rid: len(s.tokens) for s in running}
+        self.events.append({"t": self._now(), "event": op.op, "k": k, "client_tokens": before,
+                            "targets": list(op.targets)})
+        try:
+            info = await asyncio.wait_for(self._do(op), self.timeout)
+        except TimeoutError as exc:
+            raise ScenarioTimeout(f"{op.op} {k} did not return in {self.timeout}s") from exc
+        engine = await self._engine_progress()
+        self.events.append({"t": self._now(), "event": f"{op.op}_done", "k": k, **info})
+        for s in running:
+            seen = (engine or {}).get(s.spec.rid, {})
+            s.interrupts.append({
+                "k": k,
+                "op": op.op,
+                # Aborted (abort), or preempted by the reset; False: it kept running through others' abort.
+                "target": op.op == "reset" or s.spec.rid in op.targets,
+                "client_tokens": before[s.spec.rid],  # when the operation was called
+                "client_tokens_after": len(s.tokens),  # when it returned
+                # The engine's view right after (it may have rescheduled the request already).
+                "engine_tokens": seen.get("num_output_tokens"),
+                "engine_status": seen.get("status"),
+                "engine_preemptions": seen.get("num_preemptions"),
+            })
+        if op.op == "abort":
+            aborted = [s for s in running if s.spec.rid in op.targets]
+            await self._wait_until(f"abort {k}: the aborted streams to end", lambda: all(s.done for s in aborted))
+        self._submit(self._phase("after_op", k))
+
+    async def _do(self, op: InflightSpec) -> dict[str, Any]:
+        if op.op == "reset":
+            ok = await self.llm.reset_prefix_cache(reset_running_requests=True)
+            return {"reset_ok": ok}
+        await self.llm.abort(list(op.targets))
+        return {"aborted": list(op.targets)}
+
+    async def _act(self, k: int, action: PauseAction) -> None:
+        t0 = self._now()
+        try:
+            info = await asyncio.wait_for(action(), self.timeout)
+        except BaseException as exc:
+            # Leave no paused engine behind: later scenarios of this engine
+            # would hang on it.  The action's own error is what gets reported.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+            if isinstance(exc, TimeoutError):
+                raise ScenarioTimeout(f"the action of pause {k} did not finish in {self.timeout}s") from exc
+            raise
+        self.events.append({"t": self._now(), "event": "pause_action", "k": k, "started": t0, **info})
+
+    async def run(self) -> list[dict[str, Any]]:
+        try:
+            self._submit([r.rid for r in self.plan.requests if r.submit == "start"])
+            await self._waves()
+            for k, op in enumerate(self.plan.inflight):
+                await self._inflight(k, op)
+            for k, p in enumerate(self.plan.pauses):
+                await self._pause(k, p)
+            await self._wait_until("all requests to finish", lambda: all(
+                s.done for s in self.streams.values() if s.submitted))
+        finally:
+            for t in self.tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        return [self._record(s) for s in self.streams.values()]
+
+    def _record(self, s: _Stream) -> dict[str, Any]:
+        rec = {
+            "rid": s.spec.rid,
+            "submit": list(s.spec.submit) if isinstance(s.spec.submit, tuple) else s.spec.submit,
+            "prompt": s.spec.prompt,
+            "max_tokens": s.spec.max_tokens,
+            "observed": s.tokens,
+            "finish_reason": s.finish_reason,
+            "error": s.error,
+            "pauses": s.pauses,
+            "timings": {"submit": s.t_submit, "first_token": s.t_first, "finish": s.t_finish},
+        }
+        if self.plan.inflight:
+            # Read by the oracle: a request aborted here may end early (a prefix of its reference), and
+            # every request listed ran through the operation (the known-bug table's "running at pause").
+            rec["interrupts"] = s.interrupts
+        return rec

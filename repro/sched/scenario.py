@@ -1,0 +1,63 @@
+"""One scheduler-tier scenario played on vLLM's scheduler: the fields of its ``scenario`` event.
+
+Status ``ran`` (with the request records and the op log), ``unsupported`` (this vLLM cannot build the setup
+or a request), ``crash`` (vLLM's own scheduler code raised while driven: a finding) or ``error`` (ours).
+Used by the runner for every scenario of a spec and by the fuzzer to replay a falsifying example.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from repro.crash import raised_in_vllm
+from repro.sched.adapter import Unsupported, vllm_crash_site
+from repro.sched.executor import Executor, OpUnsupported
+from repro.sched.script import ScriptError, build_script
+
+
+def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[int]) -> dict[str, Any]:
+    """One scenario's event fields: status ran / unsupported / crash / error, with records where it ran."""
+    t0 = time.monotonic()
+    try:
+        script = build_script(sc["scenario"], sc.get("params") or {}, len(perm), int(sc.get("seed", 0)))
+    except ScriptError as exc:
+        return {"status": "error", "reason": f"bad scenario: {exc}"}
+    base = {"scenario": sc["scenario"], "setup": script.to_dict(), "scheduler": script.setup.scheduler,
+            "depth": script.setup.depth}
+    try:
+        sched = adapter.scheduler(model_dir, script.setup)
+        hasher = adapter.block_hasher(script.setup.block_size) if script.setup.enable_prefix_caching else None
+        ex = Executor(script, sched, adapter, perm, hasher)
+    except Unsupported as exc:
+        return {**base, "status": "unsupported", "reason": str(exc)}
+    base["scheduler_class"] = f"{type(sched).__module__}.{type(sched).__qualname__}"
+    spec_cfg = getattr(getattr(sched, "vllm_config", None), "speculative_config", None)
+    if spec_cfg is not None:  # the drafter kind vLLM accepted with async scheduling (adapter._spec_config)
+        base["spec_method"] = str(getattr(spec_cfg, "method", None))
+    setup_s = round(time.monotonic() - t0, 3)
+    try:
+        ex.play()
+    except (OpUnsupported, Unsupported) as exc:  # e.g. a Request this adapter cannot build, met at "add"
+        return {**base, "status": "unsupported", "reason": str(exc)}
+    except Exception as exc:
+        site = vllm_crash_site(exc)
+        result = {**base, "records": ex.records(), "ops_log": ex.log,
+                  "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        if site is not None and _raised_in_vllm(exc):
+            # vLLM's own scheduler code raised while driven: a finding about vLLM (CRASH), not ERROR.
+            # A bare assert has no message, so the reason quotes vLLM's source line.
+            return {**result, "status": "crash", "vllm_frame": site[0], "vllm_source": site[1],
+                    "exception_type": type(exc).__name__, "message": str(exc),
+                    "reason": f"{type(exc).__name__}: {str(exc) or site[1]} at {site[0]}"}
+        return {**result, "status": "error"}
+    return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
+            "iterations": ex.iterations, "frames": ex.frames_made, "setup_s": setup_s,
+            "duration_s": round(time.monotonic() - t0, 3)}
+
+
+def _raised_in_vllm(exc: BaseException) -> bool:
+    """The exception left vLLM's code last, rather than our own code after vLLM returned (repro.crash)."""
+    return raised_in_vllm(exc, ours=(str(Path(__file__).resolve().parent),))
