@@ -335,6 +335,7 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, index_config_from_env
     from harness.run.cluster import RayBackend
     from harness.run.context import RunContext
+    from harness.run.events import Event
     from harness.run.execute import Progress, execute_plan
     from harness.run.spec import RunConfig
     from harness.verdicts.results import ResultsLog
@@ -348,7 +349,8 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     victim, trigger = kill_on[spec["scenario"]]
     workers: dict[str, int] = {}
 
-    def on_event(key: EngineKey, ev: dict[str, Any]) -> None:
+    def on_event(key: EngineKey, event: Event) -> None:
+        ev: dict[str, Any] = {**event.raw, "event": event.kind}  # the line as the engine wrote it
         if ev.get("event") == "start":
             obs["spans"].setdefault(key.id, {})["start"] = ev.get("t", time.time())
         elif key.id in obs["spans"] and not (key == victim and obs["killed"]):
