@@ -24,7 +24,11 @@ where an engine runs:
 * Ctrl-C or an error in the driver cancels every task (``ray.cancel`` raises
   KeyboardInterrupt inside it, so ``run_engine``'s ``finally`` kills the
   engine), force-cancels what does not end within a grace period (the reapers
-  clean up), and shuts down a Ray the run started itself.
+  clean up), and shuts down a Ray the run started itself.  Ctrl-C and SIGTERM
+  are deferred (``harness.run.deferred``): the driver never blocks in Ray for
+  more than ``POLL_S`` at a time, acts on the signal between waits, and gives
+  ``ray.shutdown`` a bounded time (it can hang: ray-project/ray#44836); a
+  Ctrl-C during a grace period or the shutdown cuts it short.
 
 The task's side (what runs on a node: the job, the mailbox, the reaper) is ``harness.run.ray_task``.
 Ray is imported lazily: the harness does not depend on it unless ``--cluster``
@@ -33,6 +37,7 @@ is used (``pip install 'vllm-repro[cluster]'``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -43,6 +48,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -62,6 +68,7 @@ from harness.run.context import (
     Progress,
     RunContext,
 )
+from harness.run.deferred import DeferredInterrupts, call_bounded, join_bounded
 from harness.run.events import StartEvent
 from harness.run.process import kill_group
 from harness.run.ray_task import ENGINE_FILES, EngineJob, Mailbox, run_engine_job
@@ -72,7 +79,10 @@ CLUSTER_FORMS = ("ray", "ray:auto", "ray:HOST:PORT")
 # Small: the object store only carries event dicts and cell results.
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024**2
 CANCEL_GRACE_S = 30.0  # run_engine's kill_group waits up to 10 s per engine
-POLL_S = 0.25  # driver: how long one ray.wait blocks before the mailbox is drained again
+POLL_S = 0.25  # driver: the longest one Ray call blocks before the mailbox is drained and signals are looked at
+DRAIN_S = 10.0  # after a cancel: how long the mailbox may take to hand over what the engines last reported
+SHUTDOWN_S = 60.0  # ray.shutdown; past this (or on a Ctrl-C meanwhile) the local cluster's processes are killed
+SHUTDOWN_KILLED_S = 90.0  # ... and then, how long its shutdown may take to notice they are gone (or a Ctrl-C)
 
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 
@@ -220,6 +230,8 @@ class _RayRun:
     by_id: dict[str, EngineKey] = field(default_factory=dict)
     seen: dict[str, dict[str, Any]] = field(default_factory=dict)  # engine id -> node info and pgid, from its messages
     driver_node: str = ""
+    interrupts: DeferredInterrupts = field(default_factory=DeferredInterrupts)
+    draining: Any = None  # the mailbox drain asked for and not yet handled: its items must not be lost
 
     def handle(self, items: list[tuple[str, str, Any]]) -> None:
         """Messages drained from the mailbox: results are recorded, the rest becomes progress."""
@@ -251,17 +263,40 @@ def _run_on_ray(run: _RayRun, engines: Sequence[EngineWork], address: str | None
     marker.write_text(f"{_platform.node()}\n")
     stage = Path(tempfile.mkdtemp(prefix="vllm-repro-ray-pkg-"))
     try:
-        _stage_packages(stage)
-        _init_ray(ray, run, stage, address)
-        try:
-            pending = _submit(ray, run, engines, marker, run_id)
-            _collect(ray, run, pending)
-        finally:
-            # Disconnects from a cluster we joined; stops the one we started.
-            ray.shutdown()
+        with run.interrupts:
+            _stage_packages(stage)
+            _init_ray(ray, run, stage, address)
+            try:
+                run.interrupts.check()
+                pending = _submit(ray, run, engines, marker, run_id)
+                _collect(ray, run, pending)
+            finally:
+                # Disconnects from a cluster we joined; stops the one we started.
+                _shutdown(ray, run.interrupts)
     finally:
         marker.unlink(missing_ok=True)
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _shutdown(ray: ModuleType, interrupts: DeferredInterrupts) -> None:
+    """``ray.shutdown``, bounded: it can block for good (ray-project/ray#44836: with a GCS that does not answer,
+    it waits in a gRPC call without a deadline, where no Ctrl-C reaches it), and the run must still end."""
+    node = getattr(ray._private.worker, "_global_node", None)  # the local cluster this run started, if any
+    stopping = call_bounded(ray.shutdown, SHUTDOWN_S, interrupts, "vllm-repro-ray-shutdown")
+    if not stopping.is_alive():
+        return
+    # Its atexit hook would wait for the lock the stuck call holds, and the interpreter would never exit.
+    atexit.unregister(ray.shutdown)
+    # What its shutdown would have stopped: the GCS, the raylet (its workers exit with it; their reapers then
+    # kill any engine left), the dashboard and monitors.
+    for infos in list(getattr(node, "all_processes", {}).values()):
+        for info in infos:
+            with contextlib.suppress(OSError, AttributeError):
+                info.process.kill()
+    # With its peers gone, the call it waited in fails and its shutdown ends: let it, or the interpreter's
+    # exit would tear Ray's core down under that thread (a crash at exit instead of the run's exit status).
+    # Not always at once: Ray's core retries the lost GCS for up to gcs_rpc_server_reconnect_timeout_s (60 s).
+    join_bounded(stopping, SHUTDOWN_KILLED_S, interrupts)
 
 
 def _init_ray(ray: ModuleType, run: _RayRun, stage: Path, address: str | None) -> None:
@@ -337,29 +372,54 @@ def _submit(ray: ModuleType, run: _RayRun, engines: Sequence[EngineWork], marker
 
 
 def _collect(ray: ModuleType, run: _RayRun, submitted: tuple[Any, dict[Any, EngineWork]]) -> None:
-    """Drain the mailbox and finish tasks until none is pending; cancel what is left on the way out."""
+    """Drain the mailbox and finish tasks until none is pending; cancel what is left on the way out.
+
+    Every Ray call here returns within ``POLL_S``; a Ctrl-C noted meanwhile is acted on between them.
+    """
     mailbox, pending = submitted
     try:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
             # Drained after the wait: whatever a finished task posted is handled before its return value.
-            try:
-                items = ray.get(mailbox.drain.remote())
-            except ray.exceptions.RayError as exc:
-                raise ClusterError(f"lost the Ray actor that collects results from the engine tasks: "
-                                   f"{_ray_error_text(exc)}; results so far are in the results log") from exc
-            run.handle(items)
+            while not _drain(ray, run, mailbox, POLL_S):
+                run.interrupts.check()
+                ready = []  # the tasks stay pending until their messages are in
             for ref in ready:
                 key, cells = pending.pop(ref)
                 _finish(ray, run, ref, key, cells)
+            run.interrupts.check()
     finally:
         if pending:
-            _cancel(ray, list(pending))
+            _cancel(ray, list(pending), run.interrupts)
             # Keep what the cancelled engines managed to report.
             with contextlib.suppress(Exception):
-                run.handle(ray.get(mailbox.drain.remote(), timeout=10))
+                # The drain in flight (if any), then what the cancelled tasks posted after it.
+                for _ in range(2):
+                    if not _drain(ray, run, mailbox, DRAIN_S):
+                        break
             for key, _ in pending.values():
                 _kill_local(run.seen.get(key.id, {}), run.driver_node)
+
+
+def _drain(ray: ModuleType, run: _RayRun, mailbox: Any, timeout: float) -> bool:
+    """Hand the mailbox's messages to the run; False if the mailbox has not answered within ``timeout``.
+
+    A drain not answered yet is kept and waited for next time: the messages it took out of the mailbox exist
+    only in its answer.
+    """
+    if run.draining is None:
+        run.draining = mailbox.drain.remote()
+    ready, _ = ray.wait([run.draining], num_returns=1, timeout=timeout)
+    if not ready:
+        return False
+    ref, run.draining = run.draining, None
+    try:
+        items = ray.get(ref)
+    except ray.exceptions.RayError as exc:
+        raise ClusterError(f"lost the Ray actor that collects results from the engine tasks: "
+                           f"{_ray_error_text(exc)}; results so far are in the results log") from exc
+    run.handle(items)
+    return True
 
 
 def _finish(ray: ModuleType, run: _RayRun, ref: Any, key: EngineKey, cells: tuple[Cell, ...]) -> None:
@@ -396,16 +456,20 @@ def _kill_local(seen: dict[str, Any], driver_node: str) -> None:
         kill_group(seen["pgid"])
 
 
-def _cancel(ray: ModuleType, refs: list[Any]) -> None:
+def _cancel(ray: ModuleType, refs: list[Any], interrupts: DeferredInterrupts) -> None:
     # KeyboardInterrupt inside each task: run_engine's finally kills its engine.
     for ref in refs:
         with contextlib.suppress(Exception):
             ray.cancel(ref, force=False)
     left = refs
-    with contextlib.suppress(Exception):
-        _, left = ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+    deadline, mark = time.monotonic() + CANCEL_GRACE_S, interrupts.mark()
+    # In slices: a Ctrl-C during the grace period (a second one, if a first started this cleanup) ends it.
+    while left and time.monotonic() < deadline and not interrupts.since(mark):
+        try:
+            _, left = ray.wait(left, num_returns=len(left), timeout=POLL_S)
+        except Exception:  # Ray itself is failing: force what is left
+            break
     for ref in left:
         # Kills the worker; its reaper kills the engine.
         with contextlib.suppress(Exception):
             ray.cancel(ref, force=True)
-

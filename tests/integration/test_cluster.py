@@ -14,6 +14,7 @@ test's processes, however many other Ray clusters or engines share the machine.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib.util
 import json
 import os
@@ -144,9 +145,19 @@ def _drive(scenario: str, env: dict[str, str], tmp_path: Path, timeout: float, r
     """Run ``scenario``'s driver in a fresh process; its observations, and its results as ``Results``."""
     spec = {"scenario": scenario, "tmp": str(tmp_path), **args}
     out = tmp_path / "driver-out.json"
-    proc = subprocess.run([sys.executable, __file__, json.dumps(spec), str(out)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == rc, f"driver exited {proc.returncode}, expected {rc}: {proc.stderr[-4000:]}"
+    proc = subprocess.Popen([sys.executable, __file__, json.dumps(spec), str(out)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # A hung driver says where it hangs: every thread's stack (faulthandler, registered by _driver_main).
+        proc.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        proc.kill()
+        _, stderr = proc.communicate()
+        pytest.fail(f"driver still running after {timeout} s; its threads:\n{stderr[-8000:]}")
+    assert proc.returncode == rc, f"driver exited {proc.returncode}, expected {rc}: {stderr[-4000:]}"
     obs = json.loads(out.read_text())
     if (tmp_path / "results.json").exists():
         obs["results"] = read_results(tmp_path / "results.json")
@@ -324,6 +335,7 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, index_config_from_env
     from harness.run.cluster import RayBackend
     from harness.run.context import RunContext
+    from harness.run.events import Event
     from harness.run.execute import Progress, execute_plan
     from harness.run.spec import RunConfig
     from harness.verdicts.results import ResultsLog
@@ -337,7 +349,8 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     victim, trigger = kill_on[spec["scenario"]]
     workers: dict[str, int] = {}
 
-    def on_event(key: EngineKey, ev: dict[str, Any]) -> None:
+    def on_event(key: EngineKey, event: Event) -> None:
+        ev: dict[str, Any] = {**event.raw, "event": event.kind}  # the line as the engine wrote it
         if ev.get("event") == "start":
             obs["spans"].setdefault(key.id, {})["start"] = ev.get("t", time.time())
         elif key.id in obs["spans"] and not (key == victim and obs["killed"]):
@@ -400,4 +413,5 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     _driver_main(json.loads(sys.argv[1]), Path(sys.argv[2]))

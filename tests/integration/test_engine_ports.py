@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ N = 8
 STANDIN = Path(__file__).with_name("port_standin.py")
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = EngineKey("0.21.0", "mp", True)
+REPORT_BACKSTOP_S = 600.0
 
 
 def standin_env(tmp_path: Path) -> VllmEnv:
@@ -59,7 +61,10 @@ def start_side_by_side(tmp_path: Path, extra_env: dict[str, str] | None = None) 
 def reports(proc: EngineProcess, *keys: str) -> dict[str, Any]:
     """The stand-in's first report carrying one of ``keys``; waits for it (or for the process to end)."""
     path = proc.wd / "ports.jsonl"
-    for _ in range(1200):  # at most ~60 s: each round waits up to 0.05 s on the process
+    # Ends on the report or on the stand-in's exit; the deadline is only a backstop for a hung one (a Python
+    # start on a loaded 2-core machine can take many seconds, so it is far beyond that).
+    deadline = time.monotonic() + REPORT_BACKSTOP_S
+    while time.monotonic() < deadline:
         ended = proc.wait(0.05)  # read after it: an ended stand-in's last line is in the file
         lines = path.read_text().splitlines() if path.exists() else []
         found = [d for d in map(json.loads, lines) if any(k in d for k in keys)]
@@ -110,9 +115,15 @@ def test_one_shared_vllm_port_makes_engines_started_at_once_collide(tmp_path: Pa
             stop_all(procs)
     finally:
         shared.release()
-    assert {d["port"] for d in picked} == {shared.lo}
+    ports = [d["port"] for d in picked]
+    # vLLM's pick binds and closes a socket, moving one port up if that fails: a stand-in whose pick overlapped
+    # another's (a matter of scheduling, more often on a loaded machine) got the next port.  Whatever the
+    # overlaps, the picks cluster at the shared port, and every stand-in whose port another one also picked
+    # fails to listen, save one per port.
+    assert shared.lo in ports and all(shared.lo <= p < shared.lo + N for p in ports), ports
+    assert len(set(ports)) < N, f"no two stand-ins picked the same port: {ports}"
     errors = [d["error"] for d in bound if "error" in d]
-    assert len(errors) == N - 1, bound
+    assert len(errors) == N - len(set(ports)), bound
     assert all("Address already in use" in e for e in errors), errors
 
 

@@ -27,9 +27,23 @@ BASE = ["--versions", "0.32.0", "--executor", "mp", "--clear-cache", "true",
         "--scenario", "pause", "--engine-timeout", str(ENGINE_TIMEOUT_S)]
 
 
-def _cli(args: list[str], **kw: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "harness.frontends.cli", "matrix", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)  # type: ignore[call-overload]
+def _cli(args: list[str], log: Path) -> subprocess.Popen[str]:
+    """The CLI, its output to ``log``: a pipe nobody reads while the test waits on files would block the run once
+    it had printed a pipe's worth (an env build's output does)."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "harness.frontends.cli", "matrix", *args], cwd=ROOT,
+                                text=True, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _output(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
+    """Wait for the CLI (``timeout`` is only a backstop for a hung run) and return what it printed."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the run did not end within {timeout} s:\n{log.read_text()[-3000:]}")
+    return log.read_text()
 
 
 def _processes_of(run_dir: Path) -> list[str]:
@@ -52,7 +66,7 @@ def _processes_of(run_dir: Path) -> list[str]:
     return found
 
 
-def _wait_for(cond, what: str, proc: subprocess.Popen[str],  # type: ignore[no-untyped-def]
+def _wait_for(cond, what: str, proc: subprocess.Popen[str], log: Path,  # type: ignore[no-untyped-def]
               limit: float = 2 * ENGINE_TIMEOUT_S) -> None:
     # Polls an observable condition (a file the run writes).  The deadline is only a backstop beyond the run's
     # own engine time limit: on a loaded machine a first engine start took over 400 s (issue 21), and it is
@@ -60,8 +74,7 @@ def _wait_for(cond, what: str, proc: subprocess.Popen[str],  # type: ignore[no-u
     deadline = time.monotonic() + limit
     while not cond():
         if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            pytest.fail(f"the run ended (rc {proc.returncode}) before {what}:\n{out[-3000:]}")
+            pytest.fail(f"the run ended (rc {proc.returncode}) before {what}:\n{log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"timed out waiting for {what}")
@@ -92,11 +105,13 @@ def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path:
     reports = tmp_path / "reports"
     # --jobs 1: the engines run one after the other on any machine (the default runs two at once on 16 cores).
     args = [*BASE, "--mode", "keep", "--async", "off,on", "--jobs", "1", "--reports", str(reports)]
-    proc = _cli(args)
+    log1, log2, log3 = (tmp_path / f"cli{i}.log" for i in (1, 2, 3))
+    proc = _cli(args, log1)
     log = reports / "results.jsonl"
     second = reports / "engines" / "vllm0.32.0-mp-async_on" / "events.jsonl"
-    _wait_for(lambda: any("async_off" in ln["id"] for ln in _lines(log)), "the first engine's cell was logged", proc)
-    _wait_for(lambda: _start_event(second) is not None, "the second engine started", proc)
+    _wait_for(lambda: any("async_off" in ln["id"] for ln in _lines(log)), "the first engine's cell was logged",
+              proc, log1)
+    _wait_for(lambda: _start_event(second) is not None, "the second engine started", proc, log1)
     # Held where it is (its start event comes before vLLM is even imported) until the Ctrl-C has reached the run:
     # however slow this machine, its cell cannot finish first (issue 21: it did, and the run exited 0).
     start = _start_event(second)
@@ -106,18 +121,19 @@ def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path:
         assert not any(ev.get("event") == "scenario" for ev in _lines(second)), "the second engine finished first"
         proc.send_signal(signal.SIGINT)
         # The run's kill_group SIGTERMs the engine's group; only then does the engine run again, to meet it.
-        _wait_for(lambda: _sigterm_pending(start["pid"]), "the interrupted run to SIGTERM the engine", proc)
+        _wait_for(lambda: _sigterm_pending(start["pid"]), "the interrupted run to SIGTERM the engine", proc,
+                  log1)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(start["pgid"], signal.SIGCONT)
-    out, _ = proc.communicate(timeout=120)
+    out = _output(proc, log1, 120)
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted" in out
     assert _processes_of(reports) == [], "an engine process outlived Ctrl-C"
     assert [ln["id"] for ln in _lines(log)] == ["vllm0.32.0-mp-async_off-keep-clear"]
 
-    resumed = _cli([*args, "--resume"])
-    out, _ = resumed.communicate(timeout=900)
+    resumed = _cli([*args, "--resume"], log2)
+    out = _output(resumed, log2, 2 * ENGINE_TIMEOUT_S)
     assert resumed.returncode == 0, out[-3000:]
     res = read_results(reports / "results.json")
     assert {c.id: c.outcome.value for c in res.cells} == {
@@ -127,17 +143,18 @@ def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path:
     assert _processes_of(reports) == []
 
     # Different settings are refused rather than mixed into the same report.
-    bad = _cli([*args, "--resume", "--max-tokens", "64"])
-    out, _ = bad.communicate(timeout=60)
+    bad = _cli([*args, "--resume", "--max-tokens", "64"], log3)
+    out = _output(bad, log3, 300)
     assert bad.returncode == 2 and "different settings" in out
 
 
 def test_a_pause_that_never_returns_is_a_timeout_and_leaves_nothing(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     # hang#pause: the engine core pauses but never acknowledges it (repro/inject.py).
+    log = tmp_path / "cli.log"
     proc = _cli([*BASE[:-2], "--engine-timeout", "400", "--async", "on", "--mode", "keep,wait",
-                 "--inject", "hang#pause", "--scenario-timeout", "15", "--reports", str(reports)])
-    out, _ = proc.communicate(timeout=600)
+                 "--inject", "hang#pause", "--scenario-timeout", "15", "--reports", str(reports)], log)
+    out = _output(proc, log, 600)
     assert proc.returncode == 1, out[-3000:]
     res = read_results(reports / "results.json")
     outcomes = {c.id: (c.outcome.value, c.reason or "") for c in res.cells}
