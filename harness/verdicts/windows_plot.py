@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from harness.core.errors import BadInput
 from harness.core.outcomes import COLORS, LEGEND, Category
-from harness.verdicts.history.plot import PlotUnavailable
+from harness.verdicts.history.plot import PlotUnavailable, save_png
 from harness.verdicts.windows import Box, Chart
 
 CELL_W, CELL_H = 0.42, 0.34  # inches per box
@@ -83,12 +82,5 @@ def draw(chart: Chart, out: Path, dpi: int = 110) -> Path:
              Category.NOT_RUN]
     fig.legend(handles=[patch(facecolor=COLORS[c], edgecolor="#909090", label=LEGEND[c]) for c in shown],
                loc="lower left", ncol=3, fontsize=6.5, frameon=False, bbox_to_anchor=(0.01, 0.0))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise BadInput(f"cannot write the chart to {out}: {exc.strerror}") from exc
+    save_png(fig, out, dpi, "the chart")
     return out

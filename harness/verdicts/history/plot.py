@@ -141,7 +141,8 @@ def _titles_and_legend(fig: Any, view: HistoryView, g: _Geometry, patch: Any) ->
                bbox_to_anchor=(0.5, 0.1 / g.height))
 
 
-def _save_png(fig: Any, out: Path, dpi: int) -> None:
+def save_png(fig: Any, out: Path, dpi: int, what: str = "the plot") -> None:
+    """Write ``fig`` to ``out`` whole or not at all (a temporary file renamed into place)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
@@ -149,7 +150,7 @@ def _save_png(fig: Any, out: Path, dpi: int) -> None:
         os.replace(tmp, out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise BadInput(f"cannot write the plot to {out}: {exc.strerror}") from exc
+        raise BadInput(f"cannot write {what} to {out}: {exc.strerror}") from exc
 
 
 def plot(
@@ -191,6 +192,6 @@ def plot(
         row = view.rows[r]
         boxes.append(PlotBox(labels[r], row.config, row.platform, row.inject, view.versions[c], outcome, text, fill,
                              (round(x0), round(h_px - y1), round(x1), round(h_px - y0))))
-    _save_png(fig, out, dpi)
+    save_png(fig, out, dpi)
     return HeatmapLayout(out, w_px, h_px, tuple(labels), view.versions, tuple(boxes), view.runs,
                          view.excluded_injected_runs)
