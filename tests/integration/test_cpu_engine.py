@@ -18,6 +18,7 @@ from harness.core.oracle import Outcome
 from harness.envbuild.envs import default_cache_dir, index_config_from_env
 from harness.plan.matrix import EngineKey, MatrixPlan, Selection, plan_matrix
 from harness.run.context import RunContext
+from harness.run.events import Event
 from harness.run.execute import execute_plan
 from harness.run.process import group_alive
 from harness.run.spec import RunConfig
@@ -81,7 +82,8 @@ def test_killing_an_engine_errors_its_cells_and_the_run_goes_on(tmp_path: Path) 
     pgids: dict[str, int] = {}
     killed: list[int] = []
 
-    def on_event(key: EngineKey, ev: dict[str, Any]) -> None:
+    def on_event(key: EngineKey, event: Event) -> None:
+        ev: dict[str, Any] = {**event.raw, "event": event.kind}  # the line as the engine wrote it
         if ev.get("event") == "start":
             pgids[key.id] = int(ev["pgid"])
         if key == victim and ev.get("event") == "scenario" and not killed:
