@@ -145,8 +145,11 @@ def _drive(scenario: str, env: dict[str, str], tmp_path: Path, timeout: float, r
     """Run ``scenario``'s driver in a fresh process; its observations, and its results as ``Results``."""
     spec = {"scenario": scenario, "tmp": str(tmp_path), **args}
     out = tmp_path / "driver-out.json"
+    # SIGINT as a terminal gives it: a suite started as a background job (`cmd &`) has it ignored, and the driver
+    # would inherit that and never see the Ctrl-C it sends itself.
     proc = subprocess.Popen([sys.executable, __file__, json.dumps(spec), str(out)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -32,7 +32,13 @@ def _cli(args: list[str], log: Path) -> subprocess.Popen[str]:
     it had printed a pipe's worth (an env build's output does)."""
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "harness.frontends.cli", "matrix", *args], cwd=ROOT,
-                                text=True, stdout=out, stderr=subprocess.STDOUT)
+                                text=True, stdout=out, stderr=subprocess.STDOUT, preexec_fn=default_sigint)
+
+
+def default_sigint() -> None:
+    """Ctrl-C as a terminal gives it, whatever this test inherited: a suite started as a background job (``cmd &``)
+    has SIGINT ignored, which every child inherits and Python then keeps, so the SIGINT below would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _output(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
