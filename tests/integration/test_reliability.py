@@ -67,6 +67,8 @@ def _processes_of(run_dir: Path) -> list[str]:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        if not cmd.strip():
+            continue  # its memory is already gone (no command line left): a process in the middle of exiting
         if cwd.startswith(str(run_dir)) or str(run_dir) in cmd:
             found.append(f"{entry}: {cmd[:200]}")
     return found
