@@ -296,7 +296,7 @@ def test_engine_task_on_a_node_without_the_driver_file_system(tmp_path: Path, mo
     results = [CellResult.from_dict(d) for d in out["results"]]
     assert [r.outcome for r in results] == [Outcome.OK, Outcome.ERROR]
     # Streamed in order: where it runs, the engine's events, each result as soon as it is known.
-    kinds = [(k, p.get("event") if k == "event" else None) for _, k, p in posted]
+    kinds = [(k, p.kind if k == "event" else None) for _, k, p in posted]
     assert kinds == [("node", None), ("result", None), ("event", "scenario"), ("result", None)]
     streamed = [CellResult.from_dict(p) for _, k, p in posted if k == "result"]
     assert [r.id for r in streamed] == [r.id for r in results]

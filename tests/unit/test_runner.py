@@ -13,6 +13,7 @@ import pytest
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv
 from harness.plan.matrix import Cell, EngineKey
+from harness.run.events import CorruptEvent, Event, StartEvent
 from harness.run.process import group_alive
 from harness.run.runner import run_engine
 from harness.run.spec import RunConfig, engine_spec
@@ -49,9 +50,9 @@ def test_hang_becomes_timeout_and_kills_the_whole_group(tmp_path: Path) -> None:
         wait
     """)
 
-    def hook(_k: EngineKey, ev: dict) -> None:
-        if ev.get("event") == "start":
-            pgids.append(int(ev["pgid"]))
+    def hook(_k: EngineKey, ev: Event) -> None:
+        if isinstance(ev, StartEvent):
+            pgids.append(ev.pgid)
 
     results = run_engine(env, ENGINE, CELLS, cfg(tmp_path, engine_timeout=3.0), on_event=hook)
     assert [r.outcome for r in results] == [Outcome.TIMEOUT, Outcome.TIMEOUT]
@@ -213,10 +214,10 @@ def test_a_scenario_event_the_wire_format_refuses_does_not_count(tmp_path: Path)
         echo '{"event": "scenario", "id": "keep-clear", "status": "ran"}' >> "$OUT"
         exit 1
     """)
-    seen: list[dict] = []
+    seen: list[Event] = []
     results = run_engine(env, ENGINE, CELLS, cfg(tmp_path), on_event=lambda _k, ev: seen.append(ev))
     assert [r.outcome for r in results] == [Outcome.ERROR, Outcome.ERROR]
-    assert seen[0]["event"] == "corrupt" and "missing field 'records'" in seen[0]["error"]
+    assert isinstance(seen[0], CorruptEvent) and "missing field 'records'" in (seen[0].error or "")
 
 
 @pytest.mark.integration
@@ -232,7 +233,7 @@ def test_session_failures_are_typed(tmp_path: Path) -> None:
         echo "$stop" > "$(dirname "$OUT")/stop.txt"
     """)
     s = EngineSession(env, ENGINE, cfg(tmp_path, engine_timeout=30.0))
-    assert s.start()["event"] == "engine"
+    assert s.start().kind == "engine"
     spec = json.loads((s.wd / "spec.json").read_text())
     assert spec["interactive"] is True and spec["scenarios"] == []
     with pytest.raises(EngineDied) as exc:
