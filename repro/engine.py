@@ -222,6 +222,9 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], 
         # An axis added to the harness's table without its engine side: the cells would run unlabelled.
         _refuse_all(spec, emit, info, f"repro.engine_axes cannot realise the cell axis(es) {missing}")
         return None
+    if spec.engine.axes.get("door", "engine") != "engine":
+        _refuse_all(spec, emit, info, "this repro has no server door yet (issue 22)")
+        return None
     # Any vocabulary will do to tell a pausing plan from another (it only draws the prompts).
     vocab = model.vocab_size or 64
     if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):

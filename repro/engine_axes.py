@@ -52,8 +52,9 @@ ENV_VARS: dict[str, tuple[EnvVar, ...]] = {
     "model_runner": (EnvVar("VLLM_USE_V2_MODEL_RUNNER", lambda r: "1" if r == "v2" else "0"),),
     "batch_invariant": (EnvVar("VLLM_BATCH_INVARIANT", lambda b: "1" if b else "0"),),
 }
-# Realised by the process itself: the env's vLLM is the version; repro.engine is the engine tier.
-IMPLICIT = frozenset({"version", "tier"})
+# Realised by the process itself: the env's vLLM is the version; repro.engine is the engine tier and picks the door
+# (AsyncLLM in-process, or a `vllm serve` it starts and drives over HTTP).
+IMPLICIT = frozenset({"version", "tier", "door"})
 
 
 def engine_args(axes: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ MODEL_RUNNERS = ("v1", "v2")
 # "engine": a real AsyncLLM engine process runs the scenario.  "scheduler": vLLM's scheduler driven
 # in-process with scripted model outputs (the scheduler tier); no engine, no model forward.
 TIERS = scenarios.TIERS
+DOORS = ("engine", "server")
 ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
 # Any of these words sets a flag in a cell pattern (``--cell async=on``, ``clear_cache=true``).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from harness.core import scenarios
 from harness.core.axes import (
+    DOORS,
     EXECUTORS,
     MODEL_RUNNERS,
     MODES,
@@ -101,6 +102,14 @@ class Cell:
         selection_default=("engine",), sched_tier=True, added_in_schema=2,
         help="engine (a real AsyncLLM engine per config, default) or scheduler (vLLM's scheduler driven "
              "in-process with scripted model outputs)"))
+    # How the scenario reaches vLLM (issue 22): AsyncLLM in-process (engine, the default: ids unchanged) or a real
+    # `vllm serve` on a loopback port driven over HTTP (server), the door most RL frameworks use.
+    door: str = field(default="engine", metadata=axis(
+        "choice", DOORS, engine=True, id_rank=10, loop_rank=7, sort_rank=10,
+        spellings=(("engine", ""), ("server", "server")), option="door", what="door", option_all=True,
+        plural="doors", selection_default=("engine",),
+        help="engine (AsyncLLM in the engine process, default) or server (`vllm serve` on 127.0.0.1, driven over "
+             "its HTTP API) or all"))
 
     @classmethod
     def table(cls) -> AxisTable:
