@@ -54,6 +54,7 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
                     "reason": f"{type(exc).__name__}: {str(exc) or site[1]} at {site[0]}"}
         return {**result, "status": "error"}
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
+            "stall_state": ex.stall_state,
             "iterations": ex.iterations, "frames": ex.frames_made, "setup_s": setup_s,
             "duration_s": round(time.monotonic() - t0, 3)}
 
