@@ -40,8 +40,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from repro.sched.stall import scheduler_state, state_text
 from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
+from repro.sched.stall import scheduler_state, state_text
 
 
 class Builder(Protocol):

@@ -2,7 +2,8 @@
 
 Request outcomes, from best to worst: OK, TRUNCATED, DUPLICATE(k at i), LOSS(k at i), DIVERGED(at i), ERROR.
 Cell outcomes add CRASH and STALL (findings about vLLM), UNSUPPORTED and TIMEOUT (and ERROR for infrastructure
-failures); a cell that ran takes the worst outcome of its requests.  A :class:`FaultEvent` is one shift of a stream against its reference.
+failures); a cell that ran takes the worst outcome of its requests.  A :class:`FaultEvent` is one shift of a
+stream against its reference.
 """
 
 from __future__ import annotations
