@@ -42,9 +42,13 @@ def _docstring(plan: Mapping[str, Any], script: Script, source: str) -> str:
     found = plan.get("found") or {}
     ops = "; ".join(op_text(o) for o in script.to_dict()["ops"])
     lines = [f"Reproducer exported by vllm-repro from {source}: vLLM's {script.setup.scheduler} scheduler, "
-             f"{script.setup.depth} frame(s) in flight.", "", f"Ops: {ops}."]
-    if found:
-        lines += ["", f"Found on vLLM {found.get('version')} (seed {found.get('seed')}): {found.get('summary')}"]
+             f"{script.setup.depth} frame(s) in flight" + (
+                 f", {script.setup.spec_tokens} draft token(s) a step, {script.setup.spec_accepted} accepted"
+                 if script.setup.spec_tokens else "") + ".", "", f"Ops: {ops}."]
+    if found.get("version"):
+        lines += ["", f"Found on vLLM {found['version']} (seed {found.get('seed')}): {found.get('summary')}"]
+    elif found.get("summary"):
+        lines += ["", str(found["summary"])]
     lines += ["", "Run: pytest -q THIS_FILE   (needs only vllm and pytest; CPU is enough)."]
     return "\n".join(lines).replace('"""', "'''").replace("\\", "\\\\")
 
