@@ -249,8 +249,8 @@ _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", 
                               "engine_recovered", "traceback", "precondition"})
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised.
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
-                                    "stalled", "iterations", "frames", "setup_s", "vllm_frame", "vllm_source",
-                                    "exception_type", "message", "spec_method"})
+                                    "stalled", "iterations", "frames", "empty_frames", "setup_s", "vllm_frame",
+                                    "vllm_source", "exception_type", "message", "spec_method"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),
