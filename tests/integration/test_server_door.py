@@ -7,6 +7,7 @@ must answer on 127.0.0.1 and refuse a connection on every other address of this 
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 from pathlib import Path
@@ -25,7 +26,7 @@ def local_addresses() -> list[tuple[int, str]]:
     """Every address of this machine's interfaces but loopback: (family, address)."""
     out: set[tuple[int, str]] = set()
     lines = Path("/proc/net/fib_trie").read_text().splitlines() if Path("/proc/net/fib_trie").exists() else []
-    for prev, line in zip(lines, lines[1:], strict=False):
+    for prev, line in itertools.pairwise(lines):
         if "/32 host LOCAL" in line:
             addr = prev.split()[-1]
             if not addr.startswith("127."):
