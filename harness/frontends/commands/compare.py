@@ -30,7 +30,9 @@ class CompareCommand(Command):
                                  "tier and the tiers differ)")
         parser.add_argument("--across-doors", action="store_true",
                             help="pair cells by id without the door segment, engine door against server door "
-                                 "(automatic when each report holds one door and the doors differ)")
+                                 "(automatic when each report holds one door and the doors differ; a report of "
+                                 "both doors, given as A and B, compares its engine-door cells with its "
+                                 "server-door cells)")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.verdicts.compare.pairs import compare

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.core.errors import BadInput
@@ -323,6 +323,13 @@ def doors_of(results: Results) -> tuple[str, ...]:
     return tuple(d for d in ("engine", "server") if d in found) + tuple(sorted(found - {"engine", "server"}))
 
 
+def _one_door(results: Results, door: str) -> Results:
+    """``results`` with only ``door``'s cells when it holds both doors, else as it is."""
+    if len(doors_of(results)) < 2:
+        return results
+    return replace(results, cells=tuple(c for c in results.cells if c.cell.door == door))
+
+
 def is_across_doors(a: Results, b: Results) -> bool:
     """Each report holds one door, and they differ (then cells pair by id without the door segment)."""
     da, db = doors_of(a), doors_of(b)
@@ -377,10 +384,14 @@ def compare(a: Results, b: Results, a_source: str = "A", b_source: str = "B",
     """Match the cells of two reports by id and say, for every cell both ran, whether they agree.
 
     ``across_tiers`` pairs cells by id without the tier segment (None: when ``is_across_tiers``);
-    ``across_doors`` without the door segment (None: when ``is_across_doors``).
+    ``across_doors`` without the door segment (None: when ``is_across_doors``); a report holding both doors
+    then takes part with its engine-door cells as A and its server-door cells as B (``compare R R``).
     """
     across = is_across_tiers(a, b) if across_tiers is None else across_tiers
     doors = is_across_doors(a, b) if across_doors is None else across_doors
+    if doors:
+        # A report of both doors (a --door all run) gives its engine-door cells as A, its server-door cells as B.
+        a, b = _one_door(a, "engine"), _one_door(b, "server")
     ia, ib = _by_id(a, a_source, across, doors), _by_id(b, b_source, across, doors)
     sa, sb = _side("A", a_source, a, across), _side("B", b_source, b, across)
     bugs = load_known_bugs() if across else None
