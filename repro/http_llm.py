@@ -167,10 +167,12 @@ class HttpLLM:
                 self._streams[request_id] = resp
                 async for out in stream_outputs(resp.aiter_lines()):
                     yield out
-        except (httpx.StreamClosed, httpx.ReadError, httpx.RemoteProtocolError):
+        except (httpx.HTTPError, OSError, RuntimeError):
+            # abort() closed the stream under the read (httpx raises StreamClosed, ReadError or a transport's
+            # closed-resource error, depending on where the read was): AsyncLLM ends an aborted request so.
             if request_id not in self._aborted:
                 raise
-            yield _output([], "abort")  # closed by abort(): AsyncLLM reports an aborted request so
+            yield _output([], "abort")
         finally:
             self._streams.pop(request_id, None)
 

