@@ -182,3 +182,16 @@ def test_server_port_and_env() -> None:
     env = server_env({"PYTHONPATH": "/staged"})
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["PYTHONPATH"] == "/staged"
     assert env["VLLM_REPRO_SERVER_PROBE"] == "1"
+
+
+def test_descendants_walk_the_process_tree(tmp_path: Any) -> None:
+    from repro.server import descendants
+
+    # pid (comm) state ppid ...: 10 -> 11 -> 12, 10 -> 13; 20 is another tree; a comm with spaces and ")".
+    for pid, ppid, comm in [(10, 1, "python"), (11, 10, "VLLM::EngineCore"), (12, 11, "VLLM::Worker"),
+                            (13, 10, "a) b"), (20, 1, "other")]:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} 0 0\n")
+    (tmp_path / "self").mkdir()
+    assert sorted(descendants(10, tmp_path)) == [11, 12, 13]
+    assert descendants(12, tmp_path) == []
