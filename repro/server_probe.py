@@ -15,8 +15,8 @@ They are added by wrapping ``build_app`` of ``vllm.entrypoints.openai.api_server
 0.21.0 and 0.22.0 at ``api_server.py:157``), which ``run_server_worker`` looks up by module global.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations to tell the
+# ``Request`` parameter from a query parameter, and ``Request`` is imported inside ``_add_routes``.
 import os
 from typing import Any
 
