@@ -56,7 +56,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
     """Start the server for ``spec``, prove its settings, play the scenarios; the server ends with it."""
     import httpx
 
-    from repro.http_llm import HttpLLM
+    from repro.http_llm import HttpLLM, ServerError
 
     port = server_port()
     try:
@@ -80,7 +80,12 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
                 return
             llm = HttpLLM(client, server.url, str(info["vllm_version"]), model.source, lambda: server.alive)
             startup = round(time.monotonic() - t0, 3)
-            probe = await llm.probe()
+            try:
+                probe = await llm.probe()
+            except ServerError as exc:
+                # No probe route (the shim not loaded in the server?): the settings are not proved, so every
+                # cell is UNSUPPORTED with effective_settings' reason, which names this.
+                probe = {"probe_error": str(exc)}
             eff, reason = effective_settings(requested, probe)
             emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
                  unsupported_reason=reason, server=facts)
