@@ -40,7 +40,7 @@ from repro.rootcause import root_causes
 from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
 from repro.scenarios.runs import check_pause_api
-from repro.server_door import run_server_door
+from repro.server.door import run_server_door
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 
@@ -256,7 +256,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
         if missing:
             _refuse_all(spec, emit, info, f"repro.engine_axes cannot realise the cell axis(es) {missing}")
             return
-        # vLLM's OpenAI server over HTTP (repro.server_door), with the engine door's own engine arguments.
+        # vLLM's OpenAI server over HTTP (repro.server.door), with the engine door's own engine arguments.
         await run_server_door(spec, model, engine_kwargs(spec, model), info, _requested(spec),
                               emit, lambda why: _refuse_all(spec, emit, info, why), emit.path.parent)
         return

@@ -42,7 +42,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from repro import counters, crash, inject, server_probe
+from repro import counters, crash, inject
+from repro.server import probe as server_probe
 
 ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
 
@@ -82,7 +83,7 @@ def register() -> None:
 
 
 def _install_server_probe() -> None:
-    """The server door's probe routes (``repro.server_probe``) in the API-server process.
+    """The server door's probe routes (``repro.server.probe``) in the API-server process.
 
     ``python -m vllm.entrypoints.openai.api_server`` runs that module as ``__main__`` (its build_app is the one
     ``run_server_worker`` calls); a copy imported under its own name is patched too.

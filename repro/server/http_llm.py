@@ -1,7 +1,7 @@
 """The server door's client: what ``repro.scenarios`` drives (AsyncLLM's methods) over ``vllm serve``'s HTTP API.
 
 Built on httpx (in every vLLM environment: the ``openai`` client depends on it).  Every call is a real request
-to the server the engine process started (``repro.server``), on loopback:
+to the server the engine process started (``repro.server.process``), on loopback:
 
 * ``generate``: a streaming ``POST /v1/completions`` from the prompt's token ids, greedy (temperature 0,
   ignore_eos, max_tokens), ``return_token_ids`` so each chunk carries the token ids of its delta, and the
@@ -10,8 +10,8 @@ to the server the engine process started (``repro.server``), on loopback:
 * ``pause_generation``/``resume_generation``/``reset_prefix_cache``/``sleep``/``wake_up``/``collective_rpc``:
   vLLM's dev endpoints, always with every parameter explicit (the HTTP defaults are not AsyncLLM's:
   ``docs/frameworks-endpoints.toml``), refused with ScenarioUnsupported where the release lacks the endpoint or
-  parameter (``repro.http_endpoints``);
-* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes (``repro.server_probe``).
+  parameter (``repro.server.endpoints``);
+* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes (``repro.server.probe``).
 
 The parsing of the stream is pure (:func:`parse_sse`, :func:`strip_ids`), unit-tested with httpx's MockTransport.
 """
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # httpx is in every vLLM env (openai's dependency), not in the harness's
     import httpx
 
-from repro.http_endpoints import endpoint_problem
 from repro.scenarios.base import ScenarioUnsupported
+from repro.server.endpoints import endpoint_problem
 
 ENGINE_PREFIX = "cmpl-"  # serving_completion.py: request_id = f"cmpl-{request.request_id}", then f"{id}-{i}"
 DONE = "[DONE]"

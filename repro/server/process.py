@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.rootcause import read_tail, root_cause
-from repro.server_probe import ENV_SERVER_PROBE
+from repro.server.probe import ENV_SERVER_PROBE
 
 HOST = "127.0.0.1"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

@@ -1,12 +1,12 @@
 """The server door of an engine process: the cells of one engine config played over ``vllm serve``'s HTTP API.
 
 ``repro.engine`` calls :func:`run_server_door` for a spec whose ``door`` axis is ``server``: it starts one
-server (``repro.server``) with the engine door's own engine arguments (``repro.engine.engine_kwargs``, as
-flags checked by vLLM's parser: ``repro.server_args``), waits for it, proves its *effective* settings through
+server (``repro.server.process``) with the engine door's own engine arguments (``repro.engine.engine_kwargs``, as
+flags checked by vLLM's parser: ``repro.server.args``), waits for it, proves its *effective* settings through
 the harness's probe route exactly as the engine door proves its own (``repro.cell.effective_settings``), and
-plays every scenario the server door can play (``repro.http_endpoints.SCENARIOS``; the others are UNSUPPORTED
+plays every scenario the server door can play (``repro.server.endpoints.SCENARIOS``; the others are UNSUPPORTED
 with the reason) with the same drivers and ``run_cell`` as the engine door, on the HTTP adapter
-(``repro.http_llm``).  The server is ended with the engine process.
+(``repro.server.http_llm``).  The server is ended with the engine process.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from repro.cell import effective_settings, refused_setting, run_cell
-from repro.http_endpoints import scenario_problem
 from repro.model_kinds import LoadedModel
 from repro.rootcause import read_tail, tracebacks
 from repro.scenarios.base import EngineContext
-from repro.server import HOST, Server, ServerDied, server_port
-from repro.server_args import ArgMappingError, serve_argv
+from repro.server.args import ArgMappingError, serve_argv
+from repro.server.endpoints import scenario_problem
+from repro.server.process import HOST, Server, ServerDied, server_port
 from repro.wire import STOP, ScenarioSpec, Spec
 
 Emit = Callable[..., None]
@@ -56,7 +56,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
     """Start the server for ``spec``, prove its settings, play the scenarios; the server ends with it."""
     import httpx
 
-    from repro.http_llm import HttpLLM, ServerError
+    from repro.server.http_llm import HttpLLM, ServerError
 
     port = server_port()
     try:

@@ -1,7 +1,7 @@
 """The harness's probe routes inside a ``vllm serve`` it started (the server door): not a framework door.
 
 Installed by ``repro.shim`` in the API-server process when ``VLLM_REPRO_SERVER_PROBE=1`` (set only by
-``repro.server`` for the server it starts, which binds 127.0.0.1 only).  vLLM's HTTP API has no way to ask
+``repro.server.process`` for the server it starts, which binds 127.0.0.1 only).  vLLM's HTTP API has no way to ask
 the engine core what the engine door asks it (``repro.cell.probe_engine``: the scheduler class, the
 effective async setting; ``repro_request_progress`` at a pause, to synchronise the driver), so these routes
 forward exactly those calls to the server's own ``AsyncLLM`` (``app.state.engine_client``):
