@@ -84,6 +84,12 @@ SHAPES: dict[str, SchedShape] = {
                              sync_reason=_SPEC_ONLY_ASYNC),
     "spec-reset-partial": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 1,
                                                     "in_flight": 1}, sync_reason=_SPEC_ONLY_ASYNC),
+    # vllm#57562 (open): waves of prompts longer than the 32-token step budget chunk-prefilled beside running
+    # decodes, no preemption, no speculative decoding (repro/sched/upstream.py).  Async off: the same waves.
+    "chunked": SchedShape("chunked_burst", {"depth": 2}, {}),
+    # vllm#49674 (PR #49675): preempt_pressure with the null consumer KV connector; the sync Scheduler (one
+    # batch in flight) never defers frees, the control.
+    "deferred-free": SchedShape("deferred_free_pressure", {"depth": 2}, {}, preempts=True),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
 }

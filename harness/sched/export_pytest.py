@@ -35,6 +35,9 @@ def plan_script(plan: Mapping[str, Any], where: str) -> Script:
         script = build_script("ops", plan["script"], VOCAB)
     except ScriptError as exc:
         raise BadInput(f"{where}: {exc}") from exc  # prompt tokens outside VOCAB too
+    if script.setup.kv_consumer:
+        # repro/sched/null_connector.py (vllm#49674's deferred frees) is not inlined in the template yet.
+        raise BadInput(f"{where}: a plan with kv_consumer (the null KV connector) cannot be exported yet")
     return script
 
 

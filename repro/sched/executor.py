@@ -118,6 +118,7 @@ class Executor:
         # rid -> next output position the worker samples for a continuing request
         self.worker_next: dict[str, int] = {}
         self.frames_made = 0
+        self.empty_frames = 0  # frames schedule() returned with no token scheduled
         self.iterations = 0
         self.log: list[dict[str, Any]] = []
         self.stalled: str | None = None
@@ -188,6 +189,9 @@ class Executor:
         so = self.sched.schedule()
         if so.total_num_scheduled_tokens > 0:
             self.progress_at = self.iterations
+        else:
+            # A step that scheduled nothing with requests waiting: vllm#49674's zero-progress steps are these.
+            self.empty_frames += 1
         positions = self._positions(so)
         req_ids = list(positions)
         sampled = [[token_at(self.perm, self.streams[r].prompt, p) for p in positions[r]] for r in req_ids]

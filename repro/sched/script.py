@@ -71,6 +71,9 @@ class Setup:
     spec_tokens: int = 0  # k draft tokens per decode step (scripted speculative decoding)
     spec_accepted: int = 0  # how many of the k drafts each step accepts
     max_steps: int = 5000  # bound on iterations of one step_until / run (a hang is a finding, not a wait)
+    # A consumer KV connector that moves nothing (repro/sched/null_connector.py): with D >= 2 it turns on
+    # vLLM's deferred block frees (PR #45357), the precondition of vllm#49674.
+    kv_consumer: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:

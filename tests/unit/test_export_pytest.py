@@ -63,6 +63,7 @@ def test_the_plan_reaches_the_file_unchanged_with_one_test() -> None:
     ({"tier": "scheduler", "script": {"requests": [], "ops": [{"op": "jump"}]}}, "unknown op"),
     ({"tier": "scheduler", "script": {"requests": [{"rid": "a", "prompt": [600], "max_tokens": 1}], "ops": []}},
      "outside the vocabulary"),
+    ({"tier": "scheduler", "script": {"kv_consumer": True, "requests": [], "ops": []}}, "cannot be exported yet"),
 ])
 def test_what_cannot_be_exported_is_refused(plan: dict[str, object], message: str) -> None:
     with pytest.raises(BadInput, match=message):

@@ -15,6 +15,7 @@ from harness.run.scenario_results import scenario_result
 from harness.sched.cells import SHAPES, sched_result, sched_scenario, sched_spec
 from harness.verdicts.workarounds import workaround_verdicts
 from repro.sched.script import SCHEMA_VERSION, build_script
+from repro.sched.upstream import build_any_script
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +45,7 @@ def test_every_scheduler_tier_scenario_has_a_script_for_each_async_setting_it_ex
                 assert not async_on and SHAPES[name].sync is None and reason == f"async off: {SHAPES[name].sync_reason}"
                 continue
             sc = sched_scenario(cell, cell.scenario_id, 7)
-            script = build_script(sc["scenario"], sc["params"], 512, 7)
+            script = build_any_script(sc["scenario"], sc["params"], 512, 7)
             assert script.setup.is_async is async_on and sc["seed"] == 7 and sc["id"] == cell.scenario_id
 
 
