@@ -15,10 +15,10 @@ from harness.frontends.commands.frameworks import render_check, render_recipe, r
 from harness.plan.matrix import plan_cells
 from harness.verdicts.framework_verdicts import Safety, check_frameworks, safety_of
 from harness.verdicts.frameworks import (
-    Recipe,
     SEQUENCE,
     STAND_IN,
     WORKAROUND,
+    Recipe,
     compile_recipes,
     load_recipes,
     recipe_cells,
