@@ -215,3 +215,19 @@ def test_check_reads_sequence_stand_in_and_workaround() -> None:
     assert "first safe release at or after its pin: none of the checked releases from 0.17.0" in text
     assert "0.21.0: REMOVABLE" in "\n".join(render_check(pipe))
     assert render_report((trl, pipe))[0].startswith("| framework | 0.21.0 | 0.22.0 |")
+
+
+def test_report_reads_results_already_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from harness.verdicts.results import Results
+
+    rs = select(load_recipes(), ["openrlhf"])
+    cells = unique_cells(compile_recipes(rs, ["0.21.0", "0.22.0"]))
+    results = Results(tuple(_res(c, Outcome.LOSS if c.version == "0.21.0" else Outcome.OK) for c in cells))
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results.to_dict()))
+    assert main(["frameworks", "report", str(path), "--framework", "openrlhf"]) == 0
+    out = capsys.readouterr().out
+    assert "| openrlhf (engine; pins >=0.27.1) | UNSAFE (weight_sync-keep-clear LOSS) [outside its pin] | SAFE (" in out
+    assert "safe on: 0.22.0" in out and "first safe release at or after its pin: none checked at or after 0.27.1" in out

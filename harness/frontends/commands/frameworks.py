@@ -172,8 +172,29 @@ class FrameworksCheck(Command):
         return 0
 
 
+class FrameworksReport(Command):
+    name = "report"
+    help = "the framework verdicts from results already written (a frameworks check's results.json, any matrix's)"
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("results", type=Path, help="a results.json(.gz) or results.jsonl")
+        _add_selection(parser)
+        parser.add_argument("--no-stand-in", action="store_true",
+                            help="leave out the engine-door stand-ins of server-door recipes")
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.verdicts.framework_verdicts import check_frameworks
+        from harness.verdicts.results import read_results
+
+        recipes = selected_recipes(args)
+        results = read_results(args.results)
+        versions = tuple(dict.fromkeys(c.cell.version for c in results.cells))
+        print("\n".join(render_report(check_frameworks(recipes, versions, results.cells, not args.no_stand_in))))
+        return 0
+
+
 class FrameworksCommand(CommandGroup):
     name = "frameworks"
     help = ("RL framework recipes (TRL, SkyRL, prime-rl, AReaL, OpenRLHF, verl, PipelineRL, NeMo-RL): list them, or "
             "check per vLLM release whether each framework's call sequence is safe and its workaround needed")
-    actions = (FrameworksList(), FrameworksCheck())
+    actions = (FrameworksList(), FrameworksCheck(), FrameworksReport())
