@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from harness.core.axes import Axis
+from harness.core.axes import DOORS, Axis
 from harness.core.cell import AXES, Cell
 from harness.core.oracle import Outcome
 from harness.core.schema import (
@@ -102,3 +102,25 @@ WORKAROUND = Obj({"id": Str(nonempty=True), "issue": Str(nonempty=True), "title"
                  required=("id", "issue", "cell", "applied"), what="a [[workaround]] table")
 LEDGER = Obj({"workaround": ListOf(WORKAROUND, min_len=1, what="a non-empty list of [[workaround]] tables")},
              required=("workaround",), what="a workaround ledger of [[workaround]] entries")
+
+# The RL framework recipes (harness/verdicts/frameworks.toml, or --recipes FILE).  A recipe cell names scenario
+# axes (and engine axes other than the version and the door: the framework's own door is the cell's).
+_RECIPE_CELL_AXES = {a.name: axis_spec(a) for a in AXES if a.name not in ("version", "door")}
+RECIPE_CELL = Obj({**_RECIPE_CELL_AXES, "match": Choice(("same", "nearest")), "why": Str(nonempty=True)},
+                  required=("scenario", "match", "why"),
+                  what="a [[framework.cell]] table {scenario, mode, clear_cache, ..., match, why}")
+RECIPE_CALL = Obj({"call": Str(nonempty=True), "at": Str(nonempty=True)}, required=("call", "at"),
+                  what="a [[framework.call]] table {call, at}")
+_ENGINE_KWARG = AnyOf((Str(), Bool(), Int(), Num()), what="a string, boolean or number")
+RECIPE = Obj({
+    "name": Str(nonempty=True, pattern=r"[a-z0-9][a-z0-9-]*", what="a lower-case name (letters, digits, -)"),
+    "title": Str(nonempty=True), "repo": Str(nonempty=True, pattern=r"[\w.-]+/[\w.-]+", what="owner/name"),
+    "commit": Str(pattern=r"[0-9a-f]{40}", what="a 40-hex commit"),
+    "pin": Str(nonempty=True, what="a PEP 440 version specifier, e.g. \">=0.17.0,<=0.25.1\""),
+    "pin_at": Str(nonempty=True), "door": Choice(tuple(DOORS)), "door_detail": Str(), "workaround": Str(),
+    "note": Str(), "engine_kwargs": MapOf(_ENGINE_KWARG),
+    "call": ListOf(RECIPE_CALL, min_len=1, what="a non-empty list of [[framework.call]] tables"),
+    "cell": ListOf(RECIPE_CELL, min_len=1, what="a non-empty list of [[framework.cell]] tables"),
+}, required=("name", "title", "repo", "commit", "pin", "door", "call", "cell"), what="a [[framework]] table")
+RECIPES = Obj({"framework": ListOf(RECIPE, min_len=1, what="a non-empty list of [[framework]] tables")},
+              required=("framework",), what="a recipe file of [[framework]] entries")

@@ -6,6 +6,7 @@ from harness.frontends.commands.base import Command
 from harness.frontends.commands.bisect import BisectCommand
 from harness.frontends.commands.compare import CompareCommand
 from harness.frontends.commands.envs import EnvsCommand
+from harness.frontends.commands.frameworks import FrameworksCommand
 from harness.frontends.commands.fuzz import FuzzCommand
 from harness.frontends.commands.history import HistoryCommand
 from harness.frontends.commands.matrix import MatrixCommand
@@ -20,6 +21,7 @@ COMMANDS: tuple[Command, ...] = (
     MatrixCommand(),
     BisectCommand(),
     WorkaroundsCommand(),
+    FrameworksCommand(),
     PlanCommand(),
     FuzzCommand(),
     ReportCommand(),

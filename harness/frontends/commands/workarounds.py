@@ -46,8 +46,8 @@ class WorkaroundsList(Command):
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         for w in selected_ledger(args):
-            print(f"{w.id}: {w.issue} {w.title}\n  {w.setting} in {w.location}\n  fix {w.fix} shipped in "
-                  f"{w.fixed_in}; demonstrated by {w.cell}, workaround sets {w.applied}")
+            print(f"{w.id}: {w.issue} {w.title}\n  {w.setting} in {w.location}\n  {_fix(w)}; demonstrated by "
+                  f"{w.cell}, workaround sets {w.applied}")
         return 0
 
 
@@ -93,6 +93,11 @@ class WorkaroundsCheck(Command):
         return 1 if (needed and args.require_removable) else 0
 
 
+def _fix(w: Workaround) -> str:
+    # A framework's workaround may name no vLLM bug, so no fix (PipelineRL's async-scheduling: false).
+    return f"fix {w.fix}, ledger: fixed in {w.fixed_in}" if w.fix or w.fixed_in else "no vLLM fix named"
+
+
 def print_judgements(ledger: tuple[Workaround, ...], versions: tuple[str, ...], results: Results) -> bool:
     """Print each workaround's verdict per version; whether any version still NEEDS one."""
     from harness.verdicts.workarounds import judge
@@ -100,7 +105,7 @@ def print_judgements(ledger: tuple[Workaround, ...], versions: tuple[str, ...], 
     needed = False
     for w in ledger:
         check = judge(w, list(versions), list(results.cells))
-        print(f"{w.issue} {w.id}: {w.setting} in {w.location} (fix {w.fix}, ledger: fixed in {w.fixed_in})")
+        print(f"{w.issue} {w.id}: {w.setting} in {w.location} ({_fix(w)})")
         for v in check.verdicts:
             print(f"  {v.version:<12} {v.status.value:<10} {v.evidence}")
             needed = needed or v.status.value == "NEEDED"

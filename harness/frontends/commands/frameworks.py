@@ -1,0 +1,200 @@
+"""``vllm-repro frameworks list|check``: RL framework recipes, and per framework and release whether its sequence
+loses tokens and whether its workaround can go (issue 22)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.core.errors import BadInput
+from harness.frontends.commands.base import Command, CommandGroup
+from harness.frontends.commands.context import Context, fresh_log, run_context
+from harness.frontends.commands.face import interruptible, stderr_console
+from harness.frontends.commands.options import add_index_options, add_retry_option, add_run_options, add_version_options
+from harness.frontends.commands.workarounds import LEDGER_HELP
+from harness.plan.matrix import plan_cells, split_list
+from harness.verdicts.mdtable import md_table
+from harness.verdicts.results import ResultsLog
+
+if TYPE_CHECKING:
+    from harness.verdicts.framework_verdicts import CellOutcome, FrameworkCheck, ReleaseVerdict
+    from harness.verdicts.frameworks import Recipe
+
+RECIPES_HELP = "recipe TOML (default: harness/verdicts/frameworks.toml shipped with vllm-repro)"
+
+
+def _add_selection(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipes", type=Path, help=RECIPES_HELP)
+    parser.add_argument("--ledger", type=Path, help=LEDGER_HELP)
+    parser.add_argument("--framework", default=None, metavar="NAME[,NAME]",
+                        help="only these frameworks (default: every recipe)")
+
+
+def selected_recipes(args: argparse.Namespace) -> tuple[Recipe, ...]:
+    """The recipes ``--framework`` names (all by default); BadInput names a bad file or an unknown name."""
+    from harness.verdicts.frameworks import load_recipes, select
+
+    return select(load_recipes(args.recipes, args.ledger), split_list(args.framework))
+
+
+def render_recipe(r: Recipe) -> list[str]:
+    """A recipe with its source: where every call is, the cells that play it."""
+    lines = [f"{r.name}: {r.title} ({r.repo}@{r.commit[:7]}), pins vllm {r.pin} ({r.pin_at}), door {r.door}",
+             f"  door: {r.door_detail}" if r.door_detail else "",
+             *(f"  call: {c.call}  [{r.source(c.at)}]" for c in r.calls),
+             *(f"  cell ({c.match}): {c.at('X', r.door).config_id}: {c.why}" for c in r.cells)]
+    if r.engine_kwargs:
+        lines.append("  engine kwargs it passes (recorded, not applied): "
+                     + ", ".join(f"{k}={v}" for k, v in r.engine_kwargs))
+    w = r.workaround
+    lines.append(f"  workaround: {w.setting} ({w.id}, {w.location})" if w else "  workaround: none carried")
+    if r.note:
+        lines.append(f"  note: {r.note}")
+    return [x for x in lines if x]
+
+
+class FrameworksList(Command):
+    name = "list"
+    help = "print the framework recipes with their sources"
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        _add_selection(parser)
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        for r in selected_recipes(args):
+            print("\n".join(render_recipe(r)))
+        return 0
+
+
+def _cells_text(outcomes: tuple[CellOutcome, ...]) -> str:
+    return ", ".join(f"{o.label} {o.outcome}" for o in outcomes)
+
+
+def _entry(r: ReleaseVerdict, door: str) -> str:
+    text = f"{r.safety.value} ({_cells_text(r.cells)})"
+    if r.stand_in is not None:
+        text += f"; engine-door stand-in: {r.stand_in.value} ({_cells_text(r.stand_in_cells)})"
+    return text + ("" if r.allowed else " [outside its pin]")
+
+
+def render_table(checks: tuple[FrameworkCheck, ...]) -> list[str]:
+    """Framework x vLLM release: SAFE/UNSAFE/UNKNOWN and the outcome of every cell."""
+    versions = [r.version for r in checks[0].releases] if checks else []
+    rows = [[f"{c.recipe.name} ({c.recipe.door}; pins {c.recipe.pin})",
+             *(_entry(r, c.recipe.door) for r in c.releases)] for c in checks]
+    return md_table(["framework", *versions], rows)
+
+
+def _first_safe(c: FrameworkCheck, stand_in: bool) -> str:
+    first = c.first_safe_from_pin(stand_in)
+    if first:
+        return first
+    checked = c.checked_from_pin
+    floor = c.recipe.floor or "any"
+    return f"none of the checked releases from {floor} ({', '.join(checked)})" if checked else \
+        f"none checked at or after {floor}"
+
+
+def render_check(c: FrameworkCheck) -> list[str]:
+    """One framework's verdicts: where its sequence is safe, the first safe release from its pin, its workaround,
+    and the reason of every cell that is not OK."""
+    r = c.recipe
+    lines = [f"{r.name}: {r.title}, door {r.door}, pins vllm {r.pin} ({r.source(r.pin_at)})",
+             f"  safe on: {', '.join(c.safe_on) or 'none of the checked releases'}",
+             f"  first safe release at or after its pin: {_first_safe(c, False)}"]
+    if any(rv.stand_in is not None for rv in c.releases):
+        lines += [f"  engine-door stand-in safe on: {', '.join(c.stand_in_safe_on) or 'none'}; first at or after "
+                  f"its pin: {_first_safe(c, True)}"]
+    if c.workaround is None:
+        lines.append("  workaround: none carried")
+    else:
+        w = c.workaround.workaround
+        lines.append(f"  workaround {w.setting} ({w.location}):")
+        lines += [f"    {v.version}: {v.status.value}: {v.evidence}" for v in c.workaround.verdicts]
+    for rv in c.releases:
+        for o in (*rv.cells, *rv.stand_in_cells):
+            if o.outcome != "OK":
+                lines.append(f"  {rv.version} {o.label} ({o.compiled.role}, {o.compiled.match}): {o.outcome}: "
+                             f"{o.detail}")
+    return lines
+
+
+def render_report(checks: tuple[FrameworkCheck, ...]) -> list[str]:
+    return [*render_table(checks), "", *(line for c in checks for line in (*render_check(c), ""))]
+
+
+class FrameworksCheck(Command):
+    name = "check"
+    help = "run every recipe's cells on every version: per framework and release SAFE/UNSAFE, and its workaround"
+    description = ("Runs each framework's call sequence (harness/verdicts/frameworks.toml) as cells, one engine per "
+                   "engine config shared by every recipe that needs it; prints framework x release, then per "
+                   "framework the releases its sequence is safe on, the first safe one at or after its pin, and "
+                   "whether its own workaround is NEEDED or REMOVABLE. Recipes on the server door also run through "
+                   "the engine door (the stand-in) unless --no-stand-in.")
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_version_options(parser)
+        _add_selection(parser)
+        parser.add_argument("--no-stand-in", action="store_true",
+                            help="do not also run server-door recipes through the engine door")
+        add_run_options(parser, reports="reports/frameworks")
+        add_retry_option(parser)
+        add_index_options(parser)
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.run import execute
+        from harness.verdicts.framework_verdicts import check_frameworks
+        from harness.verdicts.frameworks import compile_recipes, unique_cells
+        from harness.verdicts.report import write_reports
+
+        recipes = selected_recipes(args)
+        cfg = ctx.run_config
+        ctx.index  # noqa: B018 -- a bad index option is reported before a missing --versions
+        if not args.versions:
+            raise BadInput("frameworks check needs --versions, e.g. 0.21.0,0.22.0")
+        versions = ctx.versions
+        stand_ins = not args.no_stand_in
+        plan = plan_cells(unique_cells(compile_recipes(recipes, versions, stand_ins)), ctx.platform)
+        reports, jsonl = fresh_log(args.reports, "results.jsonl")
+        console = stderr_console()
+        console.print(f"[bold]frameworks check[/]: {len(recipes)} framework(s) x {len(versions)} version(s): "
+                      f"{len(plan.cells)} cell(s) on {len(plan.engines)} engine(s)")
+        with interruptible(console, f"results of finished cells are in {jsonl}"):
+            results = execute.execute_plan(plan, run_context(
+                ctx, cfg, ResultsLog(jsonl),
+                on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
+        write_reports(results, reports)
+        lines = render_report(check_frameworks(recipes, versions, results.cells, stand_ins))
+        (reports / "frameworks.md").write_text("\n".join(lines) + "\n", "utf-8")
+        print("\n".join(lines))
+        print(f"reports: {reports}")
+        return 0
+
+
+class FrameworksReport(Command):
+    name = "report"
+    help = "the framework verdicts from results already written (a frameworks check's results.json, any matrix's)"
+
+    def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("results", type=Path, help="a results.json(.gz) or results.jsonl")
+        _add_selection(parser)
+        parser.add_argument("--no-stand-in", action="store_true",
+                            help="leave out the engine-door stand-ins of server-door recipes")
+
+    def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.verdicts.framework_verdicts import check_frameworks
+        from harness.verdicts.results import read_results
+
+        recipes = selected_recipes(args)
+        results = read_results(args.results)
+        versions = tuple(dict.fromkeys(c.cell.version for c in results.cells))
+        print("\n".join(render_report(check_frameworks(recipes, versions, results.cells, not args.no_stand_in))))
+        return 0
+
+
+class FrameworksCommand(CommandGroup):
+    name = "frameworks"
+    help = ("RL framework recipes (TRL, SkyRL, prime-rl, AReaL, OpenRLHF, verl, PipelineRL, NeMo-RL): list them, or "
+            "check per vLLM release whether each framework's call sequence is safe and its workaround needed")
+    actions = (FrameworksList(), FrameworksCheck(), FrameworksReport())

@@ -1,0 +1,189 @@
+"""RL framework recipes (issue 22): how each framework drives vLLM, read from its source, compiled to cells.
+
+A recipe (``frameworks.toml``) is a framework's source (repo, commit, file:line of every call), its door, the
+vLLM range it pins, the engine arguments it passes, its workaround (a ledger id of ``workarounds.toml``) and the
+harness cells that play its call sequence: a scenario with its pause axes, on the framework's door.  They compile
+to ordinary :class:`harness.core.cell.Cell` values, so the runner, bisect, ``workarounds check``, pytest and
+history take them unchanged; nothing here runs anything or holds a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.core.cell import Cell
+from harness.core.errors import BadInput, bad_choice
+from harness.core.pattern import pattern_from_mapping
+from harness.core.scenarios import BY_SCENARIO
+from harness.core.schema import validate
+from harness.core.versions import version_key
+from harness.verdicts.file_schemas import RECIPES
+from harness.verdicts.tomlfile import load_table
+from harness.verdicts.workarounds import Workaround, load_ledger
+
+# What a compiled cell is for: the framework's own sequence on its own door; the same cell through the engine
+# door when the framework's door is the server (the engine door runs where the server door cannot yet, and the
+# two agreeing is the server door's check); the ledger's pair for the framework's workaround.
+SEQUENCE, STAND_IN, WORKAROUND = "sequence", "stand-in", "workaround"
+ROLES = (SEQUENCE, STAND_IN, WORKAROUND)
+_CELL_META = ("match", "why")
+
+
+@dataclass(frozen=True)
+class RecipeCall:
+    """One vLLM call the framework makes, and where (a path:line of the framework's repo at its commit)."""
+
+    call: str
+    at: str
+
+
+@dataclass(frozen=True)
+class RecipeCell:
+    """A cell of the recipe without version and door: axis values, and how close it is to the framework's calls."""
+
+    values: tuple[tuple[str, Any], ...]  # axis name -> value (scenario, mode, clear_cache, async_scheduling, ...)
+    match: str  # "same" or "nearest"
+    why: str
+
+    def at(self, version: str, door: str) -> Cell:
+        template = pattern_from_mapping(dict(self.values), "recipe cell").template()
+        return template.at(version).replace(door=door)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    title: str
+    repo: str
+    commit: str
+    pin: str  # PEP 440 specifier of the vLLM releases the framework allows
+    pin_at: str
+    door: str
+    door_detail: str
+    workaround: Workaround | None
+    note: str
+    engine_kwargs: tuple[tuple[str, Any], ...]
+    calls: tuple[RecipeCall, ...]
+    cells: tuple[RecipeCell, ...]
+
+    def source(self, at: str) -> str:
+        """``owner/name@abc1234:path:line``."""
+        return f"{self.repo}@{self.commit[:7]}:{at}"
+
+    @property
+    def floor(self) -> str | None:
+        """The lowest release the pin allows (``==0.26.0`` and ``>=0.26.0``: 0.26.0), or None if it has none."""
+        from packaging.specifiers import SpecifierSet
+
+        lows = [s.version for s in SpecifierSet(self.pin) if s.operator in ("==", ">=", "~=", "===", ">")]
+        return min(lows, key=version_key) if lows else None
+
+    def allows(self, version: str) -> bool:
+        """Whether the pin allows ``version``."""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return Version(version) in SpecifierSet(self.pin)
+        except InvalidVersion:
+            return False
+
+
+@dataclass(frozen=True)
+class CompiledCell:
+    """One cell a recipe runs: its framework, its role (:data:`ROLES`), how close it is, and why."""
+
+    framework: str
+    role: str
+    cell: Cell
+    match: str
+    why: str
+
+
+def _recipe_cell(raw: Mapping[str, Any], where: str) -> RecipeCell:
+    values = {k: v for k, v in raw.items() if k not in _CELL_META}
+    pattern = pattern_from_mapping(values, where)  # names an unknown key or a bad value
+    shape = BY_SCENARIO[values["scenario"]]
+    cell = pattern.template().at("0")
+    if not shape.admits(cell.mode, cell.clear_cache):
+        raise BadInput(f"{where}: the {shape.name} scenario has no cell mode={cell.mode} "
+                       f"clear_cache={str(cell.clear_cache).lower()} (modes: {', '.join(shape.modes) or 'none'})")
+    return RecipeCell(tuple(values.items()), raw["match"], raw["why"])
+
+
+def _check_pin(pin: str, where: str) -> None:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        SpecifierSet(pin)
+    except InvalidSpecifier:
+        raise BadInput(f"{where}: pin {pin!r} is not a PEP 440 specifier (e.g. \">=0.17.0,<=0.25.1\")") from None
+
+
+def _recipe(raw: Mapping[str, Any], where: str, ledger: Mapping[str, Workaround]) -> Recipe:
+    _check_pin(raw["pin"], where)
+    wid = raw.get("workaround", "")
+    if wid and wid not in ledger:
+        raise bad_choice(f"workaround id (in {where})", wid, tuple(ledger))
+    cells = tuple(_recipe_cell(c, f"{where} cell #{i + 1}") for i, c in enumerate(raw["cell"]))
+    return Recipe(raw["name"], raw["title"], raw["repo"], raw["commit"], raw["pin"], raw.get("pin_at", ""),
+                  raw["door"], raw.get("door_detail", ""), ledger[wid] if wid else None, raw.get("note", ""),
+                  tuple(raw.get("engine_kwargs", {}).items()),
+                  tuple(RecipeCall(c["call"], c["at"]) for c in raw["call"]), cells)
+
+
+def load_recipes(path: Path | None = None, ledger_path: Path | None = None) -> tuple[Recipe, ...]:
+    """Parse the recipes (default: ``frameworks.toml`` shipped with vllm-repro) against the workaround ledger;
+    BadInput names the first thing wrong in one line."""
+    data, where = load_table(path, "frameworks.toml", "framework recipes")
+    validate(RECIPES, data, where)
+    ledger = {w.id: w for w in load_ledger(ledger_path)}
+    out: list[Recipe] = []
+    for i, raw in enumerate(data["framework"]):
+        here = f"{where}: framework #{i + 1} ({raw['name']})"
+        if raw["name"] in (r.name for r in out):
+            raise BadInput(f"{here}: the name {raw['name']!r} is used twice")
+        out.append(_recipe(raw, here, ledger))
+    return tuple(out)
+
+
+def select(recipes: Sequence[Recipe], names: Iterable[str]) -> tuple[Recipe, ...]:
+    """The recipes named (all when none is); BadInput names an unknown one and every valid choice."""
+    wanted = list(dict.fromkeys(names))
+    known = [r.name for r in recipes]
+    for name in wanted:
+        if name not in known:
+            raise bad_choice("framework", name, known)
+    return tuple(r for r in recipes if not wanted or r.name in wanted)
+
+
+def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True) -> tuple[CompiledCell, ...]:
+    """The cells ``recipe`` runs on ``version``: its sequence on its door; with ``stand_ins``, the same through
+    the engine door when its door is the server; its workaround's pair (without it, with it)."""
+    out: list[CompiledCell] = []
+    for rc in recipe.cells:
+        out.append(CompiledCell(recipe.name, SEQUENCE, rc.at(version, recipe.door), rc.match, rc.why))
+        if stand_ins and recipe.door != "engine":
+            out.append(CompiledCell(recipe.name, STAND_IN, rc.at(version, "engine"), rc.match,
+                                    f"through the engine door instead of the {recipe.door} door: {rc.why}"))
+    if recipe.workaround is not None:
+        w = recipe.workaround
+        for cell, label in zip(w.cells(version), w.labels, strict=True):
+            # The ledger's own cells, as `workarounds check` runs them: one result serves both commands.
+            out.append(CompiledCell(recipe.name, WORKAROUND, cell, "same", f"workaround {w.id}: {label}"))
+    return tuple(out)
+
+
+def compile_recipes(recipes: Iterable[Recipe], versions: Iterable[str],
+                    stand_ins: bool = True) -> tuple[CompiledCell, ...]:
+    """Every recipe's cells on every version (version outermost)."""
+    rs = tuple(recipes)
+    return tuple(c for v in versions for r in rs for c in recipe_cells(r, v, stand_ins))
+
+
+def unique_cells(compiled: Iterable[CompiledCell]) -> list[Cell]:
+    """The distinct cells to run: recipes that share a cell share its run (and its engine)."""
+    return list(dict.fromkeys(c.cell for c in compiled))

@@ -1,0 +1,233 @@
+"""Tests of the RL framework recipes (harness.verdicts.frameworks), their verdicts
+(harness.verdicts.framework_verdicts) and the ``frameworks`` command's validation and rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.core.cell import Cell
+from harness.core.errors import BadInput
+from harness.core.oracle import Outcome
+from harness.frontends.cli import main
+from harness.frontends.commands.frameworks import render_check, render_recipe, render_report, render_table
+from harness.plan.matrix import plan_cells
+from harness.verdicts.framework_verdicts import Safety, check_frameworks, safety_of
+from harness.verdicts.frameworks import (
+    SEQUENCE,
+    STAND_IN,
+    WORKAROUND,
+    Recipe,
+    compile_recipes,
+    load_recipes,
+    recipe_cells,
+    select,
+    unique_cells,
+)
+from harness.verdicts.results import CellResult, infra_result
+
+pytestmark = pytest.mark.unit
+
+NAMES = ["trl", "skyrl", "prime-rl", "areal", "openrlhf", "verl", "pipelinerl", "nemo-rl"]
+
+
+def by(name: str) -> Recipe:
+    (r,) = select(load_recipes(), [name])
+    return r
+
+
+# --------------------------------------------------------------------------- the shipped recipes
+
+
+def test_shipped_recipes_name_every_framework_with_a_pinned_source() -> None:
+    rs = load_recipes()
+    assert [r.name for r in rs] == NAMES
+    for r in rs:
+        assert len(r.commit) == 40 and r.calls and r.cells and r.pin_at
+        assert all(":" in c.at or c.at.endswith((".py", ".yaml")) for c in r.calls), r.name
+
+
+def test_doors_and_pins_follow_the_research() -> None:
+    assert {r.name: r.door for r in load_recipes()} == {
+        "trl": "server", "skyrl": "server", "prime-rl": "server", "areal": "server",
+        "openrlhf": "engine", "verl": "engine", "pipelinerl": "engine", "nemo-rl": "engine"}
+    assert by("trl").floor == "0.17.0" and by("trl").allows("0.25.1") and not by("trl").allows("0.26.0")
+    assert by("skyrl").floor == "0.26.0" and not by("skyrl").allows("0.22.0")
+    assert by("verl").floor == "0.8.5"
+
+
+def test_pipelinerl_carries_its_workaround_from_the_ledger() -> None:
+    w = by("pipelinerl").workaround
+    assert w is not None and w.id == "pipelinerl-async-scheduling-off"
+    assert w.applied == {"async_scheduling": False} and "conf/base.yaml:67" in w.location
+    assert all(by(n).workaround is None for n in NAMES if n != "pipelinerl")
+
+
+def test_trl_compiles_to_weight_sync_keep_clear_on_the_server_door_and_its_stand_in() -> None:
+    cells = recipe_cells(by("trl"), "0.21.0")
+    assert [(c.role, c.cell.id) for c in cells] == [
+        (SEQUENCE, "vllm0.21.0-mp-async_on-keep-clear-weight_sync-server"),
+        (STAND_IN, "vllm0.21.0-mp-async_on-keep-clear-weight_sync")]
+    assert [c.role for c in recipe_cells(by("trl"), "0.21.0", stand_ins=False)] == [SEQUENCE]
+
+
+def test_pipelinerl_sequence_is_its_workarounds_without_cell() -> None:
+    cells = recipe_cells(by("pipelinerl"), "0.22.0")
+    assert [c.role for c in cells] == [SEQUENCE, WORKAROUND, WORKAROUND]
+    assert cells[0].cell == cells[1].cell == Cell("0.22.0", "mp", True, "keep", False, scenario="weight-sync")
+    assert cells[2].cell == cells[0].cell.replace(async_on=False)
+    assert len(unique_cells(cells)) == 2
+
+
+def test_recipes_share_engines_per_engine_config() -> None:
+    compiled = compile_recipes(load_recipes(), ["0.21.0", "0.22.0"])
+    plan = plan_cells(unique_cells(compiled), "cpu")
+    # Per version: the server door, the engine door (async on, off) and the sleep profile; no cell refused by plan.
+    assert len(plan.engines) == 8 and not plan.unsupported
+    assert len(plan.cells) == len(set(c.cell for c in compiled)) < len(compiled)
+
+
+# --------------------------------------------------------------------------- validation at the edge
+
+HEAD = '''[[framework]]
+name = "x"
+title = "X"
+repo = "o/x"
+commit = "0123456789abcdef0123456789abcdef01234567"
+pin = ">=0.20.0"
+door = "engine"
+workaround = "{w}"
+[[framework.call]]
+call = "pause_generation(mode='keep')"
+at = "x.py:1"
+'''
+CELL = '''[[framework.cell]]
+scenario = "{s}"
+mode = "{m}"
+clear_cache = true
+match = "same"
+why = "because"
+'''
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "f.toml"
+    p.write_text(text)
+    return p
+
+
+def test_a_minimal_recipe_loads(tmp_path: Path) -> None:
+    (r,) = load_recipes(_file(tmp_path, HEAD.format(w="") + CELL.format(s="pause", m="wait")))
+    assert r.cells[0].at("0.21.0", "engine").id == "vllm0.21.0-mp-async_on-wait-clear"
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("[[framework]\n", "invalid TOML"),
+    (HEAD.format(w=""), "framework[0].cell: missing"),
+    (HEAD.format(w="") + CELL.format(s="bogus", m="keep"), "cell[0].scenario: expected one of pause, weight-sync"),
+    (HEAD.format(w="") + CELL.format(s="sleep", m="abort"), "the sleep scenario has no cell mode=abort"),
+    (HEAD.format(w="nope") + CELL.format(s="pause", m="keep"), "unknown workaround id"),
+    (HEAD.format(w="").replace('door = "engine"', 'door = "http"') + CELL.format(s="pause", m="keep"),
+     "framework[0].door"),
+    (HEAD.format(w="").replace(">=0.20.0", "0.20 or so") + CELL.format(s="pause", m="keep"), "not a PEP 440"),
+    (HEAD.format(w="").replace('repo = "o/x"', 'repo = "o/x"\nrepository = "x"') + CELL.format(s="pause", m="keep"),
+     "unknown key; valid keys: name, title"),
+    ((HEAD.format(w="") + CELL.format(s="pause", m="keep")) * 2, "used twice"),
+])
+def test_a_malformed_recipe_file_is_one_line(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(BadInput) as exc:
+        load_recipes(_file(tmp_path, text))
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_an_unknown_framework_names_the_valid_choices() -> None:
+    with pytest.raises(BadInput, match="unknown framework 'trll'; valid choices: trl, skyrl, prime-rl"):
+        select(load_recipes(), ["trl", "trll"])
+    assert [r.name for r in select(load_recipes(), [])] == NAMES
+
+
+@pytest.mark.parametrize("extra", [["--framework", "trl,nope"], ["--recipes", "MISSING"]])
+def test_check_refuses_bad_input_with_exit_2_and_writes_nothing(tmp_path: Path, extra: list[str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    reports = tmp_path / "reports"
+    argv = ["frameworks", "check", "--versions", "0.21.0", "--platform", "cpu", "--reports", str(reports), *extra]
+    assert main([a.replace("MISSING", str(tmp_path / "none.toml")) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and ("valid choices: trl," in err or "cannot read" in err)
+    assert not reports.exists()
+
+
+def test_list_prints_every_call_with_its_source(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frameworks", "list", "--framework", "pipelinerl"]) == 0
+    out = capsys.readouterr().out
+    assert "ServiceNow/PipelineRL@58d3934:pipelinerl/vllm1.py:160" in out
+    assert "async-scheduling: false" in out and out.startswith("pipelinerl:")
+    assert "weight_sync" in "\n".join(render_recipe(by("skyrl")))
+
+
+# --------------------------------------------------------------------------- verdicts and rendering
+
+
+def _res(cell: Cell, outcome: Outcome) -> CellResult:
+    if outcome.is_infra:
+        return infra_result(cell, outcome, f"why {cell.id}")
+    return CellResult(cell, outcome, f"{outcome.value} summary")
+
+
+@pytest.mark.parametrize(("outcomes", "safety"), [
+    ((Outcome.OK, Outcome.OK), Safety.SAFE),
+    ((Outcome.OK, Outcome.LOSS), Safety.UNSAFE),
+    ((Outcome.UNSUPPORTED, Outcome.DUPLICATE), Safety.UNSAFE),
+    ((Outcome.OK, Outcome.UNSUPPORTED), Safety.UNKNOWN),
+    ((Outcome.OK, None), Safety.UNKNOWN),
+    ((), Safety.UNKNOWN),
+])
+def test_safety_of(outcomes: tuple[Outcome | None, ...], safety: Safety) -> None:
+    cell = Cell("0.21.0")
+    assert safety_of(None if o is None else _res(cell, o) for o in outcomes) is safety
+
+
+def test_check_reads_sequence_stand_in_and_workaround() -> None:
+    rs = select(load_recipes(), ["trl", "pipelinerl"])
+    results = []
+    for c in unique_cells(compile_recipes(rs, ["0.21.0", "0.22.0"])):
+        if c.door == "server":
+            results.append(_res(c, Outcome.UNSUPPORTED))
+        elif c.version == "0.21.0" and c.async_on and c.clear_cache:
+            results.append(_res(c, Outcome.LOSS))
+        else:
+            results.append(_res(c, Outcome.OK))
+    trl, pipe = check_frameworks(rs, ["0.22.0", "0.21.0"], results)
+    assert [r.version for r in trl.releases] == ["0.21.0", "0.22.0"]
+    assert [r.safety for r in trl.releases] == [Safety.UNKNOWN, Safety.UNKNOWN]
+    assert [r.stand_in for r in trl.releases] == [Safety.UNSAFE, Safety.SAFE]
+    assert trl.safe_on == () and trl.stand_in_safe_on == ("0.22.0",)
+    assert trl.first_safe_from_pin(stand_in=True) == "0.22.0" and trl.first_safe_from_pin() is None
+    assert pipe.safe_on == ("0.21.0", "0.22.0") and pipe.first_safe_from_pin() == "0.21.0"  # pin ==0.18.1
+    assert pipe.workaround is not None
+    assert [v.status.value for v in pipe.workaround.verdicts] == ["REMOVABLE", "REMOVABLE"]
+    table = "\n".join(render_table((trl, pipe)))
+    assert "| trl (server; pins >=0.17.0,<=0.25.1) | UNKNOWN (weight_sync-keep-clear[server] UNSUPPORTED); " \
+           "engine-door stand-in: UNSAFE (weight_sync-keep-clear LOSS) |" in table
+    text = "\n".join(render_check(trl))
+    assert "why vllm0.21.0-mp-async_on-keep-clear-weight_sync-server" in text
+    assert "first safe release at or after its pin: none of the checked releases from 0.17.0" in text
+    assert "0.21.0: REMOVABLE" in "\n".join(render_check(pipe))
+    assert render_report((trl, pipe))[0].startswith("| framework | 0.21.0 | 0.22.0 |")
+
+
+def test_report_reads_results_already_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from harness.verdicts.results import Results
+
+    rs = select(load_recipes(), ["openrlhf"])
+    cells = unique_cells(compile_recipes(rs, ["0.21.0", "0.22.0"]))
+    results = Results(tuple(_res(c, Outcome.LOSS if c.version == "0.21.0" else Outcome.OK) for c in cells))
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results.to_dict()))
+    assert main(["frameworks", "report", str(path), "--framework", "openrlhf"]) == 0
+    out = capsys.readouterr().out
+    assert "| openrlhf (engine; pins >=0.27.1) | UNSAFE (weight_sync-keep-clear LOSS) [outside its pin] | SAFE (" in out
+    assert "safe on: 0.22.0" in out and "first safe release at or after its pin: none checked at or after 0.27.1" in out
