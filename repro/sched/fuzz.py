@@ -65,6 +65,7 @@ from repro.sched.opmodel import (
     setup_for,
     stream_fault,
 )
+from repro.sched.reach import CHECKPOINTS, Reach
 from repro.sched.scenario import run_scenario
 from repro.sched.script import Op, Script, Setup
 from repro.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
@@ -143,6 +144,14 @@ class FuzzRun:
     perm: list[int]
     spec: FuzzSpec
     stats: FuzzStats
+    reach: Any = None  # repro.sched.reach.Reach while measuring
+
+    def started_example(self) -> None:
+        """Count an example; after 32, 64, 128, ... record the reach so far."""
+        done = self.stats.examples
+        if self.reach is not None and done in CHECKPOINTS:
+            self.reach.checkpoint(done)
+        self.stats.examples += 1
 
 
 # Setups are drawn raw and mapped onto the run's choices (opmodel.drawn_setup), so the rules are written once:
@@ -163,7 +172,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.run.stats.examples += 1
+        self.run.started_example()
         self.state: FuzzState | None = None
         self.ex: Executor | None = None
         self.failed = False
@@ -324,18 +333,25 @@ def drawable(adapter: Any, model_dir: Path, spec: FuzzSpec) -> tuple[FuzzSpec, d
     return replace(spec, depths=depths, spec_tokens=ks), dropped
 
 
-def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec) -> dict[str, Any]:
-    """The ``fuzz`` event's fields: run the state machine, then replay its falsifying example (if any)."""
+def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, reach: Any = None) -> dict[str, Any]:
+    """The ``fuzz`` event's fields: run the state machine, then replay its falsifying example (if any).
+    ``reach``: a :class:`repro.sched.reach.Reach` measuring since before vLLM's import (or why none could be)."""
     usable, dropped = drawable(adapter, model_dir, spec)
     if usable is spec and dropped:
         return {"status": "unsupported", "reason": "; ".join(f"{k}: {v}" for k, v in dropped.items()),
                 "dropped": dropped}
     stats = FuzzStats()
-    run = FuzzRun(adapter, model_dir, perm, usable, stats)
+    measuring = reach if isinstance(reach, Reach) else None
+    run = FuzzRun(adapter, model_dir, perm, usable, stats, measuring)
     machine = type("SchedulerMachine", (SchedulerMachine,), {"run": run})
     t0, c0 = time.monotonic(), time.process_time()
     raised = _run_machine(machine, usable)
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    if measuring is not None:  # the snapshots are the measurement's cost, not the examples' (the tracing is)
+        wall, cpu = wall - measuring.cost_wall_s, cpu - measuring.cost_cpu_s
+    # The examples' reach, before the falsifying example's minimising and replay run more of vLLM.
+    reach_doc = measuring.result(stats.examples) if measuring is not None else (
+        {"error": reach} if isinstance(reach, str) else None)
     out: dict[str, Any] = {
         "status": "ran", "examples": stats.examples, "examples_to_failure": stats.examples_to_failure,
         "wall_s": round(wall, 3), "examples_per_s": round(stats.examples / wall, 1) if wall > 0 else None,
@@ -343,6 +359,7 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec) -> 
         "cpu_s": round(cpu, 3),
         "seed": spec.seed, "settings": usable.to_json(), "hypothesis_version": hypothesis.__version__,
         "coverage": stats.coverage(), "dropped": dropped, "falsifying": None,
+        **({"reach": reach_doc} if reach_doc is not None else {}),
     }
     if raised is not None and stats.failure is None:
         # Hypothesis itself refused (a health check, a flaky example): no finding, and not a clean run either.
