@@ -159,7 +159,7 @@ class FuzzSpec:
     seed: int
     depths: tuple[int, ...] = FUZZ_DEPTHS
     spec_tokens: tuple[int, ...] = (0,)
-    max_requests: int = 6
+    max_requests: int = 8  # bursts of adds and long prompts prefilled in chunks side by side
     reach: bool = False  # measure coverage of vLLM's scheduler files (repro.sched.reach; coverage.py staged)
 
     def __post_init__(self) -> None:
@@ -183,7 +183,7 @@ class FuzzSpec:
         _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests", "reach"}, what)
         return cls(_need(doc, "examples", int, what), _need(doc, "steps", int, what), _need(doc, "seed", int, what),
                    tuple(_need(doc, "depths", list, what)), tuple(_need(doc, "spec_tokens", list, what)),
-                   int(doc.get("max_requests", 6)), bool(doc.get("reach", False)))
+                   int(doc.get("max_requests", 8)), bool(doc.get("reach", False)))
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,69 @@ def missing(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 Arc = tuple[int, int]
 
+# Functions of scheduler.py no CPU scheduler-tier run can enter, and why: the tier builds vLLM's scheduler for the
+# text-only bigram checkpoint (full attention), with no KV connector, LoRA or structured output.  Their statements
+# and branches are left out of ``reachable`` (named in ``unreachable``); everything else counts as reachable.
+CPU_UNREACHABLE: dict[str, str] = {
+    **dict.fromkeys((
+        "_try_schedule_encoder_inputs", "_free_encoder_inputs", "_free_encoder_input", "_allocate_encoder_inputs",
+        "_make_scheduled_encoder_input_stats", "_reject_on_encoder_cache_embed_mismatch", "reset_encoder_cache",
+        "get_ec_connector", "_ec_transfer_pending"),
+        "multimodal encoder inputs: the checkpoint is text-only"),
+    **dict.fromkeys((
+        "_update_requests_with_invalid_blocks", "_handle_invalid_blocks", "_update_waiting_for_remote_kv",
+        "_update_from_kv_xfer_finished", "_connector_finished", "_handle_failed_recving", "reset_connector_cache",
+        "_set_kv_fetch_stage", "get_kv_connector", "_build_kv_connector_meta", "_drain_deferred_frees",
+        "_free_cow_retained_blocks", "_handle_blocked_waiting_request", "_load_restores_replay_window"),
+        "a KV connector (remote KV loads, deferred frees of a KV consumer): none runs on this tier"),
+    "_mamba_block_aligned_split": "hybrid (Mamba) models: the checkpoint has full attention only",
+    "get_grammar_bitmask": "structured output: no grammar backend is driven",
+}
+
+
+def function_ranges(source: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, name) of every function in ``source``."""
+    import ast
+
+    return [(n.lineno, n.end_lineno or n.lineno, n.name) for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def enclosing(ranges: list[tuple[int, int, str]], line: int) -> str | None:
+    """The innermost function around ``line``."""
+    best: tuple[int, str] | None = None
+    for first, last, name in ranges:
+        if first <= line <= last and (best is None or first > best[0]):
+            best = (first, name)
+    return None if best is None else best[1]
+
+
+def reachable(doc: dict[str, Any], ranges: list[tuple[int, int, str]], table: dict[str, str]) -> dict[str, Any]:
+    """A file's statements+branches without those inside the ``table``'s functions (coverage.py JSON ``doc``)."""
+    def kept(line: int) -> bool:
+        return enclosing(ranges, line) not in table
+
+    ex_l = [x for x in doc.get("executed_lines", []) if kept(x)]
+    mi_l = [x for x in doc.get("missing_lines", []) if kept(x)]
+    ex_b = [b for b in doc.get("executed_branches", []) if kept(b[0])]
+    mi_b = [b for b in doc.get("missing_branches", []) if kept(b[0])]
+    total = len(ex_l) + len(mi_l) + len(ex_b) + len(mi_b)
+    left_out = sorted({name for first, last, name in ranges if name in table})
+    return {"statements": len(ex_l) + len(mi_l), "covered_lines": len(ex_l), "branches": len(ex_b) + len(mi_b),
+            "covered_branches": len(ex_b), "percent": round(100.0 * (len(ex_l) + len(ex_b)) / total, 1) if total
+            else 100.0, "unreachable": {name: table[name] for name in left_out},
+            "missed_by_function": missed_by_function(mi_l, mi_b, ranges)}
+
+
+def missed_by_function(lines: list[int], branches: list[list[int]], ranges: list[tuple[int, int, str]]
+                       ) -> dict[str, int]:
+    """Statements and branches never run, per enclosing function, most first."""
+    counts: dict[str, int] = {}
+    for line in [*lines, *(b[0] for b in branches)]:
+        name = enclosing(ranges, line) or "<module>"
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -154,8 +217,14 @@ class Reach:
         growth = [{"examples": s.examples, **percent_at(s, report, self._translate)} for s in self.snapshots
                   if s.examples < examples]
         growth.append({"examples": examples, **{n: d["percent"] for n, d in files.items() if n in HEADLINE}})
-        return {"tool": f"coverage.py {self.version}", "core": self.core(), "files": files,
-                "missing": missing(report), "growth": growth}
+        out = {"tool": f"coverage.py {self.version}", "core": self.core(), "files": files,
+               "missing": missing(report), "growth": growth}
+        for path, doc in report["files"].items():
+            if short_name(path) == "sched/scheduler.py":
+                with open(self.paths.get("sched/scheduler.py", path), encoding="utf-8") as f:
+                    out["reachable"] = {"sched/scheduler.py": reachable(doc, function_ranges(f.read()),
+                                                                        CPU_UNREACHABLE)}
+        return out
 
 
 def start(fuzz: dict[str, Any] | None) -> Reach | str | None:

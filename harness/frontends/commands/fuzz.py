@@ -166,6 +166,10 @@ def reach_lines(reach: dict[str, Any]) -> list[str]:
     files = reach.get("files") or {}
     named = [f"{name} {files[name]['percent']} %" for name in REACH_HEADLINE if name in files]
     lines = [f"reach ({reach.get('tool')}, {reach.get('core')}; statements+branches): " + ", ".join(named)]
+    for name, doc in (reach.get("reachable") or {}).items():
+        lines.append(f"reach of what a CPU run can reach: {name} {doc.get('percent')} % (left out: "
+                     f"{len(doc.get('unreachable') or {})} functions of encoder inputs, KV connectors, Mamba, "
+                     "grammars; fuzz.json names them and why)")
     growth = reach.get("growth") or []
     if growth:
         lines.append("reach by examples (" + "/".join(n.rsplit("/", 1)[-1] for n in REACH_HEADLINE) + "): " +
