@@ -1,10 +1,12 @@
 """Shared test set-up: Hypothesis profiles, and how tests import their helpers.
 
 Hypothesis profiles are registered here, once, and the one named by ``VLLM_REPRO_HYPOTHESIS_PROFILE``
-is loaded before any test module is imported (default ``ci``)::
+is loaded before any test module is imported (default ``dev``; ``tox -e tests`` sets ``ci``)::
 
     VLLM_REPRO_HYPOTHESIS_PROFILE=nightly pytest tests/integration/test_schedules.py
 
+* ``dev``: 15 examples per property, so that ``pytest -m unit``, the edit-test loop, stays under 30 s on 2
+  cores (issue 20); each run still draws new examples, and CI explores more.
 * ``ci``: 100 examples per property.  ``deadline=None`` because the machines that run these (2-core CI
   runners, a loaded laptop) make per-example timings noise; ``derandomize=False`` so that every run
   explores new examples (Hypothesis' own built-in ``ci`` profile, which it loads when ``CI`` is set,
@@ -12,7 +14,8 @@ is loaded before any test module is imported (default ``ci``)::
 * ``nightly``: the same, with six times the examples.
 
 A test keeps a ``@settings(...)`` of its own only where it truly differs (fewer examples because each
-one writes files; health checks it knowingly trips), and says why next to it.
+one writes files: ``min(n, settings.default.max_examples)``, never above the profile's count; health checks
+it knowingly trips), and says why next to it.
 
 Helpers (``synthetic.py``, ``synthetic_runs.py``, ``ci_files.py`` in ``tests/unit``; ``loss_checks.py``
 in ``tests/integration``) are plain modules beside the tests that use them, imported by their bare name
@@ -47,7 +50,10 @@ HYPOTHESIS_PROFILE_VAR = "VLLM_REPRO_HYPOTHESIS_PROFILE"
 
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=False, print_blob=True)
 settings.register_profile("nightly", parent=settings.get_profile("ci"), max_examples=600)
-settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE_VAR, "ci"))
+settings.register_profile("dev", parent=settings.get_profile("ci"), max_examples=15)
+settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE_VAR, "dev"))
+
+
 
 # At import, before any test module (or the harness) reads these variables.
 SANDBOX = cache_sandbox.enter(os.environ)

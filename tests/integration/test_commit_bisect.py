@@ -131,6 +131,7 @@ def test_commit_bisect_names_the_fixing_commit(wheel_index: str, tmp_path: Path)
     assert probes[a]["cell"]["summary"].startswith("LOSS(1) in 8/10")
 
 
+@pytest.mark.nightly  # installs CUDA wheels (GiBs); the engine-tier commit bisect above stays in tox -e tests
 def test_scheduler_tier_commit_bisect_of_cuda_builds_on_cpu(cuda_wheel_index: str, tmp_path: Path) -> None:
     """The per-commit CUDA wheels, bisected on the scheduler tier of this CPU-only machine (``--wheels cuda``)."""
     reports = tmp_path / "bisect"

@@ -20,7 +20,9 @@ from harness.plan.matrix import Cell
 from harness.verdicts.report.junit import request_lines
 from harness.verdicts.results import CellResult
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# Every default cell as an item: the nightly runs them all (tox -e nightly-tests, tox -e post-resume); tox -e tests
+# keeps the pytest face through tests/integration/test_pytest_suite.py, which runs four of these items.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.nightly]
 
 
 def test_post_resume(post_resume_cell: Cell, repro_run_cell: Callable[[Cell], CellResult],

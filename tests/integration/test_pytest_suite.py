@@ -44,6 +44,7 @@ def test_wrong_known_bug_table_fails_exactly_the_affected_items(tmp_path: Path) 
     assert "first post-resume token #" in out and "observed" in out
 
 
+@pytest.mark.nightly  # one real-engine test of the pytest face stays in tox -e tests: the one above
 def test_xdist_gives_the_same_outcomes_with_one_engine_per_config(tmp_path: Path) -> None:
     # The default profile's pausing scenarios: one engine per async setting (other profiles start their own).
     sel = ["--vllm-versions", "0.21.0", "--executors", "mp", "--scenarios", "pause,weight-sync", "-k",

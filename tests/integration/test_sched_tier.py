@@ -99,7 +99,7 @@ def _run(version: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, dict[s
     return sched, {e["id"]: e for e in events if e["event"] == "scenario"}, cpu
 
 
-@pytest.mark.parametrize("version", ["0.21.0", "0.22.0"])
+@pytest.mark.parametrize("version", ["0.21.0", pytest.param("0.22.0", marks=pytest.mark.nightly)])
 def test_scheduler_tier_measures_42043_on_the_real_scheduler(version: str, tmp_path: Path) -> None:
     sched, scenarios, cpu = _run(version, tmp_path)
     assert sched["vllm_version"] == version

@@ -35,7 +35,8 @@ from harness.core.records import RequestRecord
 from harness.frontends.pytest_plugin import EnginePool
 from harness.plan.matrix import Cell
 
-pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
+# Random schedules over real engines, minutes each: nightly (tox -e nightly-tests, nightly profile).
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow, pytest.mark.nightly]
 
 VOCAB = 512  # the default bigram-cycle model
 _ids = itertools.count()

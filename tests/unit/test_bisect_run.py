@@ -446,7 +446,8 @@ def test_run_bisect_bad_input_still_raises(tmp_path: Path) -> None:
 
 # Fewer examples: each one runs a whole bisect that writes its logs.  tmp_path is shared by the examples:
 # the assertions read the run's own records, not the append-only log files that accumulate there.
-@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=min(40, settings.default.max_examples),
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(2, 24), data=st.data())
 def test_run_bisect_finds_any_boundary(tmp_path: Path, n: int, data: st.DataObject) -> None:
     boundary = data.draw(st.integers(1, n - 1), label="first fixed index")

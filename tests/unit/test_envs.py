@@ -247,7 +247,8 @@ def test_prune_dry_run_removes_nothing(cache: Path) -> None:
     assert sorted(p.name for p in envs.iterdir() if p.is_dir()) == ["small"]
 
 
-@settings(max_examples=40)  # fewer examples: each one creates and prunes env directories on disk
+# Fewer examples: each one creates and prunes env directories on disk.
+@settings(max_examples=min(40, settings.default.max_examples))
 @given(
     specs=st.lists(
         st.tuples(st.sampled_from(["valid", "incomplete"]), st.integers(0, 60), st.integers(0, 400)),

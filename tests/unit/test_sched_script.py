@@ -31,7 +31,7 @@ PERM = cycle_permutation(VOCAB, 0)
 
 
 @given(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5), st.integers(0, 3 * VOCAB))
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=min(50, settings.default.max_examples), deadline=None)
 def test_token_at_is_the_checkpoints_greedy_stream(prompt: list[int], n: int) -> None:
     # The scripted executor's answer for position p equals what the bigram checkpoint decodes.
     ref = reference_stream(PERM, prompt, n)
