@@ -65,13 +65,14 @@ CPU_UNREACHABLE: dict[str, str] = {
     **dict.fromkeys((
         "_try_schedule_encoder_inputs", "_free_encoder_inputs", "_free_encoder_input", "_allocate_encoder_inputs",
         "_make_scheduled_encoder_input_stats", "_reject_on_encoder_cache_embed_mismatch", "reset_encoder_cache",
-        "get_ec_connector", "_ec_transfer_pending"),
+        "get_ec_connector", "_ec_transfer_pending", "_get_encoder_input_updates"),
         "multimodal encoder inputs: the checkpoint is text-only"),
     **dict.fromkeys((
         "_update_requests_with_invalid_blocks", "_handle_invalid_blocks", "_update_waiting_for_remote_kv",
         "_update_from_kv_xfer_finished", "_connector_finished", "_handle_failed_recving", "reset_connector_cache",
         "_set_kv_fetch_stage", "get_kv_connector", "_build_kv_connector_meta", "_drain_deferred_frees",
-        "_free_cow_retained_blocks", "_handle_blocked_waiting_request", "_load_restores_replay_window"),
+        "_free_cow_retained_blocks", "_handle_blocked_waiting_request", "_load_restores_replay_window",
+        "_drain_deferred_loads"),
         "a KV connector (remote KV loads, deferred frees of a KV consumer): none runs on this tier"),
     "_mamba_block_aligned_split": "hybrid (Mamba) models: the checkpoint has full attention only",
     "get_grammar_bitmask": "structured output: no grammar backend is driven",
