@@ -273,3 +273,28 @@ def test_a_run_whose_reach_cannot_be_measured_says_why_and_fuzzes_all_the_same()
     assert out["status"] == "ran" and out["reach"] == {
         "error": "coverage.py unavailable: ModuleNotFoundError: No module named 'coverage'"}
     check_event({"event": "fuzz", **out}, strict=True)
+
+
+@pytest.mark.unit
+def test_what_a_cpu_run_cannot_reach_is_left_out_by_function_and_named() -> None:
+    from repro.sched.reach import function_ranges, reachable
+
+    source = textwrap.dedent("""\
+        def schedule(x):
+            if x:
+                return 1
+            return 2
+
+        def _try_schedule_encoder_inputs(y):
+            if y:
+                return 3
+            return 4
+        """)
+    ranges = function_ranges(source)
+    doc = {"executed_lines": [1, 2, 3, 6], "missing_lines": [4, 7, 8, 9],
+           "executed_branches": [[2, 3]], "missing_branches": [[2, 4], [7, 8], [7, 9]]}
+    out = reachable(doc, ranges, {"_try_schedule_encoder_inputs": "multimodal encoder inputs"})
+    # Line 6 (the def) runs at import: kept out with its function all the same, as the table says.
+    assert (out["statements"], out["covered_lines"], out["branches"], out["covered_branches"]) == (4, 3, 2, 1)
+    assert out["percent"] == 66.7 and out["unreachable"] == {"_try_schedule_encoder_inputs": "multimodal encoder inputs"}
+    assert out["missed_by_function"] == {"schedule": 2}
