@@ -254,13 +254,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def drain(self) -> None:
         self._guarded(lambda: self._apply(Op("drain")))
 
-    @rule()
-    def fill(self) -> None:
-        """Schedule until D frames are in flight: what follows (an abort, a pause, an add) meets them all."""
-        self._guarded(lambda: self._apply(Op("fill")))
-
+    # No rule fills the batch queue: between two EngineCore iterations (where adds, aborts, pauses and resets
+    # run) at most D-1 frames are in flight (FuzzState.reset); D in flight would be a state no engine reaches.
     @rule()
     def pop(self) -> None:
+        """Process the oldest frame without scheduling (as when nothing more could be scheduled)."""
         self._guarded(lambda: self._apply(Op("pop")))
 
     @rule(in_flight=st.sampled_from((None, 0, 1, 2)))
