@@ -40,6 +40,7 @@ from repro.rootcause import root_causes
 from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
 from repro.scenarios.runs import check_pause_api
+from repro.server.door import run_server_door
 from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
 
 
@@ -47,6 +48,7 @@ class Emitter:
     """Appends events to OUT, each checked against ``repro.wire`` before it is written."""
 
     def __init__(self, path: Path) -> None:
+        self.path = path.resolve()  # the engine's event log; the server door's log goes beside it
         self.f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives for the run
 
     def __call__(self, event: str, **data: Any) -> None:
@@ -222,9 +224,6 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], 
         # An axis added to the harness's table without its engine side: the cells would run unlabelled.
         _refuse_all(spec, emit, info, f"repro.engine_axes cannot realise the cell axis(es) {missing}")
         return None
-    if spec.engine.axes.get("door", "engine") != "engine":
-        _refuse_all(spec, emit, info, "this repro has no server door yet (issue 22)")
-        return None
     # Any vocabulary will do to tell a pausing plan from another (it only draws the prompts).
     vocab = model.vocab_size or 64
     if all(pauses(sc.scenario, sc.params, vocab) for sc in spec.scenarios):
@@ -252,6 +251,15 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
     model = load_model(spec.model_kind, spec.model_params, Path(spec.model_cache))
     weight_transfer = _weight_transfer_config(spec)
     info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model, weight_transfer))}
+    if spec.engine.axes.get("door", "engine") == "server":
+        missing = unrealised(spec.engine.axes)
+        if missing:
+            _refuse_all(spec, emit, info, f"repro.engine_axes cannot realise the cell axis(es) {missing}")
+            return
+        # vLLM's OpenAI server over HTTP (repro.server.door), with the engine door's own engine arguments.
+        await run_server_door(spec, model, engine_kwargs(spec, model), info, _requested(spec),
+                              emit, lambda why: _refuse_all(spec, emit, info, why), emit.path.parent)
+        return
     t0 = time.monotonic()
     llm = _start(spec, model, emit, info, weight_transfer)
     if llm is None:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from repro import counters, crash, inject
+from repro.server import probe as server_probe
 
 ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
 
@@ -77,6 +78,20 @@ def register() -> None:
     if os.environ.get(ENV_CPU_ASYNC) == "1":
         STATE["cpu_async_requested"] = True
         _install_cpu_async()
+    if server_probe.wanted():
+        _install_server_probe()
+
+
+def _install_server_probe() -> None:
+    """The server door's probe routes (``repro.server.probe``) in the API-server process.
+
+    ``python -m vllm.entrypoints.openai.api_server`` runs that module as ``__main__`` (its build_app is the one
+    ``run_server_worker`` calls); a copy imported under its own name is patched too.
+    """
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == server_probe.API_SERVER_MODULE:
+        server_probe.install(main, STATE)
+    _after_import(server_probe.API_SERVER_MODULE, lambda m: server_probe.install(m, STATE))
 
 
 # --------------------------------------------------------------------------- probes

@@ -19,7 +19,9 @@ from typing import Any
 from repro.engine_axes import engine_args, owned_engine_args
 
 # 2: the engine's axes travel by name (EngineSpec.axes), as the harness's axes table names them.
-SCHEMA_VERSION = 2
+# 3: a spec may carry ``startup_timeout`` (the server door's health wait) and the engine event ``server``
+#    (the server door's URL, argv, pid and log).
+SCHEMA_VERSION = 3
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
 # bigram-cycle: the built-in deterministic checkpoint (repro.models); qwen3-random: the built-in random-weight
 # Qwen3 (repro.realistic); path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
@@ -198,6 +200,7 @@ class Spec:
     scenarios: tuple[ScenarioSpec, ...]
     interactive: bool = False  # more scenarios arrive on stdin after these
     model_kind: str = "bigram-cycle"
+    startup_timeout: float | None = None  # the engine's start-up limit (the server door's health wait)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -211,6 +214,8 @@ class Spec:
         }
         if self.interactive:
             out["interactive"] = True
+        if self.startup_timeout is not None:
+            out["startup_timeout"] = self.startup_timeout
         return out
 
     @classmethod
@@ -219,7 +224,7 @@ class Spec:
         if doc.get("schema_version") != SCHEMA_VERSION:
             raise WireError("spec", f"schema_version {doc.get('schema_version')!r}; this side reads {SCHEMA_VERSION}")
         _only(doc, {"schema_version", "engine_id", "engine", "model", "model_cache", "scenario_timeout",
-                    "scenarios", "interactive"}, "spec")
+                    "scenarios", "interactive", "startup_timeout"}, "spec")
         model = _need(doc, "model", dict, "spec")
         kind = model.get("kind", "bigram-cycle")
         if kind not in MODEL_KINDS:
@@ -233,6 +238,7 @@ class Spec:
             scenarios=tuple(ScenarioSpec.from_json(s) for s in _need(doc, "scenarios", list, "spec")),
             interactive=bool(doc.get("interactive", False)),
             model_kind=kind,
+            startup_timeout=None if doc.get("startup_timeout") is None else float(doc["startup_timeout"]),
         )
 
 
@@ -250,15 +256,15 @@ _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", 
                               "engine_recovered", "traceback", "precondition"})
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised.
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
-                                    "stalled", "iterations", "frames", "setup_s", "vllm_frame", "vllm_source",
-                                    "exception_type", "message", "spec_method"})
+                                    "stalled", "stall_state", "iterations", "frames", "empty_frames", "setup_s",
+                                    "vllm_frame", "vllm_source", "exception_type", "message", "spec_method"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),
     # Start-up facts: versions, platform, requested and *effective* settings.
     "engine": EventKind({"probe": (dict, type(None))}, frozenset({
         "vllm_version", "torch_version", "python", "platform", "platform_class", "device_name", "model",
-        "requested", "effective", "startup_s", "unsupported_reason", "started", "engine_kwargs"})),
+        "requested", "effective", "startup_s", "unsupported_reason", "started", "engine_kwargs", "server"})),
     # One per scenario; what else it carries depends on ``status`` (see check_event).
     "scenario": EventKind({"id": str, "status": str}, _SCENARIO_FIELDS | _SCHED_SCENARIO_FIELDS),
     # The scheduler tier's start-up facts: the release's scheduler API as detected (repro.sched.adapter).

@@ -10,7 +10,7 @@ import enum
 
 from harness.core.oracle import Outcome
 
-TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_finding)  # CRASH too: a finding about vLLM
+TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_finding)  # CRASH and STALL too: findings about vLLM
 INFRA_FAILURES = tuple(o.value for o in Outcome if o.is_infra and o is not Outcome.UNSUPPORTED)
 FLAKY = Outcome.FLAKY.value
 
@@ -39,7 +39,7 @@ COLORS = {
 LEGEND = {
     Category.OK: "OK",
     Category.AMBIGUOUS: "AMBIGUOUS (the streams cannot tell)",
-    Category.TOKEN_FAULT: "token fault (LOSS, DUPLICATE, …)",
+    Category.TOKEN_FAULT: "finding (LOSS, DUPLICATE, …, CRASH, STALL)",
     Category.UNSUPPORTED: "UNSUPPORTED",
     Category.INFRA: "ERROR / TIMEOUT / BUILD-FAILED",
     Category.FLAKY: "FLAKY (varies across --repeat)",

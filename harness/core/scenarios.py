@@ -139,7 +139,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # repro/scenarios/chunked.py: long prompts chunk-prefilled while other requests decode; the second wave
     # arrives once the first has pause_after tokens.
     Scenario("chunked", "many long prompts chunk-prefilled beside running decodes (32-token step budget)",
-             profile="chunked", refs=("vllm#57562",)),
+             profile="chunked", tiers=("engine", "scheduler"), refs=("vllm#57562",)),
     # repro/scenarios/sleep.py: sleep(level=1), wake_up, then sleep(level=2), wake weights, reload, wake the KV
     # cache, in the middle of generation; sleep always clears the prefix cache (level >= 1).
     Scenario("sleep", "sleep(level=1) and sleep(level=2) in keep mode mid-generation, wake_up, check every token",
@@ -163,6 +163,11 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              refs=("PR #42117", "PR #48245")),
     Scenario("spec-reset-twice", "spec-reset with two resets back to back, each with a frame in flight",
              tiers=("scheduler",), refs=("PR #46066",)),
+    # repro/sched/upstream.py: KV-cache pressure with a consumer KV connector (a null one) and a frame in flight,
+    # so vLLM defers the preempted requests' block frees (PR #45357); vllm#49674, fixed by PR #49675.
+    Scenario("deferred-free", "KV-cache pressure preemption with a consumer KV connector: block frees deferred "
+             "behind the in-flight frame", tiers=("scheduler",), refs=("vllm#49674", "PR #49675", "PR #45357"),
+             trigger=False),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}

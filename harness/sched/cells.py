@@ -12,7 +12,9 @@ when ``clear_cache`` is true (vllm#42043's shape), then generation resumes.
 
 Judging: the streams by the harness oracle (every output position has one known token, so a lost, repeated
 or shifted frame is LOSS, DUPLICATE or DIVERGED), an exception raised in vLLM's own code CRASH, a request vLLM
-never finishes TIMEOUT (:func:`sched_result`).
+never finishes STALL (:func:`sched_result`): the harness owns every step here, so a scheduler that stops making
+progress is vLLM's doing, with the step and the scheduler's state in the reason; TIMEOUT is left for a process
+that outlives its wall-clock limit.
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ SHAPES: dict[str, SchedShape] = {
                              sync_reason=_SPEC_ONLY_ASYNC),
     "spec-reset-partial": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 1,
                                                     "in_flight": 1}, sync_reason=_SPEC_ONLY_ASYNC),
+    # vllm#57562 (open): waves of prompts longer than the 32-token step budget chunk-prefilled beside running
+    # decodes, no preemption, no speculative decoding (repro/sched/upstream.py).  Async off: the same waves.
+    "chunked": SchedShape("chunked_burst", {"depth": 2}, {}),
+    # vllm#49674 (PR #49675): preempt_pressure with the null consumer KV connector; the sync Scheduler (one
+    # batch in flight) never defers frees, the control.
+    "deferred-free": SchedShape("deferred_free_pressure", {"depth": 2}, {}, preempts=True),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
 }
@@ -127,7 +135,7 @@ def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
                  judge: Callable[[Cell, ScenarioEvent, EngineInfo], CellResult]) -> CellResult:
     """A scheduler-tier ``scenario`` event as a cell result: ``judge`` (the engine tier's rules) for streams,
     unsupported and error.  A crash in vLLM's own code is CRASH; a stall (vLLM never finished a request) is
-    TIMEOUT (:func:`sched_verdict`); a cell whose scheduler class is not the one its async axis names, or a
+    STALL (:func:`sched_verdict`); a cell whose scheduler class is not the one its async axis names, or a
     preemption shape in which vLLM preempted nothing, is UNSUPPORTED, never judged."""
     cls = ev.scheduler_class or ""
     effective: dict[str, Any] = {"async_scheduling": cls.endswith(".AsyncScheduler"),
@@ -154,8 +162,9 @@ def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
 
 def sched_verdict(ev: ScenarioEvent) -> CellVerdict:
     """One scheduler-tier ``scenario`` event judged on its own (``plan`` and ``fuzz`` judge a script this way;
-    the matrix through :func:`sched_result`): CRASH when vLLM's code raised, TIMEOUT when vLLM never finished a
-    request (``stalled``; the streams' own verdict kept in the summary), else the oracle's verdict of the streams;
+    the matrix through :func:`sched_result`): CRASH when vLLM's code raised, STALL when vLLM's scheduler made no
+    progress on a request it could run (``stalled``: the step and the scheduler's state; the streams' own verdict
+    kept in the summary), else the oracle's verdict of the streams;
     UNSUPPORTED and ERROR with the scenario's reason."""
     status = ev.status
     if status == "crash":
@@ -169,6 +178,6 @@ def sched_verdict(ev: ScenarioEvent) -> CellVerdict:
     if not ev.stalled:
         return streams
     reason = f"vLLM's scheduler never finished a request: {ev.stalled}"
-    summary = f"TIMEOUT: {reason}" + (
+    summary = f"STALL: {reason}" + (
         "" if streams.outcome in (Outcome.OK, Outcome.TRUNCATED) else f"; streams: {streams.summary}")
-    return CellVerdict(Outcome.TIMEOUT, summary, streams.counts, streams.requests, reason)
+    return CellVerdict(Outcome.STALL, summary, streams.counts, streams.requests, reason)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,10 +69,11 @@ class Falsifying:
 
     def ops_text(self) -> str:
         """The ops on one line: ``add r0; reset (2 in flight); run``."""
-        return "; ".join(_op_text(o) for o in self.script.get("ops", []))
+        return "; ".join(op_text(o) for o in self.script.get("ops", []))
 
 
-def _op_text(op: dict[str, Any]) -> str:
+def op_text(op: Mapping[str, Any]) -> str:
+    """One op as text: ``add r0``, ``step 3``, ``reset (2 in flight)``, ``run``."""
     kind = op["op"]
     if kind in ("add", "abort"):
         return f"{kind} {op['rid']}"

@@ -3,8 +3,9 @@
 A rule expecting LOSS or DUPLICATE with ``k`` means one such fault event of ``k`` tokens per pause, at the
 pause index, in every request running at that pause (``harness.core.oracle.running_pauses``), and no other fault
 anywhere: a request running at two keep + clear_cache pauses of an affected vLLM shows ``LOSS(1 at 6; 1 at
-18)``.  A rule expecting CRASH is met by a cell that crashed (vLLM's own code raised); any other outcome is met
-when every request running at a pause shows it.
+18)``.  A rule expecting CRASH is met by a cell that crashed (vLLM's own code raised), one expecting STALL by a
+cell whose scheduler stopped making progress; any other outcome is met when every request running at a pause
+shows it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from harness.core.schema import found, validate
 from harness.verdicts.file_schemas import KNOWN_BUG, known_bugs_schema
 from harness.verdicts.results import CellResult
 from harness.verdicts.tomlfile import load_table
+
+# Outcomes judged on the cell alone: the scenario ended there, so its requests' streams say nothing more.
+_WHOLE_CELL = (Outcome.CRASH, Outcome.STALL)
 
 # A rule's keys: any axis name (harness.core.cell.Cell), "executors" (a list; older tables), expect and k.
 _RULE_KEYS = {"expect", "k"}
@@ -126,11 +130,12 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
         if result.outcome is Outcome.OK:
             return Check("as expected", exp, "OK, as expected")
         return Check("UNEXPECTED", exp, f"expected OK, got {result.summary}")
-    if exp.outcome is Outcome.CRASH:
-        # A crash ends the scenario: its requests are whatever came before; the cell's outcome is the verdict.
-        if result.outcome is Outcome.CRASH:
+    if exp.outcome in _WHOLE_CELL:
+        # A crash or a stall ends the scenario: its requests are whatever came before; the cell's outcome is
+        # the verdict.
+        if result.outcome is exp.outcome:
             return Check("as expected", exp, f"{result.summary}, as expected from {exp.bug}")
-        return Check("UNEXPECTED", exp, f"expected CRASH from {exp.bug}, got {result.summary}")
+        return Check("UNEXPECTED", exp, f"expected {exp.outcome.value} from {exp.bug}, got {result.summary}")
     # Expected a fault: every request running at a pause shows exactly it (per pause); the rest are OK.
     problems = [p for req in result.requests if (p := _request_problem(req, exp)) is not None]
     if not problems and result.outcome is exp.outcome:

@@ -66,8 +66,9 @@ has ``event`` and ``t``):
     ``num_preemptions`` (vLLM's count: resets and memory pressure)),
     ``ops_log`` (per op: the op, frames in flight before/after, what it returned or why skipped),
     ``stalled`` (None, or why a step_until/run hit ``max_steps``, or scheduled and delivered nothing for 64
-    iterations (``executor.IDLE_LIMIT``): vLLM never finished a request — a
-    hang, which the engine tier would see as TIMEOUT; its requests then look TRUNCATED to the oracle),
+    iterations (``executor.IDLE_LIMIT``): vLLM never finished a request — STALL, a finding (the engine
+    tier would see the same hang as TIMEOUT); the reason ends with the step and the scheduler's state
+    (``repro.sched.stall``), also given as ``stall_state``; its requests then look TRUNCATED to the oracle),
     ``scheduler``, ``scheduler_class``, ``depth``, ``setup`` (the ``ops``-scenario params that replay
     it), ``iterations``, ``frames``, ``setup_s``, ``duration_s``, and with scripted speculative decoding
     ``spec_method`` (the drafter config vLLM accepted with async scheduling: EAGLE on every release 0.12-0.32);

@@ -205,7 +205,9 @@ class Adapter:
         }
         fields = _params(self.EngineArgs)
         kwargs = {k: v for k, v in offered.items() if k in fields}
-        key = (model_dir, tuple(sorted(kwargs.items())), setup.spec_tokens)
+        key = (model_dir, tuple(sorted(kwargs.items())), setup.spec_tokens, setup.kv_consumer)
+        if setup.kv_consumer:
+            kwargs["kv_transfer_config"] = self._kv_consumer_config(fields)
         if key not in self._configs:
             # EngineArgs.create_engine_config costs 10-30 ms (it reads the checkpoint's config, validates
             # pydantic dataclasses); a fuzzer builds a scheduler per example from a handful of distinct ones.
@@ -225,6 +227,18 @@ class Adapter:
         cc.num_gpu_blocks = setup.num_blocks
         cc.enable_prefix_caching = setup.enable_prefix_caching
         return cfg
+
+    def _kv_consumer_config(self, fields: dict[str, inspect.Parameter]) -> Any:
+        """A KVTransferConfig naming the null consumer connector (vllm#49674's precondition), or Unsupported."""
+        try:
+            from vllm.config import KVTransferConfig
+        except ImportError as exc:
+            raise Unsupported(f"no KVTransferConfig in this release: {exc}") from exc
+        if "kv_transfer_config" not in fields or "kv_connector_module_path" not in _params(KVTransferConfig):
+            raise Unsupported("this release cannot load an out-of-tree KV connector (kv_connector_module_path)")
+        from repro.sched.null_connector import CLASS_NAME, MODULE_PATH
+
+        return KVTransferConfig(kv_connector=CLASS_NAME, kv_role="kv_consumer", kv_connector_module_path=MODULE_PATH)
 
     def _create(self, kwargs: dict[str, Any]) -> Any:
         try:

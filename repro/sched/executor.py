@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
+from repro.sched.stall import scheduler_state, state_text
 
 
 class Builder(Protocol):
@@ -117,9 +118,11 @@ class Executor:
         # rid -> next output position the worker samples for a continuing request
         self.worker_next: dict[str, int] = {}
         self.frames_made = 0
+        self.empty_frames = 0  # frames schedule() returned with no token scheduled
         self.iterations = 0
         self.log: list[dict[str, Any]] = []
         self.stalled: str | None = None
+        self.stall_state: dict[str, Any] | None = None  # repro.sched.stall.scheduler_state at the stall
         self.progress_at = 0  # the last iteration that scheduled or delivered a token
         self.streams = {
             r.rid: Stream(r.rid, list(r.prompt), r.max_tokens,
@@ -186,6 +189,9 @@ class Executor:
         so = self.sched.schedule()
         if so.total_num_scheduled_tokens > 0:
             self.progress_at = self.iterations
+        else:
+            # A step that scheduled nothing with requests waiting: vllm#49674's zero-progress steps are these.
+            self.empty_frames += 1
         positions = self._positions(so)
         req_ids = list(positions)
         sampled = [[token_at(self.perm, self.streams[r].prompt, p) for p in positions[r]] for r in req_ids]
@@ -238,12 +244,16 @@ class Executor:
             if self.iterations - max(start, self.progress_at) >= IDLE_LIMIT:
                 # Nothing changes a scheduler that schedules and delivers nothing: it is a hang, and a fuzzer's
                 # shrinking meets many, so it is not waited out to max_steps.
-                self.stalled = f"{what}: nothing scheduled or delivered in {IDLE_LIMIT} iterations"
-                raise StopIteration(self.stalled)
+                self._stall(f"{what}: nothing scheduled or delivered in {IDLE_LIMIT} iterations")
             self.iterate()
         if not until():
-            self.stalled = f"{what}: not reached after {self.setup.max_steps} iterations"
-            raise StopIteration(self.stalled)
+            self._stall(f"{what}: not reached after {self.setup.max_steps} iterations")
+
+    def _stall(self, why: str) -> None:
+        """End the op as a stall (STALL: vLLM's scheduler made no progress), quoting the scheduler's state."""
+        self.stall_state = scheduler_state(self.sched, self.iterations, len(self.queue))
+        self.stalled = f"{why}; {state_text(self.stall_state)}"
+        raise StopIteration(self.stalled)
 
     def _fill(self) -> None:
         while len(self.queue) < self.setup.depth and self._has_requests():

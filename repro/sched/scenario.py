@@ -15,14 +15,15 @@ from typing import Any
 from repro.crash import raised_in_vllm
 from repro.sched.adapter import Unsupported, vllm_crash_site
 from repro.sched.executor import Executor, OpUnsupported
-from repro.sched.script import ScriptError, build_script
+from repro.sched.script import ScriptError
+from repro.sched.upstream import build_any_script
 
 
 def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[int]) -> dict[str, Any]:
     """One scenario's event fields: status ran / unsupported / crash / error, with records where it ran."""
     t0 = time.monotonic()
     try:
-        script = build_script(sc["scenario"], sc.get("params") or {}, len(perm), int(sc.get("seed", 0)))
+        script = build_any_script(sc["scenario"], sc.get("params") or {}, len(perm), int(sc.get("seed", 0)))
     except ScriptError as exc:
         return {"status": "error", "reason": f"bad scenario: {exc}"}
     base = {"scenario": sc["scenario"], "setup": script.to_dict(), "scheduler": script.setup.scheduler,
@@ -54,7 +55,9 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
                     "reason": f"{type(exc).__name__}: {str(exc) or site[1]} at {site[0]}"}
         return {**result, "status": "error"}
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
-            "iterations": ex.iterations, "frames": ex.frames_made, "setup_s": setup_s,
+            "stall_state": ex.stall_state,
+            "iterations": ex.iterations, "frames": ex.frames_made, "empty_frames": ex.empty_frames,
+            "setup_s": setup_s,
             "duration_s": round(time.monotonic() - t0, 3)}
 
 

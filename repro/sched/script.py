@@ -79,6 +79,9 @@ class Setup:
     policy: str = "fcfs"  # the scheduling policy: fcfs, or priority (RequestSpec.priority; preempts by it)
     long_prefill_token_threshold: int = 0  # >0: prefill chunks of a long prompt are cut to this many tokens
     log_stats: bool = False  # the scheduler's own stats (make_stats, prefix-cache and spec-decoding stats)
+    # A consumer KV connector that moves nothing (repro/sched/null_connector.py): with D >= 2 it turns on
+    # vLLM's deferred block frees (PR #45357), the precondition of vllm#49674.
+    kv_consumer: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:

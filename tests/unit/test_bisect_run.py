@@ -264,6 +264,16 @@ def test_verdict_infra_is_skip_with_reason(outcome: Outcome, reason: str) -> Non
     assert pr.detail == f"{outcome.value}: {reason}"
 
 
+@pytest.mark.parametrize("outcome", [Outcome.CRASH, Outcome.STALL])
+def test_verdict_crash_and_stall_are_bad_and_never_retried(outcome: Outcome) -> None:
+    # A STALL is vLLM's scheduler making no progress while the harness drove every step: a finding, unlike
+    # TIMEOUT (skipped above and retried with --retry-infra).
+    reason = "vLLM's scheduler never finished a request: run to completion: nothing scheduled or delivered"
+    pr = verdict_of(infra_result(CELL, outcome, reason))
+    assert pr.verdict is Verdict.BAD and pr.detail == f"{outcome.value}: {reason}"
+    assert not outcome.is_retryable and not outcome.is_infra
+
+
 def test_verdict_request_error_is_skip_with_reason() -> None:
     cr = judged(CELL, "error")
     assert cr.outcome is Outcome.ERROR and cr.reason

@@ -230,3 +230,27 @@ def test_a_report_of_both_tiers_cannot_be_paired_across_them() -> None:
     assert not compare(mixed, mixed).across_tiers
     with pytest.raises(BadInput, match=r"holds more than one tier of cell 'vllm0\.21\.0-mp-async_on-keep-clear'"):
         compare(mixed, annotated(ran("0.21.0")), "mixed.json", across_tiers=True)
+
+
+def server(c: CellResult) -> CellResult:
+    """``c`` as the server door ran it (same records: the doors play one workload)."""
+    from dataclasses import replace
+
+    return replace(c, cell=c.cell.replace(door="server"))
+
+
+def test_doors_pair_by_id_without_the_door_segment() -> None:
+    eng = cpu(ran("0.21.0", True, RUNNING), ran("0.22.0", True))
+    srv = cpu(server(ran("0.21.0", True, RUNNING)), server(ran("0.22.0", True, RUNNING)))
+    assert srv.cells[0].id == KEEP + "-server"
+    cmp = compare(eng, srv, "engine.json", "server.json")
+    assert cmp.across_doors and not cmp.across_tiers
+    assert [c.id for c in cmp.both] == [KEEP, "vllm0.22.0-mp-async_on-keep-clear"]
+    assert [c.agree for c in cmp.both] == [True, False] and cmp.agreement == 50.0 and cmp.exit_code == 1
+    # Same workload through both doors: the requests pair, and the ones judged differently are named.
+    assert cmp.both[1].first_tokens and not cmp.both[0].first_tokens
+    assert markdown(cmp).startswith("# vllm-repro: engine door vs server door comparison (cpu)")
+    assert not compare(eng, eng).across_doors
+    # One report of both doors (a --door all run): its engine-door cells against its server-door cells.
+    both = cpu(*eng.cells, *srv.cells)
+    assert [c.agree for c in compare(both, both, "r.json", "r.json", across_doors=True).both] == [True, False]

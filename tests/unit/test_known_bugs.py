@@ -416,3 +416,17 @@ def test_a_rule_can_expect_a_crash(tmp_path: Path) -> None:
             assert ch.message == f"expected CRASH from vllm#46066, got {other.summary}"
     # A crash where the table expects OK is a finding, never "as expected".
     assert check(crashed, _table(tmp_path, "# none\n")).status == "UNEXPECTED"
+
+
+def test_a_rule_can_expect_a_stall_and_a_timeout_never_meets_it(tmp_path: Path) -> None:
+    bugs = _table(tmp_path, CRASH_TABLE.replace('"CRASH"', '"STALL"').replace("46066", "42043"))
+    c = cell("0.21.0")
+    assert expectation(c, bugs) == Expectation(Outcome.STALL, None, "vllm#42043")
+    reason = "vLLM's scheduler never finished a request: run to completion: nothing scheduled or delivered"
+    stalled = infra_result(c, Outcome.STALL, reason)
+    assert check(stalled, bugs).status == "as expected"
+    crashed = CellResult(c, Outcome.CRASH, "AssertionError at vllm/a.py:1:f")
+    assert check(crashed, bugs).message == f"expected STALL from vllm#42043, got {crashed.summary}"
+    # A wall-clock hang of a process is infrastructure: not run, never the stall the table expects.
+    assert check(infra_result(c, Outcome.TIMEOUT, "no event in 120 s"), bugs).status == "not run"
+    assert check(stalled, _table(tmp_path, "# none\n")).status == "UNEXPECTED"

@@ -15,6 +15,7 @@ from harness.run.scenario_results import scenario_result
 from harness.sched.cells import SHAPES, sched_result, sched_scenario, sched_spec
 from harness.verdicts.workarounds import workaround_verdicts
 from repro.sched.script import SCHEMA_VERSION, build_script
+from repro.sched.upstream import build_any_script
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +45,7 @@ def test_every_scheduler_tier_scenario_has_a_script_for_each_async_setting_it_ex
                 assert not async_on and SHAPES[name].sync is None and reason == f"async off: {SHAPES[name].sync_reason}"
                 continue
             sc = sched_scenario(cell, cell.scenario_id, 7)
-            script = build_script(sc["scenario"], sc["params"], 512, 7)
+            script = build_any_script(sc["scenario"], sc["params"], 512, 7)
             assert script.setup.is_async is async_on and sc["seed"] == 7 and sc["id"] == cell.scenario_id
 
 
@@ -101,7 +102,7 @@ def test_streams_are_judged_by_the_oracle_with_the_scheduler_as_effective_settin
                                                                     "executor_class": "AsyncScheduler"}
 
 
-def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupported() -> None:
+def test_a_crash_in_vllm_is_crash_a_stall_is_stall_a_wrong_scheduler_is_unsupported() -> None:
     crash = {"event": "scenario", "id": "x", "status": "crash", "scheduler_class": ASYNC_CLS,
              "reason": "AssertionError:  at vllm/v1/core/sched/async_scheduler.py:53:_update_request_with_output",
              "vllm_source": "assert request.num_output_placeholders >= 0"}
@@ -112,7 +113,8 @@ def test_a_crash_in_vllm_is_crash_a_stall_is_timeout_a_wrong_scheduler_is_unsupp
     assert spec.outcome is Outcome.CRASH and spec.engine is not None
     assert spec.engine["effective"]["spec_method"] == "eagle"
     stalled = as_scenario_event(_ran(stalled="r0 never finished"))
-    assert sched_result(SCHED, stalled, None, scenario_result).outcome is Outcome.TIMEOUT
+    stall = sched_result(SCHED, stalled, None, scenario_result)
+    assert stall.outcome is Outcome.STALL and stall.outcome.is_finding and not stall.outcome.is_retryable
     wrong = sched_result(SCHED, as_scenario_event(_ran(cls="vllm.v1.core.sched.scheduler.Scheduler")), None,
                          scenario_result)
     assert wrong.outcome is Outcome.UNSUPPORTED and "asked for async on" in wrong.summary
@@ -153,10 +155,11 @@ def test_one_scenario_event_judged_on_its_own_as_plan_and_fuzz_judge_it() -> Non
                                              "vllm_source": "assert n >= 0"}))
     assert crash.outcome is Outcome.CRASH
     assert crash.summary == "CRASH: AssertionError:  at vllm/x.py:1:f (assert n >= 0)"
-    # A hang is TIMEOUT (as the matrix has it); the streams' own verdict stays in the summary.
+    # A scheduler that stops making progress is STALL (a finding; the matrix agrees); the streams' own verdict
+    # stays in the summary.
     hang = "run to completion: nothing scheduled or delivered in 64 iterations"
     stalled = sched_verdict(as_scenario_event(_ran(stalled=hang)))
-    assert stalled.outcome is Outcome.TIMEOUT and stalled.summary.startswith("TIMEOUT: vLLM's scheduler never")
+    assert stalled.outcome is Outcome.STALL and stalled.summary.startswith("STALL: vLLM's scheduler never")
     assert stalled.summary.endswith("streams: LOSS(1) in 1/1 requests (1/1 running at pause)")
     assert sched_result(SCHED, as_scenario_event(_ran(stalled="x")), None, scenario_result).summary == \
         "vLLM's scheduler never finished a request: x"

@@ -150,7 +150,10 @@ def test_a_hang_is_reported_as_stalled_not_waited_for() -> None:
     params = {"max_steps": 20, "requests": [{"rid": "a", "prompt": [3], "max_tokens": 2}],
               "ops": [{"op": "add", "rid": "a"}, {"op": "run"}]}
     ex = _play("ops", params, sched)
-    assert ex.stalled == "run to completion: not reached after 20 iterations"
+    # The reason ends with the step and the scheduler's own state (STALL's reason; repro.sched.stall).
+    assert ex.stalled == ("run to completion: not reached after 20 iterations; step 20, 0 frame(s) in flight; "
+                          "waiting [], running [a]; a ? computed 0 tokens 1 prompt 1")
+    assert ex.stall_state is not None and ex.stall_state["running"] == ["a"]
     assert cell_verdict(stream_records(ex.records())).outcome is Outcome.TRUNCATED
 
 

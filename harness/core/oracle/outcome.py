@@ -1,8 +1,9 @@
 """The outcome words of a request and a cell, and the fault events a stream is decomposed into.
 
 Request outcomes, from best to worst: OK, TRUNCATED, DUPLICATE(k at i), LOSS(k at i), DIVERGED(at i), ERROR.
-Cell outcomes add UNSUPPORTED and TIMEOUT (and ERROR for infrastructure failures); a cell that ran takes the
-worst outcome of its requests.  A :class:`FaultEvent` is one shift of a stream against its reference.
+Cell outcomes add CRASH and STALL (findings about vLLM), UNSUPPORTED and TIMEOUT (and ERROR for infrastructure
+failures); a cell that ran takes the worst outcome of its requests.  A :class:`FaultEvent` is one shift of a
+stream against its reference.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ class Outcome(enum.Enum):
     # request.num_output_placeholders >= 0``, PR #46066): a finding about vLLM, unlike ERROR (the harness,
     # the environment or the machine failed).
     CRASH = "CRASH"
+    # vLLM's scheduler stopped making progress while the harness drove every step (scheduler tier): a request
+    # it could run got no token for many steps while nothing else progressed (vllm#42043's drained reset on
+    # 0.21.0 leaves a request that never finishes).  A finding, unlike TIMEOUT (a process outlived its
+    # wall-clock limit, which says nothing about whose fault it was).
+    STALL = "STALL"
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
     UNSUPPORTED = "UNSUPPORTED"
@@ -49,8 +55,9 @@ class Outcome(enum.Enum):
 
     @property
     def is_finding(self) -> bool:
-        """Something wrong with vLLM: a token fault, or vLLM's own code raising (CRASH); BAD in a bisect."""
-        return self.is_token_fault or self is Outcome.CRASH
+        """Something wrong with vLLM: a token fault, vLLM's own code raising (CRASH) or its scheduler making no
+        progress (STALL); BAD in a bisect, never retried."""
+        return self.is_token_fault or self in (Outcome.CRASH, Outcome.STALL)
 
     @property
     def is_retryable(self) -> bool:
@@ -62,7 +69,8 @@ class Outcome(enum.Enum):
 
 _RANK = {o: i for i, o in enumerate((
     Outcome.OK, Outcome.AMBIGUOUS, Outcome.TRUNCATED, Outcome.DUPLICATE, Outcome.LOSS, Outcome.DIVERGED,
-    Outcome.CRASH, Outcome.FLAKY, Outcome.UNSUPPORTED, Outcome.BUILD_FAILED, Outcome.ERROR, Outcome.TIMEOUT))}
+    Outcome.CRASH, Outcome.STALL, Outcome.FLAKY, Outcome.UNSUPPORTED, Outcome.BUILD_FAILED, Outcome.ERROR,
+    Outcome.TIMEOUT))}
 SHIFTS = (Outcome.LOSS, Outcome.DUPLICATE)  # the kinds of fault event, in the order they are tried
 
 

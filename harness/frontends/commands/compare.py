@@ -28,13 +28,19 @@ class CompareCommand(Command):
         parser.add_argument("--across-tiers", action="store_true",
                             help="pair cells by id without the tier segment (automatic when each report holds one "
                                  "tier and the tiers differ)")
+        parser.add_argument("--across-doors", action="store_true",
+                            help="pair cells by id without the door segment, engine door against server door "
+                                 "(automatic when each report holds one door and the doors differ; a report of "
+                                 "both doors, given as A and B, compares its engine-door cells with its "
+                                 "server-door cells)")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.verdicts.compare.pairs import compare
         from harness.verdicts.compare.render import markdown, render_terminal
 
         cmp = compare(read_results(args.a), read_results(args.b), str(args.a), str(args.b),
-                      across_tiers=True if args.across_tiers else None)
+                      across_tiers=True if args.across_tiers else None,
+                      across_doors=True if args.across_doors else None)
         render_terminal(cmp, stdout_console())
         if args.markdown:
             args.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from harness.frontends.commands.options import add_index_options, add_run_option
 from harness.plan.matrix import EXECUTORS, ON_OFF, parse_bools
 from harness.plan.plan_file import check_plan_fits, model_limits, read_plan
 from harness.run.replay import PlanReplay, replay_plan, replay_sched_plan
+from harness.sched.export_pytest import write_pytest
 
 DESCRIPTION = (
     "Run one JSON pause schedule ({\"requests\": [...], \"pauses\": [...]}, as printed by a failing property test) "
@@ -57,11 +58,19 @@ class PlanCommand(Command):
         parser.add_argument("--async", dest="async_", metavar="ASYNC",
                             help="on, off or both (default: on); engine-tier plans only")
         parser.add_argument("--executor", help="executor (default mp); engine-tier plans only")
+        parser.add_argument("--export-pytest", type=Path, metavar="FILE",
+                            help="write the scheduler-tier plan as one self-contained pytest file (imports only "
+                                 "vllm and pytest; fails where the scheduler loses, repeats or shifts a token, "
+                                 "stalls or raises) to FILE, and run nothing")
         add_run_options(parser, reports="reports/plan")
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         plan = read_plan(args.plan_file)
+        if args.export_pytest is not None:
+            out = write_pytest(plan, str(args.plan_file), args.export_pytest)
+            print(f"wrote {out}: run it with `pytest -q {out}` in an env holding vLLM and pytest")
+            return 0
         ctx.platform  # noqa: B018 -- a bad --platform is reported before a bad --executor
         if plan.get("tier") == "scheduler":
             return self._scheduler(ctx, args, plan)

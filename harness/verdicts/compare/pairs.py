@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.core.errors import BadInput
@@ -109,6 +109,7 @@ class Comparison:
     neither: tuple[OneSided, ...]
     warnings: tuple[str, ...]
     across_tiers: bool = False  # cells paired by id without the tier segment
+    across_doors: bool = False  # cells paired by id without the door segment (engine vs server door)
 
     @property
     def disagreements(self) -> tuple[CellComparison, ...]:
@@ -246,23 +247,28 @@ def _difference(a: Verdict, b: Verdict, across_tiers: bool = False) -> str:
 _TIER_FACTS = ("executor class", "requests")
 
 
-def _compare_cell(ca: CellResult, cb: CellResult, across: tuple[KnownBug, ...] | None = None) -> CellComparison:
-    """``across``: the known-bug table, when the cells are of two tiers (None: same tier)."""
+def _compare_cell(ca: CellResult, cb: CellResult, across: tuple[KnownBug, ...] | None = None,
+                  doors: bool = False) -> CellComparison:
+    """``across``: the known-bug table, when the cells are of two tiers (None: same tier); ``doors``: the cells
+    are of two doors (same workload, so requests still pair, by their id within the cell)."""
     a, b = verdict_of(ca), verdict_of(cb)
     diff = _difference(a, b, across is not None)
     fa, fb = _engine_facts(ca), _engine_facts(cb)
     skip = _TIER_FACTS if across is not None else ()
     context = tuple(f"{k}: {_fmt(fa[k])} vs {_fmt(fb[k])}" for k in fa if fa[k] != fb[k] and k not in skip)
     if across is None:
-        return CellComparison(ca.id, a, b, not diff, diff, context, _differently_judged(ca, cb))
+        cid = pair_id(ca, across_tiers=False, across_doors=doors)
+        return CellComparison(cid, a, b, not diff, diff, context, _differently_judged(ca, cb))
     # Across tiers the requests are different workloads (their ids name different prompts): none is paired.
     expected = _expected_difference(ca, cb, across) if diff else ""
     return CellComparison(pair_id(ca), a, b, not diff, diff, context, (), expected)
 
 
-def pair_id(cr: CellResult) -> str:
-    """The id a cell is paired by across tiers: its engine-tier id (the id without ``-sched``)."""
-    return str(cr.cell.replace(tier="engine").id)
+def pair_id(cr: CellResult, across_tiers: bool = True, across_doors: bool = False) -> str:
+    """The id a cell is paired by across tiers (its engine-tier id: without ``-sched``) and/or across doors (its
+    engine-door id: without ``-server``)."""
+    cell = cr.cell.replace(tier="engine") if across_tiers else cr.cell
+    return str((cell.replace(door="engine") if across_doors else cell).id)
 
 
 def _expected_difference(ca: CellResult, cb: CellResult, bugs: tuple[KnownBug, ...]) -> str:
@@ -295,18 +301,39 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _by_id(results: Results, name: str, across_tiers: bool = False) -> dict[str, CellResult]:
+def _by_id(results: Results, name: str, across_tiers: bool = False, across_doors: bool = False
+           ) -> dict[str, CellResult]:
     out: dict[str, CellResult] = {}
     for c in results.cells:
-        key = pair_id(c) if across_tiers else c.id
-        if key in out and across_tiers:
-            raise BadInput(f"report {name} holds more than one tier of cell {key!r}: a comparison across tiers "
-                           "pairs a report of one tier with a report of the other")
+        key = pair_id(c, across_tiers, across_doors) if across_tiers or across_doors else c.id
+        if key in out and (across_tiers or across_doors):
+            what = "tier" if across_tiers else "door"
+            raise BadInput(f"report {name} holds more than one {what} of cell {key!r}: a comparison across "
+                           f"{what}s pairs a report of one {what} with a report of the other")
         if key in out:
             raise BadInput(f"report {name} has more than one result for cell {c.id!r} (a JSONL log of a --repeat "
                            "run?); compare the aggregated results.json")
         out[key] = c
     return out
+
+
+def doors_of(results: Results) -> tuple[str, ...]:
+    """The doors of a report's cells (engine, server), in axis order."""
+    found = {c.cell.door for c in results.cells}
+    return tuple(d for d in ("engine", "server") if d in found) + tuple(sorted(found - {"engine", "server"}))
+
+
+def _one_door(results: Results, door: str) -> Results:
+    """``results`` with only ``door``'s cells when it holds both doors, else as it is."""
+    if len(doors_of(results)) < 2:
+        return results
+    return replace(results, cells=tuple(c for c in results.cells if c.cell.door == door))
+
+
+def is_across_doors(a: Results, b: Results) -> bool:
+    """Each report holds one door, and they differ (then cells pair by id without the door segment)."""
+    da, db = doors_of(a), doors_of(b)
+    return len(da) == 1 == len(db) and da != db
 
 
 def tiers_of(results: Results) -> tuple[str, ...]:
@@ -353,13 +380,19 @@ def _setup(results: Results) -> str:
 
 
 def compare(a: Results, b: Results, a_source: str = "A", b_source: str = "B",
-            across_tiers: bool | None = None) -> Comparison:
+            across_tiers: bool | None = None, across_doors: bool | None = None) -> Comparison:
     """Match the cells of two reports by id and say, for every cell both ran, whether they agree.
 
-    ``across_tiers`` pairs cells by id without the tier segment (None: when ``is_across_tiers``).
+    ``across_tiers`` pairs cells by id without the tier segment (None: when ``is_across_tiers``);
+    ``across_doors`` without the door segment (None: when ``is_across_doors``); a report holding both doors
+    then takes part with its engine-door cells as A and its server-door cells as B (``compare R R``).
     """
     across = is_across_tiers(a, b) if across_tiers is None else across_tiers
-    ia, ib = _by_id(a, a_source, across), _by_id(b, b_source, across)
+    doors = is_across_doors(a, b) if across_doors is None else across_doors
+    if doors:
+        # A report of both doors (a --door all run) gives its engine-door cells as A, its server-door cells as B.
+        a, b = _one_door(a, "engine"), _one_door(b, "server")
+    ia, ib = _by_id(a, a_source, across, doors), _by_id(b, b_source, across, doors)
     sa, sb = _side("A", a_source, a, across), _side("B", b_source, b, across)
     bugs = load_known_bugs() if across else None
     both, one, neither = [], [], []
@@ -370,7 +403,7 @@ def compare(a: Results, b: Results, a_source: str = "A", b_source: str = "B",
         ran_a, ran_b = bool(va and va.ran), bool(vb and vb.ran)
         if ran_a and ran_b:
             assert ca is not None and cb is not None
-            both.append(_compare_cell(ca, cb, bugs))
+            both.append(_compare_cell(ca, cb, bugs, doors))
         elif ran_a or ran_b:
             one.append(OneSided(cid, "A" if ran_a else "B", va, vb))
         else:
@@ -387,6 +420,6 @@ def compare(a: Results, b: Results, a_source: str = "A", b_source: str = "B",
                         "arguments', not the platforms'")
     if not set(ia) & set(ib):
         warnings.append("the reports have no cell id in common (different vLLM versions or selections?)")
-    return Comparison(sa, sb, tuple(both), tuple(one), tuple(neither), tuple(warnings), across)
+    return Comparison(sa, sb, tuple(both), tuple(one), tuple(neither), tuple(warnings), across, doors)
 
 

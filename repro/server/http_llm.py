@@ -1,0 +1,218 @@
+"""The server door's client: what ``repro.scenarios`` drives (AsyncLLM's methods) over ``vllm serve``'s HTTP API.
+
+Built on httpx (in every vLLM environment: the ``openai`` client depends on it).  Every call is a real request
+to the server the engine process started (``repro.server.process``), on loopback:
+
+* ``generate``: a streaming ``POST /v1/completions`` from the prompt's token ids, greedy (temperature 0,
+  ignore_eos, max_tokens), ``return_token_ids`` so each chunk carries the token ids of its delta, and the
+  plan's request id as ``request_id`` (the engine core then knows it as ``cmpl-<id>-0``, 0.12-0.32);
+* ``abort``: the client closes the request's stream (vLLM aborts a request whose client disconnected);
+* ``pause_generation``/``resume_generation``/``reset_prefix_cache``/``sleep``/``wake_up``/``collective_rpc``:
+  vLLM's dev endpoints, always with every parameter explicit (the HTTP defaults are not AsyncLLM's:
+  ``docs/frameworks-endpoints.toml``), refused with ScenarioUnsupported where the release lacks the endpoint or
+  parameter (``repro.server.endpoints``);
+* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes (``repro.server.probe``).
+
+The parsing of the stream is pure (:func:`parse_sse`, :func:`strip_ids`), unit-tested with httpx's MockTransport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # httpx is in every vLLM env (openai's dependency), not in the harness's
+    import httpx
+
+from repro.scenarios.base import ScenarioUnsupported
+from repro.server.endpoints import endpoint_problem
+
+ENGINE_PREFIX = "cmpl-"  # serving_completion.py: request_id = f"cmpl-{request.request_id}", then f"{id}-{i}"
+DONE = "[DONE]"
+
+
+class ServerError(Exception):
+    """The server answered an error (HTTP status or an error object in the stream)."""
+
+
+def parse_sse(line: str) -> dict[str, Any] | str | None:
+    """One line of the completion stream: its JSON chunk, :data:`DONE`, or None (blank, comment, other field)."""
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:"):].strip()
+    if data == DONE:
+        return DONE
+    chunk = json.loads(data)
+    if not isinstance(chunk, dict):
+        raise ServerError(f"unexpected stream chunk {data[:200]}")
+    return chunk
+
+
+def chunk_delta(chunk: dict[str, Any]) -> tuple[list[int], str | None]:
+    """The token ids and finish reason of a completion chunk; ServerError for an error chunk."""
+    if "error" in chunk:
+        raise ServerError(f"server error in stream: {chunk['error']}")
+    choices = chunk.get("choices") or []
+    if not choices:
+        return [], None  # e.g. a usage-only chunk
+    choice = choices[0]
+    ids = choice.get("token_ids")
+    if ids is None and choice.get("text"):
+        raise ServerError("the stream carries text but no token_ids (return_token_ids not honoured)")
+    return [int(t) for t in ids or []], choice.get("finish_reason")
+
+
+async def stream_outputs(lines: AsyncIterator[str]) -> AsyncIterator[Any]:
+    """The outputs of a completion stream's lines (AsyncLLM's DELTA outputs: the new token ids, the finish
+    reason), until ``data: [DONE]``."""
+    async for line in lines:
+        chunk = parse_sse(line)
+        if chunk == DONE:
+            return
+        if isinstance(chunk, dict):
+            ids, finish = chunk_delta(chunk)
+            yield _output(ids, finish)
+
+
+def strip_ids(obj: Any) -> Any:
+    """``obj`` with every dict key ``cmpl-<id>`` renamed ``<id>`` (the engine core's name of a request the
+    plan calls ``<id>``; the driver then matches ``<id>-<n>`` as it does AsyncLLM's suffixed ids)."""
+    if isinstance(obj, dict):
+        return {(k[len(ENGINE_PREFIX):] if isinstance(k, str) and k.startswith(ENGINE_PREFIX) else k): strip_ids(v)
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [strip_ids(v) for v in obj]
+    return obj
+
+
+def namespace(doc: dict[str, dict[str, Any]]) -> SimpleNamespace:
+    """The probe's config sections as attributes (``vllm_config.cache_config.block_size``)."""
+    return SimpleNamespace(**{k: SimpleNamespace(**v) for k, v in doc.items()})
+
+
+class _Core:
+    """``engine_core.call_utility_async`` for the shim's ``repro_*`` utilities, over the probe route."""
+
+    def __init__(self, llm: HttpLLM) -> None:
+        self.llm = llm
+
+    async def call_utility_async(self, name: str, *args: Any) -> Any:
+        if args:
+            raise ScenarioUnsupported(f"door=server: the probe route takes no arguments ({name}{args})")
+        return strip_ids((await self.llm.post(f"/repro/utility/{name}"))["result"])
+
+
+class HttpLLM:
+    """AsyncLLM's face over one ``vllm serve`` of vLLM ``version`` at ``url``."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, version: str, model: str,
+                 alive: Any = lambda: True) -> None:
+        self.client, self.url, self.version, self.model = client, url, version, model
+        self._alive = alive
+        self.engine_core = _Core(self)
+        self.vllm_config: Any = SimpleNamespace()
+        self._streams: dict[str, httpx.Response] = {}
+        self._aborted: set[str] = set()
+
+    @property
+    def errored(self) -> bool:
+        return not self._alive()
+
+    def require(self, endpoint: str, *params: str) -> None:
+        problem = endpoint_problem(endpoint, params, self.version)
+        if problem is not None:
+            raise ScenarioUnsupported(f"door=server: {problem}")
+
+    async def post(self, path: str, params: dict[str, Any] | None = None, body: Any = None) -> Any:
+        resp = await self.client.post(self.url + path, params=params, json=body, timeout=None)
+        if resp.status_code >= 400:
+            raise ServerError(f"POST {path} {params or ''}: HTTP {resp.status_code}: {resp.text[:300]}")
+        try:
+            return resp.json()
+        except ValueError:
+            return resp.text
+
+    async def get(self, path: str) -> Any:
+        resp = await self.client.get(self.url + path, timeout=None)
+        if resp.status_code >= 400:
+            raise ServerError(f"GET {path}: HTTP {resp.status_code}: {resp.text[:300]}")
+        return resp.json()
+
+    async def probe(self) -> dict[str, Any]:
+        """The server engine's probe (``repro.cell.probe_engine``) and config sections; keeps the config."""
+        doc = await self.get("/repro/probe")
+        self.vllm_config = namespace(doc["config"])
+        return dict(doc["probe"])
+
+    def _body(self, prompt: dict[str, Any], sp: Any, request_id: str) -> dict[str, Any]:
+        return {"model": self.model, "prompt": list(prompt["prompt_token_ids"]), "max_tokens": sp.max_tokens,
+                "temperature": sp.temperature, "ignore_eos": bool(sp.ignore_eos), "stream": True,
+                "return_token_ids": True, "request_id": request_id}
+
+    async def generate(self, prompt: dict[str, Any], sp: Any, request_id: str) -> AsyncIterator[Any]:
+        """Stream the request: one output per chunk with the token ids of its delta (DELTA outputs)."""
+        import httpx
+
+        self.require("completions", "return_token_ids", "request_id")
+        body = self._body(prompt, sp, request_id)
+        try:
+            async with self.client.stream("POST", self.url + "/v1/completions", json=body, timeout=None) as resp:
+                if resp.status_code >= 400:
+                    raise ServerError(f"completion {request_id}: HTTP {resp.status_code}: "
+                                      f"{(await resp.aread())[:300]!r}")
+                self._streams[request_id] = resp
+                async for out in stream_outputs(resp.aiter_lines()):
+                    yield out
+        except (httpx.HTTPError, OSError, RuntimeError):
+            # abort() closed the stream under the read (httpx raises StreamClosed, ReadError or a transport's
+            # closed-resource error, depending on where the read was): AsyncLLM ends an aborted request so.
+            if request_id not in self._aborted:
+                raise
+            yield _output([], "abort")
+        finally:
+            self._streams.pop(request_id, None)
+
+    async def abort(self, request_ids: list[str] | str) -> None:
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            resp = self._streams.get(rid)
+            if resp is not None:
+                self._aborted.add(rid)
+                with contextlib.suppress(Exception):
+                    await resp.aclose()
+
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        self.require("pause", "mode", "clear_cache")
+        await self.post("/pause", {"mode": mode, "clear_cache": _flag(clear_cache)})
+
+    async def resume_generation(self) -> None:
+        self.require("resume")
+        await self.post("/resume")
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        self.require("reset_prefix_cache", "reset_running_requests")
+        await self.post("/reset_prefix_cache", {"reset_running_requests": _flag(reset_running_requests)})
+        return True  # the endpoint answers 200 with no body when the reset was done (it raises otherwise)
+
+    async def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
+                             kwargs: dict[str, Any] | None = None) -> list[Any]:
+        self.require("collective_rpc", "method", "args", "kwargs")
+        doc = await self.post("/collective_rpc", body={"method": method, "args": list(args), "kwargs": kwargs or {}})
+        return list(doc.get("results", doc) if isinstance(doc, dict) else doc)
+
+    async def close(self) -> None:
+        for resp in list(self._streams.values()):
+            with contextlib.suppress(Exception):
+                await resp.aclose()
+        await asyncio.sleep(0)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _output(ids: list[int], finish: str | None) -> Any:
+    return SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, finish_reason=finish)])

@@ -1,0 +1,67 @@
+"""The scheduler-tier scripts of open upstream bugs (repro.sched.upstream): vllm#57562 and vllm#49674."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.core.scenarios import BY_SCENARIO
+from harness.sched.cells import SHAPES
+from repro.sched.script import SCENARIOS, ScriptError, Setup, build_script
+from repro.sched.upstream import UPSTREAM_SCENARIOS, build_any_script, chunked_burst, deferred_free_pressure
+
+pytestmark = pytest.mark.unit
+
+VOCAB = 64
+
+
+def test_chunked_burst_waves_exceed_the_step_budget_and_arrive_while_earlier_waves_decode() -> None:
+    s = chunked_burst({"waves": 3, "per_wave": 4, "prompt_min": 40, "prompt_max": 90}, VOCAB, 7)
+    assert len(s.requests) == 12 and s.setup.is_async and not s.setup.kv_consumer
+    assert all(len(r.prompt) > s.setup.max_num_batched_tokens for r in s.requests)  # every prompt is chunked
+    kinds = [op.op for op in s.ops]
+    # wave 0 added up front; each later wave only after the running requests delivered `gap` tokens
+    assert kinds == ["add"] * 4 + ["step_until", *["add"] * 4] * 2 + ["run"]
+    assert len({len(r.prompt) for r in s.requests}) > 1  # chunk boundaries at varied offsets
+
+
+def test_chunked_burst_is_seeded() -> None:
+    assert chunked_burst({}, VOCAB, 3) == chunked_burst({}, VOCAB, 3)
+    assert chunked_burst({}, VOCAB, 3) != chunked_burst({}, VOCAB, 4)
+
+
+def test_deferred_free_pressure_needs_more_blocks_than_the_cache_holds_and_a_consumer_connector() -> None:
+    s = deferred_free_pressure({}, VOCAB, 0)
+    assert s.setup.kv_consumer and s.setup.depth == 2
+    need = sum(-(-(len(r.prompt) + r.max_tokens) // s.setup.block_size) for r in s.requests)
+    assert need > s.setup.num_blocks - 1  # one block is vLLM's null block
+    assert not deferred_free_pressure({"kv_consumer": False}, VOCAB, 0).setup.kv_consumer  # the control
+
+
+def test_the_ops_scenario_replays_an_upstream_script_exactly() -> None:
+    for s in (chunked_burst({}, VOCAB, 1), deferred_free_pressure({}, VOCAB, 1)):
+        assert build_script("ops", s.to_dict(), VOCAB) == s
+
+
+def test_build_any_script_covers_both_namespaces() -> None:
+    assert not set(UPSTREAM_SCENARIOS) & set(SCENARIOS)
+    assert build_any_script("preempt_pressure", {}, VOCAB) == build_script("preempt_pressure", {}, VOCAB)
+    with pytest.raises(ScriptError):
+        build_any_script("no_such", {}, VOCAB)
+    with pytest.raises(ScriptError):
+        build_any_script("chunked_burst", {"bogus": 1}, VOCAB)
+    with pytest.raises(ScriptError):
+        build_any_script("chunked_burst", {"prompt_min": 9, "prompt_max": 3}, VOCAB)
+
+
+def test_kv_consumer_defaults_off() -> None:
+    assert Setup().kv_consumer is False
+
+
+@pytest.mark.parametrize("name", ["chunked", "deferred-free"])
+def test_the_catalogue_plays_them_on_the_scheduler_tier(name: str) -> None:
+    assert "scheduler" in BY_SCENARIO[name].tiers
+    shape = SHAPES[name]
+    for async_on in (True, False):
+        script = build_any_script(shape.scenario, shape.for_async(async_on), VOCAB)
+        assert script.setup.is_async is async_on
+    assert SHAPES["deferred-free"].preempts
