@@ -161,7 +161,8 @@ class FuzzSpec:
     seed: int
     depths: tuple[int, ...] = FUZZ_DEPTHS
     spec_tokens: tuple[int, ...] = (0,)
-    max_requests: int = 6
+    max_requests: int = 8  # bursts of adds and long prompts prefilled in chunks side by side
+    reach: bool = False  # measure coverage of vLLM's scheduler files (repro.sched.reach; coverage.py staged)
 
     def __post_init__(self) -> None:
         what = "fuzz spec"
@@ -176,15 +177,15 @@ class FuzzSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"examples": self.examples, "steps": self.steps, "seed": self.seed, "depths": list(self.depths),
-                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests}
+                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests, "reach": self.reach}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> FuzzSpec:
         what = "fuzz spec"
-        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests"}, what)
+        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests", "reach"}, what)
         return cls(_need(doc, "examples", int, what), _need(doc, "steps", int, what), _need(doc, "seed", int, what),
                    tuple(_need(doc, "depths", list, what)), tuple(_need(doc, "spec_tokens", list, what)),
-                   int(doc.get("max_requests", 6)))
+                   int(doc.get("max_requests", 8)), bool(doc.get("reach", False)))
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ EVENTS: dict[str, EventKind] = {
     # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario).
     "fuzz": EventKind({"status": str}, frozenset({
         "examples", "examples_to_failure", "wall_s", "examples_per_s", "cpu_s", "seed", "settings",
-        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback"})),
+        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
     "done": EventKind({}, frozenset({"wall_s"})),
 }

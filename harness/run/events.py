@@ -127,6 +127,8 @@ class FuzzEvent:
     dropped: dict[str, str] = field(default_factory=dict)
     hypothesis_version: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    # coverage.py's measure of vLLM's scheduler files (repro.sched.reach): {} when not asked for
+    reach: dict[str, Any] = field(default_factory=dict)
     kind = "fuzz"
 
 
@@ -241,7 +243,7 @@ def _fuzz(ev: Mapping[str, Any]) -> FuzzEvent:
         str(ev["status"]), _int(ev.get("examples")) or 0, _int(ev.get("seed")), _int(ev.get("examples_to_failure")),
         _num(ev.get("wall_s")) or 0.0, _num(ev.get("cpu_s")), fals, replay, _str(ev.get("reason")),
         _obj(ev.get("coverage")), {str(k): str(v) for k, v in _obj(ev.get("dropped")).items()},
-        _str(ev.get("hypothesis_version")), ev)
+        _str(ev.get("hypothesis_version")), ev, _obj(ev.get("reach")))
 
 
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {

@@ -16,6 +16,7 @@ Library functions return frozen dataclasses; ``harness/frontends/commands/fuzz.p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,6 +35,9 @@ from repro.wire import FuzzSpec
 
 # Staged beside repro in the vLLM env: Hypothesis and its one dependency (both pure Python).
 DISTRIBUTIONS = ("hypothesis", "sortedcontainers")
+# With reach measured (``FuzzSpec.reach``), coverage.py too: its C tracer where the env's Python is the harness's,
+# else coverage.py falls back to its pure-Python tracer (slower; the summary names the core it ran with).
+REACH_DISTRIBUTIONS = ("coverage",)
 TIERS = ("scheduler",)
 
 
@@ -98,6 +102,7 @@ class FuzzResult:
     dropped: dict[str, str] = field(default_factory=dict)  # setups this release cannot build, and why
     log: Path | None = None
     hypothesis_version: str | None = None
+    reach: dict[str, Any] = field(default_factory=dict)  # repro.sched.reach: coverage of vLLM's scheduler files
 
     @property
     def examples_per_s(self) -> float | None:
@@ -126,7 +131,7 @@ class FuzzResult:
 
 
 def fuzz_spec(profile: str, examples: int | None, seed: int | None, depths: Sequence[int],
-              spec_tokens: Sequence[int], steps: int | None = None) -> FuzzSpec:
+              spec_tokens: Sequence[int], steps: int | None = None, reach: bool = False) -> FuzzSpec:
     """The run's FuzzSpec from the command's options; BadInput names the bad one.  No seed: a random one (reported,
     so the run can be repeated with ``--seed``)."""
     if profile not in PROFILES:
@@ -137,7 +142,7 @@ def fuzz_spec(profile: str, examples: int | None, seed: int | None, depths: Sequ
     p = PROFILES[profile]
     try:
         return FuzzSpec(examples or p.examples, steps or p.steps, random.randrange(2**32) if seed is None else seed,
-                        tuple(depths), tuple(spec_tokens))
+                        tuple(depths), tuple(spec_tokens), reach=reach)
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
 
@@ -158,9 +163,16 @@ def fuzz_version(version: str, spec: FuzzSpec, ctx: RunContext, timeout: float,
         return FuzzResult(version, "build-failed", spec.seed, reason=str(exc))
     engine = EngineKey(version, "mp", True, tier="scheduler")
     doc = sched_tier.sched_spec(engine, [], str(ctx.cfg.model_cache.resolve()), ctx.cfg.model_params, fuzz=spec)
-    run = run_sched(env, engine, ctx.cfg, f"fuzz-{version}", doc, timeout, DISTRIBUTIONS,
+    dists = DISTRIBUTIONS + (reach_distributions() if spec.reach else ())
+    run = run_sched(env, engine, ctx.cfg, f"fuzz-{version}", doc, timeout, dists,
                     None if on_event is None else lambda ev: on_event(version, ev))
     return fuzz_result(version, spec, run)
+
+
+def reach_distributions() -> tuple[str, ...]:
+    """coverage.py to stage, where the harness's env has it; without it the run goes on and its ``reach`` says why
+    it was not measured (the engine side cannot import it)."""
+    return REACH_DISTRIBUTIONS if importlib.util.find_spec("coverage") is not None else ()
 
 
 def fuzz_result(version: str, spec: FuzzSpec, run: SchedRun) -> FuzzResult:
@@ -172,7 +184,7 @@ def fuzz_result(version: str, spec: FuzzSpec, run: SchedRun) -> FuzzResult:
     return FuzzResult(
         version, ev.status, spec.seed if ev.seed is None else ev.seed, ev.examples, ev.examples_to_failure,
         ev.wall_s, ev.cpu_s, falsifying(ev), ev.reason, dict(ev.coverage), dict(ev.dropped), run.log,
-        ev.hypothesis_version)
+        ev.hypothesis_version, dict(ev.reach))
 
 
 def falsifying(ev: FuzzEvent) -> Falsifying | None:
@@ -215,7 +227,7 @@ def _result_doc(r: FuzzResult) -> dict[str, Any]:
     doc = {"version": r.version, "status": r.status, "outcome": r.outcome.value, "seed": r.seed,
            "examples": r.examples, "examples_to_failure": r.examples_to_failure, "wall_s": r.wall_s,
            "cpu_s": r.cpu_s, "examples_per_s": r.examples_per_s, "examples_per_cpu_s": r.examples_per_cpu_s,
-           "reason": r.reason, "coverage": r.coverage, "dropped": r.dropped,
+           "reason": r.reason, "coverage": r.coverage, "reach": r.reach or None, "dropped": r.dropped,
            "log": None if r.log is None else str(r.log), "falsifying": None}
     if r.falsifying is not None:
         doc["falsifying"] = {**plan_document(r), "ops": r.falsifying.ops, "shrunk": r.falsifying.shrunk}

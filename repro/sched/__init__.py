@@ -26,7 +26,8 @@ SPEC (JSON)::
                                                   # or {"op": "stop"}, one scenario event each
      "fsync": true,                               # false: flush only (a fuzzer's many small events)
      "fuzz": {"examples": 200, "steps": 25, "seed": 1,   # optional (repro.wire.FuzzSpec): after the scenarios,
-              "depths": [1, 2, 3], "spec_tokens": [0], "max_requests": 6}}   # a Hypothesis run (fuzz.py)
+              "depths": [1, 2, 3], "spec_tokens": [0], "max_requests": 8,    # a Hypothesis run (fuzz.py);
+              "reach": true}}                        # reach: coverage.py over vLLM's scheduler files (reach.py)
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
@@ -84,7 +85,11 @@ has ``event`` and ``t``):
   ``status`` ran / unsupported (no setup of ``depths`` x ``spec_tokens`` builds here) / error (our side, or
   Hypothesis refusing), ``examples`` (every example run, shrinking included), ``examples_to_failure``,
   ``wall_s``, ``examples_per_s``, ``cpu_s``, ``seed``, ``settings``, ``hypothesis_version``, ``coverage``
-  (ops applied, setups drawn, resets with frames in flight, examples with KV-cache preemptions),
+  (ops applied, setups drawn, resets with frames in flight, examples with KV-cache preemptions), ``reach``
+  (with ``"reach": true``; ``reach.py``: per file of vLLM's ``v1/core/sched/``, ``kv_cache_manager.py`` and
+  ``block_pool.py`` statements, branches and how many ran, the lines and branches never run, ``growth`` after
+  32, 64, 128, ... examples, and ``reachable``: scheduler.py without the functions no CPU run enters; or
+  ``{"error": ...}`` when coverage.py is not there),
   ``dropped`` (setups this release cannot build, and why), and ``falsifying``: None, or the shrunk example's
   ``script`` (the ``ops`` scenario's params), ``failure`` (what the machine saw), ``ops``, ``shrunk`` and
   ``replay`` (the fields of a ``scenario`` event: that script run once more as an ``ops`` scenario).

@@ -201,6 +201,7 @@ class Adapter:
             "max_num_batched_tokens": setup.max_num_batched_tokens, "block_size": setup.block_size,
             "enable_prefix_caching": setup.enable_prefix_caching, "enforce_eager": True, "seed": 0,
             "async_scheduling": setup.is_async, "disable_log_stats": True,
+            "scheduling_policy": setup.policy, "long_prefill_token_threshold": setup.long_prefill_token_threshold,
         }
         fields = _params(self.EngineArgs)
         kwargs = {k: v for k, v in offered.items() if k in fields}
@@ -292,7 +293,7 @@ class Adapter:
             "vllm_config": cfg, "kv_cache_config": kv,
             "structured_output_manager": StructuredOutputManager(cfg),
             "block_size": setup.block_size, "hash_block_size": setup.block_size,
-            "include_finished_set": False, "log_stats": False,
+            "include_finished_set": False, "log_stats": setup.log_stats,
         }
         kwargs = fit_kwargs(init_of(cls), offered, f"{cls.__name__}.__init__")
         try:
@@ -311,7 +312,7 @@ class Adapter:
         kvu.init_none_hash(sha)
         return get_hasher(block_size, sha)
 
-    def request(self, rid: str, prompt: Sequence[int], max_tokens: int, hasher: Any) -> Any:
+    def request(self, rid: str, prompt: Sequence[int], max_tokens: int, hasher: Any, priority: int = 0) -> Any:
         sp = self.SamplingParams(**fit_kwargs(self.SamplingParams, {
             "temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}, "SamplingParams"))
         offered = {
@@ -319,6 +320,7 @@ class Adapter:
             "pooling_params": None, "eos_token_id": 1, "block_hasher": hasher,
             "arrival_time": time.time(), "mm_features": None, "multi_modal_kwargs": None,
             "multi_modal_hashes": None, "multi_modal_placeholders": None, "lora_request": None,
+            "priority": priority,
         }
         return self.Request(**fit_kwargs(self.Request.__init__, offered, "Request.__init__"))
 
@@ -337,14 +339,15 @@ class Adapter:
         return self.RequestStatus.FINISHED_ABORTED
 
     def pause_states(self) -> dict[str, Any] | None:
-        """PauseState members (keep pause = PAUSED_ALL), or None where the scheduler has no pause state."""
+        """PauseState members (keep pause = PAUSED_ALL, new = PAUSED_NEW), or None where the scheduler has no pause
+        state."""
         try:
             from vllm.v1.core.sched.interface import PauseState
         except ImportError:
             return None
         if not hasattr(self.classes["sync"], "set_pause_state"):
             return None
-        return {"keep": PauseState.PAUSED_ALL, "unpaused": PauseState.UNPAUSED}
+        return {"keep": PauseState.PAUSED_ALL, "new": PauseState.PAUSED_NEW, "unpaused": PauseState.UNPAUSED}
 
 
 def _sha256_fn() -> Callable[[Any], bytes]:

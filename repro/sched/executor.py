@@ -47,7 +47,7 @@ from repro.sched.stall import scheduler_state, state_text
 class Builder(Protocol):
     """What the executor needs from the adapter."""
 
-    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> Any: ...
+    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any, priority: int = 0) -> Any: ...
 
     def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any: ...
 
@@ -280,7 +280,8 @@ class Executor:
 
     def _op_add(self, op: Op, entry: dict[str, Any]) -> None:
         spec = self.specs[op.rid or ""]
-        req = self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher)
+        req = (self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher, spec.priority)
+               if spec.priority else self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher))
         self.sched.add_request(req)
         self.streams[spec.rid].submitted = True
         self.streams[spec.rid].request = req
@@ -325,7 +326,7 @@ class Executor:
         self.sched.set_pause_state(states[state])
 
     def _op_pause(self, op: Op, entry: dict[str, Any]) -> None:
-        self._set_pause(op, entry, "keep")
+        self._set_pause(op, entry, op.mode or "keep")
 
     def _op_resume(self, op: Op, entry: dict[str, Any]) -> None:
         self._set_pause(op, entry, "unpaused")

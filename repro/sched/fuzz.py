@@ -53,10 +53,13 @@ from repro.crash import vllm_crash_site
 from repro.sched.adapter import Unsupported
 from repro.sched.executor import Executor
 from repro.sched.opmodel import (
+    BUDGETS,
+    LONG_PROMPT,
     MAX_PROMPT,
     MIN_BLOCKS,
     PROMPT_ALPHABET,
     FuzzState,
+    Knobs,
     drawn_setup,
     failure_kind,
     finish_fault,
@@ -65,8 +68,9 @@ from repro.sched.opmodel import (
     setup_for,
     stream_fault,
 )
+from repro.sched.reach import CHECKPOINTS, Reach
 from repro.sched.scenario import run_scenario
-from repro.sched.script import Op, Script, Setup
+from repro.sched.script import PAUSE_STATES, POLICIES, Op, Script, Setup
 from repro.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
 
 MAX_TOKENS = 16
@@ -143,6 +147,14 @@ class FuzzRun:
     perm: list[int]
     spec: FuzzSpec
     stats: FuzzStats
+    reach: Any = None  # repro.sched.reach.Reach while measuring
+
+    def started_example(self) -> None:
+        """Count an example; after 32, 64, 128, ... record the reach so far."""
+        done = self.stats.examples
+        if self.reach is not None and done in CHECKPOINTS:
+            self.reach.checkpoint(done)
+        self.stats.examples += 1
 
 
 # Setups are drawn raw and mapped onto the run's choices (opmodel.drawn_setup), so the rules are written once:
@@ -152,8 +164,14 @@ class FuzzRun:
 BLOCKS = st.one_of(st.just(64), st.integers(6, 12), st.integers(MIN_BLOCKS, 5))
 SETUPS = st.tuples(st.integers(0, len(FUZZ_DEPTHS) - 1), BLOCKS, st.integers(0, FUZZ_MAX_SPEC_TOKENS),
                    st.integers(0, FUZZ_MAX_SPEC_TOKENS), st.sampled_from(MAX_NUM_SEQS))
-# (first prompt token, prompt length, max_tokens): see opmodel.prompt_tokens
-REQUESTS = st.tuples(st.integers(0, PROMPT_ALPHABET - 1), st.integers(1, MAX_PROMPT), st.integers(1, MAX_TOKENS))
+# The scheduler options (opmodel.Knobs): token budget (small ones prefill long prompts in chunks), policy,
+# long_prefill_token_threshold, the scheduler's stats, prefix caching off.  Each shrinks to vLLM's default.
+KNOBS = st.builds(Knobs, st.sampled_from(BUDGETS), st.sampled_from(POLICIES), st.sampled_from((0, 8, 24)),
+                  st.booleans(), st.booleans())
+# (first prompt token, prompt length, max_tokens, priority): see opmodel.prompt_tokens.  Long prompts exceed the
+# smaller token budgets: prefilled in chunks, several at once, aborted or preempted mid-prefill.
+LENGTHS = st.one_of(st.integers(1, MAX_PROMPT), st.integers(MAX_PROMPT + 1, LONG_PROMPT))
+REQUESTS = st.tuples(st.integers(0, PROMPT_ALPHABET - 1), LENGTHS, st.integers(1, MAX_TOKENS), st.integers(0, 2))
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -163,15 +181,16 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.run.stats.examples += 1
+        self.run.started_example()
         self.state: FuzzState | None = None
         self.ex: Executor | None = None
         self.failed = False
 
-    @initialize(drawn=SETUPS, first=st.lists(REQUESTS, min_size=1, max_size=FIRST_REQUESTS))
-    def build(self, drawn: tuple[int, int, int, int, int], first: list[tuple[int, int, int]]) -> None:
+    @initialize(drawn=SETUPS, knobs=KNOBS, first=st.lists(REQUESTS, min_size=1, max_size=FIRST_REQUESTS))
+    def build(self, drawn: tuple[int, int, int, int, int], knobs: Knobs, first: list[tuple[int, int, int, int]]
+              ) -> None:
         run = self.run
-        setup = drawn_setup(run.spec.depths, run.spec.spec_tokens, *drawn)
+        setup = drawn_setup(run.spec.depths, run.spec.spec_tokens, *drawn, knobs=knobs)
         try:
             sched = run.adapter.scheduler(run.model_dir, setup)
         except Unsupported:
@@ -210,12 +229,20 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.state is not None and self.state.can_add())
     @rule(request=REQUESTS)
-    def add_request(self, request: tuple[int, int, int]) -> None:
+    def add_request(self, request: tuple[int, int, int, int]) -> None:
         self.add(*request)
 
-    def add(self, first: int, prompt_len: int, max_tokens: int) -> None:
+    @precondition(lambda self: self.state is not None and self.state.can_add())
+    @rule(burst=st.lists(REQUESTS, min_size=2, max_size=5))
+    def add_burst(self, burst: list[tuple[int, int, int, int]]) -> None:
+        """Several requests between two steps (a client's batch): they compete for one step's token budget."""
+        for request in burst:
+            if self.state is not None and self.state.can_add():
+                self.add(*request)
+
+    def add(self, first: int, prompt_len: int, max_tokens: int, priority: int = 0) -> None:
         assert self.state is not None and self.ex is not None
-        op, req = self.state.add(prompt_tokens(first, prompt_len), max_tokens)
+        op, req = self.state.add(prompt_tokens(first, prompt_len), max_tokens, priority)
         self.ex.declare(req)
         self._guarded(lambda: self._apply(op))
 
@@ -227,6 +254,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     def drain(self) -> None:
         self._guarded(lambda: self._apply(Op("drain")))
 
+    # No rule fills the batch queue: between two EngineCore iterations (where adds, aborts, pauses and resets
+    # run) at most D-1 frames are in flight (FuzzState.reset); D in flight would be a state no engine reaches.
+    @rule()
+    def pop(self) -> None:
+        """Process the oldest frame without scheduling (as when nothing more could be scheduled)."""
+        self._guarded(lambda: self._apply(Op("pop")))
+
     @rule(in_flight=st.sampled_from((None, 0, 1, 2)))
     def reset(self, in_flight: int | None) -> None:
         assert self.state is not None
@@ -234,9 +268,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._guarded(lambda: self._apply(op))
 
     @precondition(lambda self: self.state is not None and self.state.can_pause())
-    @rule()
-    def pause(self) -> None:
-        self._guarded(lambda: self._apply(Op("pause")))
+    @rule(mode=st.sampled_from(PAUSE_STATES))
+    def pause(self, mode: str) -> None:
+        self._guarded(lambda: self._apply(Op("pause", mode=None if mode == "keep" else mode)))
 
     @precondition(lambda self: self.state is not None and self.state.can_resume())
     @rule()
@@ -248,6 +282,22 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort(self, pick: int) -> None:
         assert self.state is not None
         op = self.state.abort(self._running(), pick)
+        if op is not None:
+            self._guarded(lambda: self._apply(op))
+
+    def _prefilling(self) -> list[str]:
+        """Running requests vLLM has computed part of the prompt of: a chunked prefill under way."""
+        assert self.ex is not None
+        return [rid for rid in self._running()
+                if 0 < getattr(self.ex.streams[rid].request, "num_computed_tokens", 0)
+                < getattr(self.ex.streams[rid].request, "num_prompt_tokens", 0)]
+
+    @precondition(lambda self: self.ex is not None and bool(self._prefilling()))
+    @rule(pick=st.integers(0, 7))
+    def abort_mid_prefill(self, pick: int) -> None:
+        """Abort a request between two chunks of its prompt (frames of the chunk may be in flight)."""
+        assert self.state is not None
+        op = self.state.abort(self._prefilling(), pick)
         if op is not None:
             self._guarded(lambda: self._apply(op))
 
@@ -272,6 +322,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         check_streams(self.ex)
         check_finished(self.ex)
         _count_finish(self.ex, self.run.stats)
+        shutdown = getattr(self.ex.sched, "shutdown", None)
+        if shutdown is not None:  # as EngineCore does at the end: a scheduler with nothing left must shut down
+            shutdown()
 
 
 def apply(ex: Executor, op: Op) -> dict[str, Any]:
@@ -324,18 +377,25 @@ def drawable(adapter: Any, model_dir: Path, spec: FuzzSpec) -> tuple[FuzzSpec, d
     return replace(spec, depths=depths, spec_tokens=ks), dropped
 
 
-def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec) -> dict[str, Any]:
-    """The ``fuzz`` event's fields: run the state machine, then replay its falsifying example (if any)."""
+def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, reach: Any = None) -> dict[str, Any]:
+    """The ``fuzz`` event's fields: run the state machine, then replay its falsifying example (if any).
+    ``reach``: a :class:`repro.sched.reach.Reach` measuring since before vLLM's import (or why none could be)."""
     usable, dropped = drawable(adapter, model_dir, spec)
     if usable is spec and dropped:
         return {"status": "unsupported", "reason": "; ".join(f"{k}: {v}" for k, v in dropped.items()),
                 "dropped": dropped}
     stats = FuzzStats()
-    run = FuzzRun(adapter, model_dir, perm, usable, stats)
+    measuring = reach if isinstance(reach, Reach) else None
+    run = FuzzRun(adapter, model_dir, perm, usable, stats, measuring)
     machine = type("SchedulerMachine", (SchedulerMachine,), {"run": run})
     t0, c0 = time.monotonic(), time.process_time()
     raised = _run_machine(machine, usable)
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    if measuring is not None:  # the snapshots are the measurement's cost, not the examples' (the tracing is)
+        wall, cpu = wall - measuring.cost_wall_s, cpu - measuring.cost_cpu_s
+    # The examples' reach, before the falsifying example's minimising and replay run more of vLLM.
+    reach_doc = measuring.result(stats.examples) if measuring is not None else (
+        {"error": reach} if isinstance(reach, str) else None)
     out: dict[str, Any] = {
         "status": "ran", "examples": stats.examples, "examples_to_failure": stats.examples_to_failure,
         "wall_s": round(wall, 3), "examples_per_s": round(stats.examples / wall, 1) if wall > 0 else None,
@@ -343,6 +403,7 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec) -> 
         "cpu_s": round(cpu, 3),
         "seed": spec.seed, "settings": usable.to_json(), "hypothesis_version": hypothesis.__version__,
         "coverage": stats.coverage(), "dropped": dropped, "falsifying": None,
+        **({"reach": reach_doc} if reach_doc is not None else {}),
     }
     if raised is not None and stats.failure is None:
         # Hypothesis itself refused (a health check, a flaky example): no finding, and not a clean run either.

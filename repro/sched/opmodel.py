@@ -27,13 +27,28 @@ MAX_MODEL_LEN = 256  # the Setup default, and the bigram checkpoint's positions 
 MIN_BLOCKS = 3  # vLLM's null block, plus two blocks (32 tokens) for requests
 PROMPT_ALPHABET = 12  # prompt token ids 2..13
 MAX_PROMPT = 24  # tokens: up to two blocks
+# A long prompt: longer than the smaller token budgets (BUDGETS), so it is prefilled in chunks over several steps.
+LONG_PROMPT = 120
+# max_num_batched_tokens: the default, then budgets a long prompt (and several short ones at once) exceed.
+BUDGETS = (256, 64, 32, 16)
 # Bound on the iterations of the teardown's run to completion: a few requests of at most
 # MAX_MODEL_LEN tokens finish in far fewer, even preempted again and again; reaching it is a hang.
 FUZZ_MAX_STEPS = 2000
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """The scheduler options beyond depth, KV cache and drafts that a setup draws (each shrinks to the default)."""
+
+    budget: int = BUDGETS[0]  # max_num_batched_tokens (at least max_num_seqs, as vLLM requires)
+    policy: str = "fcfs"
+    long_prefill: int = 0  # long_prefill_token_threshold
+    log_stats: bool = False
+    no_prefix_caching: bool = False
+
+
 def setup_for(depth: int, num_blocks: int, spec_tokens: int = 0, spec_accepted: int = 0,
-              max_num_seqs: int = 16) -> Setup:
+              max_num_seqs: int = 16, knobs: Knobs = Knobs()) -> Setup:
     """The Setup a drawn depth (1: the sync Scheduler; 2, 3: the AsyncScheduler), KV-cache size and draft count
     mean.
 
@@ -47,8 +62,11 @@ def setup_for(depth: int, num_blocks: int, spec_tokens: int = 0, spec_accepted: 
     spec = spec_tokens if is_async else 0
     return Setup(scheduler="async" if is_async else "sync", depth=depth, num_blocks=num_blocks,
                  block_size=BLOCK_SIZE, max_num_seqs=max_num_seqs,
+                 max_num_batched_tokens=max(knobs.budget, max_num_seqs),
                  max_model_len=min(MAX_MODEL_LEN, (num_blocks - 1) * BLOCK_SIZE),
-                 spec_tokens=spec, spec_accepted=min(spec_accepted, spec), max_steps=FUZZ_MAX_STEPS)
+                 enable_prefix_caching=not knobs.no_prefix_caching,
+                 spec_tokens=spec, spec_accepted=min(spec_accepted, spec), max_steps=FUZZ_MAX_STEPS,
+                 policy=knobs.policy, long_prefill_token_threshold=knobs.long_prefill, log_stats=knobs.log_stats)
 
 
 def prompt_tokens(first: int, length: int) -> tuple[int, ...]:
@@ -59,18 +77,20 @@ def prompt_tokens(first: int, length: int) -> tuple[int, ...]:
 
 
 def drawn_setup(depths: Sequence[int], spec_tokens: Sequence[int], depth_i: int, num_blocks: int, k_i: int,
-                accepted: int, max_num_seqs: int) -> Setup:
+                accepted: int, max_num_seqs: int, knobs: Knobs = Knobs()) -> Setup:
     """The Setup of raw draws, mapped onto a run's choices (indices taken modulo their number, so the rules are
     written once for every run and shrink towards the first choice)."""
     return setup_for(depths[depth_i % len(depths)], num_blocks, spec_tokens[k_i % len(spec_tokens)], accepted,
-                     max_num_seqs)
+                     max_num_seqs, knobs)
 
 
-def fit_request(setup: Setup, rid: str, prompt: Sequence[int], max_tokens: int) -> RequestSpec:
+def fit_request(setup: Setup, rid: str, prompt: Sequence[int], max_tokens: int, priority: int = 0) -> RequestSpec:
     """A drawn request cut to what the engine accepts: prompt plus output within ``max_model_len``
-    (a longer one would be refused by vLLM's input processing, or finish capped rather than by length)."""
+    (a longer one would be refused by vLLM's input processing, or finish capped rather than by length).
+    A priority counts only under the priority policy (kept 0 otherwise: the script says what mattered)."""
     kept = tuple(prompt[: max(1, setup.max_model_len - 1)])
-    return RequestSpec(rid, kept, max(1, min(max_tokens, setup.max_model_len - len(kept))))
+    return RequestSpec(rid, kept, max(1, min(max_tokens, setup.max_model_len - len(kept))),
+                       priority if setup.policy == "priority" else 0)
 
 
 @dataclass
@@ -98,8 +118,8 @@ class FuzzState:
 
     # ------------------------------------------------------------------ operations
 
-    def add(self, prompt: Sequence[int], max_tokens: int) -> tuple[Op, RequestSpec]:
-        req = fit_request(self.setup, f"r{len(self.requests)}", prompt, max_tokens)
+    def add(self, prompt: Sequence[int], max_tokens: int, priority: int = 0) -> tuple[Op, RequestSpec]:
+        req = fit_request(self.setup, f"r{len(self.requests)}", prompt, max_tokens, priority)
         self.requests.append(req)
         return Op("add", rid=req.rid), req
 
@@ -193,7 +213,7 @@ def reductions(script: Script) -> Iterator[Script]:
             yield Script(script.setup, tuple(r for r in script.requests if r.rid != req.rid),
                          tuple(o for o in ops if o.rid != req.rid))
     for i, op in enumerate(ops):
-        if op.op == "pause":
+        if op.op == "pause":  # either mode
             j = next((k for k in range(i + 1, len(ops)) if ops[k].op == "resume"), None)
             if j is not None:
                 yield Script(script.setup, script.requests, tuple(o for k, o in enumerate(ops) if k not in (i, j)))

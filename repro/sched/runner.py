@@ -70,7 +70,10 @@ def run(spec: dict[str, Any], emit: Emit, stdin: TextIO | None = None,
         make_adapter: Callable[[], Any] | None = None) -> None:
     """Load vLLM (forcing the CPU platform), emit the ``sched`` facts, then one event per scenario."""
     from repro.sched.adapter import Adapter, Unsupported
+    from repro.sched.reach import start as start_reach
 
+    # Before vLLM is imported, so its module-level lines count as under ``coverage run``.
+    reach = start_reach(spec.get("fuzz"))
     t0 = time.monotonic()
     model_dir = model_dir_of(spec)
     perm = load_perm(model_dir)
@@ -97,17 +100,18 @@ def run(spec: dict[str, Any], emit: Emit, stdin: TextIO | None = None,
                       "traceback": traceback.format_exc()}
         emit("scenario", id=sc.get("id"), **result)
     if spec.get("fuzz") is not None:
-        emit("fuzz", **fuzz_result(adapter, model_dir, perm, spec["fuzz"]))
+        emit("fuzz", **fuzz_result(adapter, model_dir, perm, spec["fuzz"], reach))
 
 
-def fuzz_result(adapter: Any, model_dir: Path, perm: list[int], doc: dict[str, Any]) -> dict[str, Any]:
+def fuzz_result(adapter: Any, model_dir: Path, perm: list[int], doc: dict[str, Any],
+                reach: Any = None) -> dict[str, Any]:
     """The ``fuzz`` event's fields for the spec's ``fuzz`` (a repro.wire.FuzzSpec); our own failure is ``error``."""
     try:
         from repro.sched.fuzz import run_fuzz
     except ImportError as exc:  # the harness stages Hypothesis beside repro (harness.run.runner.stage_distribution)
         return {"status": "error", "reason": f"the fuzzer cannot be imported here: {type(exc).__name__}: {exc}"}
     try:
-        return run_fuzz(adapter, model_dir, perm, FuzzSpec.from_json(doc))
+        return run_fuzz(adapter, model_dir, perm, FuzzSpec.from_json(doc), reach)
     except Exception as exc:
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 

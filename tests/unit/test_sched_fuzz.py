@@ -210,3 +210,92 @@ def test_a_scheduler_plan_refuses_engine_options_and_bad_scripts(tmp_path: Path,
     plan.write_text(json.dumps({"tier": "model", "requests": []}))
     assert main(["plan", str(plan), "--versions", "0.21.0"]) == 2
     assert "tier: expected one of engine, scheduler, found 'model'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- measured reach (repro.sched.reach)
+
+
+def _report(executed: list[int], missing: list[int], ex_br: list[list[int]], mi_br: list[list[int]]) -> dict[str, Any]:
+    n_st, n_br = len(executed) + len(missing), len(ex_br) + len(mi_br)
+    pct = 100.0 * (len(executed) + len(ex_br)) / (n_st + n_br)
+    return {"files": {"/env/site-packages/vllm/v1/core/sched/scheduler.py": {
+        "executed_lines": executed, "missing_lines": missing, "executed_branches": ex_br, "missing_branches": mi_br,
+        "summary": {"num_statements": n_st, "covered_lines": len(executed), "num_branches": n_br,
+                    "covered_branches": len(ex_br), "percent_covered": pct}}}}
+
+
+@pytest.mark.unit
+def test_reach_names_files_by_their_place_under_vllm_core_and_counts_statements_and_branches() -> None:
+    from repro.sched.reach import missing, short_name, totals
+
+    assert short_name("/x/lib/python3.11/site-packages/vllm/v1/core/block_pool.py") == "block_pool.py"
+    report = _report([1, 2, 3], [4], [[2, 3]], [[2, 4], [3, -1]])
+    assert totals(report) == {"sched/scheduler.py": {"statements": 4, "covered_lines": 3, "branches": 3,
+                                                     "covered_branches": 1, "percent": 57.1}}
+    assert missing(report)["sched/scheduler.py"] == {"lines": [4], "branches": [[2, 4], [3, -1]]}
+
+
+@pytest.mark.unit
+def test_a_snapshot_counts_only_statements_and_branches_of_the_final_report_after_translation() -> None:
+    from repro.sched.reach import Snapshot, percent_at
+
+    report = _report([1, 2, 3, 5], [4], [[2, 3]], [[2, 4]])
+    # Line 6 is the second physical line of statement 5: coverage.py reports it at 5.
+    snap = Snapshot(32, {"sched/scheduler.py": frozenset({1, 2, 6, 99})},
+                    {"sched/scheduler.py": frozenset({(2, 3), (1, 2)})})
+    assert percent_at(snap, report) == {"sched/scheduler.py": 42.9}  # lines 1, 2 and branch 2->3 of 7
+    moved = percent_at(snap, report, lambda name, lines, arcs: ({5 if x == 6 else x for x in lines}, set(arcs)))
+    assert moved == {"sched/scheduler.py": 57.1}
+
+
+@pytest.mark.unit
+def test_reach_travels_in_the_spec_and_the_event_and_reads_as_summary_lines() -> None:
+    from harness.frontends.commands.fuzz import reach_lines
+
+    spec = fuzz_spec("ci", 10, 1, (1, 2), (0,), reach=True)
+    assert FuzzSpec.from_json(spec.to_json()).reach and not FuzzSpec.from_json({**spec.to_json(), "reach": False}).reach
+    reach = {"tool": "coverage.py 7.17.5", "core": "CTracer",
+             "files": {"sched/scheduler.py": {"percent": 45.5}, "block_pool.py": {"percent": 51.0}},
+             "growth": [{"examples": 32, "sched/scheduler.py": 43.7, "block_pool.py": 48.2},
+                        {"examples": 40, "sched/scheduler.py": 45.5, "block_pool.py": 51.0}]}
+    ev = parse_event({"event": "fuzz", "status": "ran", "examples": 40, "falsifying": None, "reach": reach})
+    assert isinstance(ev, FuzzEvent) and ev.reach == reach
+    head, growth = reach_lines(reach)
+    assert "sched/scheduler.py 45.5 %" in head and "block_pool.py 51.0 %" in head and "CTracer" in head
+    assert "32: 43.7/-/-/48.2" in growth and "40: 45.5/-/-/51.0" in growth
+    assert reach_lines({}) == [] and "not measured" in reach_lines({"error": "no coverage"})[0]
+
+
+@pytest.mark.unit
+def test_a_run_whose_reach_cannot_be_measured_says_why_and_fuzzes_all_the_same() -> None:
+    out = run_fuzz(_toys(flag=False), Path("."), PERM, FuzzSpec(examples=3, steps=3, seed=1, reach=True),
+                   "coverage.py unavailable: ModuleNotFoundError: No module named 'coverage'")
+    assert out["status"] == "ran" and out["reach"] == {
+        "error": "coverage.py unavailable: ModuleNotFoundError: No module named 'coverage'"}
+    check_event({"event": "fuzz", **out}, strict=True)
+
+
+@pytest.mark.unit
+def test_what_a_cpu_run_cannot_reach_is_left_out_by_function_and_named() -> None:
+    from repro.sched.reach import function_ranges, reachable
+
+    source = textwrap.dedent("""\
+        def schedule(x):
+            if x:
+                return 1
+            return 2
+
+        def _try_schedule_encoder_inputs(y):
+            if y:
+                return 3
+            return 4
+        """)
+    ranges = function_ranges(source)
+    doc = {"executed_lines": [1, 2, 3, 6], "missing_lines": [4, 7, 8, 9],
+           "executed_branches": [[2, 3]], "missing_branches": [[2, 4], [7, 8], [7, 9]]}
+    out = reachable(doc, ranges, {"_try_schedule_encoder_inputs": "multimodal encoder inputs"})
+    # Line 6 (the def) runs at import: kept out with its function all the same, as the table says.
+    assert (out["statements"], out["covered_lines"], out["branches"], out["covered_branches"]) == (4, 3, 2, 1)
+    assert out["percent"] == 66.7
+    assert out["unreachable"] == {"_try_schedule_encoder_inputs": "multimodal encoder inputs"}
+    assert out["missed_by_function"] == {"schedule": 2}

@@ -109,14 +109,15 @@ class ToyBuilder:
     def __init__(self, pause: bool = True) -> None:
         self.pause = pause
 
-    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any) -> ToyRequest:
+    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any, priority: int = 0) -> ToyRequest:
         return ToyRequest(rid, list(prompt), max_tokens)
 
     def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
         return dict(zip(req_ids, sampled, strict=True))
 
     def pause_states(self) -> dict[str, Any] | None:
-        return {"keep": "keep", "unpaused": "unpaused"} if self.pause else None
+        # "new" (PAUSED_NEW) lets the toy's running requests go on, as vLLM's does
+        return {"keep": "keep", "new": "new", "unpaused": "unpaused"} if self.pause else None
 
     def aborted_status(self) -> str:
         return "aborted"

@@ -12,7 +12,7 @@ from harness.core.errors import BadInput, bad_choice
 from harness.frontends.commands.base import Command
 from harness.frontends.commands.context import Context, run_context
 from harness.frontends.commands.face import interruptible, stderr_console
-from harness.frontends.commands.options import add_index_options, add_version_options
+from harness.frontends.commands.options import add_index_options, add_version_options, add_wheels_option
 from harness.plan.matrix import PLATFORMS
 from harness.run.spec import RunConfig
 from harness.sched.fuzz import (
@@ -25,6 +25,7 @@ from harness.sched.fuzz import (
     summary_document,
     write_plan,
 )
+from repro.sched.reach import HEADLINE as REACH_HEADLINE  # pure: coverage.py is imported only to measure
 from repro.wire import FUZZ_DEPTHS
 
 DESCRIPTION = (
@@ -66,6 +67,9 @@ class FuzzCommand(Command):
                                                         "2, 3 (AsyncScheduler); default 1,2,3")
         parser.add_argument("--spec-tokens", default="", help="scripted draft tokens per step the async setups may "
                                                               "have, e.g. 0,2 (default 0: no speculative decoding)")
+        parser.add_argument("--no-reach", dest="reach", action="store_false",
+                            help="do not measure reach (coverage.py over vLLM's scheduler files, on by default; "
+                                 "it slows the examples down)")
         parser.add_argument("--strict", action="store_true", help="exit 1 when a falsifying example is found")
         parser.add_argument("--timeout", type=float, default=1800.0,
                             help="seconds one version's run may take, shrinking included (default 1800)")
@@ -73,13 +77,14 @@ class FuzzCommand(Command):
                                                "runs on vLLM's CPU platform either way")
         parser.add_argument("--reports", type=Path, default=Path("reports/fuzz"),
                             help="output folder: fuzz.json, falsifying-VERSION.json, logs (default reports/fuzz)")
+        add_wheels_option(parser)
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         if args.tier not in TIERS:
             raise bad_choice("tier", args.tier, TIERS)
         spec = fuzz_spec(args.profile, args.examples, args.seed, parse_ints("depth", args.depth, FUZZ_DEPTHS),
-                         parse_ints("spec-tokens", args.spec_tokens, (0,)), args.steps)
+                         parse_ints("spec-tokens", args.spec_tokens, (0,)), args.steps, args.reach)
         if args.timeout <= 0:
             raise BadInput(f"--timeout must be positive, got {args.timeout}")
         cfg = RunConfig(platform=ctx.platform, work_dir=args.reports, model_cache=ctx.cache / "models",
@@ -112,6 +117,8 @@ def show(r: FuzzResult, plan: Path | None) -> None:
     if r.status == "ran":
         print(f"  {speed(r)}")
         print(f"  covered: {coverage_line(r.coverage)}")
+        for line in reach_lines(r.reach):
+            print(f"  {line}")
     for what, why in r.dropped.items():
         print(f"  not drawn: {what}: {why}")
     if r.log is not None and (r.failed or r.found):
@@ -148,3 +155,24 @@ def coverage_line(cov: dict[str, Any]) -> str:
             + f"; resets with frames in flight {cov.get('inflight_resets', 0)}"
             + f"; examples with KV-cache preemptions {cov.get('kv_pressure_examples', 0)}")
 
+
+
+def reach_lines(reach: dict[str, Any]) -> list[str]:
+    """The measured reach (statements and branches run, per file) and how it grew with examples."""
+    if not reach:
+        return []
+    if "error" in reach:
+        return [f"reach: not measured ({reach['error']})"]
+    files = reach.get("files") or {}
+    named = [f"{name} {files[name]['percent']} %" for name in REACH_HEADLINE if name in files]
+    lines = [f"reach ({reach.get('tool')}, {reach.get('core')}; statements+branches): " + ", ".join(named)]
+    for name, doc in (reach.get("reachable") or {}).items():
+        lines.append(f"reach of what a CPU run can reach: {name} {doc.get('percent')} % (left out: "
+                     f"{len(doc.get('unreachable') or {})} functions of encoder inputs, KV connectors, Mamba, "
+                     "grammars; fuzz.json names them and why)")
+    growth = reach.get("growth") or []
+    if growth:
+        lines.append("reach by examples (" + "/".join(n.rsplit("/", 1)[-1] for n in REACH_HEADLINE) + "): " +
+                     "; ".join(f"{g['examples']}: " + "/".join(str(g.get(n, "-")) for n in REACH_HEADLINE)
+                               for g in growth))
+    return lines
