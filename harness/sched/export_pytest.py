@@ -35,10 +35,28 @@ def plan_script(plan: Mapping[str, Any], where: str) -> Script:
         script = build_script("ops", plan["script"], VOCAB)
     except ScriptError as exc:
         raise BadInput(f"{where}: {exc}") from exc  # prompt tokens outside VOCAB too
-    if script.setup.kv_consumer:
-        # repro/sched/null_connector.py (vllm#49674's deferred frees) is not inlined in the template yet.
-        raise BadInput(f"{where}: a plan with kv_consumer (the null KV connector) cannot be exported yet")
+    missing = not_inlined(script)
+    if missing:
+        # The file would build a different scheduler (or skip an op) than the plan ran: refuse, never export a
+        # reproducer that reproduces something else.
+        raise BadInput(f"{where}: the exporter's template (repro/sched/reproducer.py) does not carry "
+                       f"{', '.join(missing)} yet; this plan cannot be exported")
     return script
+
+
+def not_inlined(script: Script) -> list[str]:
+    """What the plan uses that the template does not build: the fuzzer's richer rules and the null connector."""
+    setup = script.setup
+    out = [what for what, used in (
+        ("kv_consumer (the null KV connector of vllm#49674)", setup.kv_consumer),
+        (f"policy={setup.policy!r}", setup.policy != "fcfs"),
+        (f"long_prefill_token_threshold={setup.long_prefill_token_threshold}", setup.long_prefill_token_threshold),
+        ("log_stats", setup.log_stats),
+        ("request priorities", any(r.priority for r in script.requests)),
+        ("PAUSED_NEW pauses (pause mode \"new\")", any(o.op == "pause" and o.mode not in (None, "keep")
+                                                        for o in script.ops)),
+    ) if used]
+    return out
 
 
 def _docstring(plan: Mapping[str, Any], script: Script, source: str) -> str:

@@ -63,7 +63,12 @@ def test_the_plan_reaches_the_file_unchanged_with_one_test() -> None:
     ({"tier": "scheduler", "script": {"requests": [], "ops": [{"op": "jump"}]}}, "unknown op"),
     ({"tier": "scheduler", "script": {"requests": [{"rid": "a", "prompt": [600], "max_tokens": 1}], "ops": []}},
      "outside the vocabulary"),
-    ({"tier": "scheduler", "script": {"kv_consumer": True, "requests": [], "ops": []}}, "cannot be exported yet"),
+    ({"tier": "scheduler", "script": {"kv_consumer": True, "requests": [], "ops": []}}, "kv_consumer"),
+    # The fuzzer's richer rules (issue 23): the template would build another scheduler, so they are refused.
+    ({"tier": "scheduler", "script": {"policy": "priority", "requests": [], "ops": []}}, "policy='priority'"),
+    ({"tier": "scheduler", "script": {"long_prefill_token_threshold": 8, "requests": [], "ops": []}},
+     "long_prefill_token_threshold=8"),
+    ({"tier": "scheduler", "script": {"requests": [], "ops": [{"op": "pause", "mode": "new"}]}}, "PAUSED_NEW"),
 ])
 def test_what_cannot_be_exported_is_refused(plan: dict[str, object], message: str) -> None:
     with pytest.raises(BadInput, match=message):
