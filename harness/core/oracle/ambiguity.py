@@ -15,17 +15,29 @@ from harness.core.streams import StreamRecord
 
 
 def _apply(reference: Sequence[int], events: Sequence[FaultEvent], n: int) -> list[int] | None:
-    """The ``n`` tokens a stream shows when ``events`` shift it against ``reference`` (None: past either end)."""
-    evs = sorted(events, key=lambda e: e.at)
+    """The ``n`` tokens a stream shows when ``events`` shift it against ``reference`` (None: past either end).
+
+    Segment by segment (a slice per stretch between events): judging a report calls this for every reading of
+    every request, so it is the oracle's hot loop.
+    """
     out: list[int] = []
-    off = k = 0
-    for i in range(n):
-        while k < len(evs) and evs[k].at == i:
-            off, k = off + evs[k].shift, k + 1
-        if not 0 <= i + off < len(reference):
-            return None
-        out.append(reference[i + off])
-    return out
+    off = i = 0
+    for e in sorted(events, key=lambda e: e.at):
+        if e.at >= n:
+            break
+        if e.at > i:
+            if not _take(reference, i + off, e.at + off, out):
+                return None
+            i = e.at
+        off += e.shift
+    return out if n <= i or _take(reference, i + off, n + off, out) else None
+
+
+def _take(reference: Sequence[int], lo: int, hi: int, out: list[int]) -> bool:
+    if lo < 0 or hi > len(reference):
+        return False
+    out.extend(reference[lo:hi])
+    return True
 
 
 def _reading(events: Sequence[FaultEvent]) -> str:
