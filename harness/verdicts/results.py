@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import os
 import threading
 from collections.abc import Sequence
@@ -144,6 +145,23 @@ def merge_results(parts: list[tuple[Path, Results]], extra: dict[str, Any] | Non
     return Results(tuple(cells.values()), {**meta, **(extra or {})})
 
 
+# Committed reports are compressed: gzip, or xz for the big ones (a GPU matrix's 6 MB report: 417 kB gzipped,
+# 42 kB with xz), read as the file inside.
+DECOMPRESS = {".gz": gzip.decompress, ".xz": lzma.decompress}
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, decompressed when its name ends in ``.gz`` or ``.xz``."""
+    raw = path.read_bytes()
+    unpack = DECOMPRESS.get(path.suffix)
+    return unpack(raw) if unpack else raw
+
+
+def inner_suffix(path: Path) -> str:
+    """``.json`` for ``results.json``, ``results.json.gz`` and ``results.json.xz`` alike."""
+    return (path.with_suffix("") if path.suffix in DECOMPRESS else path).suffix
+
+
 def read_results(path: Path) -> Results:
     """Read a results JSON (or a JSONL log of cell lines) of any schema version this vllm-repro reads.
 
@@ -151,13 +169,12 @@ def read_results(path: Path) -> Results:
     ``migrated_from``.  Raise ResultsFileError if the file is unusable.
     """
     try:
-        # Committed reports may be gzipped (results.json.gz): they are read as the file inside.
-        text = (gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()).decode("utf-8")
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        text = read_bytes(path).decode("utf-8")
+    except (OSError, EOFError, gzip.BadGzipFile, lzma.LZMAError) as exc:
         raise ResultsFileError(f"cannot read results file {path}: {getattr(exc, 'strerror', None) or exc}") from exc
     except UnicodeDecodeError as exc:
         raise ResultsFileError(f"{path}: not UTF-8 text ({exc.reason})") from exc
-    if (path.with_suffix("") if path.suffix == ".gz" else path).suffix == ".jsonl":
+    if inner_suffix(path) == ".jsonl":
         cells = []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():

@@ -10,8 +10,8 @@ other way round), marks the row's first bad or first fixed release.  Pure: readi
 
 from __future__ import annotations
 
-import gzip
 import json
+import lzma
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,7 +27,7 @@ from harness.core.outcomes import Category, category
 from harness.core.records import CellResult
 from harness.core.versions import version_key
 from harness.verdicts.known_bugs import KnownBug, Rule
-from harness.verdicts.results import read_results
+from harness.verdicts.results import inner_suffix, read_bytes, read_results
 
 BISECT_SCHEMA = "vllm-repro/bisect"
 REPORT_SCHEMAS = ("vllm-repro/results", "vllm-repro/cell")
@@ -163,8 +163,7 @@ def _is_release(version: str) -> bool:
 
 
 def _document(path: Path) -> Any:
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    text = raw.decode("utf-8")
+    text = read_bytes(path).decode("utf-8")
     return json.loads(text.splitlines()[0] if ".jsonl" in path.suffixes else text)
 
 
@@ -187,11 +186,11 @@ def load(dirs: Iterable[Path]) -> tuple[list[CellResult], list[Bisect], int]:
         if not d.is_dir():
             raise BadInput(f"--results {d}: not a folder")
         for path in sorted(d.rglob("*.json*")):
-            if not path.name.endswith((".json", ".jsonl", ".json.gz", ".jsonl.gz")):
+            if inner_suffix(path) not in (".json", ".jsonl"):
                 continue
             try:
                 doc = _document(path)
-            except (OSError, ValueError, EOFError) as exc:
+            except (OSError, ValueError, EOFError, lzma.LZMAError) as exc:
                 raise ResultsFileError(f"cannot read {path}: {exc}") from exc
             schema = doc.get("schema") if isinstance(doc, dict) else None
             if schema in REPORT_SCHEMAS:

@@ -6,7 +6,6 @@ committed reports themselves readable by every change of the schema, the reader 
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from harness.verdicts.compare.pairs import compare
 from harness.verdicts.compare.render import markdown as compare_markdown
 from harness.verdicts.history.store import run_id_of
 from harness.verdicts.report.markdown import markdown
-from harness.verdicts.results import read_results
+from harness.verdicts.results import read_bytes, read_results
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +26,7 @@ RUN_IDS = {"cpu-2026-11-30": "a58f86ccb6751397", "gpu-h200-2026-11-30": "ebea3e6
 
 
 def _schema(path: Path) -> object:
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    text = raw.decode()
+    text = read_bytes(path).decode()
     return json.loads(text.splitlines()[0] if ".jsonl" in path.suffixes else text).get("schema")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from harness.verdicts.compare.pairs import compare
 from harness.verdicts.compare.render import markdown as compare_markdown
 from harness.verdicts.history.store import run_id_of
 from harness.verdicts.report.markdown import markdown
-from harness.verdicts.results import Results, ResultsLog, read_results
+from harness.verdicts.results import Results, ResultsLog, read_bytes, read_results
 
 pytestmark = pytest.mark.unit
 
@@ -47,8 +48,8 @@ REPORTS = sorted(FIXTURES.glob("*.json*"))
 
 
 def _text(path: Path) -> str:
-    """A results file's text (``.gz`` ones are gzipped)."""
-    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    """A results file's text (``.gz`` and ``.xz`` ones are compressed)."""
+    return read_bytes(path).decode()
 
 
 def _is_log(path: Path) -> bool:
@@ -207,6 +208,13 @@ def test_a_gzipped_report_reads_as_the_file_inside(tmp_path: Path) -> None:
     broken.write_bytes(b"not gzip")
     with pytest.raises(ResultsFileError, match=r"broken\.json\.gz"):
         read_results(broken)
+    # The big committed reports are xz (ten times smaller than gzip for a GPU matrix).
+    xz = tmp_path / "results.json.xz"
+    xz.write_bytes(lzma.compress(plain.read_bytes()))
+    assert read_results(xz) == read_results(plain)
+    (tmp_path / "broken.json.xz").write_bytes(b"not xz")
+    with pytest.raises(ResultsFileError, match=r"broken\.json\.xz"):
+        read_results(tmp_path / "broken.json.xz")
 
 
 def test_unreadable_cells_name_the_file(tmp_path: Path) -> None:
