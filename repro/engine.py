@@ -41,7 +41,7 @@ from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
 from repro.scenarios.runs import check_pause_api
 from repro.server.door import run_server_door
-from repro.wire import STOP, ScenarioSpec, Spec, WireError, check_event
+from repro.wire import Spec, WireError, check_event, stdin_scenarios
 
 
 class Emitter:
@@ -288,21 +288,8 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
 
 async def _serve_stdin(llm: Any, ctx: EngineContext, timeout: float, unsupported: str | None,
                        emit: Emitter) -> None:
-    """Session mode (pytest, Hypothesis): scenarios arrive as JSON lines on stdin, one result event each.
-
-    Until EOF or ``repro.wire.STOP``.
-    """
-    loop = asyncio.get_running_loop()
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            break
-        if not line.strip():
-            continue
-        doc = json.loads(line)
-        if doc == STOP:
-            break
-        sc = ScenarioSpec.from_json(doc)
+    """Session mode (pytest, Hypothesis): scenarios arrive as JSON lines on stdin, one result event each."""
+    async for sc in stdin_scenarios():
         await run_cell(llm, sc.to_json(), ctx, sc.timeout if sc.timeout is not None else timeout, unsupported,
                        emit)
 

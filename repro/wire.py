@@ -12,7 +12,10 @@ torch), and the engine finds it in the staged ``repro`` package.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,3 +324,18 @@ def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any
     if strict:
         _only(ev, {"event", "t", *desc.required, *desc.optional}, what)
     return ev
+
+
+async def stdin_scenarios() -> AsyncIterator[ScenarioSpec]:
+    """Session mode (pytest, Hypothesis; either door): scenarios as JSON lines on stdin until EOF or :data:`STOP`."""
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        if not line.strip():
+            continue
+        doc = json.loads(line)
+        if doc == STOP:
+            return
+        yield ScenarioSpec.from_json(doc)

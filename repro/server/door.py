@@ -11,9 +11,6 @@ with the reason) with the same drivers and ``run_cell`` as the engine door, on t
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +23,7 @@ from repro.scenarios.base import EngineContext
 from repro.server.args import ArgMappingError, serve_argv
 from repro.server.endpoints import scenario_problem
 from repro.server.process import HOST, Server, ServerDied, server_port
-from repro.wire import STOP, ScenarioSpec, Spec
+from repro.wire import Spec, stdin_scenarios
 
 Emit = Callable[..., None]
 DEFAULT_STARTUP_TIMEOUT = 900.0  # harness.run.spec's engine_timeout default, for a spec that carries none
@@ -104,16 +101,6 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
 async def _serve_stdin(llm: Any, ctx: EngineContext, timeout: float, unsupported: str | None, version: str,
                        emit: Emit) -> None:
     """Session mode, as ``repro.engine._serve_stdin``: scenarios as JSON lines on stdin until EOF or STOP."""
-    loop = asyncio.get_running_loop()
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            break
-        if not line.strip():
-            continue
-        doc = json.loads(line)
-        if doc == STOP:
-            break
-        sc = ScenarioSpec.from_json(doc)
+    async for sc in stdin_scenarios():
         await _play(llm, sc.to_json(), ctx, sc.timeout if sc.timeout is not None else timeout, unsupported,
                     version, emit)
