@@ -106,10 +106,10 @@ class Cell:
     # `vllm serve` on a loopback port driven over HTTP (server), the door most RL frameworks use.
     door: str = field(default="engine", metadata=axis(
         "choice", DOORS, engine=True, id_rank=10, loop_rank=7, sort_rank=10,
-        spellings=(("engine", ""), ("server", "server")), option="door", what="door", option_all=True,
+        spellings=(("engine", ""), ("server", "server")), option="door", what="door",
         plural="doors", selection_default=("engine",),
-        help="engine (AsyncLLM in the engine process, default) or server (`vllm serve` on 127.0.0.1, driven over "
-             "its HTTP API) or all"))
+        help="engine (AsyncLLM in the engine process, default), server (vLLM's OpenAI server on 127.0.0.1, "
+             "driven over its HTTP API), or all"))
 
     @classmethod
     def table(cls) -> AxisTable:

@@ -94,10 +94,9 @@ def _same(asked: Any, got: Any) -> bool:
 def serve_argv(kwargs: Mapping[str, Any], host: str, port: int) -> list[str]:
     """The flags of ``vllm serve`` for ``kwargs`` (and ``host``/``port``), checked by parsing them back."""
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser())
+    parser = _server_parser()(FlexibleArgumentParser())
     argv = ["--host", host, "--port", str(port), *flags(kwargs, options_of(parser))]
     parsed = AsyncEngineArgs.from_cli_args(parser.parse_args(argv))
     wrong = {k: getattr(parsed, k, "<missing>") for k, v in kwargs.items()
@@ -106,3 +105,22 @@ def serve_argv(kwargs: Mapping[str, Any], host: str, port: int) -> list[str]:
         raise ArgMappingError(f"vllm serve parses {argv} to other engine arguments than asked: "
                               + ", ".join(f"{k}={g!r} (asked {kwargs[k]!r})" for k, g in wrong.items()))
     return argv
+
+
+# Where vLLM's server keeps ``make_arg_parser``: ``vllm.entrypoints.openai.cli_args`` up to 0.2x; 0.32.0 moved
+# the server to ``vllm.entrypoints.launchers`` (its ``openai.api_server`` is a deprecated shim).  The door is
+# measured on 0.21.0 and 0.22.0 only: a release with neither module is refused with the reason, never run
+# half-configured.
+SERVER_CLI_MODULES = ("vllm.entrypoints.openai.cli_args",)
+
+
+def _server_parser() -> Any:
+    import importlib
+
+    for name in SERVER_CLI_MODULES:
+        try:
+            return importlib.import_module(name).make_arg_parser
+        except (ImportError, AttributeError):
+            continue
+    raise ArgMappingError(f"the server door does not know this vLLM's server command line (no make_arg_parser in "
+                          f"{', '.join(SERVER_CLI_MODULES)}; measured on 0.21.0 and 0.22.0)")

@@ -301,3 +301,14 @@ def test_the_default_scenarios_per_platform() -> None:
     assert not {"sleep", "spec-ngram", "spec-ngram-pause", "reset-deep"} & set(cpu)
     assert parse_option(BY_NAME["scenario"], "pause", "cpu") == ("pause",)
     assert set(parse_option(BY_NAME["scenario"], "all", "cpu")) == set(BY_SCENARIO)
+
+
+def test_the_cli_runs_the_engine_door_unless_told() -> None:
+    """`--door` defaults to engine: the default matrix (`tox -e repro`) must not start a server per engine config
+    (it did, for one merge: the option's default was every door)."""
+    from harness.frontends.cli import build_parser
+    from harness.frontends.commands.matrix import matrix_axes
+
+    parser = build_parser()
+    assert matrix_axes(parser.parse_args(["matrix"]), "cpu")["doors"] == ("engine",)
+    assert matrix_axes(parser.parse_args(["matrix", "--door", "all"]), "cpu")["doors"] == ("engine", "server")
