@@ -45,7 +45,7 @@ from harness.core.schema import (
 )
 from repro.models import BigramCycleSpec
 from repro.scenarios.base import MAX_MODEL_LEN, PAUSE_MODES, REFERENCE_MARGIN
-from repro.sched.script import OP_KINDS, SCHEDULERS, ScriptError, Setup, build_script
+from repro.sched.script import OP_KINDS, PAUSE_STATES, POLICIES, SCHEDULERS, ScriptError, Setup, build_script
 
 TIERS = ("engine", "scheduler")
 _INFO = {"found": Anything(), "note": Str()}
@@ -84,25 +84,29 @@ _VOCAB = BigramCycleSpec().vocab_size  # the scheduler tier's scripted executor 
 
 
 def _setup_fields() -> dict[str, Any]:
+    # Every Setup field, by its type: a field the fuzzer learns (issue 23: policy, long_prefill_token_threshold,
+    # log_stats, kv_consumer) must be readable back from the plans it writes.
     out: dict[str, Any] = {}
     for f in fields(Setup):
         if f.name == "scheduler":
             out[f.name] = Choice(SCHEDULERS)
+        elif f.name == "policy":
+            out[f.name] = Choice(POLICIES)
         elif f.name == "depth":
             out[f.name] = Int(1, 3)
-        elif f.name == "enable_prefix_caching":
+        elif isinstance(f.default, bool):
             out[f.name] = Bool()
         else:
-            out[f.name] = Int(lo=0 if f.name.startswith("spec_") else 1)
+            out[f.name] = Int(lo=0 if f.name.startswith("spec_") or f.name == "long_prefill_token_threshold" else 1)
     return out
 
 
 SCHED_REQUEST = Obj({"rid": Str(nonempty=True), "prompt": ListOf(Int(0, _VOCAB - 1), min_len=1),
-                     "max_tokens": Int(lo=1)}, required=("rid", "prompt", "max_tokens"),
-                    what="a request object {rid, prompt, max_tokens}")
+                     "max_tokens": Int(lo=1), "priority": Int()}, required=("rid", "prompt", "max_tokens"),
+                    what="a request object {rid, prompt, max_tokens, priority}")
 OP = Obj({"op": Choice(tuple(sorted(OP_KINDS))), "rid": Str(nonempty=True), "n": Int(lo=1), "tokens": Int(lo=0),
-          "in_flight": Nullable(Int(lo=0)), "optional": Bool()}, required=("op",),
-         what="an op object {op, rid, n, tokens, in_flight, optional}")
+          "in_flight": Nullable(Int(lo=0)), "optional": Bool(), "mode": Nullable(Choice(PAUSE_STATES))},
+         required=("op",), what="an op object {op, rid, n, tokens, in_flight, optional, mode}")
 SCRIPT = Obj({**_setup_fields(), "n_requests": Int(lo=1), "prompt_len": Int(lo=1), "max_tokens": Int(lo=1),
               "requests": ListOf(SCHED_REQUEST, what="a list of requests"),
               "ops": ListOf(OP, what="a list of ops")},

@@ -275,3 +275,17 @@ def test_the_validator_names_path_expected_and_found(doc: Any, line: str) -> Non
 def test_a_valid_document_is_returned_as_it_is() -> None:
     doc = {"a": [{"b": 0, "c": "y"}], "d": {"ok": "v"}, "e": ["s", 1]}
     assert validate(SPEC, doc, "f") is doc
+
+
+def test_every_setup_field_the_fuzzer_writes_reads_back() -> None:
+    """The fuzzer's richer rules (issue 23) write these into its falsifying plans; ``vllm-repro plan`` must read
+    them (it refused ``policy: "fcfs"`` as "an integer", so no such plan could be replayed)."""
+    from harness.plan.plan_file import check_plan
+
+    plan = {"tier": "scheduler", "script": {
+        "policy": "priority", "long_prefill_token_threshold": 0, "log_stats": True, "kv_consumer": False,
+        "enable_prefix_caching": False, "requests": [{"rid": "r0", "prompt": [3, 5], "max_tokens": 4, "priority": 2}],
+        "ops": [{"op": "add", "rid": "r0"}, {"op": "pause", "mode": "new"}, {"op": "resume"}, {"op": "run"}]}}
+    assert check_plan(plan, "p.json")["script"]["policy"] == "priority"
+    with pytest.raises(BadInput, match="policy"):
+        check_plan({**plan, "script": {**plan["script"], "policy": "lifo"}}, "p.json")
