@@ -52,6 +52,16 @@ def _output(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
     return log.read_text()
 
 
+def _sigkill_pending(pid: int) -> bool:
+    """Whether SIGKILL is pending on ``pid``: killed, not yet gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    masks = [int(ln.split()[1], 16) for ln in status.splitlines() if ln.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(m & (1 << (signal.SIGKILL - 1)) for m in masks)
+
+
 def _processes_of(run_dir: Path) -> list[str]:
     """Live processes whose cwd or command line lies in ``run_dir`` (engines run with cwd there)."""
     found = []
@@ -67,8 +77,10 @@ def _processes_of(run_dir: Path) -> list[str]:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if not cmd.strip():
-            continue  # its memory is already gone (no command line left): a process in the middle of exiting
+        if not cmd.strip() or _sigkill_pending(int(entry)):
+            # In the middle of exiting: its memory already gone (no command line left), or the run's kill_group
+            # SIGKILLed it and the kernel is still tearing it down (a vLLM worker under load: seen here).
+            continue
         if cwd.startswith(str(run_dir)) or str(run_dir) in cmd:
             found.append(f"{entry}: {cmd[:200]}")
     return found
