@@ -161,6 +161,7 @@ FAMILY_FAULTS = {
 }
 
 
+@pytest.mark.nightly  # tox -e tests keeps the scheduler tier measured above (0.21.0)
 def test_scheduler_tier_cells_in_the_matrix(tmp_path: Path) -> None:
     """``matrix --tier scheduler``: the family through the harness's own matrix loop, judged and annotated."""
     from harness.plan.matrix import Selection, plan_matrix
