@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -28,10 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    # Built once per process: parsing never changes the parser, and its defaults read nothing from the
+    # environment (the context resolves those at run time), so one build serves every call of main.
+    return build_parser()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``vllm-repro`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     command: Command = getattr(args, HANDLER)
     try:
         return command.run(Context(args, tuple(argv)), args)

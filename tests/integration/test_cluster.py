@@ -268,6 +268,7 @@ def test_ctrl_c_cancels_every_task_and_leaves_no_process(tmp_path: Path, ray_env
 
 @pytest.mark.integration
 @pytest.mark.cpu_engine
+@pytest.mark.nightly  # CI time: the local Ray test above keeps the backend in tox -e tests
 def test_ray_cluster_runs_cpu_engines_and_survives_a_lost_worker(
     tmp_path: Path, ray_env: dict[str, str], ray_head: str
 ) -> None:
