@@ -150,14 +150,21 @@ def test_an_unknown_framework_names_the_valid_choices() -> None:
     assert [r.name for r in select(load_recipes(), [])] == NAMES
 
 
-@pytest.mark.parametrize("extra", [["--framework", "trl,nope"], ["--recipes", "MISSING"]])
-def test_check_refuses_bad_input_with_exit_2_and_writes_nothing(tmp_path: Path, extra: list[str],
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("command", "extra", "says"), [
+    ("frameworks", ["--framework", "trl,nope"], "valid choices: trl,"),
+    ("frameworks", ["--recipes", "MISSING"], "cannot read"),
+    # The air-gapped GPU node's options (issue 22's one-GPU run): checked before an env or a file is made.
+    ("frameworks", ["--wheelhouse", "MISSING"], "does not exist"),
+    ("workarounds", ["--wheelhouse", "MISSING"], "does not exist"),
+    ("frameworks", ["--wheelhouse", "MISSING", "--wheels", "cuda"], "not both"),
+])
+def test_check_refuses_bad_input_with_exit_2_and_writes_nothing(tmp_path: Path, command: str, extra: list[str],
+                                                                says: str, capsys: pytest.CaptureFixture[str]) -> None:
     reports = tmp_path / "reports"
-    argv = ["frameworks", "check", "--versions", "0.21.0", "--platform", "cpu", "--reports", str(reports), *extra]
-    assert main([a.replace("MISSING", str(tmp_path / "none.toml")) for a in argv]) == 2
+    argv = [command, "check", "--versions", "0.21.0", "--platform", "cpu", "--reports", str(reports), *extra]
+    assert main([a.replace("MISSING", str(tmp_path / "none")) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and ("valid choices: trl," in err or "cannot read" in err)
+    assert len(err.splitlines()) == 1 and says in err, err
     assert not reports.exists()
 
 

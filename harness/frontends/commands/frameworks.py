@@ -7,15 +7,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.core.errors import BadInput
 from harness.frontends.commands.base import Command, CommandGroup
-from harness.frontends.commands.context import Context, fresh_log, run_context
-from harness.frontends.commands.face import interruptible, stderr_console
-from harness.frontends.commands.options import add_index_options, add_retry_option, add_run_options, add_version_options
+from harness.frontends.commands.cellrun import add_check_options, checked_versions, run_cells
+from harness.frontends.commands.context import Context
 from harness.frontends.commands.workarounds import LEDGER_HELP
-from harness.plan.matrix import plan_cells, split_list
+from harness.plan.matrix import split_list
 from harness.verdicts.mdtable import md_table
-from harness.verdicts.results import ResultsLog
 
 if TYPE_CHECKING:
     from harness.verdicts.framework_verdicts import CellOutcome, FrameworkCheck, ReleaseVerdict
@@ -134,36 +131,22 @@ class FrameworksCheck(Command):
                    "the engine door (the stand-in) unless --no-stand-in.")
 
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
-        add_version_options(parser)
         _add_selection(parser)
         parser.add_argument("--no-stand-in", action="store_true",
                             help="do not also run server-door recipes through the engine door")
-        add_run_options(parser, reports="reports/frameworks")
-        add_retry_option(parser)
-        add_index_options(parser)
+        add_check_options(parser, reports="reports/frameworks")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.run import execute
         from harness.verdicts.framework_verdicts import check_frameworks
         from harness.verdicts.frameworks import compile_recipes, unique_cells
         from harness.verdicts.report import write_reports
 
         recipes = selected_recipes(args)
-        cfg = ctx.run_config
-        ctx.index  # noqa: B018 -- a bad index option is reported before a missing --versions
-        if not args.versions:
-            raise BadInput("frameworks check needs --versions, e.g. 0.21.0,0.22.0")
-        versions = ctx.versions
+        versions = checked_versions(ctx, "frameworks check", "0.21.0,0.22.0")
         stand_ins = not args.no_stand_in
-        plan = plan_cells(unique_cells(compile_recipes(recipes, versions, stand_ins)), ctx.platform)
-        reports, jsonl = fresh_log(args.reports, "results.jsonl")
-        console = stderr_console()
-        console.print(f"[bold]frameworks check[/]: {len(recipes)} framework(s) x {len(versions)} version(s): "
-                      f"{len(plan.cells)} cell(s) on {len(plan.engines)} engine(s)")
-        with interruptible(console, f"results of finished cells are in {jsonl}"):
-            results = execute.execute_plan(plan, run_context(
-                ctx, cfg, ResultsLog(jsonl),
-                on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
+        results, reports = run_cells(ctx, unique_cells(compile_recipes(recipes, versions, stand_ins)),
+                                     f"frameworks check: {len(recipes)} framework(s) x {len(versions)} version(s)",
+                                     args.reports)
         write_reports(results, reports)
         lines = render_report(check_frameworks(recipes, versions, results.cells, stand_ins))
         (reports / "frameworks.md").write_text("\n".join(lines) + "\n", "utf-8")

@@ -8,14 +8,11 @@ from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
 from harness.frontends.commands.base import Command, CommandGroup
-from harness.frontends.commands.context import Context, fresh_log, run_context
-from harness.frontends.commands.face import interruptible, stderr_console
-from harness.frontends.commands.options import add_index_options, add_retry_option, add_run_options, add_version_options
-from harness.plan.matrix import plan_cells
-from harness.run import execute
-from harness.verdicts.results import Results, ResultsLog
+from harness.frontends.commands.cellrun import add_check_options, checked_versions, run_cells
+from harness.frontends.commands.context import Context
 
 if TYPE_CHECKING:
+    from harness.verdicts.results import Results
     from harness.verdicts.workarounds import Workaround
 
 LEDGER_HELP = "ledger TOML (default: the one shipped with vllm-repro)"
@@ -59,34 +56,21 @@ class WorkaroundsCheck(Command):
                    "--require-removable when any version NEEDS a workaround.")
 
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
-        add_version_options(parser)
         parser.add_argument("--ledger", type=Path, help=LEDGER_HELP)
         parser.add_argument("--id", action="append", default=[],
                             help="check only these workaround ids (repeatable)")
         parser.add_argument("--require-removable", action="store_true",
                             help="exit 1 if any checked version still NEEDS a workaround")
-        add_run_options(parser, reports="reports/workarounds")
-        add_retry_option(parser)
-        add_index_options(parser)
+        add_check_options(parser, reports="reports/workarounds")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.verdicts.report import write_reports
 
         ledger = selected_ledger(args)
-        cfg = ctx.run_config
-        ctx.index  # noqa: B018 -- a bad index option is reported before a missing --versions
-        if not args.versions:
-            raise BadInput("workarounds check needs --versions, e.g. 0.21.0,0.22.0,0.32.0")
-        versions = ctx.versions
-        plan = plan_cells([c for w in ledger for v in versions for c in w.cells(v)], ctx.platform)
-        reports, jsonl = fresh_log(args.reports, "results.jsonl")
-        console = stderr_console()
-        console.print(f"[bold]workarounds check[/]: {len(ledger)} workaround(s) x {len(versions)} version(s): "
-                      f"{len(plan.engines)} engine(s)")
-        with interruptible(console, f"results of finished cells are in {jsonl}"):
-            results = execute.execute_plan(plan, run_context(
-                ctx, cfg, ResultsLog(jsonl),
-                on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
+        versions = checked_versions(ctx, "workarounds check", "0.21.0,0.22.0,0.32.0")
+        results, reports = run_cells(ctx, (c for w in ledger for v in versions for c in w.cells(v)),
+                                     f"workarounds check: {len(ledger)} workaround(s) x {len(versions)} version(s)",
+                                     args.reports)
         write_reports(results, reports)
         needed = print_judgements(ledger, versions, results)
         print(f"reports: {reports}")

@@ -1,0 +1,66 @@
+"""The run shared by the commands that check a fixed list of cells per version (``workarounds check``,
+``frameworks check``): their options, the checks made before anything starts, and one plan run to a fresh log."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from harness.core.errors import BadInput
+from harness.frontends.commands.context import Context, fresh_log, run_context
+from harness.frontends.commands.face import interruptible, stderr_console
+from harness.frontends.commands.options import (
+    add_index_options,
+    add_retry_option,
+    add_run_options,
+    add_version_options,
+    add_wheelhouse_options,
+    add_wheels_option,
+)
+from harness.plan.matrix import plan_cells
+from harness.verdicts.results import ResultsLog
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from harness.core.cell import Cell
+    from harness.verdicts.results import Results
+
+
+def add_check_options(parser: argparse.ArgumentParser, reports: str) -> None:
+    """Versions, run, retry, index and build options: the same as ``matrix`` takes for them, so a check runs on an
+    air-gapped GPU node (``--wheelhouse``) or with the CUDA wheels on CPU (``--wheels``) as the matrix does."""
+    add_version_options(parser)
+    add_run_options(parser, reports=reports)
+    add_retry_option(parser)
+    add_index_options(parser)
+    add_wheels_option(parser)
+    add_wheelhouse_options(parser)
+
+
+def checked_versions(ctx: Context, command: str, example: str) -> tuple[str, ...]:
+    """The versions to check; every input problem is BadInput before an env is built or a file written."""
+    ctx.index  # noqa: B018 -- a bad index option is reported before a missing --versions
+    if not ctx.args.versions:
+        raise BadInput(f"{command} needs --versions, e.g. {example}")
+    ctx.wheels  # noqa: B018 -- --wheels with --wheelhouse is refused before the wheelhouse is read
+    ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
+    return ctx.versions
+
+
+def run_cells(ctx: Context, cells: Iterable[Cell], title: str, reports: Path) -> tuple[Results, Path]:
+    """Plan ``cells`` (one engine per engine config), run them with results appended as they come, and return the
+    results with the reports folder they were written to."""
+    from harness.run import execute
+
+    cfg = ctx.run_config
+    plan = plan_cells(list(cells), ctx.platform)
+    folder, jsonl = fresh_log(reports, "results.jsonl")
+    console = stderr_console()
+    console.print(f"[bold]{title}[/]: {len(plan.cells)} cell(s) on {len(plan.engines)} engine(s)")
+    with interruptible(console, f"results of finished cells are in {jsonl}"):
+        results = execute.execute_plan(plan, run_context(
+            ctx, cfg, ResultsLog(jsonl),
+            on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
+    return results, folder
