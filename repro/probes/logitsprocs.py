@@ -28,11 +28,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 ENV_LOG = "REPRO_LOGITSPROC_LOG"
-ENTRY_POINT = "repro_probe = repro.probes.logitsprocs:RecordingProcessor"
+FQCN = "repro.probes.logitsprocs:RecordingProcessor"
+ENTRY_POINT = f"repro_probe = {FQCN}"
 
 try:  # only inside a vLLM env
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -110,6 +112,15 @@ def summarize(log: Path, outputs: dict[str, list[int]]) -> dict[str, Any]:
     return {"total": total, "per_request": per, "first_wrong": first_bad}
 
 
+def worker_async(llm: Any) -> list[Any] | str:
+    """What each worker's model runner really ran: ``use_async_scheduling`` as the repro shim's worker probe reads
+    it (the front-end's config says what was asked; on vLLM's CPU platform only the shim makes it true)."""
+    try:
+        return [r.get("use_async_scheduling") for r in llm.collective_rpc("repro_worker_probe")]
+    except Exception as exc:  # the shim not staged, or a vLLM without collective_rpc
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
 def run(model_dir: str, out: Path, via: str, async_on: bool, n: int, max_tokens: int) -> dict[str, Any]:
     import vllm
     from vllm import LLM, SamplingParams
@@ -121,18 +132,19 @@ def run(model_dir: str, out: Path, via: str, async_on: bool, n: int, max_tokens:
                               "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 8,
                               "async_scheduling": async_on, "seed": 0}
     if via == "cli":
-        kwargs["logits_processors"] = [RecordingProcessor]
+        # By its FQCN, not the class: run as ``python -m``, the class would pickle as ``__main__``'s.
+        kwargs["logits_processors"] = [FQCN]
+    t0 = time.monotonic()
     llm = LLM(**kwargs)
+    started = time.monotonic() - t0
     prompts = [{"prompt_token_ids": [2 + i, 3 + i, 4 + i, 5 + 2 * i]} for i in range(n)]
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                              extra_args={"probe_key": f"p{i}"}) for i in range(n)]
     results = llm.generate(prompts, params)
     outputs = {f"p{i}": list(r.outputs[0].token_ids) for i, r in enumerate(results)}
-    probe = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
-    effective_async = getattr(getattr(probe, "scheduler_config", None), "async_scheduling", None)
     summary = {"vllm_version": vllm.__version__, "via": via, "async_requested": async_on,
-               "async_effective": effective_async, "requests": n, "max_tokens": max_tokens,
-               **summarize(log, outputs)}
+               "async_effective": worker_async(llm), "requests": n, "max_tokens": max_tokens,
+               "engine_start_s": round(started, 1), **summarize(log, outputs)}
     out.write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
