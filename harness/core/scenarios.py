@@ -40,6 +40,10 @@ class EngineProfile:
     # "Memory usage increased after sleeping" (2 of 8 sleep cells ERROR on one shared H200, 2026-12-01).
     gpu_alone: bool = False
 
+    # Entry points (group, name, "module:attr") staged for this profile's engines only, beside the repro shim's
+    # (harness.run.staging.stage_entry_points): a plugin under test that no other engine may load.
+    entry_points: tuple[tuple[str, str, str], ...] = ()
+
     @property
     def args(self) -> dict[str, Any]:
         return dict(self.engine_args)
@@ -109,6 +113,11 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile("spec-ngram", (("speculative_config", {"method": "ngram_gpu", "num_speculative_tokens": 3,
                                                              "prompt_lookup_min": 2, "prompt_lookup_max": 3}),),
                       why="n-gram speculative decoding (ngram_gpu: the n-gram method async scheduling allows)"),
+        # vllm#52461: a stateful logits processor installed as a vllm.logits_processors entry-point plugin (not
+        # passed as logits_processors=, which vLLM counts when deciding to repair the async -1 placeholders).
+        EngineProfile("logitsproc-plugin", entry_points=(
+            ("vllm.logits_processors", "repro_probe", "repro.probes.logitsprocs:RecordingProcessor"),),
+                      why="a recording logits processor installed as an entry-point plugin (vllm#52461)"),
     )
 }
 
@@ -167,6 +176,10 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # so vLLM defers the preempted requests' block frees (PR #45357); vllm#49674, fixed by PR #49675.
     Scenario("deferred-free", "KV-cache pressure preemption with a consumer KV connector: block frees deferred "
              "behind the in-flight frame", tiers=("scheduler",), refs=("vllm#49674", "PR #49675", "PR #45357"),
+             trigger=False),
+    # repro/scenarios/logitsproc.py: what a logits-processor plugin is shown as each request's output ids.
+    Scenario("logitsproc", "a logits processor installed as a plugin must be shown the real output token ids, "
+             "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461", "PR #52698"),
              trigger=False),
 )
 

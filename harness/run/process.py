@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.core.scenarios import PROFILES
 from harness.envbuild.envs import VllmEnv
 from harness.plan.matrix import Cell, EngineKey
 from harness.run.engine_death import log_tail
@@ -24,7 +25,7 @@ from harness.run.events import (
 )
 from harness.run.ports import lease_ports
 from harness.run.spec import RunConfig, _sched_spec, build_spec, engine_axes
-from harness.run.staging import stage_repro
+from harness.run.staging import stage_entry_points, stage_repro
 from harness.sched import cells as sched_tier
 from repro.engine_axes import engine_env as axes_env
 from repro.wire import STOP
@@ -140,6 +141,9 @@ class EngineProcess:
             shutil.rmtree(self.wd)
         self.wd.mkdir(parents=True)
         stage = stage_repro(self.wd / "pkg", distributions)
+        profile = PROFILES.get(engine.profile)
+        if engine.tier == "engine" and profile is not None:
+            stage_entry_points(stage, profile.entry_points)  # a plugin only its own engines load (vllm#52461)
         self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
                                                            self.wd / "engine.log")
         doc = spec if spec is not None else (

@@ -58,3 +58,19 @@ def stage_distribution(name: str, dst: Path) -> int:
         shutil.copyfile(src, target)
         copied += 1
     return copied
+
+
+def stage_entry_points(dst: Path, entry_points: Sequence[tuple[str, str, str]]) -> Path | None:
+    """A dist-info in ``dst`` declaring ``entry_points`` ((group, name, "module:attr"), e.g. an engine profile's
+    ``vllm.logits_processors`` plugin), found by ``importlib.metadata`` like the shim's; None when there are none."""
+    if not entry_points:
+        return None
+    info = dst / "vllm_repro_profile-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-repro-profile\nVersion: 0\n")
+    groups: dict[str, list[str]] = {}
+    for group, name, value in entry_points:
+        groups.setdefault(group, []).append(f"{name} = {value}")
+    (info / "entry_points.txt").write_text("".join(f"[{g}]\n" + "\n".join(lines) + "\n"
+                                                   for g, lines in groups.items()))
+    return info

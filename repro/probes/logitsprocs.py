@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_LOG = "REPRO_LOGITSPROC_LOG"
+DEFAULT_LOG = "repro-logitsproc-steps.jsonl"
 FQCN = "repro.probes.logitsprocs:RecordingProcessor"
 ENTRY_POINT = f"repro_probe = {FQCN}"
 
@@ -43,13 +44,20 @@ except ImportError:  # pragma: no cover - the harness side imports nothing of th
     BatchUpdate = Any  # type: ignore[misc,assignment]
 
 
+def prompt_key(prompt_ids: Any) -> str:
+    """A request's key when it names none (``extra_args``): its prompt, which the scenarios keep distinct."""
+    return "prompt:" + ",".join(str(t) for t in (prompt_ids or ()))
+
+
 class RecordingProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
     """Tracks each request's live output-id list and logs a snapshot of all of them per step."""
 
     def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
         self.rows: dict[int, tuple[str, list[int]]] = {}  # batch index -> (request key, live output ids)
         self.step = 0
-        self.path = os.environ.get(ENV_LOG)
+        # The engine tier's logitsproc scenario sets no variable: its engine (and so every worker) runs in the
+        # cell's work dir, where the scenario reads the file back.
+        self.path = os.environ.get(ENV_LOG) or str(Path.cwd() / DEFAULT_LOG)
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
@@ -65,7 +73,7 @@ class RecordingProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
             self.rows.pop(index, None)
         for added in batch_update.added:
             index, params, output_ids = added[0], added[1], added[-1]
-            key = str((getattr(params, "extra_args", None) or {}).get("probe_key", index))
+            key = str((getattr(params, "extra_args", None) or {}).get("probe_key") or prompt_key(added[2]))
             self.rows[index] = (key, output_ids)
         for a, b, direction in batch_update.moved:
             ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
@@ -76,10 +84,9 @@ class RecordingProcessor(LogitsProcessor):  # type: ignore[misc,valid-type]
 
     def apply(self, logits: Any) -> Any:
         self.step += 1
-        if self.path:
-            snap = {key: list(ids) for key, ids in self.rows.values()}
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"step": self.step, "pid": os.getpid(), "rows": snap}) + "\n")
+        snap = {key: list(ids) for key, ids in self.rows.values()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": self.step, "pid": os.getpid(), "rows": snap}) + "\n")
         return logits
 
 
