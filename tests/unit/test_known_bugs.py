@@ -430,3 +430,21 @@ def test_a_rule_can_expect_a_stall_and_a_timeout_never_meets_it(tmp_path: Path) 
     # A wall-clock hang of a process is infrastructure: not run, never the stall the table expects.
     assert check(infra_result(c, Outcome.TIMEOUT, "no event in 120 s"), bugs).status == "not run"
     assert check(stalled, _table(tmp_path, "# none\n")).status == "UNEXPECTED"
+
+
+def test_a_cell_without_a_pause_expects_a_whole_stream_fault_in_every_request(tmp_path: Path) -> None:
+    # vllm#52461's logitsproc cell: no pause, no in-flight operation; every request's stream (what the plugin
+    # processor was shown) diverges at 0.  Without the "every request" reading nothing would be running at a
+    # pause, so the rule would expect OK of each request and call its own fault UNEXPECTED.
+    bugs = _table(tmp_path, '[[bug]]\nid = "lp"\ntitle = "t"\naffected = ">=0.21.0"\n[[bug.cells]]\n'
+                            'tier = "engine"\nscenario = "logitsproc"\nasync_scheduling = true\nexpect = "DIVERGED"\n')
+    c = replace(Cell("0.32.0", "mp", True), scenario="logitsproc")
+
+    def result(shown: list[list[int]]) -> CellResult:
+        recs = [{**request_record(f"r{i}", s, [7, 8, 9], running=False, max_tokens=len(s), prompt=[i]),
+                 "submit": "start"} for i, s in enumerate(shown)]
+        return judged_result(c, cell_verdict(stream_records(recs)), stream_records(recs), None, 1.0)
+
+    assert check(result([[-1], [-1]]), bugs).status == "as expected"
+    assert check(result([[-1], [7, 8]]), bugs).status == "UNEXPECTED"  # one request shown the real ids
+    assert check(result([[7, 8], [7]]), bugs).status == "UNEXPECTED"

@@ -9,7 +9,7 @@ import asyncio
 import importlib.metadata
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,12 @@ import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.scenarios import BY_SCENARIO, PROFILES
 from harness.core.streams import stream_records
+from harness.plan.matrix import Cell
+from harness.run.spec import RunConfig, build_spec, scenario_spec
 from harness.run.staging import stage_entry_points
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 from repro.probes import logitsprocs as lp
-from repro.scenarios import RUNNERS, logitsproc
+from repro.scenarios import RUNNERS, SCENARIOS, logitsproc
 from repro.scenarios.base import EngineContext
 
 pytestmark = pytest.mark.unit
@@ -172,3 +174,16 @@ def test_only_the_profile_engines_get_the_plugin_entry_point(tmp_path: Path) -> 
     eps = [(ep.group, ep.name, ep.value) for dist in importlib.metadata.distributions(path=[str(tmp_path)])
            for ep in dist.entry_points]
     assert eps == [("vllm.logits_processors", "repro_probe", lp.FQCN)]
+
+
+def test_the_harness_parameters_reach_the_scenario_and_its_engine_is_its_own(tmp_path: Path) -> None:
+    cell = replace(Cell("0.21.0", "mp", True), scenario="logitsproc")
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path / "w", model_cache=tmp_path / "m",
+                    scenario_params={"num_requests": 6, "max_tokens": 20, "pause_after": 8})
+    sc = scenario_spec(cell, cfg)
+    assert sc.scenario == "logitsproc" and "pause_after" not in sc.params  # no event at a token count
+    plan = SCENARIOS[sc.scenario](sc.id, sc.params, 512, sc.seed)
+    assert [r.max_tokens for r in plan.requests] == [20] * 6 and not plan.pauses
+    assert len({tuple(r.prompt) for r in plan.requests}) == 6  # the processor keys requests by prompt
+    assert build_spec(cell.engine, (cell,), cfg).engine_id.endswith("-logitsproc_plugin")
+    assert cell.id == "vllm0.21.0-mp-async_on-logitsproc"
