@@ -86,7 +86,7 @@ SCENARIOS: dict[str, NEEDS | str] = {
 # value: (scenario, parameter, value) -> needs.  manual-reset-reload is weight_sync with explicit_reset.
 PARAM_NEEDS: dict[tuple[str, str, object], NEEDS | str] = {
     ("weight_sync", "explicit_reset", True): (("reset_prefix_cache", ("reset_running_requests",)),),
-    # vLLM's weight-transfer backends (nccl, ipc; 0.16-0.22) both need CUDA, and a trainer broadcasting beside
+    # vLLM's weight-transfer backends (nccl and ipc on 0.21.0 and 0.22.0, read) need CUDA, and a trainer beside
     # POST /update_weights is not built for the server door.
     ("weight_sync", "weight_transfer", "nccl"):
         "the NCCL weight transfer (a trainer broadcasting beside POST /update_weights) is not built for the server "
