@@ -52,7 +52,8 @@ def start(python: str, model: str, port: int, log: Path) -> subprocess.Popen[byt
             "--model", model, "--skip-tokenizer-init", "--max-model-len", "256", "--max-num-seqs", "32",
             "--max-num-batched-tokens", "256", "--enforce-eager", "--seed", "0", "--dtype", "float32",
             "--enable-prefix-caching"]
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    # VLLM_CPU_KVCACHE_SPACE: a 1 GiB KV cache, as the harness gives its CPU engines (harness/run/process.py).
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
 
