@@ -13,7 +13,7 @@ from harness.core.oracle import Outcome
 from harness.frontends.cli import main
 from harness.frontends.commands.frameworks import render_check, render_recipe, render_report, render_table
 from harness.plan.matrix import plan_cells
-from harness.verdicts.framework_verdicts import Safety, check_frameworks, safety_of
+from harness.verdicts.framework_verdicts import Safety, check_frameworks, safety_of, versions_with_results
 from harness.verdicts.frameworks import (
     SEQUENCE,
     STAND_IN,
@@ -21,9 +21,11 @@ from harness.verdicts.frameworks import (
     Recipe,
     compile_recipes,
     load_recipes,
+    pin_floor_release,
     recipe_cells,
     select,
     unique_cells,
+    versions_by_recipe,
 )
 from harness.verdicts.results import CellResult, infra_result
 
@@ -202,16 +204,16 @@ def test_check_reads_sequence_stand_in_and_workaround() -> None:
     rs = select(load_recipes(), ["trl", "pipelinerl"])
     results = []
     for c in unique_cells(compile_recipes(rs, ["0.21.0", "0.22.0"])):
-        if c.door == "server" and c.scenario == "weight-sync":
-            results.append(_res(c, Outcome.UNSUPPORTED))  # no HTTP trainer yet
+        if c.door == "server" and c.scenario == "weight-sync" and c.version == "0.22.0":
+            results.append(_res(c, Outcome.UNSUPPORTED))  # e.g. a server that could not swap
         elif c.version == "0.21.0" and c.async_on and c.clear_cache:
             results.append(_res(c, Outcome.LOSS))
         else:
             results.append(_res(c, Outcome.OK))
     trl, pipe = check_frameworks(rs, ["0.22.0", "0.21.0"], results)
     assert [r.version for r in trl.releases] == ["0.21.0", "0.22.0"]
-    # 0.21.0: the HTTP pause loses the token, whatever the unsupported swap cell says; 0.22.0: one OK cell and
-    # one that could not run is no verdict.
+    # 0.21.0: the HTTP swap and pause lose the token; 0.22.0: one OK cell and one that could not run is no
+    # verdict.
     assert [r.safety for r in trl.releases] == [Safety.UNSAFE, Safety.UNKNOWN]
     assert [r.stand_in for r in trl.releases] == [Safety.UNSAFE, Safety.SAFE]
     assert trl.safe_on == () and trl.stand_in_safe_on == ("0.22.0",)
@@ -220,11 +222,12 @@ def test_check_reads_sequence_stand_in_and_workaround() -> None:
     assert pipe.workaround is not None
     assert [v.status.value for v in pipe.workaround.verdicts] == ["REMOVABLE", "REMOVABLE"]
     table = "\n".join(render_table((trl, pipe)))
-    assert "| trl (server; pins >=0.17.0,<=0.25.1) | UNSAFE (weight_sync-keep-clear[server] UNSUPPORTED, " \
+    assert "| trl (server; pins >=0.17.0,<=0.25.1) | UNSAFE (weight_sync-keep-clear[server] LOSS, " \
            "keep-clear[server] LOSS); engine-door stand-in: UNSAFE (weight_sync-keep-clear LOSS, keep-clear LOSS) |" \
            in table
+    assert "UNKNOWN (weight_sync-keep-clear[server] UNSUPPORTED, keep-clear[server] OK)" in table
     text = "\n".join(render_check(trl))
-    assert "why vllm0.21.0-mp-async_on-keep-clear-weight_sync-server" in text
+    assert "why vllm0.22.0-mp-async_on-keep-clear-weight_sync-server" in text
     assert "first safe release at or after its pin: none of the checked releases from 0.17.0" in text
     assert "0.21.0: REMOVABLE" in "\n".join(render_check(pipe))
     assert render_report((trl, pipe))[0].startswith("| framework | 0.21.0 | 0.22.0 |")
@@ -244,3 +247,38 @@ def test_report_reads_results_already_written(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert "| openrlhf (engine; pins >=0.27.1) | UNSAFE (weight_sync-keep-clear LOSS) [outside its pin] | SAFE (" in out
     assert "safe on: 0.22.0" in out and "first safe release at or after its pin: none checked at or after 0.27.1" in out
+
+
+# --------------------------------------------------------------------------- each framework at its own pin
+
+AVAILABLE = ["0.12.0", "0.17.0", "0.18.0", "0.18.1", "0.19.1", "0.21.0", "0.22.0", "0.26.0", "0.27.1", "0.32.0"]
+
+
+def test_pins_take_the_oldest_release_each_pin_allows() -> None:
+    rs = select(load_recipes(), ["trl", "pipelinerl", "openrlhf", "verl"])
+    assert {r.name: pin_floor_release(r, AVAILABLE) for r in rs} == {
+        "trl": "0.17.0", "pipelinerl": "0.18.1", "openrlhf": "0.27.1", "verl": "0.12.0"}
+    got = versions_by_recipe(rs, ("0.32.0",), AVAILABLE)
+    assert got == {"trl": ("0.17.0", "0.32.0"), "pipelinerl": ("0.18.1", "0.32.0"),
+                   "openrlhf": ("0.27.1", "0.32.0"), "verl": ("0.12.0", "0.32.0")}
+    assert versions_by_recipe(rs, ("0.21.0",), None)["trl"] == ("0.21.0",)  # no pins asked: the common ones only
+    with pytest.raises(BadInput, match=r"pipelinerl pins vllm ==0\.18\.1: no release of the index allows it"):
+        versions_by_recipe(select(rs, ["pipelinerl"]), (), ["0.21.0", "0.22.0"])
+
+
+def test_recipes_checked_at_their_own_releases_leave_the_others_out() -> None:
+    rs = select(load_recipes(), ["openrlhf", "pipelinerl"])
+    versions = {"openrlhf": ("0.27.1",), "pipelinerl": ("0.18.1", "0.32.0")}
+    cells = unique_cells(compile_recipes(rs, versions, stand_ins=False))
+    assert sorted({c.version for c in cells if c.scenario == "weight-sync" and c.clear_cache}) == ["0.27.1"]
+    assert sorted({c.version for c in cells if not c.clear_cache}) == ["0.18.1", "0.32.0"]
+    results = [_res(c, Outcome.OK) for c in cells]
+    # `frameworks report` finds each recipe's own releases in the results: no NOT RUN columns for the others.
+    assert versions_with_results(rs, results, stand_ins=False) == versions
+    openrlhf, pipe = check_frameworks(rs, versions, results, stand_ins=False)
+    assert openrlhf.safe_on == ("0.27.1",) and openrlhf.first_safe_from_pin() == "0.27.1"
+    assert pipe.first_safe_from_pin() == "0.18.1"
+    assert pipe.workaround is not None and [v.version for v in pipe.workaround.verdicts] == ["0.18.1", "0.32.0"]
+    header, _, *rows = render_table((openrlhf, pipe))
+    assert header == "| framework | 0.18.1 | 0.27.1 | 0.32.0 |"
+    assert rows[0].startswith("| openrlhf (engine; pins >=0.27.1) | - | SAFE (") and rows[0].endswith(" | - |")
