@@ -80,6 +80,8 @@ SCENARIOS: dict[str, NEEDS | str] = {
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
                         "server door's probe does not carry yet",
+    "logitsproc": "the logitsproc scenario (vllm#52461) is judged on the logits-processor plugin's log, which it "
+                  "reads from the engine door's work dir; not wired to the server door yet",
 }
 
 # What a scenario parameter adds to the scenario's needs, or (a str) why the server door cannot play it with that
