@@ -65,7 +65,10 @@ def test_the_machine_finds_nothing_in_a_fixed_scheduler_and_says_what_it_covered
     assert out["status"] == "ran" and out["falsifying"] is None and out["examples_to_failure"] is None
     assert out["examples"] >= 20 and out["cpu_s"] > 0
     cov = out["coverage"]
-    assert {"add", "step", "reset", "run"} <= set(cov["ops"]) and set(cov["setups"]) == {"D=1", "D=2", "D=3"}
+    assert {"add", "step", "reset", "run"} <= set(cov["ops"])
+    assert {s.split(",")[0] for s in cov["setups"]} == {"D=1", "D=2", "D=3"}
+    # The richer rules of issue 23 are drawn too: batched aborts, and the null consumer KV connector.
+    assert {"abort_many", "abort_all"} <= set(cov["ops"]) and any(s.endswith(",kv") for s in cov["setups"])
     assert cov["finished_by_length"] > 0
 
 
@@ -77,7 +80,9 @@ def test_setups_a_release_cannot_build_are_dropped_with_the_reason() -> None:
         return ToyScheduler(async_=setup.is_async)
 
     out = run_fuzz(ToyAdapter(build), Path("."), PERM, FuzzSpec(examples=5, steps=5, seed=0))
-    assert out["status"] == "ran" and out["dropped"] == {"depth=3": "no batch queue of 3 here"}
+    assert out["status"] == "ran" and out["dropped"]["depth=3"] == "no batch queue of 3 here"
+    # The toy builds no resumable request: no sessions are drawn, and the run says why.
+    assert set(out["dropped"]) == {"depth=3", "streaming-input sessions"} and "feed" not in out["coverage"]["ops"]
     assert out["settings"]["depths"] == [1, 2] and "D=3" not in out["coverage"]["setups"]
 
     def never(setup: Any) -> ToyScheduler:
@@ -206,7 +211,8 @@ def test_a_scheduler_plan_refuses_engine_options_and_bad_scripts(tmp_path: Path,
     assert "--async and --executor apply to engine-tier plans only" in capsys.readouterr().err
     plan.write_text(json.dumps({"tier": "scheduler", "script": {"requests": [], "ops": [{"op": "explode"}]}}))
     assert main(["plan", str(plan), "--versions", "0.21.0", "--platform", "cpu"]) == 2
-    assert "script.ops[0].op: expected one of abort, add, drain" in capsys.readouterr().err
+    assert "script.ops[0].op: expected one of abort, abort_all, abort_many, add, close, drain" in \
+        capsys.readouterr().err
     plan.write_text(json.dumps({"tier": "model", "requests": []}))
     assert main(["plan", str(plan), "--versions", "0.21.0"]) == 2
     assert "tier: expected one of engine, scheduler, found 'model'" in capsys.readouterr().err
