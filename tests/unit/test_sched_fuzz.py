@@ -305,3 +305,26 @@ def test_what_a_cpu_run_cannot_reach_is_left_out_by_function_and_named() -> None
     assert out["percent"] == 66.7
     assert out["unreachable"] == {"_try_schedule_encoder_inputs": "multimodal encoder inputs"}
     assert out["missed_by_function"] == {"schedule": 2}
+
+
+@pytest.mark.unit
+def test_reach_is_traced_only_inside_the_rules_and_nesting_pauses_once() -> None:
+    from repro.sched.fuzzrun import FuzzRun, FuzzStats
+
+    class Tracer:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def resume(self) -> None:
+            self.calls.append("resume")
+
+        def pause(self) -> None:
+            self.calls.append("pause")
+
+    tracer = Tracer()
+    run = FuzzRun(None, Path("."), PERM, FuzzSpec(examples=1, steps=1, seed=0), FuzzStats(), tracer)
+    assert run.traced(lambda: run.traced(lambda: 7)) == 7  # the set-up's adds run inside the set-up
+    with pytest.raises(ZeroDivisionError):
+        run.traced(lambda: 1 / 0)
+    assert tracer.calls == ["resume", "pause", "resume", "pause"] and not run.tracing
+    assert FuzzRun(None, Path("."), PERM, FuzzSpec(examples=1, steps=1, seed=0), FuzzStats()).traced(lambda: 3) == 3

@@ -4,6 +4,7 @@ preconditions, the replayable script, and the oracle of positions."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -188,3 +189,28 @@ def test_minimise_drops_what_the_failure_does_not_need() -> None:
     for smaller in reductions(script):
         assert len(smaller.ops) < len(script.ops)
         build_script("ops", smaller.to_dict(), VOCAB)  # every reduction is a valid script
+
+
+def test_a_session_is_fed_within_max_model_len_and_closed_at_teardown() -> None:
+    state = _state(depth=2, max_requests=4)
+    op, req = state.add((5,) * 10, 16, session=True)
+    state.record(op)
+    assert req.session and state.open_sessions() == ["r0"]
+    # max_model_len 112 (8 blocks): every turn so far, outputs included, stays within it.
+    fed = state.feed("r0", (6,) * 200, 16)
+    assert fed is not None and fed[0] == Op("feed", rid="r0")
+    state.record(fed[0])
+    turns = state.requests[0].turns
+    assert sum(len(p) + m for p, m in turns) <= state.setup.max_model_len and len(turns) == 2
+    assert state.feed("r0", (6,), 4) is None, "no room is left"
+    script = state.script()
+    assert script.ops[-2:] == (Op("close", rid="r0"), Op("run")), "an open session is closed before the run"
+    assert all(Op("close", rid="r0") in s.ops for s in reductions(script)), "a close is never cut alone"
+    build_script("ops", script.to_dict(), VOCAB)
+    state.record(state.close("r0"))
+    assert state.open_sessions() == [] and state.script().ops[-1] == Op("run")
+
+
+def test_a_reset_with_a_consumer_kv_connector_is_drawn_drained() -> None:
+    state = FuzzState(replace(setup_for(3, 8), kv_consumer=True), True, 4)
+    assert state.reset(2) == Op("reset", in_flight=0) and state.reset(None) == Op("reset", in_flight=0)
