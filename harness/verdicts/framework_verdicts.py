@@ -9,7 +9,7 @@ workaround verdict is the ledger's own (harness.verdicts.workarounds.judge): asy
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from harness.core.oracle import Outcome
@@ -123,16 +123,29 @@ def release_verdict(recipe: Recipe, version: str, by_id: dict[str, CellResult],
         safety_of(by_id.get(c.cell.id) for c in sub) if sub else None, tuple(_outcome(c, by_id) for c in sub))
 
 
-def check_frameworks(recipes: Iterable[Recipe], versions: Iterable[str], results: Iterable[CellResult],
-                     stand_ins: bool = True) -> tuple[FrameworkCheck, ...]:
+def check_frameworks(recipes: Iterable[Recipe], versions: Iterable[str] | Mapping[str, Iterable[str]],
+                     results: Iterable[CellResult], stand_ins: bool = True) -> tuple[FrameworkCheck, ...]:
     """Each recipe's verdict per release (sorted numerically) and on its workaround, from ``results`` (a later
-    result for the same cell id replaces an earlier one)."""
+    result for the same cell id replaces an earlier one); ``versions`` by recipe name gives each its own."""
     rs = list(results)
     by_id = {r.id: r for r in rs}
-    vs = sorted(set(versions), key=version_key)
+    common = () if isinstance(versions, Mapping) else tuple(versions)
     out = []
     for recipe in recipes:
+        vs = sorted(set(versions[recipe.name] if isinstance(versions, Mapping) else common), key=version_key)
         releases = tuple(release_verdict(recipe, v, by_id, stand_ins) for v in vs)
         w = recipe.workaround
         out.append(FrameworkCheck(recipe, releases, judge(w, vs, rs) if w is not None else None))
     return tuple(out)
+
+
+def versions_with_results(recipes: Iterable[Recipe], results: Iterable[CellResult],
+                          stand_ins: bool = True) -> dict[str, tuple[str, ...]]:
+    """Per recipe, the releases ``results`` hold at least one of its cells for (what ``frameworks report`` shows:
+    a run that checked each framework at its own pin leaves the others' columns out, not NOT RUN)."""
+    rs = list(results)
+    ids = {r.id for r in rs}
+    versions = sorted({r.cell.version for r in rs}, key=version_key)
+    return {recipe.name: tuple(v for v in versions
+                               if any(c.cell.id in ids for c in recipe_cells(recipe, v, stand_ins)))
+            for recipe in recipes}

@@ -177,11 +177,36 @@ def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True) -> tuple[
     return tuple(out)
 
 
-def compile_recipes(recipes: Iterable[Recipe], versions: Iterable[str],
+def compile_recipes(recipes: Iterable[Recipe], versions: Iterable[str] | Mapping[str, tuple[str, ...]],
                     stand_ins: bool = True) -> tuple[CompiledCell, ...]:
-    """Every recipe's cells on every version (version outermost)."""
+    """Every recipe's cells on every version (version outermost); ``versions`` by recipe name gives each recipe
+    its own releases."""
     rs = tuple(recipes)
-    return tuple(c for v in versions for r in rs for c in recipe_cells(r, v, stand_ins))
+    by_name = versions if isinstance(versions, Mapping) else {r.name: tuple(versions) for r in rs}
+    order = sorted({v for vs in by_name.values() for v in vs}, key=version_key)
+    return tuple(c for v in order for r in rs if v in by_name[r.name] for c in recipe_cells(r, v, stand_ins))
+
+
+PINS = "pins"  # in --versions: each framework also at the lowest release its pin allows
+
+
+def pin_floor_release(recipe: Recipe, available: Sequence[str]) -> str | None:
+    """The oldest of ``available`` (the index's releases, or a wheelhouse's) that the recipe's pin allows."""
+    return next((v for v in sorted(available, key=version_key) if recipe.allows(v)), None)
+
+
+def versions_by_recipe(recipes: Iterable[Recipe], common: Sequence[str],
+                       available: Sequence[str] | None) -> dict[str, tuple[str, ...]]:
+    """Each recipe's releases: ``common``, and with ``available`` (``pins`` asked) the oldest release its pin
+    allows; BadInput when a recipe's pin allows none of them."""
+    out: dict[str, tuple[str, ...]] = {}
+    for r in recipes:
+        floor = pin_floor_release(r, available) if available is not None else None
+        if available is not None and floor is None:
+            raise BadInput(f"{r.name} pins vllm {r.pin}: no release of the index allows it (newest: "
+                           f"{', '.join(sorted(available, key=version_key)[-3:])}); leave it out with --framework")
+        out[r.name] = tuple(sorted(dict.fromkeys([*([floor] if floor else []), *common]), key=version_key))
+    return out
 
 
 def unique_cells(compiled: Iterable[CompiledCell]) -> list[Cell]:

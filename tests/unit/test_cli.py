@@ -31,6 +31,8 @@ typed = StreamRecord.from_json  # the oracle judges typed request records
         (["matrix", "--scenario", "rlhf"], ["'rlhf'", "pause", "weight-sync"]),
         (["matrix", "--tp", "0"], ["'0'", "--tp"]),
         (["matrix", "--repeat", "0"], ["--repeat", "at least 1"]),
+        (["matrix", "--engine-timeout", "-1"], ["--engine-timeout", "above 0", "-1"]),
+        (["frameworks", "check", "--versions", "0.21.0", "--scenario-timeout", "0"], ["--scenario-timeout", "above 0"]),
         (["matrix", "--platform", "cpu", "--weight-transfer", "nccl"], ["nccl", "reload"]),
         (["matrix", "--platform", "cpu", "--wheelhouse", "/no/wh"], ["/no/wh", "does not exist", "build one"]),
         (["envs", "build", "--versions", "0.21.0", "--wheelhouse", "/no/wh"], ["/no/wh", "vllm-repro wheelhouse"]),

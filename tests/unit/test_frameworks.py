@@ -13,7 +13,7 @@ from harness.core.oracle import Outcome
 from harness.frontends.cli import main
 from harness.frontends.commands.frameworks import render_check, render_recipe, render_report, render_table
 from harness.plan.matrix import plan_cells
-from harness.verdicts.framework_verdicts import Safety, check_frameworks, safety_of
+from harness.verdicts.framework_verdicts import Safety, check_frameworks, safety_of, versions_with_results
 from harness.verdicts.frameworks import (
     SEQUENCE,
     STAND_IN,
@@ -21,9 +21,11 @@ from harness.verdicts.frameworks import (
     Recipe,
     compile_recipes,
     load_recipes,
+    pin_floor_release,
     recipe_cells,
     select,
     unique_cells,
+    versions_by_recipe,
 )
 from harness.verdicts.results import CellResult, infra_result
 
@@ -244,3 +246,38 @@ def test_report_reads_results_already_written(tmp_path: Path, capsys: pytest.Cap
     out = capsys.readouterr().out
     assert "| openrlhf (engine; pins >=0.27.1) | UNSAFE (weight_sync-keep-clear LOSS) [outside its pin] | SAFE (" in out
     assert "safe on: 0.22.0" in out and "first safe release at or after its pin: none checked at or after 0.27.1" in out
+
+
+# --------------------------------------------------------------------------- each framework at its own pin
+
+AVAILABLE = ["0.12.0", "0.17.0", "0.18.0", "0.18.1", "0.19.1", "0.21.0", "0.22.0", "0.26.0", "0.27.1", "0.32.0"]
+
+
+def test_pins_take_the_oldest_release_each_pin_allows() -> None:
+    rs = select(load_recipes(), ["trl", "pipelinerl", "openrlhf", "verl"])
+    assert {r.name: pin_floor_release(r, AVAILABLE) for r in rs} == {
+        "trl": "0.17.0", "pipelinerl": "0.18.1", "openrlhf": "0.27.1", "verl": "0.12.0"}
+    got = versions_by_recipe(rs, ("0.32.0",), AVAILABLE)
+    assert got == {"trl": ("0.17.0", "0.32.0"), "pipelinerl": ("0.18.1", "0.32.0"),
+                   "openrlhf": ("0.27.1", "0.32.0"), "verl": ("0.12.0", "0.32.0")}
+    assert versions_by_recipe(rs, ("0.21.0",), None)["trl"] == ("0.21.0",)  # no pins asked: the common ones only
+    with pytest.raises(BadInput, match=r"pipelinerl pins vllm ==0\.18\.1: no release of the index allows it"):
+        versions_by_recipe(select(rs, ["pipelinerl"]), (), ["0.21.0", "0.22.0"])
+
+
+def test_recipes_checked_at_their_own_releases_leave_the_others_out() -> None:
+    rs = select(load_recipes(), ["openrlhf", "pipelinerl"])
+    versions = {"openrlhf": ("0.27.1",), "pipelinerl": ("0.18.1", "0.32.0")}
+    cells = unique_cells(compile_recipes(rs, versions, stand_ins=False))
+    assert sorted({c.version for c in cells if c.scenario == "weight-sync" and c.clear_cache}) == ["0.27.1"]
+    assert sorted({c.version for c in cells if not c.clear_cache}) == ["0.18.1", "0.32.0"]
+    results = [_res(c, Outcome.OK) for c in cells]
+    # `frameworks report` finds each recipe's own releases in the results: no NOT RUN columns for the others.
+    assert versions_with_results(rs, results, stand_ins=False) == versions
+    openrlhf, pipe = check_frameworks(rs, versions, results, stand_ins=False)
+    assert openrlhf.safe_on == ("0.27.1",) and openrlhf.first_safe_from_pin() == "0.27.1"
+    assert pipe.first_safe_from_pin() == "0.18.1"
+    assert pipe.workaround is not None and [v.version for v in pipe.workaround.verdicts] == ["0.18.1", "0.32.0"]
+    header, _, *rows = render_table((openrlhf, pipe))
+    assert header == "| framework | 0.18.1 | 0.27.1 | 0.32.0 |"
+    assert rows[0].startswith("| openrlhf (engine; pins >=0.27.1) | - | SAFE (") and rows[0].endswith(" | - |")

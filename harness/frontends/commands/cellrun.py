@@ -39,13 +39,19 @@ def add_check_options(parser: argparse.ArgumentParser, reports: str) -> None:
     add_wheelhouse_options(parser)
 
 
+def checked_versions_options(ctx: Context) -> None:
+    """The index and build options checked: BadInput before an env is built or a file written."""
+    ctx.index  # noqa: B018 -- a bad index option is reported first, as the matrix does
+    ctx.wheels  # noqa: B018 -- --wheels with --wheelhouse is refused before the wheelhouse is read
+    ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
+
+
 def checked_versions(ctx: Context, command: str, example: str) -> tuple[str, ...]:
     """The versions to check; every input problem is BadInput before an env is built or a file written."""
     ctx.index  # noqa: B018 -- a bad index option is reported before a missing --versions
     if not ctx.args.versions:
         raise BadInput(f"{command} needs --versions, e.g. {example}")
-    ctx.wheels  # noqa: B018 -- --wheels with --wheelhouse is refused before the wheelhouse is read
-    ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse is bad input, not N BUILD-FAILED cells
+    checked_versions_options(ctx)
     return ctx.versions
 
 

@@ -155,6 +155,9 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
             raise BadInput(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.pause_after >= args.max_tokens:
         raise BadInput(f"--pause-after {args.pause_after} must be below --max-tokens {args.max_tokens}")
+    for name in ("engine_timeout", "scenario_timeout"):
+        if not getattr(args, name) > 0:  # a timeout of 0 or less would end every engine at once, as TIMEOUT
+            raise BadInput(f"--{name.replace('_', '-')} must be a number of seconds above 0, got {getattr(args, name)}")
     retry = getattr(args, "retry_infra", 0)
     if retry < 0:
         raise BadInput(f"--retry-infra must be 0 or more, got {retry}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.frontends.commands.base import Command, CommandGroup
-from harness.frontends.commands.cellrun import add_check_options, checked_versions, run_cells
+from harness.frontends.commands.cellrun import add_check_options, checked_versions, checked_versions_options, run_cells
 from harness.frontends.commands.context import Context
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
@@ -76,10 +76,15 @@ def _entry(r: ReleaseVerdict, door: str) -> str:
 
 
 def render_table(checks: tuple[FrameworkCheck, ...]) -> list[str]:
-    """Framework x vLLM release: SAFE/UNSAFE/UNKNOWN and the outcome of every cell."""
-    versions = [r.version for r in checks[0].releases] if checks else []
-    rows = [[f"{c.recipe.name} ({c.recipe.door}; pins {c.recipe.pin})",
-             *(_entry(r, c.recipe.door) for r in c.releases)] for c in checks]
+    """Framework x vLLM release: SAFE/UNSAFE/UNKNOWN and the outcome of every cell ("-": not checked for it)."""
+    from harness.core.versions import version_key
+
+    versions = sorted({r.version for c in checks for r in c.releases}, key=version_key)
+    rows = []
+    for c in checks:
+        by_version = {r.version: r for r in c.releases}
+        rows.append([f"{c.recipe.name} ({c.recipe.door}; pins {c.recipe.pin})",
+                     *(_entry(by_version[v], c.recipe.door) if v in by_version else "-" for v in versions)])
     return md_table(["framework", *versions], rows)
 
 
@@ -121,6 +126,25 @@ def render_report(checks: tuple[FrameworkCheck, ...]) -> list[str]:
     return [*render_table(checks), "", *(line for c in checks for line in (*render_check(c), ""))]
 
 
+def _versions_by_recipe(ctx: Context, args: argparse.Namespace,
+                        recipes: tuple[Recipe, ...]) -> dict[str, tuple[str, ...]]:
+    """``--versions`` per recipe: the releases given for every recipe, and with the word ``pins`` each recipe
+    also at the oldest release its pin allows (from the index, or the wheelhouse's releases)."""
+    from harness.plan.releases import candidate_versions, fetch_releases
+    from harness.verdicts.frameworks import PINS, versions_by_recipe
+
+    items = [v.strip() for v in (args.versions or "").split(",") if v.strip()]
+    pins = PINS in items
+    rest = ",".join(v for v in items if v != PINS)
+    args.versions = rest or (None if pins else args.versions)
+    common = checked_versions(ctx, "frameworks check", "0.21.0,0.22.0 or pins,latest") if rest or not pins else ()
+    if pins:
+        checked_versions_options(ctx)
+    available = candidate_versions(ctx.package, ctx.index.index_url, args.pre,
+                                   ctx.version_fetch or fetch_releases) if pins else None
+    return versions_by_recipe(recipes, common, available)
+
+
 class FrameworksCheck(Command):
     name = "check"
     help = "run every recipe's cells on every version: per framework and release SAFE/UNSAFE, and its workaround"
@@ -128,7 +152,8 @@ class FrameworksCheck(Command):
                    "engine config shared by every recipe that needs it; prints framework x release, then per "
                    "framework the releases its sequence is safe on, the first safe one at or after its pin, and "
                    "whether its own workaround is NEEDED or REMOVABLE. Recipes on the server door also run through "
-                   "the engine door (the stand-in) unless --no-stand-in.")
+                   "the engine door (the stand-in) unless --no-stand-in. The word 'pins' in --versions checks each "
+                   "framework also at the oldest release its pin allows (e.g. --versions pins,latest).")
 
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
         _add_selection(parser)
@@ -142,7 +167,7 @@ class FrameworksCheck(Command):
         from harness.verdicts.report import write_reports
 
         recipes = selected_recipes(args)
-        versions = checked_versions(ctx, "frameworks check", "0.21.0,0.22.0")
+        versions = _versions_by_recipe(ctx, args, recipes)
         stand_ins = not args.no_stand_in
         results, reports = run_cells(ctx, unique_cells(compile_recipes(recipes, versions, stand_ins)),
                                      f"frameworks check: {len(recipes)} framework(s) x {len(versions)} version(s)",
@@ -166,13 +191,14 @@ class FrameworksReport(Command):
                             help="leave out the engine-door stand-ins of server-door recipes")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.verdicts.framework_verdicts import check_frameworks
+        from harness.verdicts.framework_verdicts import check_frameworks, versions_with_results
         from harness.verdicts.results import read_results
 
         recipes = selected_recipes(args)
         results = read_results(args.results)
-        versions = tuple(dict.fromkeys(c.cell.version for c in results.cells))
-        print("\n".join(render_report(check_frameworks(recipes, versions, results.cells, not args.no_stand_in))))
+        stand_ins = not args.no_stand_in
+        versions = versions_with_results(recipes, results.cells, stand_ins)
+        print("\n".join(render_report(check_frameworks(recipes, versions, results.cells, stand_ins))))
         return 0
 
 
