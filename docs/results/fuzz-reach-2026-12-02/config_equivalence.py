@@ -6,6 +6,7 @@ from repro.sched.opmodel import setup_for, Knobs
 from repro.sched.runner import model_dir_of
 md = model_dir_of({"model_cache": os.path.expanduser("~/.cache/vllm-repro-tests/vllm-repro/models")})
 a = Adapter(); print("reusable:", a.model_config_reused)
+reused = {"model": 0, "spec": 0}
 
 def norm(x, depth=0, seen=None):
     seen = set() if seen is None else seen
@@ -32,8 +33,12 @@ for nb, seqs, budget, pol, lp, nopc, depth, k in itertools.product((3, 7, 64), (
     a.model_config_reused = True; a._configs.clear(); fast = a.vllm_config(md, s)
     a.model_config_reused = False; a._configs.clear(); slow = a.vllm_config(md, s)
     n += 1
+    if fast.speculative_config is not None:  # the reused SpeculativeConfig targets this config's own objects
+        assert fast.speculative_config.target_model_config is fast.model_config
+        assert fast.speculative_config.target_parallel_config is fast.parallel_config
+        assert (slow.speculative_config.target_model_config is slow.model_config)
     if norm(fast) != norm(slow):
         diff += 1
         f, sl = norm(fast), norm(slow)
         print("DIFF", s, [k2 for k2 in f if f[k2] != sl.get(k2)])
-print(f"{n} setups compared, {diff} differ")
+print(f"{n} setups compared, {diff} differ; memo holds {len(a._model_configs)} ModelConfigs, {len(a._spec_configs)} SpeculativeConfigs")
