@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import importlib.metadata
 import importlib.util
 import json
+import os
 import re
 import sys
 import types
@@ -157,6 +159,24 @@ def test_the_plugin_part_is_a_module_that_restores_async_scheduling(tmp_path: Pa
         cfg = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(async_scheduling=asked))
         CpuPlatform.check_and_update_config(cfg)
         assert cfg.scheduler_config.async_scheduling is asked
+
+
+def test_the_plugin_reaches_every_process_vllm_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process multiprocessing spawns (vLLM's engine core, measured: the plugin never loaded there with
+    PYTHONPATH alone) takes its parent's sys.path; anything else reads PYTHONPATH."""
+    module = _load(_exported(), tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.delenv(module.CPU_ASYNC_ENV, raising=False)
+    registered: list[bool] = []
+    monkeypatch.setattr(module, "register", lambda: registered.append(True))
+    module.install_plugin(tmp_path / "plugin", True)
+    assert sys.path[0] == str(tmp_path / "plugin") and registered == [True]
+    assert os.environ["PYTHONPATH"] == f"{tmp_path / 'plugin'}{os.pathsep}/elsewhere"
+    assert os.environ[module.CPU_ASYNC_ENV] == "1"
+    (ep,) = importlib.metadata.entry_points(group="vllm.general_plugins", name="reproducer")
+    assert ep.value == "vllm_reproducer_plugin:register" and callable(ep.load())
+    sys.modules.pop("vllm_reproducer_plugin", None)
 
 
 # --------------------------------------------------------------------------- the replay, on a fake AsyncLLM

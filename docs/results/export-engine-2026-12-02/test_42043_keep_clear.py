@@ -184,7 +184,7 @@ PLUGIN_IMPORTS = ("from __future__ import annotations\n\nimport contextlib\nimpo
 
 def install_plugin(folder: Path, cpu_async: bool) -> None:
     """Write the plugin part of this file as a module with a vllm.general_plugins entry point into ``folder``,
-    put ``folder`` on the PYTHONPATH of every process vLLM starts, and register it in this one."""
+    put ``folder`` on the path of every process vLLM starts, and register it in this one."""
     text = Path(__file__).read_text(encoding="utf-8")
     body = text[text.index("# >>> plugin"):text.index("# <<< plugin")]
     folder.mkdir(parents=True, exist_ok=True)
@@ -193,6 +193,9 @@ def install_plugin(folder: Path, cpu_async: bool) -> None:
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN_MODULE}\nVersion: 0\n")
     (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nreproducer = {PLUGIN_MODULE}:register\n")
+    # Both: a process multiprocessing spawns (vLLM's engine core, its workers) takes its parent's sys.path, not
+    # PYTHONPATH; anything else vLLM starts reads PYTHONPATH.  vLLM then loads the plugin in this process as well.
+    sys.path.insert(0, str(folder))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
     os.environ[CPU_ASYNC_ENV] = "1" if cpu_async else "0"
     register()
@@ -440,6 +443,7 @@ async def _run(engine_args: dict[str, Any], plan: dict[str, Any], timeout: float
         state = await engine_state(llm)
         want = "AsyncScheduler" if engine_args.get("async_scheduling") else "Scheduler"
         assert state["scheduler"] == want, f"the engine core runs {state['scheduler']}, not {want} as asked"
+        print(f"engine core: {state['scheduler']}, async_scheduling={state['async_scheduling']}", flush=True)
         return await replay(llm, plan, timeout)
     finally:
         llm.shutdown()
