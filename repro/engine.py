@@ -41,6 +41,7 @@ from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
 from repro.scenarios.runs import check_pause_api
 from repro.server.door import run_server_door
+from repro.watchdog import watch_parent
 from repro.wire import Spec, WireError, check_event, stdin_scenarios
 
 
@@ -323,4 +324,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    watch_parent()  # nothing of this engine outlives a harness that was killed without cleaning up
     sys.exit(main())

@@ -3,5 +3,7 @@
 import sys
 
 from repro.sched.runner import main
+from repro.watchdog import watch_parent
 
+watch_parent()  # nothing of this run outlives a harness that was killed without cleaning up
 sys.exit(main())
