@@ -34,13 +34,13 @@ from repro.models import BigramCycleSpec, hf_config
 
 TEMPLATE = "engine_reproducer.py"  # in the repro package
 # What the engine process's environment gets besides the cell's axes (harness.run.process.engine_env): no
-# flashinfer sampler (not needed for greedy), and on CPU the KV cache the harness gives it (--kv-cache-gib 1).
-PROCESS_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# flashinfer sampler (not needed for greedy), and on CPU the KV cache the harness gives it (--kv-cache-gib).
+PROCESS_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 # The executors vLLM's CPU platform runs as labelled: it replaces uni with mp, and Ray does not run on it.
 EXPORTABLE_EXECUTORS = ("mp",)
 
 
-def engine_setup(async_on: bool, executor: str) -> tuple[dict[str, Any], dict[str, str]]:
+def engine_setup(async_on: bool, executor: str, kv_cache_gib: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
     """(engine arguments without ``model``, environment) the harness starts a default-setup engine with."""
     if executor not in EXPORTABLE_EXECUTORS:
         raise BadInput(f"--export-pytest writes an engine for vLLM's CPU platform, which runs the mp executor only "
@@ -52,7 +52,7 @@ def engine_setup(async_on: bool, executor: str) -> tuple[dict[str, Any], dict[st
     spec = build_spec(engine, (), cfg)
     args = engine_kwargs(spec, LoadedModel(BIGRAM, "MODEL", BigramCycleSpec(), None, None, dict(BIGRAM_DEFAULTS)))
     args.pop("model")
-    return args, {**PROCESS_ENV, **engine_env(engine_axes(engine))}
+    return args, {**PROCESS_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), **engine_env(engine_axes(engine))}
 
 
 def export_plan(plan: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -105,11 +105,12 @@ def _literal(name: str, value: Any) -> str:
 
 
 def export_engine(plan: Mapping[str, Any], source: str, test_name: str, async_on: bool = True,
-                  executor: str = "mp", timeout: float = 120.0) -> str:
+                  executor: str = "mp", timeout: float = 120.0, kv_cache_gib: int = 1) -> str:
     """The file's text for the engine-tier ``plan`` (read from ``source``) on an engine with ``async_on`` and
-    ``executor``; ``timeout``: seconds any one wait may take (the harness's --scenario-timeout)."""
+    ``executor``; ``timeout``: seconds any one wait may take (the harness's --scenario-timeout); ``kv_cache_gib``:
+    the harness's --kv-cache-gib."""
     replayed = export_plan(plan, source)
-    args, env = engine_setup(async_on, executor)
+    args, env = engine_setup(async_on, executor, kv_cache_gib)
     spec = BigramCycleSpec()
     template = importlib.resources.files("repro").joinpath(TEMPLATE).read_text(encoding="utf-8")
     doc = _docstring(replayed, plan.get("found") or {}, Path(source).name, async_on, executor)

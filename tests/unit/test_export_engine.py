@@ -117,6 +117,10 @@ def test_the_engine_is_the_harness_s(async_on: bool, tmp_path: Path) -> None:
     assert _literal(tree, "ENGINE_ENV") == {k: env[k] for k in _literal(tree, "ENGINE_ENV")}
     assert {"VLLM_CPU_KVCACHE_SPACE", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_BATCH_INVARIANT"} <= set(
         _literal(tree, "ENGINE_ENV"))
+    two = _literal(ast.parse(_exported(async_on=async_on, kv_cache_gib=2)), "ENGINE_ENV")
+    assert two["VLLM_CPU_KVCACHE_SPACE"] == "2" == engine_env(
+        engine, RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path, kv_cache_gib=2), tmp_path
+    )["VLLM_CPU_KVCACHE_SPACE"]
 
 
 def test_the_model_is_the_harness_s_checkpoint_in_pure_python(tmp_path: Path) -> None:

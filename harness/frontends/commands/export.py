@@ -40,7 +40,7 @@ def export_text(plan: Mapping[str, Any], args: argparse.Namespace) -> str:
         return export_pytest(plan, source)
     async_on, executor = _engine_options(args)
     return export_engine(plan, source, reproducer_name(source), async_on, executor,
-                         getattr(args, "scenario_timeout", 120.0))
+                         getattr(args, "scenario_timeout", 120.0), getattr(args, "kv_cache_gib", 1))
 
 
 def export_file(plan: Mapping[str, Any], args: argparse.Namespace) -> int:

@@ -21,7 +21,9 @@ DESCRIPTION = (
     "Run one JSON pause schedule ({\"requests\": [...], \"pauses\": [...]}, as printed by a failing property test) "
     "on each selected version and async setting, and print every request's verdict against its no-pause reference. "
     "A scheduler-tier plan ({\"tier\": \"scheduler\", \"script\": {...}}, as `vllm-repro fuzz` writes for a "
-    "falsifying example) replays its op script on vLLM's scheduler of each selected version."
+    "falsifying example) replays its op script on vLLM's scheduler of each selected version. A pause with "
+    "\"reset\": true also resets the prefix cache, running requests included, while paused (the manual reset). "
+    "--export-pytest writes either plan as one self-contained test file vLLM can paste instead of running it."
 )
 __all__ = ["PlanCommand", "print_replay", "read_plan"]  # read_plan: imported from here by older callers
 
