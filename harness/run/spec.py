@@ -121,9 +121,13 @@ def repeat_id(scenario_id: str, rep: int) -> str:
 
 
 def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
-    """How a weight-sync cell swaps weights: ``auto`` means NCCL when a GPU is left over for the trainer."""
+    """How a weight-sync cell swaps weights: ``auto`` means NCCL when a GPU is left over for the trainer, except
+    on the server door, which swaps in place over HTTP (``POST /collective_rpc`` with ``reload_weights``: no
+    trainer is built for its ``/update_weights``); an explicit ``nccl`` there is UNSUPPORTED with that reason."""
     if cfg.weight_transfer != "auto":
         return cfg.weight_transfer
+    if cell.door == "server":
+        return "reload"
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 
 

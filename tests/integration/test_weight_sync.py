@@ -7,12 +7,16 @@ engine starts in all.  vLLM 0.21.0 must lose the first post-swap token of
 every request running at the pause (#42043); 0.32.0 must not.  The keep cell
 after it proves weights A were restored.
 
+Server door (nightly): the same weight-sync cell on 0.21.0 through ``vllm serve``, the swap a POST
+/collective_rpc of reload_weights.
+
 GPU (``gpu`` + ``multi_gpu``): the NCCL weight-transfer path of upstream's
 example with a trainer process on the second GPU, vLLM 0.21.0 and 0.22.0.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -87,6 +91,33 @@ def test_weight_sync_reload_on_cpu(tmp_path: Path, version: str, expect: Outcome
         assert ws.summary == "OK 10/10"
     log = (tmp_path / "engines" / cells[0].engine.id / "engine.log").read_text(errors="replace")
     assert "Reloading weights inplace" in log  # vLLM's own reload path ran
+
+
+def _scenario_events(tmp_path: Path, engine_id: str) -> list[dict[str, Any]]:
+    lines = (tmp_path / "engines" / engine_id / "events.jsonl").read_text().splitlines()
+    return [ev for ev in map(json.loads, lines) if ev.get("event") == "scenario"]
+
+
+@pytest.mark.cpu_engine
+@pytest.mark.slow
+@pytest.mark.nightly
+def test_weight_sync_over_http_on_the_server_door(tmp_path: Path) -> None:
+    """The server door swaps the weights over HTTP (POST /collective_rpc reload_weights, issue 22): a `vllm serve`
+    on 0.21.0 loses the first post-swap token of every request running at the keep + clear_cache pause, as the
+    engine door's cell does (test_weight_sync_reload_on_cpu), with the same A-then-B reference."""
+    version = "0.21.0"
+    cells = (Cell(version, "mp", True, "keep", True, 1, "weight-sync", door="server"),)
+    ws = _run(tmp_path, "cpu", version, cells, weight_transfer="auto")["weight-sync"]  # auto: reload over HTTP
+    assert ws.outcome is Outcome.LOSS, (ws.summary, ws.reason)
+    assert ws.summary == "LOSS(1) in 8/10 requests (8/8 running at pause)"
+    _check_common(ws, None, version)
+    _check_loss_at_swap(ws)
+    (ev,) = [e for e in _scenario_events(tmp_path, cells[0].engine.id) if e["id"] == cells[0].scenario_id]
+    (action,) = [e for e in ev["events"] if e["event"] == "pause_action"]
+    assert action["via"] == ev["weight_sync"]["restore"]["via"] == "POST /collective_rpc", action
+    assert action["checkpoint"] == ev["weight_sync"]["checkpoint_b"]["path"]
+    log = (tmp_path / "engines" / cells[0].engine.id / "server.log").read_text(errors="replace")
+    assert "Reloading weights inplace" in log and '"POST /collective_rpc HTTP/1.1" 200' in log  # vLLM's route ran it
 
 
 def _cuda_gpus() -> int:

@@ -84,7 +84,8 @@ def test_every_scenario_has_a_server_door_entry() -> None:
     assert set(ep.SCENARIOS) == set(SCENARIOS)
     assert ep.scenario_problem("keep", "0.21.0") is None
     assert ep.scenario_problem("keep", "0.15.0") is not None
-    assert (ep.scenario_problem("weight_sync", "0.22.0") or "").startswith("door=server: the weight-sync")
+    assert ep.scenario_problem("weight_sync", "0.22.0") is None  # the swap over POST /collective_rpc
+    assert (ep.scenario_problem("sleep", "0.22.0") or "").startswith("door=server: the sleep")
     assert "no server-door entry" in (ep.scenario_problem("unknown", "0.22.0") or "")
 
 

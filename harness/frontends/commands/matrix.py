@@ -329,7 +329,8 @@ def _add_axis_options(m: argparse.ArgumentParser) -> None:
     add_axis_options(m)
     m.add_argument("--weight-transfer", default="auto", choices=("auto", "reload", "nccl"),
                    help="how weight-sync swaps weights: reload (in place), nccl (a trainer process on a GPU the "
-                        "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else reload")
+                        "engine does not use sends them), auto = nccl on cuda when such a GPU is visible, else "
+                        "reload (on the server door always reload, through POST /collective_rpc)")
     m.add_argument("--weight-sync-fresh-check", action="store_true",
                    help="weight-sync: also replay prompt + pre-pause tokens on a fresh engine loaded with B, as "
                         "upstream's example does (one more engine start per weight-sync cell)")
