@@ -5,7 +5,11 @@ Two formats, each the one its engine side accepts:
 * engine tier (``repro/scenarios/plan.py``, the ``plan`` scenario)::
 
     {"requests": [{"rid": "r0", "prompt": [5, 7], "max_tokens": 16, "submit": "start" | ["during", k] | ["after", k]}],
-     "pauses": [{"mode": "keep", "clear_cache": true, "after_tokens": 4}]}
+     "pauses": [{"mode": "keep", "clear_cache": true, "after_tokens": 4, "reset": false}]}
+
+  ``reset`` (optional, default false): while paused, the client calls
+  ``reset_prefix_cache(reset_running_requests=True)`` itself, as RL frameworks do instead of ``clear_cache=True``
+  (the ``manual-reset`` scenario).
 
 * scheduler tier (``repro/sched/script.py``, the ``ops`` scenario; what ``vllm-repro fuzz`` writes)::
 
@@ -55,9 +59,9 @@ SUBMIT = AnyOf((Choice(("start",)), Tuple((Choice(("during", "after")), Int(lo=0
 ENGINE_REQUEST = Obj(
     {"rid": Str(nonempty=True), "prompt": ListOf(Int(lo=0), min_len=1), "max_tokens": Int(lo=1), "submit": SUBMIT},
     required=("rid", "prompt", "max_tokens"), what="a request object {rid, prompt, max_tokens, submit}")
-PAUSE = Obj({"mode": Choice(PAUSE_MODES), "clear_cache": Bool(), "after_tokens": Int(lo=0)},
+PAUSE = Obj({"mode": Choice(PAUSE_MODES), "clear_cache": Bool(), "after_tokens": Int(lo=0), "reset": Bool()},
             required=("mode", "clear_cache", "after_tokens"),
-            what="a pause object {mode, clear_cache, after_tokens}")
+            what="a pause object {mode, clear_cache, after_tokens, reset}")
 
 
 def _engine_plan_consistent(plan: Mapping[str, Any], path: str) -> None:
