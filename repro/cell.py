@@ -122,8 +122,8 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
 
 
 # Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
-# weight-sync runner says why itself, in its own words.
-BIGRAM_RUNNERS = frozenset(set(RUNNERS) - {"weight_sync"})
+# weight-sync runner says why itself, in its own words, and the plan's runs with any model.
+BIGRAM_RUNNERS = frozenset(set(RUNNERS) - {"weight_sync", "plan"})
 
 
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from repro import realistic
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 
 BIGRAM = "bigram-cycle"
+# The bigram cycle is exact in float32 only (its engine argument; harness.plan.export_engine writes it too).
+BIGRAM_DEFAULTS: dict[str, Any] = {"dtype": "float32"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def load_model(kind: str, params: dict[str, Any], cache: Path) -> LoadedModel:
     if kind == BIGRAM:
         spec = BigramCycleSpec.from_dict(params)
         folder = build_checkpoint(spec, cache)
-        return LoadedModel(kind, str(folder), spec, load_perm(folder), spec.vocab_size, {"dtype": "float32"})
+        return LoadedModel(kind, str(folder), spec, load_perm(folder), spec.vocab_size, dict(BIGRAM_DEFAULTS))
     if kind == realistic.KIND:
         qspec = realistic.Qwen3RandomSpec.from_dict(params)
         folder = realistic.build_checkpoint(qspec, cache)

@@ -144,7 +144,7 @@ def swapped_continuation(perm_a: list[int], perm_b: list[int], last_prompt_token
     return head + expected_continuation(perm_b, last, n - len(head))
 
 
-def _config(spec: BigramCycleSpec) -> dict[str, Any]:
+def hf_config(spec: BigramCycleSpec) -> dict[str, Any]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -271,7 +271,7 @@ def build_checkpoint(spec: BigramCycleSpec, cache_dir: Path) -> Path:
     tmp = cache_dir / f".tmp-{spec.key()}-{os.getpid()}"
     tmp.mkdir(parents=True, exist_ok=True)
     write_safetensors(tmp / "model.safetensors", _weights(spec))
-    (tmp / "config.json").write_text(json.dumps(_config(spec), indent=2))
+    (tmp / "config.json").write_text(json.dumps(hf_config(spec), indent=2))
     (tmp / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False})
     )

@@ -5,7 +5,11 @@ Two formats, each the one its engine side accepts:
 * engine tier (``repro/scenarios/plan.py``, the ``plan`` scenario)::
 
     {"requests": [{"rid": "r0", "prompt": [5, 7], "max_tokens": 16, "submit": "start" | ["during", k] | ["after", k]}],
-     "pauses": [{"mode": "keep", "clear_cache": true, "after_tokens": 4}]}
+     "pauses": [{"mode": "keep", "clear_cache": true, "after_tokens": 4, "reset": false}]}
+
+  ``reset`` (optional, default false): while paused, the client calls
+  ``reset_prefix_cache(reset_running_requests=True)`` itself, as RL frameworks do instead of ``clear_cache=True``
+  (the ``manual-reset`` scenario).
 
 * scheduler tier (``repro/sched/script.py``, the ``ops`` scenario; what ``vllm-repro fuzz`` writes)::
 
@@ -55,9 +59,9 @@ SUBMIT = AnyOf((Choice(("start",)), Tuple((Choice(("during", "after")), Int(lo=0
 ENGINE_REQUEST = Obj(
     {"rid": Str(nonempty=True), "prompt": ListOf(Int(lo=0), min_len=1), "max_tokens": Int(lo=1), "submit": SUBMIT},
     required=("rid", "prompt", "max_tokens"), what="a request object {rid, prompt, max_tokens, submit}")
-PAUSE = Obj({"mode": Choice(PAUSE_MODES), "clear_cache": Bool(), "after_tokens": Int(lo=0)},
+PAUSE = Obj({"mode": Choice(PAUSE_MODES), "clear_cache": Bool(), "after_tokens": Int(lo=0), "reset": Bool()},
             required=("mode", "clear_cache", "after_tokens"),
-            what="a pause object {mode, clear_cache, after_tokens}")
+            what="a pause object {mode, clear_cache, after_tokens, reset}")
 
 
 def _engine_plan_consistent(plan: Mapping[str, Any], path: str) -> None:
@@ -101,12 +105,16 @@ def _setup_fields() -> dict[str, Any]:
     return out
 
 
-SCHED_REQUEST = Obj({"rid": Str(nonempty=True), "prompt": ListOf(Int(0, _VOCAB - 1), min_len=1),
-                     "max_tokens": Int(lo=1), "priority": Int()}, required=("rid", "prompt", "max_tokens"),
-                    what="a request object {rid, prompt, max_tokens, priority}")
+_PROMPT = ListOf(Int(0, _VOCAB - 1), min_len=1)
+SCHED_REQUEST = Obj({"rid": Str(nonempty=True), "prompt": _PROMPT, "max_tokens": Int(lo=1), "priority": Int(),
+                     "session": Bool(), "chunks": ListOf(Tuple((_PROMPT, Int(lo=1)), what="a chunk [prompt, "
+                                                                                          "max_tokens]"))},
+                    required=("rid", "prompt", "max_tokens"),
+                    what="a request object {rid, prompt, max_tokens, priority, session, chunks}")
 OP = Obj({"op": Choice(tuple(sorted(OP_KINDS))), "rid": Str(nonempty=True), "n": Int(lo=1), "tokens": Int(lo=0),
-          "in_flight": Nullable(Int(lo=0)), "optional": Bool(), "mode": Nullable(Choice(PAUSE_STATES))},
-         required=("op",), what="an op object {op, rid, n, tokens, in_flight, optional, mode}")
+          "in_flight": Nullable(Int(lo=0)), "optional": Bool(), "mode": Nullable(Choice(PAUSE_STATES)),
+          "rids": ListOf(Str(nonempty=True), min_len=1), "connector": Bool()},
+         required=("op",), what="an op object {op, rid, n, tokens, in_flight, optional, mode, rids, connector}")
 SCRIPT = Obj({**_setup_fields(), "n_requests": Int(lo=1), "prompt_len": Int(lo=1), "max_tokens": Int(lo=1),
               "requests": ListOf(SCHED_REQUEST, what="a list of requests"),
               "ops": ListOf(OP, what="a list of ops")},

@@ -55,6 +55,10 @@ def not_inlined(script: Script) -> list[str]:
         ("request priorities", any(r.priority for r in script.requests)),
         ("PAUSED_NEW pauses (pause mode \"new\")", any(o.op == "pause" and o.mode not in (None, "keep")
                                                         for o in script.ops)),
+        ("the sync Scheduler's drafts", setup.spec_tokens > 0 and not setup.is_async),
+        ("streaming-input sessions", any(r.session for r in script.requests)),
+        ("batched aborts (abort_many, abort_all)", any(o.op in ("abort_many", "abort_all") for o in script.ops)),
+        ("resets of the KV connector (reset connector)", any(o.connector for o in script.ops)),
     ) if used]
     return out
 

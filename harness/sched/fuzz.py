@@ -75,12 +75,16 @@ class Falsifying:
 def op_text(op: Mapping[str, Any]) -> str:
     """One op as text: ``add r0``, ``step 3``, ``reset (2 in flight)``, ``run``."""
     kind = op["op"]
-    if kind in ("add", "abort"):
+    if kind in ("add", "abort", "feed", "close"):
         return f"{kind} {op['rid']}"
+    if kind == "abort_many":
+        return f"abort {','.join(op['rids'])}"
     if kind == "step":
         return f"step {op.get('n', 1)}"
-    if kind == "reset" and "in_flight" in op:
-        return f"reset ({op['in_flight']} in flight)"
+    if kind == "reset":
+        flight = f"{op['in_flight']} in flight" if "in_flight" in op else ""
+        conn = "connector" if op.get("connector") else ""
+        return "reset" + (f" ({', '.join(x for x in (flight, conn) if x)})" if flight or conn else "")
     return str(kind)
 
 

@@ -52,6 +52,7 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
     "weight_sync": rlhf_weight_sync.run,
     "manual_reset": manual_reset.run,
+    "plan": plan.run,
     "preempt": preempt.run,
     "chunked": chunked.run,
     "sleep": sleep.run,

@@ -157,6 +157,9 @@ class Adapter:
         self.Request = Request
         self.RequestStatus = RequestStatus
         self._configs: dict[Any, Any] = {}
+        self._model_configs: dict[Any, Any] = {}  # pristine ModelConfigs by MODEL_FIELDS (see _create)
+        self._spec_configs: dict[Any, Any] = {}  # ... and SpeculativeConfigs by drafts and MODEL_FIELDS
+        self.model_config_reused = model_config_reusable(EngineArgs)
         self.import_s = round(time.monotonic() - t0, 3)
 
     # ------------------------------------------------------------------ facts
@@ -242,10 +245,48 @@ class Adapter:
 
     def _create(self, kwargs: dict[str, Any]) -> Any:
         try:
-            return self.EngineArgs(**kwargs).create_engine_config()
+            args = self.EngineArgs(**kwargs)
+            if self.model_config_reused:
+                args.create_model_config = self._model_config_of(args.create_model_config, kwargs)
+                if kwargs.get("speculative_config") and set(_params(getattr(
+                        self.EngineArgs, "create_speculative_config", _no_params))) == SPEC_CONFIG_PARAMS:
+                    args.create_speculative_config = self._spec_config_of(args.create_speculative_config, kwargs)
+            return args.create_engine_config()
         except Exception as exc:
             raise Unsupported(f"EngineArgs.create_engine_config failed: {type(exc).__name__}: {one_line(exc)}") \
                 from exc
+
+    def _model_config_of(self, make: Callable[[], Any], kwargs: dict[str, Any]) -> Callable[[], Any]:
+        """``EngineArgs.create_model_config`` answered from a pristine copy of the ModelConfig the same model
+        arguments built before (a deep copy each time, so what ``create_engine_config`` then does to it stays
+        its own): parsing the checkpoint's HF config is two thirds of a config's 12-20 ms, and a fuzzer's setups
+        differ in scheduler arguments the ModelConfig never reads (:func:`model_config_reusable` checks)."""
+        key = tuple((k, kwargs.get(k)) for k in MODEL_FIELDS)
+
+        def create_model_config() -> Any:
+            if key not in self._model_configs:
+                made = make()
+                self._model_configs[key] = copy.deepcopy(made)
+                return made
+            return copy.deepcopy(self._model_configs[key])
+
+        return create_model_config
+
+    def _spec_config_of(self, make: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """``EngineArgs.create_speculative_config`` answered likewise: the SpeculativeConfig of the same drafts
+        and model arguments, deep-copied with the target model and parallel configs passed in put back in their
+        place (its draft ModelConfig parses the checkpoint's HF config again: 8 ms of a spec setup's 20)."""
+        key = (repr(sorted(kwargs["speculative_config"].items())), *((k, kwargs.get(k)) for k in MODEL_FIELDS))
+
+        def create_speculative_config(target_model_config: Any, target_parallel_config: Any) -> Any:
+            if key not in self._spec_configs:
+                made = make(target_model_config=target_model_config, target_parallel_config=target_parallel_config)
+                self._spec_configs[key] = (made, copy.deepcopy((made, target_model_config, target_parallel_config)))
+                return made
+            _, (pristine, model, parallel) = self._spec_configs[key]
+            return copy.deepcopy(pristine, {id(model): target_model_config, id(parallel): target_parallel_config})
+
+        return create_speculative_config
 
     def _spec_config(self, kwargs: dict[str, Any], setup: Setup) -> Any:
         """A VllmConfig with a speculative config of ``spec_tokens`` drafts; the scheduler only reads the count
@@ -312,26 +353,45 @@ class Adapter:
         kvu.init_none_hash(sha)
         return get_hasher(block_size, sha)
 
-    def request(self, rid: str, prompt: Sequence[int], max_tokens: int, hasher: Any, priority: int = 0) -> Any:
+    def request(self, rid: str, prompt: Sequence[int], max_tokens: int, hasher: Any, priority: int = 0,
+                resumable: bool = False) -> Any:
         sp = self.SamplingParams(**fit_kwargs(self.SamplingParams, {
             "temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}, "SamplingParams"))
+        if resumable and "resumable" not in _params(self.Request.__init__):
+            raise Unsupported("Request has no resumable (streaming-input sessions) in this release")
         offered = {
             "request_id": rid, "prompt_token_ids": list(prompt), "sampling_params": sp,
             "pooling_params": None, "eos_token_id": 1, "block_hasher": hasher,
             "arrival_time": time.time(), "mm_features": None, "multi_modal_kwargs": None,
             "multi_modal_hashes": None, "multi_modal_placeholders": None, "lora_request": None,
-            "priority": priority,
+            "priority": priority, **({"resumable": True} if resumable else {}),
         }
         return self.Request(**fit_kwargs(self.Request.__init__, offered, "Request.__init__"))
 
-    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any:
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]], kv_connector: bool = False) -> Any:
+        """One frame's ModelRunnerOutput; ``kv_connector``: with the (empty) KVConnectorOutput a worker with a KV
+        connector attaches to every step (its connector finished no transfer)."""
         offered = {
             "req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
             "sampled_token_ids": sampled, "spec_token_ids": None, "logprobs": None,
             "prompt_logprobs_dict": {}, "pooler_output": [], "num_nans_in_logits": None,
-            "kv_connector_output": None,
+            "kv_connector_output": self._kv_connector_output() if kv_connector else None,
         }
         return self.ModelRunnerOutput(**fit_kwargs(self.ModelRunnerOutput, offered, "ModelRunnerOutput"))
+
+    def _kv_connector_output(self) -> Any:
+        try:
+            from vllm.v1.outputs import KVConnectorOutput
+        except ImportError:  # a release whose workers attach none
+            return None
+        return KVConnectorOutput()
+
+    def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
+        """The worker's drafts for the sync Scheduler (``DraftTokenIds``, what ``take_draft_token_ids`` returns)."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        return DraftTokenIds(**fit_kwargs(DraftTokenIds, {"req_ids": req_ids, "draft_token_ids": drafts},
+                                          "DraftTokenIds"))
 
     # ------------------------------------------------------------------ driving
 
@@ -348,6 +408,34 @@ class Adapter:
         if not hasattr(self.classes["sync"], "set_pause_state"):
             return None
         return {"keep": PauseState.PAUSED_ALL, "new": PauseState.PAUSED_NEW, "unpaused": PauseState.UNPAUSED}
+
+
+# The EngineArgs this adapter passes that ``create_model_config`` may read (the ModelConfig's inputs) ...
+MODEL_FIELDS = ("model", "skip_tokenizer_init", "dtype", "max_model_len", "enforce_eager", "seed")
+# ... and those only the scheduler, cache and speculative configs read (what a fuzzer's setups vary besides
+# max_model_len).
+SCHEDULER_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "enable_prefix_caching",
+                    "async_scheduling", "disable_log_stats", "scheduling_policy", "long_prefill_token_threshold",
+                    "speculative_config", "kv_transfer_config")
+
+
+# What create_speculative_config takes where its SpeculativeConfig is reused (0.2x-0.3x); other signatures (other
+# inputs) build it afresh.
+SPEC_CONFIG_PARAMS = {"target_model_config", "target_parallel_config"}
+
+
+def _no_params() -> None:
+    return None
+
+
+def model_config_reusable(engine_args: type) -> bool:
+    """Whether this release's ``EngineArgs.create_model_config`` reads none of :data:`SCHEDULER_FIELDS` (read
+    from its source), so one ModelConfig per :data:`MODEL_FIELDS` is the one it would build again."""
+    try:
+        source = inspect.getsource(engine_args.create_model_config)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, TypeError):
+        return False
+    return not any(f"self.{name}" in source for name in SCHEDULER_FIELDS)
 
 
 def _sha256_fn() -> Callable[[Any], bytes]:

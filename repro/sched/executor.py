@@ -36,6 +36,7 @@ exercised with a fake scheduler.
 
 from __future__ import annotations
 
+import inspect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,13 +48,23 @@ from repro.sched.stall import scheduler_state, state_text
 class Builder(Protocol):
     """What the executor needs from the adapter."""
 
-    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any, priority: int = 0) -> Any: ...
+    def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any, priority: int = 0,
+                resumable: bool = False) -> Any: ...
 
-    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> Any: ...
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]], kv_connector: bool = False) -> Any: ...
 
     def pause_states(self) -> dict[str, Any] | None: ...
 
     def aborted_status(self) -> Any: ...
+
+    def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any: ...
+
+
+def _params_of(fn: Any) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 # Iterations of a step_until / run with no token scheduled or delivered after which it counts as stalled: a
@@ -92,10 +103,24 @@ class Stream:
     request: Any = None
     # Per-frame trace: scripted positions vs what update_from_output delivered.
     frames: list[dict[str, Any]] = field(default_factory=list)
+    # A streaming-input session: its turns fed so far ((prompt, max_tokens)), whether its input stream was closed,
+    # and how many turns vLLM finished (each ends with a finish reason; the session ends with the last after close).
+    session: bool = False
+    turns: list[tuple[list[int], int]] = field(default_factory=list)
+    closed: bool = False
+    turns_done: int = 0
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    def fed(self, perm: list[int], prompt: list[int], max_tokens: int) -> None:
+        """A session's next turn: its tokens follow the earlier turns' (each turn's output positions count from 0,
+        the walk from that turn's prompt)."""
+        self.turns.append((prompt, max_tokens))
+        self.max_tokens = sum(m for _, m in self.turns)
+        self.reference = [t for p, m in self.turns[:-1] for t in reference_stream(perm, p, m)] + \
+            reference_stream(perm, prompt, max_tokens + REFERENCE_SLACK)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -138,6 +163,12 @@ class Executor:
         self.specs[spec.rid] = spec
         self.streams[spec.rid] = Stream(spec.rid, list(spec.prompt), spec.max_tokens,
                                         reference_stream(self.perm, spec.prompt, spec.max_tokens + REFERENCE_SLACK))
+
+    def redeclare(self, spec: RequestSpec) -> None:
+        """A declared session with a chunk more (the fuzzer draws a session's chunks as it feeds them)."""
+        if spec.rid not in self.specs:
+            raise ValueError(f"request {spec.rid} was never declared")
+        self.specs[spec.rid] = spec
 
     # ------------------------------------------------------------------ frames
 
@@ -185,17 +216,32 @@ class Executor:
             self.worker_next[rid] = first + accepted + 1
         return out
 
+    def _context(self, rid: str) -> list[int]:
+        """The prompt the worker samples after: a session's is the one vLLM sends it (its turns so far, as vLLM
+        joined them), so a session update that loses or misplaces a chunk shows in the tokens."""
+        st = self.streams[rid]
+        if st.session:
+            return list(getattr(self.sched.requests[rid], "prompt_token_ids", None) or st.prompt)
+        return st.prompt
+
     def _schedule(self) -> Frame:
         so = self.sched.schedule()
         if so.total_num_scheduled_tokens > 0:
             self.progress_at = self.iterations
+            # EngineCore asks for the grammar bitmask of every step that runs the model, before sampling (None
+            # without structured output: the call is the engine's, the answer the scheduler's).
+            grammar = getattr(self.sched, "get_grammar_bitmask", None)
+            if grammar is not None:
+                grammar(so)
         else:
             # A step that scheduled nothing with requests waiting: vllm#49674's zero-progress steps are these.
             self.empty_frames += 1
         positions = self._positions(so)
         req_ids = list(positions)
-        sampled = [[token_at(self.perm, self.streams[r].prompt, p) for p in positions[r]] for r in req_ids]
-        frame = Frame(self.frames_made, so, positions, self.builder.runner_output(req_ids, sampled))
+        sampled = [[token_at(self.perm, self._context(r), p) for p in positions[r]] for r in req_ids]
+        output = (self.builder.runner_output(req_ids, sampled, kv_connector=True) if self.setup.kv_consumer
+                  else self.builder.runner_output(req_ids, sampled))
+        frame = Frame(self.frames_made, so, positions, output)
         self.frames_made += 1
         self.queue.append(frame)
         return frame
@@ -215,11 +261,30 @@ class Executor:
                     self.progress_at = self.iterations
                 delivered[rid] = [int(t) for t in out.new_token_ids]
                 if out.finish_reason is not None and not st.aborted:
-                    st.finish_reason = str(out.finish_reason)
+                    st.turns_done += 1
+                    # A session's turn ends with a finish reason too; the session ends with its last turn's once
+                    # its input stream is closed.
+                    if not st.session or (st.closed and st.turns_done >= len(st.turns)):
+                        st.finish_reason = str(out.finish_reason)
         for rid, pos in frame.positions.items():
             if rid in self.streams:
                 self.streams[rid].frames.append(
                     {"frame": frame.index, "positions": pos, "delivered": delivered.get(rid, [])})
+        if self.setup.spec_tokens and not self.setup.is_async and frame.scheduler_output.total_num_scheduled_tokens:
+            self._propose_drafts(frame)
+
+    def _propose_drafts(self, frame: Frame) -> None:
+        """The sync Scheduler's drafts: after a step that ran the model, EngineCore.post_step hands the scheduler
+        the drafter's ``k`` ids for every request of the batch (``update_draft_token_ids``; a prefill chunk's are
+        dropped by the scheduler, a finished request's skipped).  The ids are the tokens of the positions that
+        follow (a drafter that guesses right; how many are accepted is scripted, as for the AsyncScheduler)."""
+        req_ids = list(frame.positions)
+        drafts = []
+        for rid in req_ids:
+            nxt = self.worker_next.get(rid, 0)
+            drafts.append([token_at(self.perm, self.streams[rid].prompt, nxt + j) if rid in self.streams else 0
+                           for j in range(self.setup.spec_tokens)])
+        self.sched.update_draft_token_ids(self.builder.draft_token_ids(req_ids, drafts))
 
     def iterate(self) -> None:
         """One EngineCore iteration with a batch queue of size D (D=1: schedule, then process)."""
@@ -280,11 +345,43 @@ class Executor:
 
     def _op_add(self, op: Op, entry: dict[str, Any]) -> None:
         spec = self.specs[op.rid or ""]
-        req = (self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher, spec.priority)
-               if spec.priority else self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher))
+        if spec.session:
+            req = self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher, spec.priority,
+                                       resumable=True)
+            st = self.streams[spec.rid]
+            st.session, st.turns = True, [(list(spec.prompt), spec.max_tokens)]
+        elif spec.priority:
+            req = self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher, spec.priority)
+        else:
+            req = self.builder.request(spec.rid, spec.prompt, spec.max_tokens, self.hasher)
         self.sched.add_request(req)
         self.streams[spec.rid].submitted = True
         self.streams[spec.rid].request = req
+
+    def _op_feed(self, op: Op, entry: dict[str, Any]) -> None:
+        """The session's next chunk, as AsyncLLM adds it: a resumable request with the same id (vLLM queues it,
+        or starts the turn at once when the session waits for input)."""
+        st, spec = self.streams[op.rid or ""], self.specs[op.rid or ""]
+        if st.done or st.closed or not st.submitted:
+            entry["skipped"] = "session not open"
+            return
+        prompt, max_tokens = spec.chunks[len(st.turns) - 1]
+        self.sched.add_request(self.builder.request(spec.rid, prompt, max_tokens, self.hasher, spec.priority,
+                                                    resumable=True))
+        st.fed(self.perm, list(prompt), max_tokens)
+
+    def _op_close(self, op: Op, entry: dict[str, Any]) -> None:
+        """The input stream's end, as AsyncLLM sends it: the same id, not resumable, prompt [0].  A session that
+        waits for input is finished at once (no output); one mid-turn ends with that turn."""
+        st, spec = self.streams[op.rid or ""], self.specs[op.rid or ""]
+        if st.done or st.closed or not st.submitted:
+            entry["skipped"] = "session not open"
+            return
+        self.sched.add_request(self.builder.request(spec.rid, [0], 1, self.hasher, spec.priority))
+        st.closed = True
+        live = self.sched.requests.get(spec.rid)
+        if live is None or live.is_finished():
+            st.finish_reason = "closed"
 
     def _op_step(self, op: Op, entry: dict[str, Any]) -> None:
         for _ in range(op.n):
@@ -314,6 +411,11 @@ class Executor:
         # The reset preempts these (vLLM counts it in num_preemptions, as it counts memory pressure).
         entry["running_at_reset"] = len(getattr(self.sched, "running", None) or ())
         self._interrupt("keep", len(self.queue))
+        if op.connector and "reset_connector" in _params_of(self.sched.reset_prefix_cache):
+            entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True, reset_connector=True))
+            return
+        if op.connector:  # the release's EngineCore passed no such flag either
+            entry["skipped_connector"] = "reset_prefix_cache has no reset_connector in this release"
         entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True))
 
     def _set_pause(self, op: Op, entry: dict[str, Any], state: str) -> None:
@@ -340,6 +442,24 @@ class Executor:
         self.sched.finish_requests(st.rid, self.builder.aborted_status())
         st.aborted = True
         st.finish_reason = "abort"
+
+    def _op_abort_many(self, op: Op, entry: dict[str, Any]) -> None:
+        self._abort_streams([self.streams[r] for r in op.rids or ()], list(op.rids or ()), entry)
+
+    def _op_abort_all(self, op: Op, entry: dict[str, Any]) -> None:
+        self._abort_streams(list(self.streams.values()), None, entry)
+
+    def _abort_streams(self, streams: list[Stream], ids: list[str] | None, entry: dict[str, Any]) -> None:
+        """finish_requests(ids or None, FINISHED_ABORTED) as EngineCore sends it; the streams still running are
+        aborted (a finished one's id is vLLM's to skip)."""
+        live = [st for st in streams if st.submitted and not st.done]
+        for st in live:
+            self._interrupt_one(st, len(self.queue))
+        self.sched.finish_requests(ids, self.builder.aborted_status())
+        for st in live:
+            st.aborted = True
+            st.finish_reason = "abort"
+        entry["aborted"] = [st.rid for st in live]
 
     def _interrupt_one(self, st: Stream, in_flight: int) -> None:
         st.pauses.append({"mode": "abort", "clear_cache": False, "client_tokens": len(st.observed),

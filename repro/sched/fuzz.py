@@ -14,7 +14,13 @@ max_num_seqs); then rules add requests (short prompts from a small alphabet, so
 prefix-cache hits happen; max_tokens small, so requests finish by length),
 step the engine core, drain, reset the prefix cache with 0..D-1 frames in flight
 (``reset_running_requests=True``), pause and resume (keep mode; where the
-release has ``set_pause_state``) and abort running requests.  The invariant
+release has ``set_pause_state``) and abort running requests, one at a time, in
+batches (EngineCore's aborts queue, finished ids among them) or all at once
+(``finish_requests(None)``, a pause in "abort" mode).  Setups may carry a
+consumer KV connector that moves nothing (its scheduler side, the deferred
+block frees of PR #45357), and drafts for the sync Scheduler too (the worker's
+draft ids after every step); requests may be streaming-input sessions (fed
+chunk by chunk as AsyncLLM adds them, then closed).  The invariant
 after every rule: every delivered stream is the tokens of its positions
 (``opmodel.stream_fault``); at teardown the scheduler runs to completion and
 every request that was not aborted must have finished with all its tokens
@@ -23,23 +29,25 @@ every request that was not aborted must have finished with all its tokens
 The falsifying example Hypothesis shrank is kept as its op script
 (``opmodel.FuzzState.script``) and replayed once more as an ``ops`` scenario,
 the path ``vllm-repro plan`` takes, so the harness judges both the same way.
-The rules and checks are :mod:`repro.sched.opmodel` (pure, unit-tested).
+The rules and checks are :mod:`repro.sched.opmodel` (pure, unit-tested); what
+the examples share, the checks and the replay :mod:`repro.sched.fuzzrun`.
+With reach measured, coverage.py traces only inside the rules
+(``FuzzRun.traced``), so Hypothesis' own work runs at full speed.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import hypothesis
 from hypothesis import HealthCheck, Verbosity, reject, seed, settings
 from hypothesis import strategies as st
-from hypothesis.control import current_build_context
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -49,9 +57,20 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from repro.crash import vllm_crash_site
 from repro.sched.adapter import Unsupported
 from repro.sched.executor import Executor
+from repro.sched.fuzzrun import (
+    FuzzRun,
+    FuzzStats,
+    apply,
+    check_finished,
+    check_streams,
+    count_finish,
+    drawable,
+    drawable_extras,
+    falsifying,
+    setup_label,
+)
 from repro.sched.opmodel import (
     BUDGETS,
     LONG_PROMPT,
@@ -61,100 +80,15 @@ from repro.sched.opmodel import (
     FuzzState,
     Knobs,
     drawn_setup,
-    failure_kind,
-    finish_fault,
-    minimise,
     prompt_tokens,
-    setup_for,
-    stream_fault,
 )
-from repro.sched.reach import CHECKPOINTS, Reach
-from repro.sched.scenario import run_scenario
-from repro.sched.script import PAUSE_STATES, POLICIES, Op, Script, Setup
+from repro.sched.reach import Reach
+from repro.sched.script import PAUSE_STATES, POLICIES, Op, Script
 from repro.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
 
 MAX_TOKENS = 16
 FIRST_REQUESTS = 4  # requests the initialize rule adds, at most
 MAX_NUM_SEQS = (16, 4, 2)  # 2: requests wait for a slot, not only for blocks
-
-
-@dataclass
-class Failure:
-    script: Script
-    failure: str  # the exception Hypothesis saw: "AssertionError: r0: position 3: ..."
-    final: bool  # recorded during Hypothesis' final replay of the shrunk example
-    kind: str  # opmodel.failure_kind: what a smaller script must hit to fail alike
-
-
-@dataclass
-class FuzzStats:
-    """What the run did, gathered by every example: how many, what they covered, and the last failure."""
-
-    examples: int = 0
-    examples_to_failure: int | None = None
-    ops: Counter[str] = field(default_factory=Counter)
-    setups: Counter[str] = field(default_factory=Counter)
-    inflight_resets: int = 0
-    kv_pressure_examples: int = 0  # vLLM preempted more often than the resets did: memory pressure
-    finished_by_length: int = 0
-    requests: Counter[int] = field(default_factory=Counter)  # requests per example that ran to completion
-    failure: Failure | None = None
-
-    def failed(self, state: FuzzState, exc: BaseException) -> None:
-        if self.examples_to_failure is None:
-            self.examples_to_failure = self.examples
-        final = _is_final(current_build_context)
-        if self.failure is None or final or not self.failure.final:
-            self.failure = Failure(state.script(), describe(exc), final, kind_of(exc))
-
-    def coverage(self) -> dict[str, Any]:
-        return {"ops": dict(sorted(self.ops.items())), "setups": dict(sorted(self.setups.items())),
-                "inflight_resets": self.inflight_resets, "kv_pressure_examples": self.kv_pressure_examples,
-                "finished_by_length": self.finished_by_length,
-                "requests_per_example": {str(k): v for k, v in sorted(self.requests.items())}}
-
-
-def describe(exc: BaseException) -> str:
-    """An exception on one line; one raised in vLLM's code names its frame and source line (a bare assert has no
-    message)."""
-    text = f"{type(exc).__name__}: {exc}".strip()
-    site = vllm_crash_site(exc)
-    return text if site is None else f"{text} {site[1]} at {site[0]}".replace(":  ", ": ")
-
-
-def kind_of(exc: BaseException) -> str:
-    site = vllm_crash_site(exc)
-    return failure_kind(str(exc), None if site is None else site[0])
-
-
-def _is_final(context: Callable[[], Any]) -> bool:
-    try:
-        return bool(context().is_final)
-    except Exception:  # no build context: not inside a Hypothesis example
-        return False
-
-
-def setup_label(setup: Setup) -> str:
-    return f"D={setup.depth}" + (f",k={setup.spec_tokens}" if setup.spec_tokens else "")
-
-
-@dataclass
-class FuzzRun:
-    """What every example of one run shares: the release's adapter, the checkpoint, the settings and the stats."""
-
-    adapter: Any
-    model_dir: Path
-    perm: list[int]
-    spec: FuzzSpec
-    stats: FuzzStats
-    reach: Any = None  # repro.sched.reach.Reach while measuring
-
-    def started_example(self) -> None:
-        """Count an example; after 32, 64, 128, ... record the reach so far."""
-        done = self.stats.examples
-        if self.reach is not None and done in CHECKPOINTS:
-            self.reach.checkpoint(done)
-        self.stats.examples += 1
 
 
 # Setups are drawn raw and mapped onto the run's choices (opmodel.drawn_setup), so the rules are written once:
@@ -167,7 +101,7 @@ SETUPS = st.tuples(st.integers(0, len(FUZZ_DEPTHS) - 1), BLOCKS, st.integers(0, 
 # The scheduler options (opmodel.Knobs): token budget (small ones prefill long prompts in chunks), policy,
 # long_prefill_token_threshold, the scheduler's stats, prefix caching off.  Each shrinks to vLLM's default.
 KNOBS = st.builds(Knobs, st.sampled_from(BUDGETS), st.sampled_from(POLICIES), st.sampled_from((0, 8, 24)),
-                  st.booleans(), st.booleans())
+                  st.booleans(), st.booleans(), st.booleans())
 # (first prompt token, prompt length, max_tokens, priority): see opmodel.prompt_tokens.  Long prompts exceed the
 # smaller token budgets: prefilled in chunks, several at once, aborted or preempted mid-prefill.
 LENGTHS = st.one_of(st.integers(1, MAX_PROMPT), st.integers(MAX_PROMPT + 1, LONG_PROMPT))
@@ -189,8 +123,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(drawn=SETUPS, knobs=KNOBS, first=st.lists(REQUESTS, min_size=1, max_size=FIRST_REQUESTS))
     def build(self, drawn: tuple[int, int, int, int, int], knobs: Knobs, first: list[tuple[int, int, int, int]]
               ) -> None:
+        self.run.traced(lambda: self._build(drawn, knobs, first))
+
+    def _build(self, drawn: tuple[int, int, int, int, int], knobs: Knobs, first: list[tuple[int, int, int, int]]
+               ) -> None:
         run = self.run
-        setup = drawn_setup(run.spec.depths, run.spec.spec_tokens, *drawn, knobs=knobs)
+        knobs = knobs if run.kv_consumer else replace(knobs, kv_consumer=False)
+        setup = drawn_setup(run.spec.depths, run.spec.spec_tokens, *drawn, knobs=knobs, sync_spec=run.sync_spec)
         try:
             sched = run.adapter.scheduler(run.model_dir, setup)
         except Unsupported:
@@ -216,7 +155,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _guarded(self, fn: Callable[[], Any]) -> None:
         """Run ``fn``; a failure is recorded with this example's script, then re-raised for Hypothesis."""
         try:
-            fn()
+            self.run.traced(fn)
         except BaseException as exc:
             if self.state is not None and not self.failed:
                 self.run.stats.failed(self.state, exc)
@@ -240,10 +179,41 @@ class SchedulerMachine(RuleBasedStateMachine):
             if self.state is not None and self.state.can_add():
                 self.add(*request)
 
-    def add(self, first: int, prompt_len: int, max_tokens: int, priority: int = 0) -> None:
+    def add(self, first: int, prompt_len: int, max_tokens: int, priority: int = 0, session: bool = False) -> None:
         assert self.state is not None and self.ex is not None
-        op, req = self.state.add(prompt_tokens(first, prompt_len), max_tokens, priority)
+        op, req = self.state.add(prompt_tokens(first, prompt_len), max_tokens, priority, session)
         self.ex.declare(req)
+        self._guarded(lambda: self._apply(op))
+
+    @precondition(lambda self: self.state is not None and self.state.can_add() and self.run.sessions)
+    @rule(request=REQUESTS)
+    def add_session(self, request: tuple[int, int, int, int]) -> None:
+        """A streaming-input session (AsyncLLM.generate with an input stream): its first chunk, resumable."""
+        self.add(*request, session=True)
+
+    def _open_sessions(self) -> list[str]:
+        assert self.state is not None and self.ex is not None
+        return [r for r in self.state.open_sessions() if not self.ex.streams[r].done]
+
+    @precondition(lambda self: self.state is not None and bool(self._open_sessions()))
+    @rule(pick=st.integers(0, 7), chunk=REQUESTS)
+    def feed(self, pick: int, chunk: tuple[int, int, int, int]) -> None:
+        """A session's next input chunk: queued while a turn runs, started at once when the session waits."""
+        assert self.state is not None and self.ex is not None
+        sessions = self._open_sessions()
+        fed = self.state.feed(sessions[pick % len(sessions)], prompt_tokens(chunk[0], chunk[1]), chunk[2])
+        if fed is not None:
+            op, req = fed
+            self.ex.redeclare(req)
+            self._guarded(lambda: self._apply(op))
+
+    @precondition(lambda self: self.state is not None and bool(self._open_sessions()))
+    @rule(pick=st.integers(0, 7))
+    def close(self, pick: int) -> None:
+        """A session's input stream ends (its final sentinel)."""
+        assert self.state is not None
+        sessions = self._open_sessions()
+        op = self.state.close(sessions[pick % len(sessions)])
         self._guarded(lambda: self._apply(op))
 
     @rule(n=st.integers(1, 8))
@@ -261,10 +231,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         """Process the oldest frame without scheduling (as when nothing more could be scheduled)."""
         self._guarded(lambda: self._apply(Op("pop")))
 
-    @rule(in_flight=st.sampled_from((None, 0, 1, 2)))
-    def reset(self, in_flight: int | None) -> None:
+    # No reset while a session is open: one waiting for its next chunk keeps its KV blocks, and 0.32's
+    # reset_prefix_cache(reset_running_requests=True) preempts only the running requests, then raises "Failed to
+    # reset KV cache even when all the running requests are preempted" (found by this fuzzer; docs/fuzzing.md).
+    @precondition(lambda self: self.state is not None and not (self.ex is not None and self._open_sessions()))
+    @rule(in_flight=st.sampled_from((None, 0, 1, 2)), connector=st.booleans())
+    def reset(self, in_flight: int | None, connector: bool) -> None:
+        """A reset; with ``connector`` as EngineCore's pause with clear_cache sends it (reset_connector=True)."""
         assert self.state is not None
-        op = self.state.reset(in_flight)
+        op = replace(self.state.reset(in_flight), connector=connector)
         self._guarded(lambda: self._apply(op))
 
     @precondition(lambda self: self.state is not None and self.state.can_pause())
@@ -284,6 +259,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         op = self.state.abort(self._running(), pick)
         if op is not None:
             self._guarded(lambda: self._apply(op))
+
+    def _submitted(self) -> list[str]:
+        assert self.ex is not None
+        return [s.rid for s in self.ex.streams.values() if s.submitted]
+
+    @precondition(lambda self: self.ex is not None and len(self._submitted()) > 1)
+    @rule(picks=st.lists(st.integers(0, 7), min_size=2, max_size=4))
+    def abort_several(self, picks: list[int]) -> None:
+        """One batched abort (EngineCore's aborts queue): running, waiting and already finished requests."""
+        assert self.state is not None
+        op = self.state.abort_many(self._submitted(), picks)
+        if op is not None:
+            self._guarded(lambda: self._apply(op))
+
+    @precondition(lambda self: self.ex is not None and bool(self._running()))
+    @rule()
+    def abort_all(self) -> None:
+        """finish_requests(None): every request aborted, as EngineCore's pause in "abort" mode does."""
+        self._guarded(lambda: self._apply(Op("abort_all")))
 
     def _prefilling(self) -> list[str]:
         """Running requests vLLM has computed part of the prompt of: a chunked prefill under way."""
@@ -321,60 +315,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._apply(op)
         check_streams(self.ex)
         check_finished(self.ex)
-        _count_finish(self.ex, self.run.stats)
+        count_finish(self.ex, self.run.stats)
         shutdown = getattr(self.ex.sched, "shutdown", None)
         if shutdown is not None:  # as EngineCore does at the end: a scheduler with nothing left must shut down
             shutdown()
-
-
-def apply(ex: Executor, op: Op) -> dict[str, Any]:
-    """One op; the executor's bound (vLLM never finished a request) as the failure it is."""
-    try:
-        return ex.apply(op)
-    except StopIteration:
-        raise AssertionError(f"stalled: {ex.stalled}") from None
-
-
-def check_streams(ex: Executor) -> None:
-    """The invariant: every delivered stream is the tokens of its positions."""
-    for s in ex.streams.values():
-        fault = stream_fault(s.reference, s.observed, s.max_tokens) if s.submitted else None
-        assert fault is None, f"{s.rid}: {fault}"
-
-
-def check_finished(ex: Executor) -> None:
-    """After the run to completion: every request not aborted finished with all its tokens."""
-    for s in ex.streams.values():
-        fault = finish_fault(len(s.observed), s.max_tokens, s.finish_reason, s.aborted) if s.submitted else None
-        assert fault is None, f"{s.rid}: {fault}"
-
-
-def _count_finish(ex: Executor, stats: FuzzStats) -> None:
-    by_resets = sum(e.get("running_at_reset", 0) for e in ex.log)
-    recs = [s for s in ex.streams.values() if s.submitted]
-    stats.finished_by_length += sum(1 for s in recs if not s.aborted)
-    stats.requests[len(recs)] += 1
-    if sum(getattr(s.request, "num_preemptions", 0) or 0 for s in recs) > by_resets:
-        stats.kv_pressure_examples += 1
-
-
-def drawable(adapter: Any, model_dir: Path, spec: FuzzSpec) -> tuple[FuzzSpec, dict[str, str]]:
-    """``spec`` without the setups this release cannot build (each tried once), and why each was dropped."""
-    dropped: dict[str, str] = {}
-
-    def builds(depth: int, k: int) -> bool:
-        try:
-            adapter.scheduler(model_dir, setup_for(depth, 8, k, 0))
-        except Unsupported as exc:
-            dropped[f"depth={depth}" + (f", spec_tokens={k}" if k else "")] = str(exc)
-            return False
-        return True
-
-    depths = tuple(d for d in spec.depths if builds(d, 0))
-    ks = tuple(k for k in spec.spec_tokens if k == 0 or all(builds(d, k) for d in depths if d > 1))
-    if not depths or not ks:
-        return spec, dropped
-    return replace(spec, depths=depths, spec_tokens=ks), dropped
 
 
 def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, reach: Any = None) -> dict[str, Any]:
@@ -384,10 +328,18 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, rea
     if usable is spec and dropped:
         return {"status": "unsupported", "reason": "; ".join(f"{k}: {v}" for k, v in dropped.items()),
                 "dropped": dropped}
+    kv_consumer, sync_spec, sessions = drawable_extras(adapter, model_dir, usable, dropped)
     stats = FuzzStats()
     measuring = reach if isinstance(reach, Reach) else None
-    run = FuzzRun(adapter, model_dir, perm, usable, stats, measuring)
+    run = FuzzRun(adapter, model_dir, perm, usable, stats, measuring, kv_consumer=kv_consumer, sync_spec=sync_spec,
+                  sessions=sessions)
+    if measuring is not None:  # the import and drawable() above were traced; from here on only run.traced()
+        measuring.pause()
     machine = type("SchedulerMachine", (SchedulerMachine,), {"run": run})
+    # vLLM, torch and transformers leave millions of long-lived objects: every full collection would walk them
+    # (Hypothesis' first example alone runs gc.collect, 0.6 s here).  Frozen, as vLLM's EngineCore freezes its
+    # start-up heap (gc.freeze), collections see only what the examples allocate.
+    gc.freeze()
     t0, c0 = time.monotonic(), time.process_time()
     raised = _run_machine(machine, usable)
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
@@ -409,7 +361,7 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, rea
         # Hypothesis itself refused (a health check, a flaky example): no finding, and not a clean run either.
         return {**out, "status": "error", "reason": f"Hypothesis stopped: {raised}", "traceback": raised.tb}
     if stats.failure is not None:
-        out["falsifying"] = _falsifying(run, stats.failure)
+        out["falsifying"] = falsifying(run, stats.failure)
     return out
 
 
@@ -435,30 +387,3 @@ def _run_machine(machine: type, spec: FuzzSpec) -> Raised | None:
     except Exception as exc:
         return Raised(f"{type(exc).__name__}: {exc}", traceback.format_exc())
     return None
-
-
-def _falsifying(run: FuzzRun, failure: Failure) -> dict[str, Any]:
-    """The shrunk example, minimised further (:func:`opmodel.minimise`): its op script, Hypothesis' failure, and the
-    script replayed as an ``ops`` scenario."""
-    script = minimise(failure.script, lambda smaller: fails_alike(run, smaller, failure.kind))
-    params = script.to_dict()
-    replay = run_scenario(run.adapter, {"id": "falsifying", "scenario": "ops", "params": params}, run.model_dir,
-                          run.perm)
-    return {"script": params, "failure": failure.failure, "ops": len(script.ops), "shrunk": failure.final,
-            "hypothesis_ops": len(failure.script.ops), "replay": replay}
-
-
-def fails_alike(run: FuzzRun, script: Script, kind: str) -> bool:
-    """Whether ``script``, played on a fresh scheduler with the machine's checks, fails with a failure of ``kind``."""
-    try:
-        sched = run.adapter.scheduler(run.model_dir, script.setup)
-        ex = Executor(script, sched, run.adapter, run.perm, run.adapter.block_hasher(script.setup.block_size))
-        for op in script.ops:
-            apply(ex, op)
-            check_streams(ex)
-        check_finished(ex)
-    except Unsupported:
-        return False
-    except Exception as exc:
-        return kind_of(exc) == kind
-    return False

@@ -18,7 +18,7 @@ makes live here, so they can be tested without vLLM:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from repro.sched.script import Op, RequestSpec, Script, Setup
 
@@ -45,28 +45,33 @@ class Knobs:
     long_prefill: int = 0  # long_prefill_token_threshold
     log_stats: bool = False
     no_prefix_caching: bool = False
+    # A consumer KV connector that moves nothing (Setup.kv_consumer): the connector's scheduler side runs on every
+    # step, and with D >= 2 vLLM defers freeing a finished or preempted request's blocks (PR #45357).
+    kv_consumer: bool = False
 
 
 def setup_for(depth: int, num_blocks: int, spec_tokens: int = 0, spec_accepted: int = 0,
-              max_num_seqs: int = 16, knobs: Knobs = Knobs()) -> Setup:
+              max_num_seqs: int = 16, knobs: Knobs = Knobs(), sync_spec: bool = True) -> Setup:
     """The Setup a drawn depth (1: the sync Scheduler; 2, 3: the AsyncScheduler), KV-cache size and draft count
     mean.
 
     vLLM starts an engine only when ``max_model_len`` tokens fit its KV cache, and one block of the pool is its
     null block, so ``max_model_len`` is what ``num_blocks - 1`` blocks hold (at most :data:`MAX_MODEL_LEN`).
-    Scripted speculative decoding exists only for the AsyncScheduler (``Setup``), so the sync one drafts nothing.
+    Drafts are scripted for both schedulers (the sync one gets them as the worker's draft ids); ``sync_spec``
+    False keeps the sync Scheduler draftless (a release whose sync Scheduler cannot be built with drafts).
     """
     if num_blocks < MIN_BLOCKS:
         raise ValueError(f"num_blocks={num_blocks}: at least {MIN_BLOCKS} (vLLM's null block plus two)")
     is_async = depth > 1
-    spec = spec_tokens if is_async else 0
+    spec = spec_tokens if is_async or sync_spec else 0
     return Setup(scheduler="async" if is_async else "sync", depth=depth, num_blocks=num_blocks,
                  block_size=BLOCK_SIZE, max_num_seqs=max_num_seqs,
                  max_num_batched_tokens=max(knobs.budget, max_num_seqs),
                  max_model_len=min(MAX_MODEL_LEN, (num_blocks - 1) * BLOCK_SIZE),
                  enable_prefix_caching=not knobs.no_prefix_caching,
                  spec_tokens=spec, spec_accepted=min(spec_accepted, spec), max_steps=FUZZ_MAX_STEPS,
-                 policy=knobs.policy, long_prefill_token_threshold=knobs.long_prefill, log_stats=knobs.log_stats)
+                 policy=knobs.policy, long_prefill_token_threshold=knobs.long_prefill, log_stats=knobs.log_stats,
+                 kv_consumer=knobs.kv_consumer)
 
 
 def prompt_tokens(first: int, length: int) -> tuple[int, ...]:
@@ -77,11 +82,11 @@ def prompt_tokens(first: int, length: int) -> tuple[int, ...]:
 
 
 def drawn_setup(depths: Sequence[int], spec_tokens: Sequence[int], depth_i: int, num_blocks: int, k_i: int,
-                accepted: int, max_num_seqs: int, knobs: Knobs = Knobs()) -> Setup:
+                accepted: int, max_num_seqs: int, knobs: Knobs = Knobs(), sync_spec: bool = True) -> Setup:
     """The Setup of raw draws, mapped onto a run's choices (indices taken modulo their number, so the rules are
     written once for every run and shrink towards the first choice)."""
     return setup_for(depths[depth_i % len(depths)], num_blocks, spec_tokens[k_i % len(spec_tokens)], accepted,
-                     max_num_seqs, knobs)
+                     max_num_seqs, knobs, sync_spec)
 
 
 def fit_request(setup: Setup, rid: str, prompt: Sequence[int], max_tokens: int, priority: int = 0) -> RequestSpec:
@@ -104,6 +109,7 @@ class FuzzState:
     ops: list[Op] = field(default_factory=list)
     paused: bool = False
     torn_down: bool = False  # the teardown's ops are among ``ops``
+    closed: set[str] = field(default_factory=set)  # sessions whose input stream was closed
 
     # ------------------------------------------------------------------ preconditions
 
@@ -118,15 +124,43 @@ class FuzzState:
 
     # ------------------------------------------------------------------ operations
 
-    def add(self, prompt: Sequence[int], max_tokens: int, priority: int = 0) -> tuple[Op, RequestSpec]:
-        req = fit_request(self.setup, f"r{len(self.requests)}", prompt, max_tokens, priority)
+    def add(self, prompt: Sequence[int], max_tokens: int, priority: int = 0, session: bool = False
+            ) -> tuple[Op, RequestSpec]:
+        req = replace(fit_request(self.setup, f"r{len(self.requests)}", prompt, max_tokens, priority),
+                      session=session)
         self.requests.append(req)
         return Op("add", rid=req.rid), req
+
+    def open_sessions(self) -> list[str]:
+        return [r.rid for r in self.requests if r.session and r.rid not in self.closed]
+
+    def feed(self, rid: str, prompt: Sequence[int], max_tokens: int) -> tuple[Op, RequestSpec] | None:
+        """Session ``rid``'s next chunk, cut so every turn so far, outputs included, stays within max_model_len
+        (vLLM keeps a session's earlier turns as context); None when no room is left."""
+        i = next(k for k, r in enumerate(self.requests) if r.rid == rid)
+        req = self.requests[i]
+        room = self.setup.max_model_len - sum(len(p) + m for p, m in req.turns)
+        if room < 2:
+            return None
+        kept = tuple(prompt[: room - 1])
+        self.requests[i] = replace(req, chunks=(*req.chunks, (kept, max(1, min(max_tokens, room - len(kept))))))
+        return Op("feed", rid=rid), self.requests[i]
+
+    def close(self, rid: str) -> Op:
+        self.closed.add(rid)
+        return Op("close", rid=rid)
 
     def reset(self, in_flight: int | None) -> Op:
         """A reset as an engine core can meet it: between two iterations at most D-1 frames are in flight
         (``EngineCore.step_with_batch_queue`` processes the oldest as soon as D are), so more is clamped to
         D-1; None resets with whatever is in flight."""
+        if self.setup.kv_consumer and self.setup.depth > 1:
+            # With a consumer KV connector and frames in flight vLLM defers the preempted requests' block frees
+            # (PR #45357), and 0.32's reset_prefix_cache(reset_running_requests=True) then refuses: "Failed to
+            # reset KV cache even when all the running requests are preempted ... not supported yet"
+            # (RuntimeError, scheduler.py).  A reset is drawn drained there, as a pause that waits for the engine
+            # to idle first resets (the refusal is reported, not fuzzed: docs/fuzzing.md).
+            return Op("reset", in_flight=0)
         if in_flight is None:
             return Op("reset")
         return Op("reset", in_flight=min(in_flight, self.setup.depth - 1))
@@ -136,14 +170,25 @@ class FuzzState:
         """Abort one of the running requests (``pick`` modulo their number); None when none runs."""
         return Op("abort", rid=running[pick % len(running)]) if running else None
 
+    @staticmethod
+    def abort_many(submitted: Sequence[str], picks: Sequence[int]) -> Op | None:
+        """One batched abort of several submitted requests (``picks`` modulo their number, each once, in pick
+        order); None unless two or more are picked."""
+        rids = tuple(dict.fromkeys(submitted[p % len(submitted)] for p in picks)) if submitted else ()
+        return Op("abort_many", rids=rids) if len(rids) > 1 else None
+
     def record(self, op: Op) -> None:
         self.ops.append(op)
+        if op.op == "close" and op.rid is not None:
+            self.closed.add(op.rid)
         if op.op in ("pause", "resume"):
             self.paused = op.op == "pause"
 
     def teardown_ops(self) -> list[Op]:
-        """Run to completion: resume first if paused (a paused scheduler schedules nothing)."""
-        return [*([Op("resume")] if self.paused else []), Op("run")]
+        """Run to completion: resume first if paused (a paused scheduler schedules nothing), and close every open
+        session (one waiting for input is not unfinished work to vLLM)."""
+        return [*([Op("resume")] if self.paused else []), *(Op("close", rid=r) for r in self.open_sessions()),
+                Op("run")]
 
     def script(self) -> Script:
         """The replayable script of this example: the ops it applied, then the teardown's unless they ran already
@@ -211,15 +256,28 @@ def reductions(script: Script) -> Iterator[Script]:
     for req in script.requests:
         if len(script.requests) > 1:
             yield Script(script.setup, tuple(r for r in script.requests if r.rid != req.rid),
-                         tuple(o for o in ops if o.rid != req.rid))
+                         tuple(without(ops, req.rid)))
     for i, op in enumerate(ops):
         if op.op == "pause":  # either mode
             j = next((k for k in range(i + 1, len(ops)) if ops[k].op == "resume"), None)
             if j is not None:
                 yield Script(script.setup, script.requests, tuple(o for k, o in enumerate(ops) if k not in (i, j)))
     for i, op in enumerate(ops):
-        if op.op not in ("add", "resume") and not (op.op == "run" and i == len(ops) - 1):
+        # Never one add (its request's ops would dangle), resume (a pause left on stalls the run) or close (a
+        # session left open never finishes): each would fail for a reason of its own, not alike.
+        if op.op not in ("add", "resume", "close") and not (op.op == "run" and i == len(ops) - 1):
             yield Script(script.setup, script.requests, tuple(ops[:i] + ops[i + 1:]))
+
+
+def without(ops: Sequence[Op], rid: str) -> Iterator[Op]:
+    """``ops`` without request ``rid``: the ops naming only it go, a batched abort keeps the others' ids (and
+    becomes a single abort when one is left)."""
+    for op in ops:
+        if rid not in op.named:
+            yield op
+        elif op.rids is not None and len(op.rids) > 1:
+            rest = tuple(r for r in op.rids if r != rid)
+            yield Op("abort_many", rids=rest) if len(rest) > 1 else Op("abort", rid=rest[0])
 
 
 def minimise(script: Script, fails: Callable[[Script], bool], budget: int = 300) -> Script:

@@ -59,8 +59,17 @@ def missing(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 Arc = tuple[int, int]
 
 # Functions of scheduler.py no CPU scheduler-tier run can enter, and why: the tier builds vLLM's scheduler for the
-# text-only bigram checkpoint (full attention), with no KV connector, LoRA or structured output.  Their statements
-# and branches are left out of ``reachable`` (named in ``unreachable``); everything else counts as reachable.
+# text-only bigram checkpoint (full attention), with at most a KV connector that moves nothing
+# (repro/sched/null_connector.py, Setup.kv_consumer), no LoRA and no structured output.  Their statements and
+# branches are left out of ``reachable`` (named in ``unreachable``); everything else counts as reachable, whole
+# functions even where only part of one can run (so the figure is conservative).  Not here although they deal with
+# KV connectors, because the null consumer connector runs them: _connector_finished, _build_kv_connector_meta,
+# _drain_deferred_frees and _drain_deferred_loads (0.33; both run after every step once a consumer connector
+# defers block frees with D >= 2, PR #45357), _handle_blocked_waiting_request and _set_kv_fetch_stage (every
+# waiting request passes them), _update_from_kv_xfer_finished (a worker with a connector returns a
+# KVConnectorOutput with every step, empty for this one), reset_connector_cache (reset_prefix_cache(
+# reset_connector=True), EngineCore's pause with clear_cache); nor get_grammar_bitmask (EngineCore asks for it
+# before sampling every step; it returns None without a grammar).
 CPU_UNREACHABLE: dict[str, str] = {
     **dict.fromkeys((
         "_try_schedule_encoder_inputs", "_free_encoder_inputs", "_free_encoder_input", "_allocate_encoder_inputs",
@@ -69,13 +78,14 @@ CPU_UNREACHABLE: dict[str, str] = {
         "multimodal encoder inputs: the checkpoint is text-only"),
     **dict.fromkeys((
         "_update_requests_with_invalid_blocks", "_handle_invalid_blocks", "_update_waiting_for_remote_kv",
-        "_update_from_kv_xfer_finished", "_connector_finished", "_handle_failed_recving", "reset_connector_cache",
-        "_set_kv_fetch_stage", "get_kv_connector", "_build_kv_connector_meta", "_drain_deferred_frees",
-        "_free_cow_retained_blocks", "_handle_blocked_waiting_request", "_load_restores_replay_window",
-        "_drain_deferred_loads"),
-        "a KV connector (remote KV loads, deferred frees of a KV consumer): none runs on this tier"),
+        "_handle_failed_recving",
+        "_load_restores_replay_window"),
+        "KV transfers (remote KV loads, failed or invalid blocks): the tier's connector moves nothing"),
+    "get_kv_connector": "EngineCore's getter (start-up and KV events); the scheduler itself never calls it",
+    "_free_cow_retained_blocks": "copy-on-write of partial prefix hits, which need Mamba 'align' groups",
     "_mamba_block_aligned_split": "hybrid (Mamba) models: the checkpoint has full attention only",
-    "get_grammar_bitmask": "structured output: no grammar backend is driven",
+    "update_draft_token_ids_in_output": "structured output: EngineCore calls it only for a step whose sampling "
+                                        "waits on a grammar (pending_structured_output_tokens)",
 }
 
 
@@ -169,7 +179,29 @@ class Reach:
         self.reporters: dict[str, Any] = {}
         self.cost_cpu_s = 0.0  # CPU seconds spent on snapshots (the measurement's, not the examples')
         self.cost_wall_s = 0.0
+        self.paused = False
         self.cov.start()
+
+    # Tracing only while vLLM's code can run: the fuzzer pauses it between the examples' rules (Hypothesis' own
+    # drawing, shrinking and bookkeeping never enter vLLM's files, yet a tracer slows every Python line), and
+    # resumes it around every rule, set-up and teardown (repro.sched.fuzzrun.FuzzRun.traced).  coverage.py's
+    # Collector has pause/resume for this (what Coverage.start/stop do without building new tracers); where a
+    # release lacks them the tracer simply stays on.
+    def _collector(self) -> Any:
+        collector = getattr(self.cov, "_collector", None)
+        return collector if hasattr(collector, "pause") and hasattr(collector, "resume") else None
+
+    def pause(self) -> None:
+        collector = self._collector()
+        if collector is not None and not self.paused:
+            collector.pause()
+            self.paused = True
+
+    def resume(self) -> None:
+        collector = self._collector()
+        if collector is not None and self.paused:
+            collector.resume()
+            self.paused = False
 
     def core(self) -> str:
         """The tracer coverage.py runs with (CTracer; PyTracer where the staged C extension does not fit this
@@ -192,6 +224,10 @@ class Reach:
                 {n: frozenset(data.arcs(f) or ()) for n, f in files.items()}))
         finally:
             self.cov.start()
+            if self.paused:  # start() traces afresh: paused as it was
+                collector = self._collector()
+                if collector is not None:
+                    collector.pause()
             self.cost_wall_s += time.monotonic() - t0
             self.cost_cpu_s += time.process_time() - c0
 

@@ -48,11 +48,19 @@ OP_KINDS: dict[str, str] = {
     "pop": "process the oldest in-flight frame (update_from_output)",
     "drain": "process every in-flight frame without scheduling, as a keep-mode pause does",
     "reset": "reset_prefix_cache(reset_running_requests=True); with `in_flight` set, first fill, then pop "
-             "until that many frames remain in flight",
+             "until that many frames remain in flight; with `connector`, reset_connector=True as well (what "
+             "EngineCore's pause with clear_cache passes from 0.2x on; the KV connector's cache is reset too)",
     "pause": "set_pause_state(PAUSED_ALL) (keep mode), or PAUSED_NEW with `mode` \"new\"; `optional` skips it "
              "where the scheduler has no pause state",
     "resume": "set_pause_state(UNPAUSED); `optional` as for pause",
     "abort": "finish_requests(rid, FINISHED_ABORTED), with whatever frames are in flight",
+    "feed": "add_request of the next chunk of session `rid` (the same id, resumable): a streaming-input "
+            "session's next turn",
+    "close": "add_request of session `rid`'s final sentinel (not resumable): the input stream ended",
+    "abort_many": "finish_requests([rids...], FINISHED_ABORTED): EngineCore's batched abort of every id its "
+                  "aborts queue holds (finished ones too: a client may abort a request that just finished)",
+    "abort_all": "finish_requests(None, FINISHED_ABORTED): what EngineCore's pause in \"abort\" mode and its "
+                 "shutdown do",
     "run": "step until every request has finished and no frame is in flight",
 }
 
@@ -73,7 +81,9 @@ class Setup:
     max_num_batched_tokens: int = 256
     max_model_len: int = 256
     enable_prefix_caching: bool = True
-    spec_tokens: int = 0  # k draft tokens per decode step (scripted speculative decoding)
+    # k draft tokens per decode step (scripted speculative decoding): placeholders for the AsyncScheduler, the
+    # worker's draft ids (update_draft_token_ids after each step, as EngineCore.post_step) for the sync one
+    spec_tokens: int = 0
     spec_accepted: int = 0  # how many of the k drafts each step accepts
     max_steps: int = 5000  # bound on iterations of one step_until / run (a hang is a finding, not a wait)
     policy: str = "fcfs"  # the scheduling policy: fcfs, or priority (RequestSpec.priority; preempts by it)
@@ -103,10 +113,6 @@ class Setup:
         if self.policy not in POLICIES or self.long_prefill_token_threshold < 0:
             raise ScriptError(f"policy={self.policy!r} (valid: {list(POLICIES)}), long_prefill_token_threshold="
                               f"{self.long_prefill_token_threshold} (>= 0)")
-        if self.spec_tokens and self.scheduler == "sync":
-            # The sync Scheduler takes real draft ids from the worker (update_draft_token_ids) each step;
-            # only the AsyncScheduler's placeholder drafts are scripted here.
-            raise ScriptError("scripted speculative decoding needs the async scheduler")
         if self.spec_tokens < 0 or not 0 <= self.spec_accepted <= self.spec_tokens:
             raise ScriptError(f"spec_tokens={self.spec_tokens}, spec_accepted={self.spec_accepted}: "
                               "need 0 <= spec_accepted <= spec_tokens")
@@ -122,14 +128,31 @@ class RequestSpec:
     prompt: tuple[int, ...]
     max_tokens: int
     priority: int = 0  # with Setup.policy "priority": lower runs first, the highest is preempted first
+    # A streaming-input session (AsyncLLM.generate with an input stream): added resumable, then each ``feed`` op
+    # adds the next of ``chunks`` ((prompt, max_tokens) of a later turn) and ``close`` the final sentinel.
+    session: bool = False
+    chunks: tuple[tuple[tuple[int, ...], int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rid:
             raise ScriptError("a request needs a non-empty rid")
-        if not self.prompt:
+        if not self.prompt or any(not p for p, _ in self.chunks):
             raise ScriptError(f"request {self.rid}: empty prompt")
-        if self.max_tokens < 1:
+        if self.max_tokens < 1 or any(m < 1 for _, m in self.chunks):
             raise ScriptError(f"request {self.rid}: max_tokens={self.max_tokens} must be at least 1")
+        if self.chunks and not self.session:
+            raise ScriptError(f"request {self.rid}: only a session has later chunks")
+
+    @property
+    def turns(self) -> tuple[tuple[tuple[int, ...], int], ...]:
+        """Every turn's (prompt, max_tokens): the first, then the chunks."""
+        return ((self.prompt, self.max_tokens), *self.chunks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rid": self.rid, "prompt": list(self.prompt), "max_tokens": self.max_tokens,
+                **({"priority": self.priority} if self.priority else {}),
+                **({"session": True} if self.session else {}),
+                **({"chunks": [[list(p), m] for p, m in self.chunks]} if self.chunks else {})}
 
 
 @dataclass(frozen=True)
@@ -141,12 +164,17 @@ class Op:
     in_flight: int | None = None  # reset
     optional: bool = False  # pause, resume
     mode: str | None = None  # pause: PAUSE_STATES (None: keep)
+    rids: tuple[str, ...] | None = None  # abort_many
+    connector: bool = False  # reset: reset_connector=True too
 
     def __post_init__(self) -> None:
         if self.op not in OP_KINDS:
             raise ScriptError(f"unknown op {self.op!r}; valid: {sorted(OP_KINDS)}")
-        if self.op in ("add", "abort") and not self.rid:
+        if self.op in ("add", "abort", "feed", "close") and not self.rid:
             raise ScriptError(f"op {self.op} needs a rid")
+        if (self.op == "abort_many") != bool(self.rids) or (self.connector and self.op != "reset"):
+            raise ScriptError(f"op {self.op}: rids={self.rids!r}, connector={self.connector}: only abort_many has "
+                              "(and needs) rids, only reset has connector")
         if self.mode is not None and (self.op != "pause" or self.mode not in PAUSE_STATES):
             raise ScriptError(f"op {self.op}: mode={self.mode!r}; only pause has a mode, one of {list(PAUSE_STATES)}")
         if self.n < 1 or self.tokens < 0 or (self.in_flight is not None and self.in_flight < 0):
@@ -154,14 +182,25 @@ class Op:
 
     def to_dict(self) -> dict[str, Any]:
         """The op's JSON form: only the fields that differ from their defaults."""
-        return {"op": self.op, **{k: getattr(self, k) for k, d in _OP_DEFAULTS.items() if getattr(self, k) != d}}
+        out = {"op": self.op, **{k: getattr(self, k) for k, d in _OP_DEFAULTS.items() if getattr(self, k) != d}}
+        if self.rids is not None:
+            out["rids"] = list(self.rids)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Op:
-        unknown = set(data) - {"op", "rid", "n", "tokens", "in_flight", "optional", "mode"}
+        unknown = set(data) - {"op", "rid", "n", "tokens", "in_flight", "optional", "mode", "rids", "connector"}
         if unknown or "op" not in data:
             raise ScriptError(f"bad op {dict(data)}: needs 'op'; unknown keys {sorted(unknown)}")
-        return cls(**dict(data))
+        doc = dict(data)
+        if doc.get("rids") is not None:
+            doc["rids"] = tuple(str(r) for r in doc["rids"])
+        return cls(**doc)
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        """The requests this op names."""
+        return (self.rid,) if self.rid is not None else (self.rids or ())
 
 
 # Op's optional fields and their defaults (every executed op is logged as its JSON form).
@@ -179,9 +218,18 @@ class Script:
         if len(set(rids)) != len(rids):
             raise ScriptError(f"duplicate request ids: {rids}")
         added: set[str] = set()
+        sessions = {r.rid: r for r in self.requests if r.session}
+        fed: dict[str, int] = {}
         for op in self.ops:
-            if op.rid is not None and op.rid not in rids:
-                raise ScriptError(f"op {op.op} names unknown request {op.rid!r}")
+            if op.op in ("feed", "close") and op.rid not in sessions:
+                raise ScriptError(f"op {op.op} names {op.rid!r}, which is not a streaming-input session")
+            if op.op == "feed":
+                fed[op.rid or ""] = fed.get(op.rid or "", 0) + 1
+                if fed[op.rid or ""] > len(sessions[op.rid or ""].chunks):
+                    raise ScriptError(f"session {op.rid}: more feed ops than chunks")
+            unknown = [r for r in op.named if r not in rids]
+            if unknown:
+                raise ScriptError(f"op {op.op} names unknown request {unknown[0]!r}")
             if op.op == "add":
                 if op.rid in added:
                     raise ScriptError(f"request {op.rid} added twice")
@@ -193,8 +241,7 @@ class Script:
         """The params of the ``ops`` scenario that replays this script exactly."""
         return {
             **asdict(self.setup),
-            "requests": [{"rid": r.rid, "prompt": list(r.prompt), "max_tokens": r.max_tokens,
-                          **({"priority": r.priority} if r.priority else {})} for r in self.requests],
+            "requests": [r.to_dict() for r in self.requests],
             "ops": [op.to_dict() for op in self.ops],
         }
 
@@ -359,13 +406,15 @@ def explicit_ops(params: Mapping[str, Any], vocab_size: int, seed: int) -> Scrip
     setup = _setup_from(params)
     try:
         reqs = tuple(RequestSpec(str(r["rid"]), tuple(int(t) for t in r["prompt"]), int(r["max_tokens"]),
-                                 int(r.get("priority", 0))) for r in params["requests"])
+                                 int(r.get("priority", 0)), bool(r.get("session", False)),
+                                 tuple((tuple(int(t) for t in c[0]), int(c[1])) for c in r.get("chunks", ())))
+                     for r in params["requests"])
         ops = tuple(Op.from_dict(o) for o in params["ops"])
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, IndexError) as exc:
         raise ScriptError(f"ops scenario needs requests [{{rid, prompt, max_tokens}}] and ops [...]: {exc!r}") \
             from exc
     for r in reqs:
-        if any(not 0 <= t < vocab_size for t in r.prompt):
+        if any(not 0 <= t < vocab_size for p, _ in r.turns for t in p):
             raise ScriptError(f"request {r.rid}: prompt token outside the vocabulary (0..{vocab_size - 1})")
     return Script(setup, reqs, ops)
 

@@ -81,7 +81,7 @@ PLANS: list[tuple[Any, list[str]]] = [
     ({"tier": "scheduler"}, ["script: missing"]),
     ({"tier": "scheduler", "script": "ops"}, ["script:", "an op script object"]),
     ({"tier": "scheduler", "script": {**SCRIPT, "ops": [{"op": "explode"}]}},
-     ["script.ops[0].op:", "one of abort, add", "'explode'"]),
+     ["script.ops[0].op:", "one of abort, abort_all, abort_many, add", "'explode'"]),
     ({"tier": "scheduler", "script": {**SCRIPT, "ops": [{"op": "step", "n": 0}]}}, ["script.ops[0].n:", "found 0"]),
     ({"tier": "scheduler", "script": {**SCRIPT, "depth": 7}}, ["script.depth:", "from 1 to 3", "found 7"]),
     ({"tier": "scheduler", "script": {**SCRIPT, "scheduler": "fifo"}}, ["script.scheduler:", "one of async, sync"]),
@@ -289,3 +289,20 @@ def test_every_setup_field_the_fuzzer_writes_reads_back() -> None:
     assert check_plan(plan, "p.json")["script"]["policy"] == "priority"
     with pytest.raises(BadInput, match="policy"):
         check_plan({**plan, "script": {**plan["script"], "policy": "lifo"}}, "p.json")
+
+
+def test_the_sessions_batched_aborts_and_connector_resets_the_fuzzer_writes_read_back() -> None:
+    from harness.plan.plan_file import check_plan
+
+    reqs = [{"rid": "r0", "prompt": [3], "max_tokens": 2, "session": True, "chunks": [[[4, 5], 3]]},
+            {"rid": "r1", "prompt": [6], "max_tokens": 2}]
+    ops = [{"op": "add", "rid": "r0"}, {"op": "add", "rid": "r1"}, {"op": "feed", "rid": "r0"},
+           {"op": "reset", "in_flight": 0, "connector": True}, {"op": "abort_many", "rids": ["r0", "r1"]},
+           {"op": "abort_all"}, {"op": "close", "rid": "r0"}, {"op": "run"}]
+    plan = {"tier": "scheduler", "script": {"scheduler": "sync", "depth": 1, "spec_tokens": 2, "kv_consumer": True,
+                                            "requests": reqs, "ops": ops}}
+    assert check_plan(plan, "p.json")["script"]["ops"] == ops
+    with pytest.raises(BadInput, match="not a streaming-input session"):
+        check_plan({**plan, "script": {**plan["script"], "ops": [*ops[:2], {"op": "feed", "rid": "r1"}]}}, "p.json")
+    with pytest.raises(BadInput, match="chunks"):
+        check_plan({**plan, "script": {**plan["script"], "requests": [{**reqs[0], "chunks": [[[4], 0]]}]}}, "p.json")

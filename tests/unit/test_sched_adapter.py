@@ -50,3 +50,42 @@ def test_crash_site_is_the_innermost_vllm_frame_with_its_source() -> None:
         ns["outer"]()
     except KeyError as exc:
         assert vllm_crash_site(exc) == ("vllm/v1/core/sched/scheduler.py:2:inner", "")
+
+
+def test_one_model_config_serves_setups_only_where_create_model_config_reads_no_scheduler_argument() -> None:
+    from repro.sched.adapter import model_config_reusable
+
+    class Reads:
+        max_model_len = 64
+
+        def create_model_config(self) -> Any:
+            return self.max_model_len  # a ModelConfig input (MODEL_FIELDS)
+
+    class AlsoReadsTheScheduler(Reads):
+        max_num_seqs = 2
+
+        def create_model_config(self) -> Any:
+            return (self.max_model_len, self.max_num_seqs)  # would differ between setups of one key
+
+    assert model_config_reusable(Reads) and not model_config_reusable(AlsoReadsTheScheduler)
+    assert not model_config_reusable(object), "no create_model_config: no reuse"
+
+
+def test_each_config_gets_its_own_deep_copy_of_the_reused_model_config() -> None:
+    from repro.sched.adapter import Adapter
+
+    adapter = Adapter.__new__(Adapter)  # no vLLM here: only the memo is exercised
+    adapter._model_configs = {}
+    made: list[dict[str, list[int]]] = []
+
+    def make() -> dict[str, list[int]]:
+        made.append({"hf": [1]})
+        return made[-1]
+
+    kwargs = {"model": "m", "max_model_len": 64, "max_num_seqs": 2}
+    first = adapter._model_config_of(make, kwargs)()
+    first["hf"].append(2)  # what create_engine_config may do to its ModelConfig stays its own
+    again = adapter._model_config_of(make, {**kwargs, "max_num_seqs": 4})()
+    assert len(made) == 1 and again == {"hf": [1]} and again is not first
+    adapter._model_config_of(make, {**kwargs, "max_model_len": 32})()
+    assert len(made) == 2, "another max_model_len is another ModelConfig"

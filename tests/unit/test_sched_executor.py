@@ -269,3 +269,52 @@ def test_a_resumed_request_samples_once_its_tokens_are_computed_whatever_is_pref
     # A chunk short of the tokens the worker was sent samples nothing.
     req.num_computed_tokens = 4
     assert ex._positions(resumed) == {"a": []}
+
+
+def test_batched_aborts_abort_the_running_ones_and_leave_finished_ids_to_the_scheduler() -> None:
+    # EngineCore's aborts queue: several ids at once (a finished one among them), or None for every request.
+    reqs = [{"rid": f"r{i}", "prompt": [3 + i], "max_tokens": 2 + 6 * i} for i in range(3)]
+    ops = [{"op": "add", "rid": r["rid"]} for r in reqs] + [
+        {"op": "step_until", "tokens": 2}, {"op": "abort_many", "rids": ["r0", "r1"]}, {"op": "run"}]
+    ex = _play("ops", {"scheduler": "async", "depth": 2, "requests": reqs, "ops": ops}, ToyScheduler())
+    recs = {r["rid"]: r for r in ex.records()}
+    assert recs["r0"]["finish_reason"] == "length", "r0 had finished: its id is skipped, not an abort"
+    assert recs["r1"]["finish_reason"] == "abort" and recs["r2"]["finish_reason"] == "length"
+    assert [e.get("aborted") for e in ex.log if e["op"]["op"] == "abort_many"] == [["r1"]]
+    assert cell_verdict(stream_records(ex.records())).outcome is Outcome.OK
+    ops_all = [*ops[:3], {"op": "step", "n": 2}, {"op": "abort_all"}, {"op": "run"}]
+    ex = _play("ops", {"scheduler": "async", "depth": 2, "requests": reqs, "ops": ops_all}, ToyScheduler())
+    assert all(r["finish_reason"] == "abort" for r in ex.records()), "abort_all: every request still running"
+
+
+def test_a_session_stream_is_its_turns_in_order() -> None:
+    # Each turn's output positions count from 0, walked from that turn's prompt; the stream is their sequence.
+    st = Executor(build_script("ops", {"requests": [{"rid": "s", "prompt": [3], "max_tokens": 2, "session": True,
+                                                      "chunks": [[[7, 8], 3]]}], "ops": []}, VOCAB),
+                  ToyScheduler(), ToyBuilder(), PERM).streams["s"]
+    st.fed(PERM, [3], 2)
+    st.fed(PERM, [7, 8], 3)
+    assert st.max_tokens == 5
+    assert st.reference[:5] == [PERM[3], PERM[PERM[3]], PERM[8], PERM[PERM[8]], PERM[PERM[PERM[8]]]]
+
+
+def test_the_sync_scheduler_gets_the_drafters_ids_after_every_step_that_ran() -> None:
+    class Drafting(ToyScheduler):
+        def __init__(self) -> None:
+            super().__init__(async_=False)
+            self.drafts: list[Any] = []
+
+        def update_draft_token_ids(self, ids: Any) -> None:
+            self.drafts.append(ids)
+
+    class DraftBuilder(ToyBuilder):
+        def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any:
+            return SimpleNamespace(req_ids=req_ids, draft_token_ids=drafts)
+
+    sched = Drafting()
+    reqs = [{"rid": "r0", "prompt": [3], "max_tokens": 3}]
+    _play("ops", {"scheduler": "sync", "depth": 1, "spec_tokens": 2, "requests": reqs,
+                  "ops": [{"op": "add", "rid": "r0"}, {"op": "run"}]}, sched, DraftBuilder())
+    assert sched.drafts and all(d.req_ids == ["r0"] and len(d.draft_token_ids[0]) == 2 for d in sched.drafts)
+    # A drafter that guesses right: the ids are the tokens of the positions the next step samples.
+    assert sched.drafts[0].draft_token_ids[0] == [PERM[PERM[3]], PERM[PERM[PERM[3]]]]

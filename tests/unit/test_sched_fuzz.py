@@ -65,7 +65,10 @@ def test_the_machine_finds_nothing_in_a_fixed_scheduler_and_says_what_it_covered
     assert out["status"] == "ran" and out["falsifying"] is None and out["examples_to_failure"] is None
     assert out["examples"] >= 20 and out["cpu_s"] > 0
     cov = out["coverage"]
-    assert {"add", "step", "reset", "run"} <= set(cov["ops"]) and set(cov["setups"]) == {"D=1", "D=2", "D=3"}
+    assert {"add", "step", "reset", "run"} <= set(cov["ops"])
+    assert {s.split(",")[0] for s in cov["setups"]} == {"D=1", "D=2", "D=3"}
+    # The richer rules of issue 23 are drawn too: batched aborts, and the null consumer KV connector.
+    assert {"abort_many", "abort_all"} <= set(cov["ops"]) and any(s.endswith(",kv") for s in cov["setups"])
     assert cov["finished_by_length"] > 0
 
 
@@ -77,7 +80,9 @@ def test_setups_a_release_cannot_build_are_dropped_with_the_reason() -> None:
         return ToyScheduler(async_=setup.is_async)
 
     out = run_fuzz(ToyAdapter(build), Path("."), PERM, FuzzSpec(examples=5, steps=5, seed=0))
-    assert out["status"] == "ran" and out["dropped"] == {"depth=3": "no batch queue of 3 here"}
+    assert out["status"] == "ran" and out["dropped"]["depth=3"] == "no batch queue of 3 here"
+    # The toy builds no resumable request: no sessions are drawn, and the run says why.
+    assert set(out["dropped"]) == {"depth=3", "streaming-input sessions"} and "feed" not in out["coverage"]["ops"]
     assert out["settings"]["depths"] == [1, 2] and "D=3" not in out["coverage"]["setups"]
 
     def never(setup: Any) -> ToyScheduler:
@@ -206,7 +211,8 @@ def test_a_scheduler_plan_refuses_engine_options_and_bad_scripts(tmp_path: Path,
     assert "--async and --executor apply to engine-tier plans only" in capsys.readouterr().err
     plan.write_text(json.dumps({"tier": "scheduler", "script": {"requests": [], "ops": [{"op": "explode"}]}}))
     assert main(["plan", str(plan), "--versions", "0.21.0", "--platform", "cpu"]) == 2
-    assert "script.ops[0].op: expected one of abort, add, drain" in capsys.readouterr().err
+    assert "script.ops[0].op: expected one of abort, abort_all, abort_many, add, close, drain" in \
+        capsys.readouterr().err
     plan.write_text(json.dumps({"tier": "model", "requests": []}))
     assert main(["plan", str(plan), "--versions", "0.21.0"]) == 2
     assert "tier: expected one of engine, scheduler, found 'model'" in capsys.readouterr().err
@@ -299,3 +305,26 @@ def test_what_a_cpu_run_cannot_reach_is_left_out_by_function_and_named() -> None
     assert out["percent"] == 66.7
     assert out["unreachable"] == {"_try_schedule_encoder_inputs": "multimodal encoder inputs"}
     assert out["missed_by_function"] == {"schedule": 2}
+
+
+@pytest.mark.unit
+def test_reach_is_traced_only_inside_the_rules_and_nesting_pauses_once() -> None:
+    from repro.sched.fuzzrun import FuzzRun, FuzzStats
+
+    class Tracer:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def resume(self) -> None:
+            self.calls.append("resume")
+
+        def pause(self) -> None:
+            self.calls.append("pause")
+
+    tracer = Tracer()
+    run = FuzzRun(None, Path("."), PERM, FuzzSpec(examples=1, steps=1, seed=0), FuzzStats(), tracer)
+    assert run.traced(lambda: run.traced(lambda: 7)) == 7  # the set-up's adds run inside the set-up
+    with pytest.raises(ZeroDivisionError):
+        run.traced(lambda: 1 / 0)
+    assert tracer.calls == ["resume", "pause", "resume", "pause"] and not run.tracing
+    assert FuzzRun(None, Path("."), PERM, FuzzSpec(examples=1, steps=1, seed=0), FuzzStats()).traced(lambda: 3) == 3

@@ -4,6 +4,7 @@ preconditions, the replayable script, and the oracle of positions."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -24,6 +25,7 @@ from repro.sched.opmodel import (
     reductions,
     setup_for,
     stream_fault,
+    without,
 )
 from repro.sched.script import REFERENCE_SLACK, Op, Script, build_script, reference_stream, token_at
 
@@ -41,8 +43,10 @@ def test_a_drawn_setup_is_one_an_engine_starts_with(depth: int, blocks: int, k: 
     # max_model_len tokens fit the blocks left beside vLLM's null block: no request can outgrow the cache.
     assert s.max_model_len <= (blocks - 1) * BLOCK_SIZE and s.max_model_len <= MAX_MODEL_LEN
     assert s.max_model_len == min(MAX_MODEL_LEN, (blocks - 1) * BLOCK_SIZE)
-    # Scripted drafts exist for the async scheduler only; never more accepted than drafted.
-    assert s.spec_tokens == (k if depth > 1 else 0) and s.spec_accepted <= s.spec_tokens
+    # Drafts are scripted for both schedulers (the sync one gets them as the worker's draft ids), unless the
+    # release's sync Scheduler cannot draft; never more accepted than drafted.
+    assert s.spec_tokens == k and s.spec_accepted <= s.spec_tokens
+    assert setup_for(depth, blocks, k, accepted, sync_spec=False).spec_tokens == (k if depth > 1 else 0)
 
 
 def test_too_few_blocks_for_any_request_is_refused() -> None:
@@ -112,6 +116,12 @@ def test_abort_picks_a_running_request_or_nothing() -> None:
     assert FuzzState.abort(["r0", "r2"], 0) == Op("abort", rid="r0")
 
 
+def test_a_batched_abort_names_two_or_more_requests_once() -> None:
+    assert FuzzState.abort_many([], [0, 1]) is None
+    assert FuzzState.abort_many(["r0", "r1"], [0, 2]) is None, "both picks are r0: one id is a plain abort"
+    assert FuzzState.abort_many(["r0", "r1", "r2"], [2, 0, 5]) == Op("abort_many", rids=("r2", "r0"))
+
+
 def test_the_script_replays_what_the_example_did_and_runs_to_completion() -> None:
     state = _state(depth=3)
     for op in (state.add((5, 6), 4)[0], Op("step", n=2), state.reset(2), Op("pause")):
@@ -172,6 +182,35 @@ def test_minimise_drops_what_the_failure_does_not_need() -> None:
     assert [o.op for o in small.ops] == ["add", "reset", "run"] and [r.rid for r in small.requests] == ["r1"]
     assert small.ops[-1] == Op("run"), "the teardown's run stays: a replay still runs to completion"
     assert minimise(script, lambda s: False) == script
+    # A batched abort loses the id of a request cut away, and becomes a single abort with one id left.
+    assert list(without([Op("abort_many", rids=("r0", "r1", "r2")), Op("add", rid="r1")], "r1")) == \
+        [Op("abort_many", rids=("r0", "r2"))]
+    assert list(without([Op("abort_many", rids=("r0", "r1"))], "r0")) == [Op("abort", rid="r1")]
     for smaller in reductions(script):
         assert len(smaller.ops) < len(script.ops)
         build_script("ops", smaller.to_dict(), VOCAB)  # every reduction is a valid script
+
+
+def test_a_session_is_fed_within_max_model_len_and_closed_at_teardown() -> None:
+    state = _state(depth=2, max_requests=4)
+    op, req = state.add((5,) * 10, 16, session=True)
+    state.record(op)
+    assert req.session and state.open_sessions() == ["r0"]
+    # max_model_len 112 (8 blocks): every turn so far, outputs included, stays within it.
+    fed = state.feed("r0", (6,) * 200, 16)
+    assert fed is not None and fed[0] == Op("feed", rid="r0")
+    state.record(fed[0])
+    turns = state.requests[0].turns
+    assert sum(len(p) + m for p, m in turns) <= state.setup.max_model_len and len(turns) == 2
+    assert state.feed("r0", (6,), 4) is None, "no room is left"
+    script = state.script()
+    assert script.ops[-2:] == (Op("close", rid="r0"), Op("run")), "an open session is closed before the run"
+    assert all(Op("close", rid="r0") in s.ops for s in reductions(script)), "a close is never cut alone"
+    build_script("ops", script.to_dict(), VOCAB)
+    state.record(state.close("r0"))
+    assert state.open_sessions() == [] and state.script().ops[-1] == Op("run")
+
+
+def test_a_reset_with_a_consumer_kv_connector_is_drawn_drained() -> None:
+    state = FuzzState(replace(setup_for(3, 8), kv_consumer=True), True, 4)
+    assert state.reset(2) == Op("reset", in_flight=0) and state.reset(None) == Op("reset", in_flight=0)

@@ -51,24 +51,30 @@ def test_setup_validation() -> None:
     assert Setup().is_async and Setup().depth == 2
     for bad in ({"scheduler": "fast"}, {"depth": 0}, {"depth": 4}, {"scheduler": "sync", "depth": 2},
                 {"num_blocks": 0}, {"spec_tokens": 1, "spec_accepted": 2},
-                {"scheduler": "sync", "depth": 1, "spec_tokens": 2}, {"scheduler": "async", "depth": 1}):
+                {"scheduler": "async", "depth": 1}):
         with pytest.raises(ScriptError):
             Setup(**bad)  # type: ignore[arg-type]
+    # The sync Scheduler drafts too: the executor hands it the worker's draft ids (update_draft_token_ids).
+    assert Setup(scheduler="sync", depth=1, spec_tokens=2, spec_accepted=1).spec_tokens == 2
 
 
 def test_op_model_round_trips_through_json() -> None:
     ops = [Op("add", rid="a"), Op("step", n=3), Op("step_until", tokens=4), Op("reset", in_flight=2),
-           Op("pause", optional=True), Op("drain"), Op("abort", rid="a"), Op("run")]
+           Op("pause", optional=True), Op("drain"), Op("abort", rid="a"), Op("run"),
+           Op("abort_many", rids=("a", "b")), Op("abort_all"), Op("reset", connector=True)]
     for op in ops:
         assert Op.from_dict(json.loads(json.dumps(op.to_dict()))) == op
     assert Op("run").to_dict() == {"op": "run"}
     assert Op("add", rid="a").to_dict() == {"op": "add", "rid": "a"}
+    assert Op("abort_many", rids=("a", "b")).to_dict() == {"op": "abort_many", "rids": ["a", "b"]}
+    assert Op("abort_many", rids=("a", "b")).named == ("a", "b") and Op("abort", rid="a").named == ("a",)
     for bad in ({"op": "explode"}, {"op": "add"}, {"op": "step", "n": 0}, {"rid": "a"},
-                {"op": "run", "when": "now"}):
+                {"op": "run", "when": "now"}, {"op": "abort_many"}, {"op": "abort", "rid": "a", "rids": ["b"]},
+                {"op": "step", "connector": True}):
         with pytest.raises(ScriptError):
             Op.from_dict(bad)
     assert set(OP_KINDS) == {"add", "step", "step_until", "fill", "pop", "drain", "reset", "pause", "resume",
-                             "abort", "run"}
+                             "abort", "abort_many", "abort_all", "feed", "close", "run"}
 
 
 def test_script_checks_requests_and_ops() -> None:
@@ -77,6 +83,8 @@ def test_script_checks_requests_and_ops() -> None:
         Script(Setup(), (req, req), ())
     with pytest.raises(ScriptError, match="unknown request"):
         Script(Setup(), (req,), (Op("add", rid="b"),))
+    with pytest.raises(ScriptError, match="unknown request 'b'"):
+        Script(Setup(), (req,), (Op("abort_many", rids=("a", "b")),))
     with pytest.raises(ScriptError, match="added twice"):
         Script(Setup(), (req,), (Op("add", rid="a"), Op("add", rid="a")))
     with pytest.raises(ScriptError, match="depth >= 2"):

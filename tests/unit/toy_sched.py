@@ -96,10 +96,15 @@ class ToyScheduler:
             req.num_preemptions += 1
         return True
 
-    def finish_requests(self, rid: str, status: Any) -> None:
-        req = self.requests[rid]
-        req.finished = True
-        self.running.remove(req)
+    def finish_requests(self, rids: Any, status: Any) -> None:
+        # As vLLM's: one id, several, or None for every request; finished or unknown ids are skipped.
+        ids = [rids] if isinstance(rids, str) else list(self.requests) if rids is None else list(rids)
+        for rid in ids:
+            req = self.requests.get(rid)
+            if req is None or req.finished:
+                continue
+            req.finished = True
+            self.running.remove(req)
 
     def set_pause_state(self, state: Any) -> None:
         self.paused = state == "keep"
@@ -112,8 +117,9 @@ class ToyBuilder:
     def request(self, rid: str, prompt: Any, max_tokens: int, hasher: Any, priority: int = 0) -> ToyRequest:
         return ToyRequest(rid, list(prompt), max_tokens)
 
-    def runner_output(self, req_ids: list[str], sampled: list[list[int]]) -> dict[str, list[int]]:
-        return dict(zip(req_ids, sampled, strict=True))
+    def runner_output(self, req_ids: list[str], sampled: list[list[int]], kv_connector: bool = False
+                      ) -> dict[str, list[int]]:
+        return dict(zip(req_ids, sampled, strict=True))  # the toy has no KV connector: kv_connector is moot
 
     def pause_states(self) -> dict[str, Any] | None:
         # "new" (PAUSED_NEW) lets the toy's running requests go on, as vLLM's does

@@ -168,8 +168,8 @@ def reach_lines(reach: dict[str, Any]) -> list[str]:
     lines = [f"reach ({reach.get('tool')}, {reach.get('core')}; statements+branches): " + ", ".join(named)]
     for name, doc in (reach.get("reachable") or {}).items():
         lines.append(f"reach of what a CPU run can reach: {name} {doc.get('percent')} % (left out: "
-                     f"{len(doc.get('unreachable') or {})} functions of encoder inputs, KV connectors, Mamba, "
-                     "grammars; fuzz.json names them and why)")
+                     f"{len(doc.get('unreachable') or {})} functions of encoder inputs, KV transfers, Mamba, "
+                     "structured output; fuzz.json names them and why)")
     growth = reach.get("growth") or []
     if growth:
         lines.append("reach by examples (" + "/".join(n.rsplit("/", 1)[-1] for n in REACH_HEADLINE) + "): " +

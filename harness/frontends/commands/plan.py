@@ -6,20 +6,24 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from harness.core.cell import parse_cell_id
 from harness.core.errors import BadInput
 from harness.frontends.commands.base import Command
 from harness.frontends.commands.context import Context, run_context
+from harness.frontends.commands.export import export_file
 from harness.frontends.commands.options import add_index_options, add_run_options, add_version_options
+from harness.plan.export_engine import cell_plan, plan_json
 from harness.plan.matrix import EXECUTORS, ON_OFF, parse_bools
-from harness.plan.plan_file import check_plan_fits, model_limits, read_plan
+from harness.plan.plan_file import check_plan, check_plan_fits, model_limits, read_plan
 from harness.run.replay import PlanReplay, replay_plan, replay_sched_plan
-from harness.sched.export_pytest import write_pytest
 
 DESCRIPTION = (
     "Run one JSON pause schedule ({\"requests\": [...], \"pauses\": [...]}, as printed by a failing property test) "
     "on each selected version and async setting, and print every request's verdict against its no-pause reference. "
     "A scheduler-tier plan ({\"tier\": \"scheduler\", \"script\": {...}}, as `vllm-repro fuzz` writes for a "
-    "falsifying example) replays its op script on vLLM's scheduler of each selected version."
+    "falsifying example) replays its op script on vLLM's scheduler of each selected version. A pause with "
+    "\"reset\": true also resets the prefix cache, running requests included, while paused (the manual reset). "
+    "--export-pytest writes either plan as one self-contained test file vLLM can paste instead of running it."
 )
 __all__ = ["PlanCommand", "print_replay", "read_plan"]  # read_plan: imported from here by older callers
 
@@ -59,18 +63,25 @@ class PlanCommand(Command):
                             help="on, off or both (default: on); engine-tier plans only")
         parser.add_argument("--executor", help="executor (default mp); engine-tier plans only")
         parser.add_argument("--export-pytest", type=Path, metavar="FILE",
-                            help="write the scheduler-tier plan as one self-contained pytest file (imports only "
-                                 "vllm and pytest; fails where the scheduler loses, repeats or shifts a token, "
-                                 "stalls or raises) to FILE, and run nothing")
+                            help="write the plan as one self-contained test file to FILE, and run nothing: a "
+                                 "scheduler-tier plan as a pytest file (imports only vllm and pytest; fails where "
+                                 "the scheduler loses, repeats or shifts a token, stalls or raises); an engine-tier "
+                                 "plan as a file runnable with python or pytest (imports only vllm; builds the tiny "
+                                 "model, starts AsyncLLM with --async and --executor on vLLM's CPU platform, replays "
+                                 "the plan, asserts every stream against its no-pause reference)")
+        parser.add_argument("--from-cell", metavar="CELL_ID",
+                            help="first write the engine-tier plan matrix cell CELL_ID runs (e.g. "
+                                 "vllm0.21.0-mp-async_on-keep-clear; scenarios pause and manual-reset) to PLAN.json; "
+                                 "its async and executor axes are then the defaults of --async and --executor")
         add_run_options(parser, reports="reports/plan")
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        if args.from_cell is not None:
+            self._write_cell_plan(ctx, args)
         plan = read_plan(args.plan_file)
         if args.export_pytest is not None:
-            out = write_pytest(plan, str(args.plan_file), args.export_pytest)
-            print(f"wrote {out}: run it with `pytest -q {out}` in an env holding vLLM and pytest")
-            return 0
+            return export_file(plan, args)
         ctx.platform  # noqa: B018 -- a bad --platform is reported before a bad --executor
         if plan.get("tier") == "scheduler":
             return self._scheduler(ctx, args, plan)
@@ -85,6 +96,23 @@ class PlanCommand(Command):
         for r in replay_plan(plan, versions, asyncs, executor, run_context(ctx, cfg)):
             worst = max(worst, print_replay(r))
         return worst
+
+    @staticmethod
+    def _write_cell_plan(ctx: Context, args: argparse.Namespace) -> None:
+        """``--from-cell``: PLAN.json becomes that cell's plan (with the run's --num-requests, --max-tokens and
+        --pause-after), and its version, async and executor axes the defaults of --versions, --async and
+        --executor."""
+        cell = parse_cell_id(args.from_cell)
+        plan = check_plan(cell_plan(args.from_cell, ctx.run_config.scenario_params), args.from_cell)
+        try:
+            args.plan_file.parent.mkdir(parents=True, exist_ok=True)
+            args.plan_file.write_text(plan_json(plan), encoding="utf-8")
+        except OSError as exc:
+            raise BadInput(f"cannot write {args.plan_file}: {exc.strerror or exc}") from exc
+        args.versions = args.versions or cell.version
+        args.async_ = args.async_ or ("on" if cell.async_on else "off")
+        args.executor = args.executor or cell.executor
+        print(f"wrote {args.plan_file}: the plan of cell {cell.id}")
 
     @staticmethod
     def _scheduler(ctx: Context, args: argparse.Namespace, plan: dict[str, Any]) -> int:
