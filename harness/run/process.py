@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -68,6 +69,31 @@ def kill_group(pgid: int, grace: float = 10.0) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
+    _wait_for_exits(_pids_in_group(pgid), grace)
+
+
+def _wait_for_exits(pids: list[int], timeout: float) -> None:
+    """Wait until each of ``pids`` has exited (a pidfd turns readable), at most ``timeout`` seconds in all.
+
+    SIGKILL is delivered at once but a process with much memory (a vLLM worker under load) takes a while to be
+    torn down; without this wait, "stopped" could be said of a group whose processes are still exiting (seen
+    2026-12-02: test_cpu_engine found one right after the run).
+    """
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except OSError:  # already gone, or not ours to open
+            continue
+    try:
+        deadline = time.monotonic() + timeout
+        pending = list(fds)
+        while pending and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(pending, [], [], left)
+            pending = [fd for fd in pending if fd not in ready]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def group_alive(pgid: int) -> bool:
