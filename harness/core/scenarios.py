@@ -179,7 +179,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              trigger=False),
     # repro/scenarios/logitsproc.py: what a logits-processor plugin is shown as each request's output ids.
     Scenario("logitsproc", "a logits processor installed as a plugin must be shown the real output token ids, "
-             "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461", "PR #52698"),
+             "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461",),
              trigger=False),
 )
 

@@ -4,8 +4,8 @@ vLLM hands every logits processor a live reference to each request's output-toke
 the worker appends a ``-1`` placeholder for the token still being sampled and writes the real id back only when
 ``InputBatch.logitsprocs_need_output_token_ids`` is set, which ``GPUModelRunner`` (and the ``CPUModelRunner``
 subclassing it) sets to ``bool(custom_logitsprocs)``: processors passed as ``logits_processors=`` count,
-processors installed as ``vllm.logits_processors`` entry-point plugins (the report's case) do not.  PR #52698
-(open) would make every processor declare whether it reads the ids.
+processors installed as ``vllm.logits_processors`` entry-point plugins (the report's case) do not.  (A fix
+PR said in the thread to make every processor declare whether it reads the ids was not checked in vLLM's source.)
 
 Runs on the ``logitsproc-plugin`` engine profile (``harness.core.scenarios.PROFILES``), whose engine alone gets a
 dist-info declaring ``repro.probes.logitsprocs:RecordingProcessor`` as such a plugin: it changes no logit and
