@@ -21,7 +21,6 @@ kwargs = {"model": sys.argv[1], "skip_tokenizer_init": True, "max_model_len": 25
           "max_num_batched_tokens": 256, "enforce_eager": True, "seed": 0, "disable_log_stats": True,
           "dtype": "float32", "distributed_executor_backend": "mp", "async_scheduling": True,
           "tensor_parallel_size": 1}
-out["argv"] = serve_argv(kwargs, "127.0.0.1", 20030)
 main = importlib.import_module(out["server_main"])
 caller = getattr(main, "build_and_serve", None) or main.run_server_worker
 state: dict = {"problems": []}
@@ -30,4 +29,8 @@ install(main, state)
 out["caller"] = f"{caller.__module__}.{caller.__qualname__}"
 out["caller_sees_wrapper"] = getattr(caller.__globals__.get("build_app"), "__repro_wrapped__", False)
 out["problems"] = state["problems"]
+try:
+    out["argv"] = serve_argv(kwargs, "127.0.0.1", 20030)
+except Exception as exc:  # e.g. the CUDA wheel on a machine without a GPU: no device to build the parser's defaults
+    out["argv_error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
