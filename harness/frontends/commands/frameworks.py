@@ -47,6 +47,7 @@ def render_recipe(r: Recipe) -> list[str]:
                      + ", ".join(f"{k}={v}" for k, v in r.engine_kwargs))
     w = r.workaround
     lines.append(f"  workaround: {w.setting} ({w.id}, {w.location})" if w else "  workaround: none carried")
+    lines += [f"  window: {b.text} [{b.evidence}]" for b in r.bisects]
     if r.note:
         lines.append(f"  note: {r.note}")
     return [x for x in lines if x]
@@ -105,7 +106,8 @@ def render_check(c: FrameworkCheck) -> list[str]:
     r = c.recipe
     lines = [f"{r.name}: {r.title}, door {r.door}, pins vllm {r.pin} ({r.source(r.pin_at)})",
              f"  safe on: {', '.join(c.safe_on) or 'none of the checked releases'}",
-             f"  first safe release at or after its pin: {_first_safe(c, False)}"]
+             f"  first safe release at or after its pin: {_first_safe(c, False)}",
+             *(f"  window: {b.text} [{b.evidence}]" for b in r.bisects)]
     if any(rv.stand_in is not None for rv in c.releases):
         lines += [f"  engine-door stand-in safe on: {', '.join(c.stand_in_safe_on) or 'none'}; first at or after "
                   f"its pin: {_first_safe(c, True)}"]
