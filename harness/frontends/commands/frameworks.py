@@ -118,6 +118,8 @@ def render_check(c: FrameworkCheck) -> list[str]:
         lines.append(f"  workaround {w.setting} ({w.location}):")
         lines += [f"    {v.version}: {v.status.value}: {v.evidence}" for v in c.workaround.verdicts]
     for rv in c.releases:
+        lines.append(f"  {rv.version} {rv.safety.value}, why: "
+                     + "; ".join(f"{o.label} {o.outcome}: {o.why or 'not judged'}" for o in rv.cells))
         for o in (*rv.cells, *rv.stand_in_cells):
             if o.outcome != "OK":
                 lines.append(f"  {rv.version} {o.label} ({o.compiled.role}, {o.compiled.match}): {o.outcome}: "
