@@ -138,3 +138,24 @@ def test_repro_server_layout_imports_nothing_of_the_harness() -> None:
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert not [n for n in names if n.startswith(("harness", "vllm", "torch"))]
+
+
+def test_the_door_refuses_every_cell_of_an_unknown_layout_and_starts_no_server(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import asyncio
+
+    from repro.server import door
+
+    def no_server(*_: Any) -> str:
+        raise layout.LayoutError("this vLLM has none of the server modules the server door knows (...)")
+
+    def started(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a server was started for a release the door cannot configure")
+
+    monkeypatch.setitem(sys.modules, "httpx", types.ModuleType("httpx"))  # in vLLM's envs, not the dev venv's
+    monkeypatch.setattr(door, "server_main", no_server)
+    monkeypatch.setattr(door.Server, "start", started)
+    refused: list[str] = []
+    asyncio.run(door.run_server_door(Any, Any, {}, {}, {}, lambda *a, **k: None, refused.append,  # type: ignore[arg-type]
+                                     tmp_path))
+    assert refused == ["door=server: this vLLM has none of the server modules the server door knows (...)"]
