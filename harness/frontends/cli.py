@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
@@ -48,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Interrupted:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``vllm-repro frameworks report ... | head``): not an error of ours. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again (Python's documented recipe, "Note on
+        # SIGPIPE" in the signal module's docs).
+        with contextlib.suppress(OSError, ValueError):  # stdout is no file descriptor (a test's capture)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by it
 
 
 if __name__ == "__main__":

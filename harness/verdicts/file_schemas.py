@@ -111,6 +111,13 @@ RECIPE_CELL = Obj({**_RECIPE_CELL_AXES, "match": Choice(("same", "nearest")), "w
                   what="a [[framework.cell]] table {scenario, mode, clear_cache, ..., match, why}")
 RECIPE_CALL = Obj({"call": Str(nonempty=True), "at": Str(nonempty=True)}, required=("call", "at"),
                   what="a [[framework.call]] table {call, at}")
+# A bisect of the framework's sequence that was run (``frameworks bisect``), with its committed probe log.
+RECIPE_BISECT = Obj({"find": Choice(("fix", "regression")),
+                     "range": Str(pattern=r"[^.\s]\S*\.\.\S+", what="OLD..NEW"),
+                     "platform": Choice(("cpu", "cuda")), "last_old": Str(), "first_new": Str(), "refused": Str(),
+                     "evidence": Str(nonempty=True, what="the committed frameworks-bisect.json(.xz), repo-relative")},
+                    required=("find", "range", "platform", "evidence"),
+                    what="a [[framework.bisect]] table {find, range, platform, the answer or refused, evidence}")
 _ENGINE_KWARG = AnyOf((Str(), Bool(), Int(), Num()), what="a string, boolean or number")
 RECIPE = Obj({
     "name": Str(nonempty=True, pattern=r"[a-z0-9][a-z0-9-]*", what="a lower-case name (letters, digits, -)"),
@@ -121,6 +128,7 @@ RECIPE = Obj({
     "note": Str(), "engine_kwargs": MapOf(_ENGINE_KWARG),
     "call": ListOf(RECIPE_CALL, min_len=1, what="a non-empty list of [[framework.call]] tables"),
     "cell": ListOf(RECIPE_CELL, min_len=1, what="a non-empty list of [[framework.cell]] tables"),
+    "bisect": ListOf(RECIPE_BISECT, what="a list of [[framework.bisect]] tables"),
 }, required=("name", "title", "repo", "commit", "pin", "door", "call", "cell"), what="a [[framework]] table")
 RECIPES = Obj({"framework": ListOf(RECIPE, min_len=1, what="a non-empty list of [[framework]] tables")},
               required=("framework",), what="a recipe file of [[framework]] entries")

@@ -34,6 +34,18 @@ class CellOutcome:
     compiled: CompiledCell
     outcome: str
     detail: str  # the result's summary, or its reason when it produced no streams
+    expectation: str = ""  # what the known-bug table says of it: "as expected (vllm#42043)", "UNEXPECTED (...)"
+
+    @property
+    def why(self) -> str:
+        """Why the cell came out as it did, as far as the known-bug table knows: the bug that predicts it, an
+        outcome no known bug predicts, or that no known bug covers the cell on this release."""
+        e = self.expectation
+        if e.startswith("as expected ("):
+            return f"predicted by {e[len('as expected ('):-1]}"
+        if e == "as expected":
+            return "no known bug covers this cell on this release"
+        return e
 
     @property
     def label(self) -> str:
@@ -109,7 +121,7 @@ def _outcome(c: CompiledCell, by_id: dict[str, CellResult]) -> CellOutcome:
     if r is None:
         return CellOutcome(c, "NOT RUN", "no result names this cell")
     detail = r.summary if r.outcome is Outcome.OK or r.outcome.is_finding else (r.reason or r.summary)
-    return CellOutcome(c, r.outcome.value, detail)
+    return CellOutcome(c, r.outcome.value, detail, r.expectation.describe() if r.expectation is not None else "")
 
 
 def release_verdict(recipe: Recipe, version: str, by_id: dict[str, CellResult],

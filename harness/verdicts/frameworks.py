@@ -54,6 +54,29 @@ class RecipeCell:
 
 
 @dataclass(frozen=True)
+class RecipeBisect:
+    """A ``frameworks bisect`` of the framework's sequence that was run: its answer, or why the range was refused,
+    and the probe log that shows it (a repo-relative path; tests check the two agree)."""
+
+    find: str
+    range: str  # OLD..NEW as given to --versions
+    platform: str
+    last_old: str
+    first_new: str
+    refused: str  # why the range had no boundary (then last_old and first_new are empty)
+    evidence: str
+
+    @property
+    def text(self) -> str:
+        """``first safe release 0.22.0 (last unsafe 0.21.0), bisected over 0.17.0..0.25.1 on cpu``."""
+        where = f"bisected over {self.range} on {self.platform}"
+        if self.refused:
+            return f"no boundary: {self.refused} ({where})"
+        new, old = ("safe", "unsafe") if self.find == "fix" else ("unsafe", "safe")
+        return f"first {new} release {self.first_new} (last {old} {self.last_old}), {where}"
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str
     title: str
@@ -68,6 +91,7 @@ class Recipe:
     engine_kwargs: tuple[tuple[str, Any], ...]
     calls: tuple[RecipeCall, ...]
     cells: tuple[RecipeCell, ...]
+    bisects: tuple[RecipeBisect, ...] = ()
 
     def source(self, at: str) -> str:
         """``owner/name@abc1234:path:line``."""
@@ -114,6 +138,14 @@ def _recipe_cell(raw: Mapping[str, Any], where: str) -> RecipeCell:
     return RecipeCell(tuple(values.items()), raw["match"], raw["why"])
 
 
+def _recipe_bisect(raw: Mapping[str, Any], where: str) -> RecipeBisect:
+    b = RecipeBisect(raw["find"], raw["range"], raw["platform"], raw.get("last_old", ""), raw.get("first_new", ""),
+                     raw.get("refused", ""), raw["evidence"])
+    if bool(b.refused) == bool(b.last_old and b.first_new) or bool(b.last_old) != bool(b.first_new):
+        raise BadInput(f"{where}: give either last_old and first_new (the answer) or refused (why there was none)")
+    return b
+
+
 def _check_pin(pin: str, where: str) -> None:
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
@@ -132,7 +164,8 @@ def _recipe(raw: Mapping[str, Any], where: str, ledger: Mapping[str, Workaround]
     return Recipe(raw["name"], raw["title"], raw["repo"], raw["commit"], raw["pin"], raw.get("pin_at", ""),
                   raw["door"], raw.get("door_detail", ""), ledger[wid] if wid else None, raw.get("note", ""),
                   tuple(raw.get("engine_kwargs", {}).items()),
-                  tuple(RecipeCall(c["call"], c["at"]) for c in raw["call"]), cells)
+                  tuple(RecipeCall(c["call"], c["at"]) for c in raw["call"]), cells,
+                  tuple(_recipe_bisect(b, f"{where} bisect #{i + 1}") for i, b in enumerate(raw.get("bisect", ()))))
 
 
 def load_recipes(path: Path | None = None, ledger_path: Path | None = None) -> tuple[Recipe, ...]:

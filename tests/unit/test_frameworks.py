@@ -233,6 +233,28 @@ def test_check_reads_sequence_stand_in_and_workaround() -> None:
     assert render_report((trl, pipe))[0].startswith("| framework | 0.21.0 | 0.22.0 |")
 
 
+def test_each_release_says_why_from_the_known_bug_table() -> None:
+    from harness.core.records import ExpectationRecord
+
+    (trl,) = select(load_recipes(), ["trl"])
+    results = []
+    for c in unique_cells(compile_recipes((trl,), ["0.21.0", "0.22.0"], stand_ins=False)):
+        if c.version == "0.21.0":
+            exp = ExpectationRecord("as expected", "LOSS(1)", "vllm#42043")
+            results.append(CellResult(c, Outcome.LOSS, "LOSS(1) in 8/10", expectation=exp))
+        elif c.scenario == "pause":
+            results.append(CellResult(c, Outcome.OK, "OK 10/10", expectation=ExpectationRecord("as expected", "OK")))
+        else:  # a loss no known bug predicts on 0.22.0
+            exp = ExpectationRecord("UNEXPECTED", "OK")
+            results.append(CellResult(c, Outcome.DUPLICATE, "DUPLICATE(1) in 1/10", expectation=exp))
+    (check,) = check_frameworks((trl,), ["0.21.0", "0.22.0"], results, stand_ins=False)
+    text = "\n".join(render_check(check))
+    assert ("0.21.0 UNSAFE, why: weight_sync-keep-clear[server] LOSS: predicted by vllm#42043; "
+            "keep-clear[server] LOSS: predicted by vllm#42043") in text
+    assert ("0.22.0 UNSAFE, why: weight_sync-keep-clear[server] DUPLICATE: UNEXPECTED (expected OK); "
+            "keep-clear[server] OK: no known bug covers this cell on this release") in text
+
+
 def test_report_reads_results_already_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from harness.frontends.commands.base import Command, CommandGroup
 from harness.frontends.commands.cellrun import add_check_options, checked_versions, checked_versions_options, run_cells
 from harness.frontends.commands.context import Context
+from harness.frontends.commands.fwbisect import FrameworksBisect
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
 from harness.verdicts.mdtable import md_table
@@ -46,6 +47,7 @@ def render_recipe(r: Recipe) -> list[str]:
                      + ", ".join(f"{k}={v}" for k, v in r.engine_kwargs))
     w = r.workaround
     lines.append(f"  workaround: {w.setting} ({w.id}, {w.location})" if w else "  workaround: none carried")
+    lines += [f"  window: {b.text} [{b.evidence}]" for b in r.bisects]
     if r.note:
         lines.append(f"  note: {r.note}")
     return [x for x in lines if x]
@@ -104,7 +106,8 @@ def render_check(c: FrameworkCheck) -> list[str]:
     r = c.recipe
     lines = [f"{r.name}: {r.title}, door {r.door}, pins vllm {r.pin} ({r.source(r.pin_at)})",
              f"  safe on: {', '.join(c.safe_on) or 'none of the checked releases'}",
-             f"  first safe release at or after its pin: {_first_safe(c, False)}"]
+             f"  first safe release at or after its pin: {_first_safe(c, False)}",
+             *(f"  window: {b.text} [{b.evidence}]" for b in r.bisects)]
     if any(rv.stand_in is not None for rv in c.releases):
         lines += [f"  engine-door stand-in safe on: {', '.join(c.stand_in_safe_on) or 'none'}; first at or after "
                   f"its pin: {_first_safe(c, True)}"]
@@ -115,6 +118,8 @@ def render_check(c: FrameworkCheck) -> list[str]:
         lines.append(f"  workaround {w.setting} ({w.location}):")
         lines += [f"    {v.version}: {v.status.value}: {v.evidence}" for v in c.workaround.verdicts]
     for rv in c.releases:
+        lines.append(f"  {rv.version} {rv.safety.value}, why: "
+                     + "; ".join(f"{o.label} {o.outcome}: {o.why or 'not judged'}" for o in rv.cells))
         for o in (*rv.cells, *rv.stand_in_cells):
             if o.outcome != "OK":
                 lines.append(f"  {rv.version} {o.label} ({o.compiled.role}, {o.compiled.match}): {o.outcome}: "
@@ -206,4 +211,4 @@ class FrameworksCommand(CommandGroup):
     name = "frameworks"
     help = ("RL framework recipes (TRL, SkyRL, prime-rl, AReaL, OpenRLHF, verl, PipelineRL, NeMo-RL): list them, or "
             "check per vLLM release whether each framework's call sequence is safe and its workaround needed")
-    actions = (FrameworksList(), FrameworksCheck(), FrameworksReport())
+    actions = (FrameworksList(), FrameworksCheck(), FrameworksReport(), FrameworksBisect())
