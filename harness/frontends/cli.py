@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command: Command = getattr(args, HANDLER)
     try:
-        return command.run(Context(args, tuple(argv)), args)
+        code = command.run(Context(args, tuple(argv)), args)
+        # Flushed here, not at interpreter exit: a reader that went away after the last full buffer shows up
+        # inside the handler below instead of as "Exception ignored ... BrokenPipeError" and exit 120.
+        sys.stdout.flush()
+        return code
     except ReproError as exc:
         print(f"vllm-repro: error: {exc}", file=sys.stderr)
         return 2
