@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from repro import counters, crash, inject
+from repro.server import layout as server_layout
 from repro.server import probe as server_probe
 
 ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
@@ -85,13 +86,16 @@ def register() -> None:
 def _install_server_probe() -> None:
     """The server door's probe routes (``repro.server.probe``) in the API-server process.
 
-    ``python -m vllm.entrypoints.openai.api_server`` runs that module as ``__main__`` (its build_app is the one
-    ``run_server_worker`` calls); a copy imported under its own name is patched too.
+    ``python -m <server main>`` runs that module as ``__main__`` (its build_app is the one its
+    ``run_server_worker`` calls); a copy of any server main module imported under its own name is patched too
+    (on 0.29+ the deprecated ``openai.api_server`` re-exports build_app; wrapping that copy is harmless).
     """
+    mains = server_layout.server_main_modules()
     main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None) == server_probe.API_SERVER_MODULE:
+    if getattr(getattr(main, "__spec__", None), "name", None) in mains:
         server_probe.install(main, STATE)
-    _after_import(server_probe.API_SERVER_MODULE, lambda m: server_probe.install(m, STATE))
+    for name in mains:
+        _after_import(name, lambda m: server_probe.install(m, STATE))
 
 
 # --------------------------------------------------------------------------- probes

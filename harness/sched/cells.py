@@ -90,6 +90,16 @@ SHAPES: dict[str, SchedShape] = {
     # vllm#49674 (PR #49675): preempt_pressure with the null consumer KV connector; the sync Scheduler (one
     # batch in flight) never defers frees, the control.
     "deferred-free": SchedShape("deferred_free_pressure", {"depth": 2}, {}, preempts=True),
+    # reset_prefix_cache(reset_running_requests=True) with a frame in flight and a consumer KV connector: the
+    # preempted requests' block frees are deferred behind it (PR #45357), so the block pool cannot reset and
+    # vLLM raises (docs/results/fuzz-judge-2026-12-02/).  EngineCore runs the reset utility between two
+    # iterations, where one frame is in flight (step_with_batch_queue returns after queueing a batch).  The
+    # sync Scheduler (one batch in flight) never defers frees, the control.
+    "reset-kv": SchedShape("inflight_reset", {"depth": 2, "in_flight": 1, "kv_consumer": True},
+                           {"kv_consumer": True}),
+    # The same reset while a streaming-input session waits for its next chunk, holding its KV blocks
+    # (repro/sched/upstream.py session_reset); with either scheduler.
+    "reset-session": SchedShape("session_reset", {"depth": 2}, {}),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
 }

@@ -233,7 +233,10 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # No reset while a session is open: one waiting for its next chunk keeps its KV blocks, and 0.32's
     # reset_prefix_cache(reset_running_requests=True) preempts only the running requests, then raises "Failed to
-    # reset KV cache even when all the running requests are preempted" (found by this fuzzer; docs/fuzzing.md).
+    # reset KV cache even when all the running requests are preempted" (scheduler.py:2870 at v0.32.0).  A real
+    # vLLM bug, not a harness artefact: AsyncLLM's reset_prefix_cache(reset_running_requests=True) and
+    # pause_generation(mode="keep", clear_cache=True) fail so (docs/results/fuzz-judge-2026-12-02/).  The
+    # scenario reset-session (harness.sched.cells.SHAPES) measures it; left out here so the fuzzer looks further.
     @precondition(lambda self: self.state is not None and not (self.ex is not None and self._open_sessions()))
     @rule(in_flight=st.sampled_from((None, 0, 1, 2)), connector=st.booleans())
     def reset(self, in_flight: int | None, connector: bool) -> None:

@@ -156,10 +156,13 @@ class FuzzState:
         D-1; None resets with whatever is in flight."""
         if self.setup.kv_consumer and self.setup.depth > 1:
             # With a consumer KV connector and frames in flight vLLM defers the preempted requests' block frees
-            # (PR #45357), and 0.32's reset_prefix_cache(reset_running_requests=True) then refuses: "Failed to
+            # (PR #45357), and 0.32's reset_prefix_cache(reset_running_requests=True) then raises: "Failed to
             # reset KV cache even when all the running requests are preempted ... not supported yet"
-            # (RuntimeError, scheduler.py).  A reset is drawn drained there, as a pause that waits for the engine
-            # to idle first resets (the refusal is reported, not fuzzed: docs/fuzzing.md).
+            # (RuntimeError, scheduler.py:2870 at v0.32.0).  A real vLLM bug: EngineCore runs the reset utility
+            # between two iterations with a frame in flight, and AsyncLLM's reset fails so
+            # (docs/results/fuzz-judge-2026-12-02/); the scenario reset-kv measures it.  A reset is drawn
+            # drained here, as a pause with clear_cache resets once the engine is idle (not affected), so the
+            # fuzzer looks further.
             return Op("reset", in_flight=0)
         if in_flight is None:
             return Op("reset")

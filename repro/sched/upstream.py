@@ -9,6 +9,13 @@ family scenarios of ``script.py`` and from the fuzzer's rules.
   in flight, a preempted request's blocks are fenced until its in-flight step is processed (PR #45357); the
   allocation retry of ``schedule()`` kept preempting such victims, freeing nothing, through the whole running
   queue.  More requests than the KV cache holds, with the null consumer connector (``null_connector.py``).
+* ``session_reset`` — ``reset_prefix_cache(reset_running_requests=True)`` while a streaming-input session
+  waits for its next chunk (found by the fuzzer, docs/results/fuzz-judge-2026-12-02/): the waiting session
+  keeps its KV blocks (``Scheduler._handle_stopped_request`` parks it in ``kv_holding_waiting``), the reset
+  preempts only ``self.running``, so the block pool's reset fails and vLLM raises "Failed to reset KV cache
+  even when all the running requests are preempted" (scheduler.py:2870 at v0.32.0).  AsyncLLM's
+  ``reset_prefix_cache(reset_running_requests=True)`` and ``pause_generation(mode="keep", clear_cache=True)``
+  both fail so (the session then finishes intact).
 
 Pure Python (no vLLM import): the harness may import it to validate scripts.
 """
@@ -75,9 +82,29 @@ def deferred_free_pressure(params: Mapping[str, Any], vocab_size: int, seed: int
     return Script(setup, reqs, tuple([Op("add", rid=r.rid) for r in reqs] + [Op("run")]))
 
 
+def session_reset(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """A streaming-input session whose first turn (``max_tokens``, default 4) has finished and whose next chunk
+    has not come, beside an ordinary request still running; then ``reset_prefix_cache(reset_running_requests=
+    True)`` with D-1 frames in flight (where EngineCore runs a utility call between two iterations); then the
+    session's next chunk, the end of its input stream, and everything runs to completion.  ``reset`` false:
+    the same without the reset (a control)."""
+    _known(params, {"reset"})
+    setup = _setup_from(params, scheduler="async", depth=2)
+    rng = random.Random(seed)
+    turn = int(params.get("max_tokens", 4))
+    prompt, chunk, other = ([rng.randrange(2, vocab_size) for _ in range(n)] for n in (8, 4, 8))
+    reqs = (RequestSpec("s0", tuple(prompt), turn, session=True, chunks=((tuple(chunk), turn),)),
+            RequestSpec("r0", tuple(other), 3 * turn))
+    reset = [Op("reset", in_flight=setup.depth - 1)] if params.get("reset", True) else []
+    ops = (Op("add", rid="s0"), Op("add", rid="r0"), Op("step_until", tokens=turn), *reset,
+           Op("feed", rid="s0"), Op("close", rid="s0"), Op("run"))
+    return Script(setup, reqs, ops)
+
+
 UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     "chunked_burst": chunked_burst,
     "deferred_free_pressure": deferred_free_pressure,
+    "session_reset": session_reset,
 }
 
 

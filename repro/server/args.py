@@ -2,11 +2,11 @@
 
 The server door must start ``vllm serve`` with exactly the ``AsyncEngineArgs`` the engine door passes
 (``repro.engine.engine_kwargs``).  Each field is spelled with the option string vLLM's parser
-(``make_arg_parser``, 0.12-0.32: ``AsyncEngineArgs.add_cli_args`` plus the front end's) declares for it,
-read from the parser's actions, never from a hand-kept list; then the flags are parsed back with the same
-parser and ``AsyncEngineArgs.from_cli_args`` and every field compared with what was asked (:func:`serve_argv`):
-a field the CLI cannot carry (an object, a flag that parses to something else) refuses the cell with the field
-named, instead of starting a server with other settings.
+(``make_arg_parser``: ``AsyncEngineArgs.add_cli_args`` plus the front end's; its module per release is
+``repro.server.layout.CLI_ARGS``) declares for it, read from the parser's actions, never from a hand-kept list;
+then the flags are parsed back with the same parser and ``AsyncEngineArgs.from_cli_args`` and every field
+compared with what was asked (:func:`serve_argv`): a field the CLI cannot carry (an object, a flag that parses to
+something else) refuses the cell with the field named, instead of starting a server with other settings.
 
 :func:`flags` is pure (unit-tested on plain action descriptions); :func:`serve_argv` needs vLLM.
 """
@@ -18,6 +18,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from repro.server.layout import LayoutError, make_arg_parser
 
 
 class ArgMappingError(Exception):
@@ -107,20 +109,9 @@ def serve_argv(kwargs: Mapping[str, Any], host: str, port: int) -> list[str]:
     return argv
 
 
-# Where vLLM's server keeps ``make_arg_parser``: ``vllm.entrypoints.openai.cli_args`` up to 0.2x; 0.32.0 moved
-# the server to ``vllm.entrypoints.launchers`` (its ``openai.api_server`` is a deprecated shim).  The door is
-# measured on 0.21.0 and 0.22.0 only: a release with neither module is refused with the reason, never run
-# half-configured.
-SERVER_CLI_MODULES = ("vllm.entrypoints.openai.cli_args",)
-
-
 def _server_parser() -> Any:
-    import importlib
-
-    for name in SERVER_CLI_MODULES:
-        try:
-            return importlib.import_module(name).make_arg_parser
-        except (ImportError, AttributeError):
-            continue
-    raise ArgMappingError(f"the server door does not know this vLLM's server command line (no make_arg_parser in "
-                          f"{', '.join(SERVER_CLI_MODULES)}; measured on 0.21.0 and 0.22.0)")
+    """vLLM's ``make_arg_parser``, wherever this release keeps it (``repro.server.layout.CLI_ARGS``)."""
+    try:
+        return make_arg_parser()
+    except LayoutError as exc:
+        raise ArgMappingError(f"the server door does not know this vLLM's server command line: {exc}") from None

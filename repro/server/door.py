@@ -1,8 +1,9 @@
 """The server door of an engine process: the cells of one engine config played over ``vllm serve``'s HTTP API.
 
 ``repro.engine`` calls :func:`run_server_door` for a spec whose ``door`` axis is ``server``: it starts one
-server (``repro.server.process``) with the engine door's own engine arguments (``repro.engine.engine_kwargs``, as
-flags checked by vLLM's parser: ``repro.server.args``), waits for it, proves its *effective* settings through
+server (``repro.server.process``; its module per release: ``repro.server.layout``) with the engine door's own
+engine arguments (``repro.engine.engine_kwargs``, as flags checked by vLLM's parser: ``repro.server.args``), waits
+for it, proves its *effective* settings through
 the harness's probe route exactly as the engine door proves its own (``repro.cell.effective_settings``), and
 plays every scenario the server door can play (``repro.server.endpoints.SCENARIOS``; the others are UNSUPPORTED
 with the reason) with the same drivers and ``run_cell`` as the engine door, on the HTTP adapter
@@ -22,6 +23,7 @@ from repro.rootcause import read_tail, tracebacks
 from repro.scenarios.base import EngineContext
 from repro.server.args import ArgMappingError, serve_argv
 from repro.server.endpoints import scenario_problem
+from repro.server.layout import LayoutError, server_main
 from repro.server.process import HOST, Server, ServerDied, server_port
 from repro.wire import Spec, stdin_scenarios
 
@@ -57,12 +59,13 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
 
     port = server_port()
     try:
+        module = server_main()
         flags = serve_argv(kwargs, HOST, port)
-    except ArgMappingError as exc:
+    except (ArgMappingError, LayoutError) as exc:
         refuse_all(f"door=server: {exc}")
         return
     t0 = time.monotonic()
-    server = Server.start(flags, port, log_dir / "server.log")
+    server = Server.start(module, flags, port, log_dir / "server.log")
     facts = {"url": server.url, "pid": server.proc.pid, "log": str(server.log), "argv": server.argv}
     try:
         # No proxy from the environment: the server is on loopback, and a proxy would see the dev endpoints.

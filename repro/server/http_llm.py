@@ -5,7 +5,7 @@ to the server the engine process started (``repro.server.process``), on loopback
 
 * ``generate``: a streaming ``POST /v1/completions`` from the prompt's token ids, greedy (temperature 0,
   ignore_eos, max_tokens), ``return_token_ids`` so each chunk carries the token ids of its delta, and the
-  plan's request id as ``request_id`` (the engine core then knows it as ``cmpl-<id>-0``, 0.12-0.32);
+  plan's request id as ``request_id`` (the engine core then knows it as ``cmpl-<id>-0``, 0.12-0.33);
 * ``abort``: the client closes the request's stream (vLLM aborts a request whose client disconnected);
 * ``pause_generation``/``resume_generation``/``reset_prefix_cache``/``sleep``/``wake_up``/``collective_rpc``:
   vLLM's dev endpoints, always with every parameter explicit (the HTTP defaults are not AsyncLLM's:

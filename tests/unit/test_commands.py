@@ -53,7 +53,7 @@ def test_every_command_and_action_dispatches_to_its_own_handler() -> None:
     leaves = _leaves()
     assert [c.name for c in COMMANDS] == ["matrix", "bisect", "workarounds", "frameworks", "plan", "fuzz", "report",
                                           "history", "windows", "compare", "wheelhouse", "envs"]
-    assert len(leaves) == 19  # 8 commands, and 2 + 3 + 3 + 3 actions of workarounds, frameworks, history, envs
+    assert len(leaves) == 20  # 8 commands, and 2 + 4 + 3 + 3 actions of workarounds, frameworks, history, envs
     for prefix, parser in leaves:
         handler = parser.get_default(HANDLER)
         assert handler is not None and handler.name == prefix[-1], prefix

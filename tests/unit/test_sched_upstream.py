@@ -1,4 +1,5 @@
-"""The scheduler-tier scripts of open upstream bugs (repro.sched.upstream): vllm#57562 and vllm#49674."""
+"""The scheduler-tier scripts of open upstream bugs (repro.sched.upstream): vllm#57562, vllm#49674 and the reset
+failures of docs/results/fuzz-judge-2026-12-02 (reset-kv, reset-session)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import pytest
 from harness.core.scenarios import BY_SCENARIO
 from harness.sched.cells import SHAPES
 from repro.sched.script import SCENARIOS, ScriptError, Setup, build_script
-from repro.sched.upstream import UPSTREAM_SCENARIOS, build_any_script, chunked_burst, deferred_free_pressure
+from repro.sched.upstream import (
+    UPSTREAM_SCENARIOS,
+    build_any_script,
+    chunked_burst,
+    deferred_free_pressure,
+    session_reset,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +45,7 @@ def test_deferred_free_pressure_needs_more_blocks_than_the_cache_holds_and_a_con
 
 
 def test_the_ops_scenario_replays_an_upstream_script_exactly() -> None:
-    for s in (chunked_burst({}, VOCAB, 1), deferred_free_pressure({}, VOCAB, 1)):
+    for s in (chunked_burst({}, VOCAB, 1), deferred_free_pressure({}, VOCAB, 1), session_reset({}, VOCAB, 1)):
         assert build_script("ops", s.to_dict(), VOCAB) == s
 
 
@@ -57,7 +64,30 @@ def test_kv_consumer_defaults_off() -> None:
     assert Setup().kv_consumer is False
 
 
-@pytest.mark.parametrize("name", ["chunked", "deferred-free"])
+def test_session_reset_resets_while_the_session_waits_for_its_next_chunk() -> None:
+    s = session_reset({}, VOCAB, 0)
+    session, other = s.requests
+    assert session.session and len(session.turns) == 2 and not other.session
+    # the reset comes once the first turn has its tokens, before the next chunk; the other request runs longer
+    assert [o.op for o in s.ops] == ["add", "add", "step_until", "reset", "feed", "close", "run"]
+    assert s.ops[2].tokens == session.max_tokens < other.max_tokens
+    # with the frames an engine core holds between two iterations (D-1), where it runs the reset utility
+    assert s.ops[3].in_flight == s.setup.depth - 1 == 1
+    assert session_reset({"scheduler": "sync"}, VOCAB, 0).ops[3].in_flight == 0
+    assert "reset" not in [o.op for o in session_reset({"reset": False}, VOCAB, 0).ops]  # the control
+
+
+def test_reset_kv_defers_frees_only_with_the_async_scheduler() -> None:
+    shape = SHAPES["reset-kv"]
+    on = build_any_script(shape.scenario, shape.for_async(True), VOCAB)
+    off = build_any_script(shape.scenario, shape.for_async(False), VOCAB)
+    assert on.setup.kv_consumer and on.setup.depth == 2
+    assert [o.in_flight for o in on.ops if o.op == "reset"] == [1]  # one frame in flight: the fence pending
+    assert off.setup.kv_consumer and off.setup.depth == 1  # one batch in flight: vLLM never defers, the control
+    assert [o.in_flight for o in off.ops if o.op == "reset"] == [0]
+
+
+@pytest.mark.parametrize("name", ["chunked", "deferred-free", "reset-kv", "reset-session"])
 def test_the_catalogue_plays_them_on_the_scheduler_tier(name: str) -> None:
     assert "scheduler" in BY_SCENARIO[name].tiers
     shape = SHAPES[name]
