@@ -99,6 +99,8 @@ class StreamRecord:
     reference_repeat: tuple[int, ...] | None = None
     reference_matches_model: bool = True  # False: the engine does not run the model the oracle assumes
     num_preemptions: int | None = None  # the scheduler tier: vLLM's count for the request
+    # A weight swap (the weight-sync scenario): (swap index, the token the weights before the swap give there).
+    stale: tuple[int, int] | None = None
 
     @property
     def submitted_at_start(self) -> bool:
@@ -123,7 +125,16 @@ class StreamRecord:
                    tuple(submit) if isinstance(submit, list) else _opt_str(submit),
                    _opt_str(d.get("finish_reason")), str(error) if error else None,
                    _tokens(d, "reference_repeat", what) if d.get("reference_repeat") is not None else None,
-                   bool(d.get("reference_matches_model", True)), _opt_int(d.get("num_preemptions")))
+                   bool(d.get("reference_matches_model", True)), _opt_int(d.get("num_preemptions")),
+                   _stale_of(d.get("weight_sync")))
+
+
+def _stale_of(value: Any) -> tuple[int, int] | None:
+    """(swap index, the old weights' token there) of a weight-sync record; None for others and older reports."""
+    if not isinstance(value, Mapping):
+        return None
+    at, token = _opt_int(value.get("swap_index")), _opt_int(value.get("stale_first_post_swap"))
+    return None if at is None or token is None else (at, token)
 
 
 def stream_records(value: Any) -> tuple[StreamRecord, ...]:

@@ -276,6 +276,10 @@ def _annotate(swapped: _Swapped, engine_a: dict[str, list[int]], perm_a: list[in
             "swap_index": n_a,
             "last_pre_swap_token": last,
             "expected_first_post_swap": ref[n_a] if n_a < len(ref) else None,
+            # What weights A give there: a frame still in flight at the swap, computed before it, delivers this
+            # (vLLM 0.16.0's keep pause returns with one frame in flight under async scheduling).  B's cycle
+            # covers every token, so the oracle can also read that stream as a shift: harness.core.oracle.
+            "stale_first_post_swap": perm_a[last] if n_a < len(ref) else None,
             "observed_first_post_swap": rec["observed"][n_a] if n_a < len(rec["observed"]) else None,
             "engine_a_stream_matches": a_ok,
             "cross_check_engine": rid in by_engine,

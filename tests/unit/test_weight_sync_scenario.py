@@ -4,7 +4,8 @@ Two layers: the pure reference computation (A's cycle before the swap, B's
 after) judged by the unchanged oracle, and the whole scenario driven against
 a fake AsyncLLM whose "weights" are the permutation of the checkpoint it last
 loaded.  The fake can re-create vLLM #42043 (drop the first token after a
-keep + clear_cache resume) or load the wrong weights, so the tests see LOSS(1),
+keep + clear_cache resume), deliver a frame computed before the swap after it (vLLM
+0.16.0's keep pause) or load the wrong weights, so the tests see LOSS(1), DIVERGED,
 OK, and the cross-check/restore errors come out of the real code paths.
 """
 
@@ -25,6 +26,9 @@ from hypothesis import strategies as st
 import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict, classify_request
 from harness.core.streams import StreamRecord, stream_records
+from harness.plan.matrix import Cell
+from harness.verdicts.known_bugs import check, load_known_bugs
+from harness.verdicts.results import judged_result
 from repro.models import (
     BigramCycleSpec,
     build_checkpoint,
@@ -226,11 +230,15 @@ class FakeLLM:
     ``bug``: a keep pause with clear_cache force-preempts running requests and
     drops the first token each produces after resume (vLLM #42043).
     ``load_instead``: reload_weights of that folder loads another one.
+    ``stale``: a keep pause returns with one frame of each running request in flight, computed with the
+    weights of that moment and delivered after resume (vLLM 0.16.0 under async scheduling).
     """
 
-    def __init__(self, model_dir: Path, *, bug: bool = False, load_instead: dict[str, Path] | None = None) -> None:
+    def __init__(self, model_dir: Path, *, bug: bool = False, load_instead: dict[str, Path] | None = None,
+                 stale: bool = False) -> None:
         self.weights = model_dir
         self.bug = bug
+        self.stale = stale
         self.load_instead = load_instead or {}
         self.running = asyncio.Event()
         self.running.set()
@@ -248,7 +256,8 @@ class FakeLLM:
         try:
             while st["n"] < sp.max_tokens:
                 await self.running.wait()
-                tok = self.perm()[st["last"]]
+                stale = st.pop("in_flight", None)
+                tok = self.perm()[st["last"]] if stale is None else stale
                 st["last"], st["n"], st["status"] = tok, st["n"] + 1, "RUNNING"
                 if st["drop"]:
                     st["drop"] = False
@@ -261,6 +270,9 @@ class FakeLLM:
     async def pause_generation(self, mode: str, clear_cache: bool) -> None:
         assert mode == "keep"
         self.running.clear()
+        if self.stale:
+            for st in self.reqs.values():
+                st["in_flight"] = self.perm()[st["last"]]
         if self.bug and clear_cache:
             for st in self.reqs.values():
                 st["pre"] += 1
@@ -339,6 +351,67 @@ def test_bug_shows_as_loss_1_on_every_request_running_at_the_pause(
     kinds = [e["event"] for e in out["events"]]
     assert kinds.index("paused") < kinds.index("pause_action") < kinds.index("resume")
     assert action["checkpoint"] == str(checkpoints["b"])
+
+
+@pytest.mark.unit
+def test_a_frame_in_flight_at_the_swap_is_one_stale_token_and_the_known_bug_of_0_16_0(
+    checkpoints: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # vLLM 0.16.0's keep pause returns with a frame of each running request in flight (async scheduling): the
+    # first post-resume token is weights A's, and B continues from it.
+    llm = FakeLLM(checkpoints["a"], stale=True)
+    out = _play(llm, _ctx(checkpoints, tmp_path), {"clear_cache": False, "max_tokens": 24}, monkeypatch)
+    records = stream_records(out["records"])
+    verdict = cell_verdict(records)
+    assert verdict.outcome is Outcome.DIVERGED, verdict.summary
+    perm_a = load_perm(checkpoints["a"])
+    for rec, rv in zip(out["records"], verdict.requests, strict=True):
+        ws = rec["weight_sync"]
+        if rec["submit"] != "start":
+            assert rv.outcome is Outcome.OK
+            continue
+        i = ws["swap_index"]
+        assert ws["stale_first_post_swap"] == perm_a[ws["last_pre_swap_token"]] == rec["observed"][i]
+        # DIVERGED there, or AMBIGUOUS where weights A's token lies a few steps ahead on B's cycle.
+        assert (rv.outcome, rv.verdict.at) in ((Outcome.DIVERGED, i), (Outcome.AMBIGUOUS, i)), rv.verdict
+        if rv.outcome is Outcome.DIVERGED:
+            assert "the weights before the swap give" in rv.verdict.detail
+    bugs = load_known_bugs()
+    for version, status in (("0.16.0", "as expected"), ("0.17.0", "UNEXPECTED")):
+        cell = Cell(version, "mp", True, "keep", False, scenario="weight-sync")
+        result = judged_result(cell, verdict, records, None, 1.0)
+        assert check(result, bugs).status == status, check(result, bugs).message
+
+
+@pytest.mark.unit
+def test_a_stale_token_that_reads_as_a_shift_is_ambiguous_not_a_loss() -> None:
+    spec = BigramCycleSpec()
+    pa, pb = cycle_permutation(512, spec.seed), cycle_permutation(512, swap_partner(spec).seed)
+    i, n, kinds = 2, 16, set()
+    for first in range(512):  # every last pre-swap token: weights A's token lies near or far on B's cycle
+        prompt = [first]
+        ref = computed_reference(_record(prompt, [], pause_at=i, max_tokens=n), pa, pb)
+        stale = pa[ref[i - 1]]
+        # Steps from the last pre-swap token to weights A's token on B's cycle, less one: the stream
+        # ref[:i] + [stale] + B's cycle from it reads as that many tokens lost (the oracle tries up to 8).
+        k = expected_continuation(pb, ref[i - 1], len(pb)).index(stale)
+        observed = [*ref[:i], stale, *expected_continuation(pb, stale, n)][:n]
+        rec = _record(prompt, observed, pause_at=i, max_tokens=n)
+        rec["reference"] = ref
+        before = classify_request(typed(rec)).verdict
+        rec["weight_sync"] = {"swap_index": i, "stale_first_post_swap": stale}
+        v = classify_request(typed(rec)).verdict
+        if k <= 8 and i + k < len(ref):
+            assert before.label == f"LOSS({k} at {i})"
+            assert v.outcome is Outcome.AMBIGUOUS and f"fits LOSS({k} at {i}) and a stale token alike" in v.detail
+        else:
+            assert before.outcome is Outcome.DIVERGED
+            assert v.outcome is Outcome.DIVERGED and v.at == i and f"give {stale} there" in v.detail
+        kinds.add(v.outcome)
+        # Another token there is no stale one: the reading without the swap's facts stands.
+        rec["weight_sync"] = {"swap_index": i, "stale_first_post_swap": stale + 1}
+        assert classify_request(typed(rec)).verdict.label == before.label
+    assert kinds == {Outcome.AMBIGUOUS, Outcome.DIVERGED}  # both readings were exercised
 
 
 @pytest.mark.unit

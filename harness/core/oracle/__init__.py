@@ -41,7 +41,9 @@ and a lost token, or a lost and a repeated token) is AMBIGUOUS with the
 reason, never OK or LOSS.  Such a model's reference is the engine's own
 no-pause run, recorded twice with different batching (``reference_repeat``);
 when the two differ, the engine's numerics depend on batch composition and
-a stream that matches neither is AMBIGUOUS too (:func:`reference_split`).
+a stream that matches neither is AMBIGUOUS too (:func:`reference_split`).  Across a weight swap the
+token the old weights give (a frame computed before the swap) can read as a shift of the new weights'
+cycle: such a shift is AMBIGUOUS as well (:func:`~harness.core.oracle.ambiguity.stale_ambiguity`).
 """
 
 from __future__ import annotations

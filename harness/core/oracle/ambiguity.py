@@ -100,6 +100,24 @@ def shift_ambiguity(reference: Sequence[int], observed: Sequence[int], verdict: 
             f"(from index {at}: {window} …), so the shift cannot be told")
 
 
+def stale_ambiguity(record: StreamRecord, verdict: StreamVerdict) -> str | None:
+    """Why a shift at a weight swap is not proven, or None when it is (or there was no swap).
+
+    The token at the swap index may be what the weights *before* the swap give (a frame computed before it,
+    delivered after: vLLM 0.16.0's keep pause returns with one in flight under async scheduling).  The new
+    weights' cycle runs through every token, so the stream then continues as that cycle from there, and when
+    the old token lies up to ``max_shift`` steps ahead on it the stream also reads as tokens lost there.
+    """
+    if record.stale is None or verdict.outcome not in SHIFTS or not verdict.events:
+        return None
+    at, token = record.stale
+    if verdict.events[0].at != at or at >= len(record.observed) or record.observed[at] != token:
+        return None
+    return (f"the stream fits {verdict.label} and a stale token alike: token {at} ({token}) is what the weights "
+            "before the swap give there (a frame computed before the swap), and the new weights' cycle runs "
+            "through every token, so a stale token reads as a shift")
+
+
 def _readings(fits: set[str]) -> str:
     """``{"OK", "LOSS(1)", "LOSS(2)", "DUPLICATE(2)"}`` -> ``OK, LOSS(1,2), DUPLICATE(2)``."""
     single = {f for f in fits if f.rstrip(")").split("(")[-1].isdigit() and f.count("(") == 1}

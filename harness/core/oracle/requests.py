@@ -4,10 +4,10 @@ and what the verdict records (:class:`RequestVerdict`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from harness.core.oracle.ambiguity import NONDETERMINISM_HINT, reference_split, shift_ambiguity
+from harness.core.oracle.ambiguity import NONDETERMINISM_HINT, reference_split, shift_ambiguity, stale_ambiguity
 from harness.core.oracle.outcome import Outcome
 from harness.core.oracle.streams import StreamVerdict, classify_stream
 from harness.core.streams import StreamRecord
@@ -69,8 +69,18 @@ def _stream_verdict(record: StreamRecord, reference: Sequence[int], points: Sequ
     if v.outcome is Outcome.OK and aborted and short and record.finish_reason != "abort":
         return StreamVerdict(Outcome.TRUNCATED, len(obs),
                              detail=f"ended with finish_reason {record.finish_reason!r}, not 'abort'")
-    why = shift_ambiguity(reference, obs, v, points)
-    return StreamVerdict(Outcome.AMBIGUOUS, v.at, detail=why) if why else v
+    why = shift_ambiguity(reference, obs, v, points) or stale_ambiguity(record, v)
+    return StreamVerdict(Outcome.AMBIGUOUS, v.at, detail=why) if why else _stale_note(record, v)
+
+
+def _stale_note(record: StreamRecord, v: StreamVerdict) -> StreamVerdict:
+    """``v``, its detail saying so when it diverges at a weight swap with the old weights' token."""
+    if record.stale is None or v.outcome is not Outcome.DIVERGED:
+        return v
+    at, token = record.stale
+    if v.at != at or at >= len(record.observed) or record.observed[at] != token:
+        return v
+    return replace(v, detail=f"{v.detail}: the weights before the swap give {token} there (a stale frame)")
 
 
 def _judge(record: StreamRecord, points: Sequence[int], split: int | None) -> StreamVerdict:
