@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.bisect.search import BisectError, BisectResult, ProbeRecord, ProbeResult, Verdict, bisect, monotone_check
+from harness.bisect.search import BisectError, BisectResult, ProbeRecord, ProbeResult, Verdict, answer_fields, bisect
 from harness.plan.matrix import plan_cells
 from harness.run.context import Backend, RunContext
 from harness.run.execute import execute_plan
@@ -58,12 +58,7 @@ class FrameworkBisect:
             "door": self.recipe.door,
             "find": self.find,
             "candidates": list(self.candidates),
-            "answer": self.result.summary if self.result else None,
-            "first_new": self.result.first_new if self.result else None,
-            "last_old": self.result.last_old if self.result else None,
-            "ambiguous": list(self.result.ambiguous) if self.result else [],
-            "error": self.error,
-            "warnings": monotone_check(self.probes, self.find),
+            **answer_fields(self.result, self.error, self.probes, self.find),
             "probes": [{"step": p.step, "candidate": p.candidate, "verdict": p.result.verdict.value,
                         "safety": self.releases[p.candidate].safety.value if p.candidate in self.releases else None,
                         "detail": p.result.detail,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.bisect.search import BisectError, BisectResult, ProbeRecord, ProbeResult, Verdict, bisect, monotone_check
+from harness.bisect.search import BisectError, BisectResult, ProbeRecord, ProbeResult, Verdict, answer_fields, bisect
 from harness.core.pattern import CellTemplate
 from harness.plan.matrix import plan_cells
 from harness.run.context import Backend, RunContext
@@ -82,12 +82,7 @@ class BisectRun:
             "find": self.find,
             "cell": self.template.label,
             "candidates": list(self.candidates),
-            "answer": self.result.summary if self.result else None,
-            "first_new": self.result.first_new if self.result else None,
-            "last_old": self.result.last_old if self.result else None,
-            "ambiguous": list(self.result.ambiguous) if self.result else [],
-            "error": self.error,
-            "warnings": monotone_check(self.probes, self.find),
+            **answer_fields(self.result, self.error, self.probes, self.find),
             "probes": [
                 {"step": p.step, **probe_log_entry(p.candidate, p.result, self.cells.get(p.candidate))}
                 for p in self.probes

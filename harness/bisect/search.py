@@ -121,6 +121,19 @@ class BisectResult:
         return text
 
 
+def answer_fields(result: BisectResult | None, error: str | None, probes: Iterable[ProbeRecord],
+                  find: str) -> dict[str, object]:
+    """The fields every bisect log writes about its answer (``bisect.json``, ``frameworks-bisect.json``)."""
+    return {
+        "answer": result.summary if result else None,
+        "first_new": result.first_new if result else None,
+        "last_old": result.last_old if result else None,
+        "ambiguous": list(result.ambiguous) if result else [],
+        "error": error,
+        "warnings": monotone_check(probes, find),
+    }
+
+
 def _validate(candidates: Sequence[str], find: str) -> list[str]:
     if find not in FIND_MODES:
         raise bad_choice("--find mode", find, FIND_MODES)
