@@ -14,7 +14,7 @@ from harness.core.pattern import parse_pattern
 from harness.envbuild.envs import EnvRecipe, VllmEnv, needs_cpu_torch, package_for
 from harness.frontends.commands.base import Command
 from harness.frontends.commands.context import Context, fresh_log
-from harness.frontends.commands.face import interruptible, stderr_console
+from harness.frontends.commands.face import interruptible, probe_printer, stderr_console
 from harness.frontends.commands.options import (
     add_index_options,
     add_retry_option,
@@ -107,7 +107,7 @@ class BisectCommand(Command):
         from rich.markup import escape
 
         from harness.bisect.probe import run_bisect
-        from harness.bisect.search import FIND_MODES, ProbeRecord
+        from harness.bisect.search import FIND_MODES
 
         if args.find not in FIND_MODES:
             raise BadInput(f"unknown --find mode {args.find!r}; valid choices: {', '.join(FIND_MODES)}")
@@ -127,15 +127,10 @@ class BisectCommand(Command):
         console.print(f"[bold]bisect[/] --find {args.find} over {len(cands.labels)} {cands.noun}s "
                       f"({cands.labels[0]} .. {cands.labels[-1]}), cell: {template.label}")
 
-        def on_probe(p: ProbeRecord) -> None:
-            tint = {"GOOD": "green", "BAD": "red"}.get(p.result.verdict.value, "yellow")
-            console.print(f"  probe {p.step}: {p.candidate} -> [{tint}]{p.result.verdict.value}[/] "
-                          f"({escape(p.result.detail)})")
-
         with interruptible(console, f"probes so far are in {jsonl}"):
             rctx = RunContext(cfg, ctx.index, ctx.cache, ResultsLog(jsonl), python=ctx.python,
                               prebuilt=cands.prebuilt, recipe_for=cands.recipe_for or ctx.recipe, argv=ctx.argv)
-            run = run_bisect(cands.labels, template, args.find, rctx, on_probe=on_probe, noun=cands.noun)
+            run = run_bisect(cands.labels, template, args.find, rctx, on_probe=probe_printer(console), noun=cands.noun)
         doc = {**run.to_dict(), "argv": list(ctx.argv)}
         (reports / "bisect.json").write_text(json.dumps(doc, indent=2) + "\n")
         for w in doc["warnings"]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from harness.bisect.search import ProbeRecord
 
 
 class Interrupted(Exception):
@@ -53,3 +55,15 @@ def stderr_console() -> Console:
 def colour(outcome: str) -> str:
     """The rich colour of an outcome."""
     return {"OK": "green", "UNSUPPORTED": "yellow", "ERROR": "magenta", "TIMEOUT": "magenta"}.get(outcome, "red")
+
+
+def probe_printer(console: Console) -> Callable[[ProbeRecord], None]:
+    """Each bisect probe as one line on ``console`` as it comes (``bisect`` and ``frameworks bisect``)."""
+    from rich.markup import escape
+
+    def on_probe(p: ProbeRecord) -> None:
+        tint = {"GOOD": "green", "BAD": "red"}.get(p.result.verdict.value, "yellow")
+        console.print(f"  probe {p.step}: {p.candidate} -> [{tint}]{p.result.verdict.value}[/] "
+                      f"({escape(p.result.detail)})")
+
+    return on_probe

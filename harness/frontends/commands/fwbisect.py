@@ -15,18 +15,15 @@ from harness.core.errors import BadInput
 from harness.frontends.commands.base import Command
 from harness.frontends.commands.cellrun import add_check_options, checked_versions
 from harness.frontends.commands.context import Context, fresh_log, run_context
-from harness.frontends.commands.face import interruptible, stderr_console
+from harness.frontends.commands.face import interruptible, probe_printer, stderr_console
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
 from harness.verdicts.results import ResultsLog
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
-    from rich.console import Console
 
     from harness.bisect.framework import FrameworkBisect
-    from harness.bisect.search import ProbeRecord
     from harness.verdicts.frameworks import Recipe
 
 REPORT = "frameworks-bisect.json"
@@ -92,7 +89,7 @@ class FrameworksBisect(Command):
         with interruptible(console, f"results of finished cells are in {jsonl}"):
             run = run_framework_bisect(recipe, versions, args.find, run_context(ctx, ctx.run_config,
                                                                                   ResultsLog(jsonl)),
-                                       on_probe=_printer(console))
+                                       on_probe=probe_printer(console))
         (reports / REPORT).write_text(json.dumps({**run.to_dict(), "argv": list(ctx.argv)}, indent=2) + "\n")
         console.print(f"probe log: {reports / REPORT}")
         for w in run.to_dict()["warnings"]:
@@ -103,13 +100,3 @@ class FrameworksBisect(Command):
         print(_summary(run))
         return 0
 
-
-def _printer(console: Console) -> Callable[[ProbeRecord], None]:
-    from rich.markup import escape
-
-    def on_probe(p: ProbeRecord) -> None:
-        tint = {"GOOD": "green", "BAD": "red"}.get(p.result.verdict.value, "yellow")
-        console.print(f"  probe {p.step}: {p.candidate} -> [{tint}]{p.result.verdict.value}[/] "
-                      f"({escape(p.result.detail)})")
-
-    return on_probe
