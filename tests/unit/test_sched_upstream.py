@@ -1,5 +1,6 @@
 """The scheduler-tier scripts of open upstream bugs (repro.sched.upstream): vllm#57562, vllm#49674 and the reset
-failures of docs/results/fuzz-judge-2026-12-02 (reset-kv, reset-session)."""
+failures of docs/results/fuzz-judge-2026-12-02 (reset-kv, reset-session), and the session/speculative-decoding
+assert of docs/results/fuzz-judge2-2026-12-02 (session-spec)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from repro.sched.upstream import (
     chunked_burst,
     deferred_free_pressure,
     session_reset,
+    session_spec,
 )
 
 pytestmark = pytest.mark.unit
@@ -45,7 +47,8 @@ def test_deferred_free_pressure_needs_more_blocks_than_the_cache_holds_and_a_con
 
 
 def test_the_ops_scenario_replays_an_upstream_script_exactly() -> None:
-    for s in (chunked_burst({}, VOCAB, 1), deferred_free_pressure({}, VOCAB, 1), session_reset({}, VOCAB, 1)):
+    for s in (chunked_burst({}, VOCAB, 1), deferred_free_pressure({}, VOCAB, 1), session_reset({}, VOCAB, 1),
+              session_spec({}, VOCAB, 1)):
         assert build_script("ops", s.to_dict(), VOCAB) == s
 
 
@@ -87,7 +90,20 @@ def test_reset_kv_defers_frees_only_with_the_async_scheduler() -> None:
     assert [o.in_flight for o in off.ops if o.op == "reset"] == [0]
 
 
-@pytest.mark.parametrize("name", ["chunked", "deferred-free", "reset-kv", "reset-session"])
+def test_session_spec_ends_a_turn_inside_an_accepted_speculative_step() -> None:
+    s = session_spec({}, VOCAB, 0)
+    (session,) = s.requests
+    assert s.setup.scheduler == "sync" and s.setup.spec_tokens == s.setup.spec_accepted == 2
+    # prefill: 1 token, then a step of 1 + 2 accepted: 4 > turn, so an accepted draft lies past the cut
+    assert session.session and session.max_tokens == 2 and 1 + (1 + s.setup.spec_accepted) > session.max_tokens + 1
+    assert [len(p) for p, _ in session.chunks] == [1]
+    # the next chunk and the end of the input stream queued at once (a generator with both inputs ready)
+    assert [o.op for o in s.ops] == ["add", "feed", "close", "run"]
+    on = build_any_script("session_spec", SHAPES["session-spec"].for_async(True), VOCAB)
+    assert on.setup.is_async and on.setup.depth == 2 and on.setup.spec_tokens == 2  # the control
+
+
+@pytest.mark.parametrize("name", ["chunked", "deferred-free", "reset-kv", "reset-session", "session-spec"])
 def test_the_catalogue_plays_them_on_the_scheduler_tier(name: str) -> None:
     assert "scheduler" in BY_SCENARIO[name].tiers
     shape = SHAPES[name]
