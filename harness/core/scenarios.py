@@ -142,7 +142,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     # vLLM 0.16.0's keep pause returns with a frame in flight: one stale token after the swap (known_bugs.toml).
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),
-             refs=("vllm#42043", "PR #34125", "PR #34528")),
+             refs=("vllm#42043", "PR #34125")),
     # vLLM's own tests/v1/core/test_reset_prefix_cache_e2e.py shape, on AsyncLLM: no pause, the engine busy.
     Scenario("reset-inflight", "reset_prefix_cache(reset_running_requests=True) twice while requests generate, "
              "no pause (scheduler tier: one frame in flight, as an async engine core holds)",

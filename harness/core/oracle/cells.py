@@ -55,9 +55,11 @@ def cell_verdict(records: Sequence[StreamRecord]) -> CellVerdict:
         reqs = tuple(_doubt(r) for r in reqs)
     worst = max(reqs, key=lambda r: r.outcome.rank)
     counts = Counter(r.verdict.short for r in reqs)
+    refused = _refused(records)
     if worst.outcome is Outcome.OK:
-        return CellVerdict(Outcome.OK, f"OK {len(reqs)}/{len(reqs)}", dict(sorted(counts.items())), reqs)
+        return CellVerdict(Outcome.OK, f"OK {len(reqs)}/{len(reqs)}{refused}", dict(sorted(counts.items())), reqs)
     label, summary = _fault_summary(reqs, worst.outcome)
+    summary += refused
     reason = None
     if worst.outcome is Outcome.ERROR:
         bad = [r for r in reqs if r.outcome is Outcome.ERROR]
@@ -69,6 +71,13 @@ def cell_verdict(records: Sequence[StreamRecord]) -> CellVerdict:
             f"the no-pause references of {len(splits)}/{len(reqs)} requests differ between batch compositions "
             f"(first at index {min(r.reference_split or 0 for r in splits)}): {NONDETERMINISM_HINT}")
     return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs, reason, label)
+
+
+def _refused(records: Sequence[StreamRecord]) -> str:
+    """"; 2 refused while paused, retried after resume": vLLM 0.33's abort and wait pauses refuse new requests
+    (``RetryableRequestError``) where earlier releases queued them; the driver retries them, as vLLM asks."""
+    n = sum(bool(r.raw.get("rejected_while_paused")) for r in records)
+    return f"; {n} refused while paused, retried after resume" if n else ""
 
 
 def _fault_summary(reqs: tuple[RequestVerdict, ...], outcome: Outcome) -> tuple[str, str]:
