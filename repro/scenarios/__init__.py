@@ -3,7 +3,7 @@
 A scenario that must act on the engine during a pause (weight sync swaps its
 weights, manual reset resets the prefix cache), or whose reference is not the
 engine's plain no-pause run (the engine-profile scenarios: preempt, chunked, sleep,
-spec_ngram, spec_ngram_pause, logitsproc; see ``repro/scenarios/_profile.py``), also has a
+spec_ngram, spec_ngram_pause, logitsproc, connector_stale; see ``repro/scenarios/_profile.py``), also has a
 runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls instead of the
 generic reference-then-plan run.  The harness names them by the catalogue
 (``harness.core.scenarios``) with ``-`` spelled ``_``; ``manual-reset-reload``
@@ -19,6 +19,7 @@ from repro.scenarios import (
     abort,
     abort_some,
     chunked,
+    connector_stale,
     keep,
     logitsproc,
     manual_reset,
@@ -47,6 +48,7 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "spec_ngram": spec_ngram.build,
     "spec_ngram_pause": spec_ngram.build_pause,
     "logitsproc": logitsproc.build,
+    "connector_stale": connector_stale.build,
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
@@ -59,6 +61,7 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "spec_ngram": spec_ngram.run,
     "spec_ngram_pause": spec_ngram.run_pause,
     "logitsproc": logitsproc.run,
+    "connector_stale": connector_stale.run,
 }
 
 

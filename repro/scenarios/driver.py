@@ -211,6 +211,7 @@ class Driver:
         while it was paused.
         """
         for rounds in range(1, ARRIVAL_ROUNDS + 1):
+            await asyncio.sleep(0)  # a yield, not a wait: the submitted tasks run up to their adds
             engine = await self._engine_progress()
             if engine is None:  # no progress utility: order not checked (recorded as progress_unavailable)
                 return

@@ -83,6 +83,8 @@ SCENARIOS: dict[str, NEEDS | str] = {
                         "server door's probe does not carry yet",
     "logitsproc": "the logitsproc scenario (vllm#52461) is judged on the logits-processor plugin's log, which it "
                   "reads from the engine door's work dir; not wired to the server door yet",
+    "connector_stale": "the connector-stale scenario (PR #57970) reads the engine's kv_transfer_config and its "
+                       "connector's store and log in the engine door's work dir; not wired to the server door yet",
 }
 
 # What a scenario parameter adds to the scenario's needs, or (a str) why the server door cannot play it with that

@@ -38,7 +38,7 @@ def test_every_committed_report_loads_round_trips_and_renders() -> None:
     for path in committed:
         assert markdown(check_round_trip(path)), path
     # The first two reports re-render exactly as committed, their comparison too, and keep their run ids.
-    first = {name: read_results(DOCS / name / "results.json.gz") for name in RUN_IDS}
+    first = {name: read_results(DOCS / name / "results.json.xz") for name in RUN_IDS}
     for name, results in first.items():
         assert results.meta["migrated_from"] == 1 and run_id_of(results) == RUN_IDS[name]
         assert markdown(results) == (DOCS / name / "results.md").read_text(encoding="utf-8")

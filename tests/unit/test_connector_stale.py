@@ -1,0 +1,89 @@
+"""vllm#57970's scenario (repro.scenarios.connector_stale) judged without vLLM: a request admitted after the weight swap
+that loaded the store entry written before it is DIVERGED at 0 on its KV record, one that missed is OK, and a run whose
+fingerprints cannot tell A's KV from B's is no verdict (the precondition fails)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.core.oracle import Outcome, cell_verdict
+from harness.core.scenarios import BY_SCENARIO, PROFILES
+from harness.core.streams import stream_records
+from harness.plan.matrix import Cell
+from harness.verdicts.known_bugs import check, load_known_bugs
+from harness.verdicts.results import judged_result
+from repro.models import cycle_permutation, expected_continuation
+from repro.probes import kv_example as kx
+from repro.scenarios import RUNNERS, SCENARIOS, connector_stale
+from repro.scenarios.connector_stale_judge import kv_records, stale_summary, token_records
+
+pytestmark = pytest.mark.unit
+
+PERM_A, PERM_B = cycle_permutation(64, 0), cycle_permutation(64, 1)
+
+
+def _entry(store: Path, name: str, payload: bytes) -> str:
+    folder = store / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.layers.0.self_attn.attn.safetensors").write_bytes(payload)
+    return str(folder.resolve())
+
+
+def _records(tmp_path: Path, ext: int, b_payload: bytes = b"B") -> tuple[list[dict[str, Any]], Any]:
+    """P sent again after the swap; the connector answered ``ext`` external tokens for it."""
+    store = tmp_path / "kv-store"
+    folder = _entry(store, "p", b"A")
+    at_swap = kx.snapshot(store)
+    kx.wipe(store)
+    assert not any(store.iterdir())
+    _entry(store, "p", b_payload)  # what the control stores: the KV weights B compute
+    control = {folder: kx.fingerprint(Path(folder))}
+    prompt = [5, 6, 7]
+    driver = {"rid": "s-p-again", "prompt": prompt, "max_tokens": 4, "submit": ["after", 0], "pauses": [],
+              "observed": expected_continuation(PERM_B, prompt[-1], 4), "finish_reason": "length", "error": None}
+    tokens = token_records([driver], "keep", PERM_A, PERM_B, models_ok=True)
+    log = [{"op": "reset_cache", "returned": None},
+           {"op": "match", "rid": "s-p-again-0a1b2c3d", "local": 0, "ext": ext, "folder": folder}]
+    kv = kv_records(tokens, log, at_swap, control)
+    return tokens + kv, stale_summary(kv, 1, {"called": False})
+
+
+def test_stale_load_is_diverged_a_miss_is_ok_and_equal_kv_cannot_tell(tmp_path: Path) -> None:
+    recs, cond = _records(tmp_path / "stale", ext=64)
+    verdict = cell_verdict(stream_records(json.loads(json.dumps(recs))))
+    assert verdict.outcome is Outcome.DIVERGED and verdict.label == "DIVERGED"
+    assert [r.outcome for r in verdict.requests] == [Outcome.OK, Outcome.DIVERGED]  # tokens fine, KV stale
+    assert verdict.requests[1].verdict.at == 0
+    assert cond.met and cond.what.startswith("1/1 requests admitted after the swap started from KV computed")
+
+    # The known-bug row expects DIVERGED in the -kv records only (the token records stay OK) from 0.23.0 on.
+    bugs, streams = load_known_bugs(), stream_records(json.loads(json.dumps(recs)))
+    for version, status in (("0.32.0", "as expected"), ("0.22.1", "UNEXPECTED")):
+        c = Cell(version, "mp", False, "keep", True, scenario="connector-stale")
+        assert check(judged_result(c, verdict, streams, None, 1.0), bugs).status == status
+
+    recs, cond = _records(tmp_path / "miss", ext=0)
+    assert cell_verdict(stream_records(recs)).outcome is Outcome.OK
+    assert cond.met and cond.what.startswith("no request admitted after the swap loaded KV from before it")
+
+    recs, cond = _records(tmp_path / "blind", ext=64, b_payload=b"A")  # B's KV bytes equal A's
+    assert not cond.met and "cannot tell" in cond.why_not and "1/1 requests admitted" in cond.why_not
+
+
+def test_scenario_table_profile_and_plan() -> None:
+    sc = BY_SCENARIO["connector-stale"]
+    assert sc.profile == "kv-example" and sc.modes == ("keep", "wait") and sc.clear_caches == (True,)
+    cfg = PROFILES["kv-example"].args["kv_transfer_config"]
+    assert (cfg["kv_connector"], cfg["kv_connector_module_path"]) == (kx.CONNECTOR, kx.MODULE)
+    assert SCENARIOS["connector_stale"] is connector_stale.build and "connector_stale" in RUNNERS
+    plan = connector_stale.build("s", {"mode": "wait", "num_requests": 2}, 64, 0)
+    assert [r.rid for r in plan.requests] == ["s-r00", "s-r01", "s-p-again"]
+    assert plan.requests[-1].submit == ("after", 0) and len(plan.requests[-1].prompt) == 66
+    assert plan.pauses[0].mode == "wait" and plan.pauses[0].clear_cache
+    for bad in ({"clear_cache": False}, {"mode": "abort"}, {"pause_after": 17}, {"prompt_len": 64}):
+        with pytest.raises(ValueError):
+            connector_stale.build("s", bad, 64, 0)
