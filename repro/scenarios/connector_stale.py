@@ -48,7 +48,7 @@ from repro.scenarios.base import (
 )
 from repro.scenarios.connector_stale_judge import kv_records, stale_summary, token_records
 from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
-from repro.scenarios.weight_transfer import ReloadTransfer, reload_unsupported
+from repro.scenarios.weight_transfer import ReloadTransfer, reload_transfer
 
 MODES = ("keep", "wait")
 BLOCK = 32  # the kv-example profile's block_size
@@ -105,16 +105,6 @@ def check_connector(llm: Any) -> None:
                                   "vLLM <= 0.21.0), which vLLM's CPU platform cannot run")
 
 
-async def _reload(llm: Any) -> ReloadTransfer:
-    try:
-        probes = await llm.collective_rpc("repro_worker_probe")
-    except Exception as exc:
-        raise ScenarioUnsupported(f"cannot ask the workers for their classes: {exc!r}") from exc
-    reason = reload_unsupported(list(probes or []))
-    if reason:
-        raise ScenarioUnsupported(reason)
-    return ReloadTransfer(llm)
-
 
 async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
     """Play ``sc`` (see the module's docstring); the scenario event's data."""
@@ -125,7 +115,7 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
                                   "model has no checkpoint B (run it with --model bigram-cycle, the default)")
     check_pause_api(llm)
     check_connector(llm)
-    transfer = await _reload(llm)
+    transfer = await reload_transfer(llm)
     sid = sc["id"]
     plan = build(sid, sc.get("params", {}), len(ctx.perm), int(sc.get("seed", 0)))
     store, log = Path.cwd() / kx.STORE, Path.cwd() / kx.LOG

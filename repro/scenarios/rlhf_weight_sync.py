@@ -48,12 +48,7 @@ from repro.scenarios.base import (
     params_from_dict,
 )
 from repro.scenarios.runs import check_pause_api, check_reset_api, reset_action, run_plan, run_reference, run_unpaused
-from repro.scenarios.weight_transfer import (
-    NcclTransfer,
-    ReloadTransfer,
-    nccl_unsupported,
-    reload_unsupported,
-)
+from repro.scenarios.weight_transfer import NcclTransfer, nccl_unsupported, reload_transfer
 
 TRANSFERS = ("reload", "nccl")
 MODES = ("keep",)
@@ -157,14 +152,7 @@ def disagreements(checked: list[tuple[str, list[int], list[int]]]) -> list[str]:
 async def _transfer_for(params: WeightSyncParams, llm: Any, ctx: EngineContext, timeout: float) -> Any:
     """The transfer path asked for, or ScenarioUnsupported with the reason it cannot run here."""
     if params.weight_transfer == "reload":
-        try:
-            probes = await llm.collective_rpc("repro_worker_probe")
-        except Exception as exc:
-            raise ScenarioUnsupported(f"cannot ask the workers for their classes: {exc!r}") from exc
-        reason = reload_unsupported(list(probes or []))
-        if reason:
-            raise ScenarioUnsupported(reason)
-        return ReloadTransfer(llm)
+        return await reload_transfer(llm)
     reason = nccl_unsupported(llm, ctx.tensor_parallel_size)
     if reason:
         raise ScenarioUnsupported(reason)

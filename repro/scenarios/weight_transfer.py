@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.models import safetensors_manifest
-from repro.scenarios.base import ScenarioFailed
+from repro.scenarios.base import ScenarioFailed, ScenarioUnsupported
 
 # --------------------------------------------------------------------------- transfer: detection
 
@@ -149,6 +149,18 @@ def trainer_gpu_candidates(tp: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------- transfer: the two paths
+
+
+async def reload_transfer(llm: Any) -> ReloadTransfer:
+    """The in-place transfer, once the workers said they can reload; else ScenarioUnsupported with why not."""
+    try:
+        probes = await llm.collective_rpc("repro_worker_probe")
+    except Exception as exc:
+        raise ScenarioUnsupported(f"cannot ask the workers for their classes: {exc!r}") from exc
+    reason = reload_unsupported(list(probes or []))
+    if reason:
+        raise ScenarioUnsupported(reason)
+    return ReloadTransfer(llm)
 
 
 class ReloadTransfer:

@@ -1,7 +1,8 @@
-"""Run ../fuzz-reach-2026-12-02/inprocess_run.py (copied beside it) with the CPU time spent inside FuzzRun.traced
+"""Run ../fuzz-reach-2026-12-02/inprocess_run.py with the CPU time spent inside FuzzRun.traced
 (set-up, rules, invariant, teardown: everything that calls vLLM or the executor) summed: the rest is Hypothesis and
 the state machine around the rules.  Same arguments as inprocess_run.py."""
 import sys, time, runpy
+from pathlib import Path
 from repro.sched import fuzzrun
 acc = [0.0]
 orig = fuzzrun.FuzzRun.traced
@@ -14,8 +15,9 @@ def traced(self, fn):
         self.tracing = False
         acc[0] += time.process_time() - c
 fuzzrun.FuzzRun.traced = traced
-sys.argv = ["inprocess_run.py"] + sys.argv[1:]
+RUN = Path(__file__).resolve().parent.parent / "fuzz-reach-2026-12-02" / "inprocess_run.py"
+sys.argv = [str(RUN)] + sys.argv[1:]
 try:
-    runpy.run_path("inprocess_run.py", run_name="__main__")
+    runpy.run_path(str(RUN), run_name="__main__")
 finally:
     print("inside traced (set-up, rules, checks, teardown):", round(acc[0], 2), "CPU s")
