@@ -85,6 +85,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError("each test needs `unit`, or `integration`/`slow` without `unit`:\n" + "\n".join(wrong))
 
 
+@pytest.fixture(autouse=True)
+def _unit_tests_are_offline(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test never lists a package index: the harness then takes exact ``--versions`` as given (as on a
+    machine without network); a test of the listing passes its own ``fetch``."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def offline(*_a: object, **_k: object) -> None:
+        raise OSError("unit tests never reach a package index")
+
+    monkeypatch.setattr("harness.plan.releases.urlopen", offline)
+
+
 def pytest_report_header() -> str:
     return f"vllm-repro test cache: {SANDBOX.root} (the user's {SANDBOX.user_cache} is left alone)"
 

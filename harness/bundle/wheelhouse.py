@@ -44,26 +44,14 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION, Manifest, load_manifest, sha256_file
-from harness.core.errors import BadInput, EnvBuildError
+from harness.core.errors import BadInput, EnvBuildError, ResolutionFailed
 from harness.envbuild.index import IndexConfig, dependency_cutoff
 from harness.envbuild.tools import Log, last_lines, uv_bin
+from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, leave_out
 
 # flashinfer-python pulls flashinfer-cubin (and -jit-cache on some versions):
 # ~300 MB of kernels that vLLM only imports lazily (#42043 needs none of them).
 DEFAULT_EXTRA = ("ray",)
-# Packages vLLM requires but only imports lazily, on paths this harness's tiny
-# Llama model never takes (checked in the 0.21.0 wheel's sources; the 0.21.0 and
-# 0.22.0 GPU matrices ran on two H200s from a wheelhouse without them).  Left out
-# by default, each with this reason in the manifest; ``--exclude none`` keeps them.
-LAZY_KERNELS = {
-    "flashinfer-*": "imported lazily; the runner sets VLLM_USE_FLASHINFER_SAMPLER=0",
-    "tilelang": "imported only by vllm/model_executor/layers/mhc.py (DeepSeek-V4)",
-    "tokenspeed-*": "imported only by the tokenspeed MLA attention backends",
-    "nvidia-cutlass-dsl*": "CuTe DSL: imported only by FlashAttention 4 (vllm_flash_attn/cute) and DeepSeek-V4 ops",
-    "quack-kernels": "imported only by FlashAttention 4 (vllm_flash_attn/cute) and DeepSeek-V4 ops",
-    # 0.22.0: humming-kernels[cu13] pulls nvcc + nvvm (~110 MB).
-    "humming-kernels": "imported only by get_quantization_config() for quantized checkpoints",
-}
 DEFAULT_EXCLUDE = tuple(LAZY_KERNELS)
 _PLATFORM_RE = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")
 _ALIASES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
@@ -274,9 +262,9 @@ def resolve(
             cmd += ["--exclude-newer-package", f"{canonicalize_name(i.name)}=false"]
     proc = _run(cmd, 900, log)
     if proc.returncode:
-        raise EnvBuildError(
-            f"resolving {' '.join(requirements)} for {python}/{platform} failed: {last_lines(proc.stderr, 8)}"
-        )
+        raise ResolutionFailed(
+            f"resolving {' '.join(requirements)} for {python}/{platform} failed: {last_lines(proc.stderr, 8)}",
+            proc.stderr)
     return parse_pins(out.read_text())
 
 
@@ -292,13 +280,28 @@ def resolve_excluding(
     log: Log,
     uv: str,
 ) -> tuple[dict[str, Pin], list[dict[str, str]]]:
-    """Resolve with every excluded package (and what only it pulls in) left out; returns pins and exclusions."""
+    """Resolve with every excluded package (and what only it pulls in) left out; returns pins and exclusions.
+
+    An excluded package pinned at a version no index holds (vLLM 0.34.0: ``flashinfer-python==0.7.3``) fails the
+    first round: it is left out with that pin and its reason (harness.envbuild.unresolvable), never silently."""
     # First round without overrides: the manifest then says which version of
     # each excluded package vLLM would have installed.
     never: set[str] = set()
     excluded: dict[str, dict[str, str]] = {}
-    for _ in range(5):
-        pins = resolve(requirements, python, platform, installed, index_args, never, exclude_newer, workdir, log, uv)
+    reasons = {p: exclude_reason(p) for p in exclude}
+    for _ in range(5 + ROUNDS):
+        try:
+            pins = resolve(requirements, python, platform, installed, index_args, never, exclude_newer, workdir,
+                           log, uv)
+        except ResolutionFailed as exc:
+            left = leave_out(exc.stderr, reasons, never)
+            if left is None:
+                raise
+            for lo in left:
+                log(f"# {lo.name}=={lo.pinned} is on no configured index; left out ({lo.reason})")
+                excluded[lo.name] = lo.to_dict()
+                never.add(lo.name)
+            continue
         found = {c: matches_exclude(c, exclude) for c in pins}
         new = {c: p for c, p in found.items() if p}
         if not new:
@@ -307,7 +310,7 @@ def resolve_excluding(
             excluded[c] = {"name": pins[c].name, "version": pins[c].version, "reason": exclude_reason(pattern)}
         never |= set(new)
     else:
-        raise EnvBuildError(f"excluded packages keep reappearing in the resolution: {sorted(new)}")
+        raise EnvBuildError(f"excluded packages keep reappearing in the resolution: {sorted(excluded)}")
     return pins, [excluded[c] for c in sorted(excluded)]
 
 

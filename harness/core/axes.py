@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.core import scenarios
 from harness.core.errors import BadInput, bad_choice
+from harness.core.versions import release_key
 
 PLATFORMS = ("cpu", "cuda")
 EXECUTORS = ("mp", "uni", "ray-v1", "ray-v2")
@@ -41,6 +42,27 @@ ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
 # Any of these words sets a flag in a cell pattern (``--cell async=on``, ``clear_cache=true``).
 _FLAG_WORDS = {**ON_OFF, **TRUE_FALSE}
+
+
+@dataclass(frozen=True)
+class ValueRelease:
+    """Which vLLM releases have one value of an axis: from ``since`` on, and before ``removed_in``.
+
+    The planner never runs a cell on a release without its value: a value the user named is UNSUPPORTED there
+    with ``why``; a value left at the axis's default becomes the release's own (:meth:`Axis.release_value`).
+    """
+
+    value: Any
+    since: str | None = None  # the first release with the value (None: every release the harness runs)
+    removed_in: str | None = None  # the first release without it (None: still there)
+    why: str = ""  # the change, checked in vLLM's source
+
+
+# vLLM 0.34.0 removed model runner V1: Platform.validate_environ (vllm/platforms/interface.py) raises ValueError
+# for VLLM_USE_V2_MODEL_RUNNER set to anything but 1, and vllm/v1/worker/gpu_model_runner.py is gone (0.33.0 has
+# both; read in the two wheels).
+MODEL_RUNNER_RELEASES = (ValueRelease("v1", removed_in="0.34.0", why="vLLM 0.34.0 removed model runner V1; "
+                                      "VLLM_USE_V2_MODEL_RUNNER other than 1 raises in Platform.validate_environ"),)
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,30 @@ class Axis:
     # committed report keeps its run id when an axis is added.
     added_in_schema: int | None = None
     pytest_option: str = ""  # the pytest plugin's option ("" = --vllm-<option>)
+    releases: tuple[ValueRelease, ...] = ()  # values that only some vLLM releases have
+
+    def not_in_release(self, value: Any, version: str) -> str | None:
+        """Why vLLM ``version`` has no ``value`` of this axis, or None (it has, or the label is no release: a
+        per-commit label is placed only by the version its engine reports, after the fact)."""
+        key = release_key(version)
+        if key[0] != 0:
+            return None
+        for r in self.releases:
+            if r.value != value:
+                continue
+            why = f" ({r.why})" if r.why else ""
+            if r.removed_in and key >= release_key(r.removed_in):
+                return f"{self.what} {value} was removed in vLLM {r.removed_in}{why}"
+            if r.since and key < release_key(r.since):
+                return f"{self.what} {value} first exists in vLLM {r.since}{why}"
+        return None
+
+    def release_value(self, version: str) -> Any:
+        """The value a cell left at this axis's default runs on ``version``: the default where that release has
+        it, else the first value it has (model runner v2 on 0.34.0+, where V1 is gone)."""
+        if self.not_in_release(self.default, version) is None:
+            return self.default
+        return next((v for v in self.values if self.not_in_release(v, version) is None), self.default)
 
     @property
     def pytest_flag(self) -> str:

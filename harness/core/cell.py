@@ -20,6 +20,7 @@ from harness.core import scenarios
 from harness.core.axes import (
     DOORS,
     EXECUTORS,
+    MODEL_RUNNER_RELEASES,
     MODEL_RUNNERS,
     MODES,
     ON_OFF,
@@ -87,9 +88,9 @@ class Cell:
     model_runner: str = field(default="v1", metadata=axis(
         "choice", MODEL_RUNNERS, engine=True, id_rank=6, loop_rank=4, sort_rank=3,
         spellings=(("v1", ""), ("v2", "mr_v2")), option="model-runner", what="model runner", plural="model_runners",
-        selection_default=("v1",), added_in_schema=1,
+        selection_default=("v1",), added_in_schema=1, releases=MODEL_RUNNER_RELEASES,
         help="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER, set explicitly per cell): v1, v2 or all "
-             "(default: v1); v2 is UNSUPPORTED on cpu"))
+             "(default: v1, and v2 from vLLM 0.34.0, which removed v1); v2 is UNSUPPORTED on cpu"))
     batch_invariant: bool = field(default=False, metadata=axis(
         "flag", (False, True), engine=True, id_rank=7, loop_rank=5, sort_rank=4,
         spellings=((True, "batch_invariant"), (False, "")), option="batch-invariant",
@@ -227,6 +228,16 @@ else:
 TABLE = Cell.table()
 AXES = TABLE.axes
 BY_NAME = TABLE.by_name
+
+
+def at_release(cell: C, explicit: frozenset[str] | set[str] = frozenset()) -> C:
+    """``cell`` as its release runs it: an axis left at its default whose value that release lacks (model runner
+    v1 on 0.34.0+) takes the release's own value (harness.core.axes.Axis.release_value), so the id says what runs.
+    An axis in ``explicit`` (names the user gave) keeps its value: the planner then says UNSUPPORTED, and why."""
+    changes = {a.attr: a.release_value(cell.version) for a in cell.table().axes
+               if a.releases and a.name not in explicit and getattr(cell, a.attr) == a.default}
+    changes = {k: v for k, v in changes.items() if v != getattr(cell, k)}
+    return replace(cell, **changes) if changes else cell
 
 
 def required_keys(cell_type: type[Cell] = Cell) -> tuple[str, ...]:

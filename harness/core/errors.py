@@ -15,6 +15,14 @@ class EnvBuildError(ReproError):
     """A vLLM environment could not be built."""
 
 
+class ResolutionFailed(EnvBuildError):
+    """uv could not resolve a release's requirements; ``stderr`` holds uv's own explanation (which pins failed)."""
+
+    def __init__(self, message: str, stderr: str) -> None:
+        super().__init__(message)
+        self.stderr = stderr
+
+
 class ResultsFileError(ReproError):
     """A results file is unreadable, corrupt, or of an unknown schema version."""
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.core.axes import AxisTable
-from harness.core.cell import Cell
+from harness.core.cell import Cell, at_release
 from harness.core.errors import BadInput
 
 DEFAULT_TEMPLATE = "executor=mp,async=on,mode=keep,clear_cache=true"
@@ -113,8 +113,11 @@ class CellTemplate:
         return dict(self.pairs)
 
     def at(self, version: str) -> Cell:
+        """The cell on ``version``; an axis the template leaves at its default takes the release's own value
+        where that release lacks the default (harness.core.cell.at_release)."""
         by_name = self.cell_type.table().by_name
-        return self.cell_type(version, **{by_name[n].attr: v for n, v in self.pairs})
+        cell = self.cell_type(version, **{by_name[n].attr: v for n, v in self.pairs})
+        return at_release(cell, frozenset(n for n, _ in self.pairs))
 
     @property
     def label(self) -> str:

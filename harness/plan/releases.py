@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import platform as _platform
 import re
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.request import Request, urlopen
 
 from packaging.version import InvalidVersion, Version
 
@@ -50,9 +50,9 @@ def fetch_releases(package: str, index_url: str | None) -> list[Release]:
     """Releases of ``package`` from a PEP 691 JSON simple index."""
     base = (index_url or DEFAULT_INDEX).rstrip("/")
     url = f"{base}/{package}/"
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    req = Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urlopen(req, timeout=60) as resp:
             data = json.load(resp)
     except (OSError, ValueError) as exc:
         raise BadInput(
@@ -103,13 +103,13 @@ def _runs_here(rel: Release, machine: str) -> bool:
 
 
 def candidate_versions(
-    package: str, index_url: str | None, pre: bool = False, fetch: Fetch = fetch_releases,
+    package: str, index_url: str | None, pre: bool = False, fetch: Fetch | None = None,
     machine: str | None = None,
 ) -> list[str]:
-    """Every non-yanked release with a Linux wheel for this machine, oldest first."""
+    """Every non-yanked release with a Linux wheel for this machine, oldest first (``fetch``: default the index)."""
     machine = machine or _platform.machine()
     out = []
-    for rel in fetch(package, index_url):
+    for rel in (fetch or fetch_releases)(package, index_url):
         try:
             v = Version(rel.version)
         except InvalidVersion:
@@ -120,11 +120,27 @@ def candidate_versions(
     return sorted(out, key=version_key)
 
 
+def check_released(version: str, package: str, index_url: str | None, fetch: Fetch | None = None,
+                   machine: str | None = None) -> None:
+    """BadInput when ``version`` is newer than every ``package`` release for this machine (``--versions 0.99.0``),
+    naming the newest.  An index that cannot be listed (no network) leaves the version as given: its env build
+    then says what is wrong."""
+    try:
+        listed = candidate_versions(package, index_url, True, fetch, machine)
+    except BadInput:
+        return
+    if listed and version not in listed and version_key(version) > version_key(listed[-1]):
+        final = [v for v in listed if not Version(v).is_prerelease] or listed
+        raise BadInput(f"{package} {version} is not released for this machine; the newest {package} release is "
+                       f"{final[-1]} (give it, or latest)")
+
+
 def resolve_versions(
-    raw: str, package: str, index_url: str | None, pre: bool = False, fetch: Fetch = fetch_releases,
-    machine: str | None = None,
+    raw: str, package: str, index_url: str | None, pre: bool = False, fetch: Fetch | None = None,
+    machine: str | None = None, check_exact: bool = False,
 ) -> tuple[str, ...]:
-    """Expand a ``--versions`` value into an ordered tuple of versions (or ``installed``)."""
+    """Expand a ``--versions`` value into an ordered tuple of versions (or ``installed``); ``check_exact``: refuse
+    an exact version newer than every release (:func:`check_released`)."""
     items = [p.strip() for p in raw.split(",") if p.strip()]
     if not items:
         raise BadInput("empty --versions; give e.g. 0.21.0,0.32.0 or 0.20.0..0.32.0")
@@ -156,6 +172,8 @@ def resolve_versions(
                 raise BadInput(f"no {package} release in {item!r}; the index has {', '.join(avail()[-8:])} ...")
             out += chosen
         elif _EXACT.match(item):
+            if check_exact:
+                check_released(item, package, index_url, fetch, machine)
             out.append(item)
         else:
             raise BadInput(

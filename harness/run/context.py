@@ -113,5 +113,7 @@ def env_facts(env: VllmEnv) -> dict[str, Any]:
     and the CUDA packages left out: harness.envbuild.cputorch)."""
     keys = ("vllm_version", "torch_version", "torch_override", "resolved_as_of")
     extra = ("torch_pinned", "left_out") if env.recipe.cpu_torch else ()
+    # Pins no index holds, on packages no run imports (harness.envbuild.unresolvable): named in the report.
+    unresolvable = ("unresolvable_left_out",) if env.status.get("unresolvable_left_out") else ()
     return {"path": str(env.path), "package": env.recipe.package,
-            **{k: env.status.get(k) for k in (*keys, *extra)}}
+            **{k: env.status.get(k) for k in (*keys, *extra, *unresolvable)}}

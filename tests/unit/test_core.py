@@ -102,8 +102,8 @@ def test_pattern_reaches_every_axis() -> None:
     tpl = p.template()
     assert tpl.at("0.20.0") == hit.replace(version="0.20.0")
     assert tpl.label == "mp, async on, keep, clear_cache=true, tp=2, scenario=weight-sync"
-    assert parse_pattern("").template().at("1.0").id == "vllm1.0-mp-async_on-keep-clear"
-    assert parse_pattern("tier=scheduler").template().at("1.0").id == "vllm1.0-mp-async_on-keep-clear-sched"
+    assert parse_pattern("").template().at("0.30").id == "vllm0.30-mp-async_on-keep-clear"
+    assert parse_pattern("tier=scheduler").template().at("0.30").id == "vllm0.30-mp-async_on-keep-clear-sched"
 
 
 @pytest.mark.parametrize(("raw", "needle"), [

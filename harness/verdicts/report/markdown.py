@@ -81,6 +81,8 @@ def _env_lines(envs: Any) -> list[str]:
             lines.append(f"- env {version}: package {env.get('package')} (a CUDA build) on torch "
                          f"{env.get('torch_version')} (vLLM pins torch {env.get('torch_pinned')}), "
                          f"{len(env['left_out'])} CUDA packages left out")
+        for lo in env.get("unresolvable_left_out") or () if isinstance(env, dict) else ():
+            lines.append(f"- env {version}: {lo.get('name')}=={lo.get('version')} left out: {lo.get('reason')}")
     return lines
 
 
