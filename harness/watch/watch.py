@@ -22,6 +22,7 @@ from harness.watch.smoke import Status, WatchedCell, default_plan, matrix_cells,
 SCHEMA = "vllm-repro/watch"
 SCHEMA_VERSION = 1
 WATCH_FILE = "watch.json"
+WATCH_MARKDOWN = "watch.md"
 
 # Runs a plan with its results, reports and engine logs under the folder; every cell of the plan gets a result.
 RunPlan = Callable[[MatrixPlan, Path], Results]
@@ -129,11 +130,15 @@ def watch(setup: WatchSetup, judged: Judged, newest: str | None, releases: Seque
     return WatchResult(setup, judged, newest, tuple(done))
 
 
-def write_watch(result: WatchResult, folder: Path) -> Path:
-    """``watch.json`` in ``folder``, written atomically."""
+def write_watch(result: WatchResult, folder: Path) -> tuple[Path, Path]:
+    """``watch.json`` and ``watch.md`` in ``folder``, each written atomically."""
+    from harness.watch.markdown import watch_markdown
+
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / WATCH_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    paths = (folder / WATCH_FILE, folder / WATCH_MARKDOWN)
+    for path, text in zip(paths, (json.dumps(result.to_dict(), indent=2) + "\n", watch_markdown(result)),
+                          strict=True):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    return paths

@@ -238,6 +238,9 @@ def test_releases_watch_names_0_34_0_and_its_status(outcome: Outcome, why: str, 
     assert [c["cause"] for c in release["incompatibilities"]] == ([why] if rc else [])
     assert len(release["findings"]) == (1 if outcome is Outcome.LOSS else 0)
     assert json.loads((out / "0.34.0" / "smoke" / "results.json").read_text())["cells"]
+    md = (out / "watch.md").read_text()
+    assert f"**0.34.0 {status} (" in md and ("### 0.34.0: harness incompatibilities" in md) is bool(rc)
+    assert why in md
 
 
 def test_nothing_newer_exits_0(tmp_path: Path, offline, capsys) -> None:  # type: ignore[no-untyped-def]

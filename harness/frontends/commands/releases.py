@@ -74,9 +74,9 @@ class ReleasesWatch(Command):
         with interruptible(console, f"results so far are under {setup.reports}"):
             result = watch(setup, judged, newest, newer, plan_runner(ctx, cfg, capacity, console),
                            on_release=lambda r: render_release(r, console))
-        path = write_watch(result, setup.reports)
+        paths = write_watch(result, setup.reports)
         render_watch(result, stdout_console())
-        console.print(f"watch report: {path}")
+        console.print(f"watch report: {paths[0]}, {paths[1]}")
         return result.exit_code
 
 
@@ -124,8 +124,10 @@ def render_release(r: ReleaseWatch, console: Console) -> None:
     """One release's verdict as it finishes: incompatibilities with their cause, findings apart."""
     from rich.markup import escape
 
+    from harness.watch.markdown import counted
+
     tint = "red" if r.incompatibilities else "green"
-    console.print(f"[bold {tint}]{r.version}: {r.status.value.upper()}[/] ({_counted(r)})")
+    console.print(f"[bold {tint}]{r.version}: {r.status.value.upper()}[/] ({counted(r)})")
     for c in r.incompatibilities:
         console.print(f"  [red]harness incompatible[/] {escape(_cause(c))}")
     for c in r.findings:
@@ -133,46 +135,24 @@ def render_release(r: ReleaseWatch, console: Console) -> None:
 
 
 def render_watch(result: WatchResult, console: Console) -> None:
-    """The table: per release, its smoke cells and the matrix's counts; then the summary line."""
+    """The table (per release: its smoke cells, then its default matrix), then the summary line."""
     from rich.table import Table
     from rich.text import Text
 
+    from harness.watch.markdown import HEADER, rows, summary
     from harness.watch.smoke import Status
 
-    styles = {Status.COMPATIBLE: "green", Status.FINDING: "bold red", Status.INCONCLUSIVE: "yellow",
-              Status.INCOMPATIBLE: "bold magenta", Status.UNSUPPORTED: "dim"}
-    table = Table(title=f"releases of {result.setup.package} newer than {result.judged.version} "
-                        f"(newest on the index: {result.newest or 'none'})")
-    for col in ("release", "status", "probe", "outcome", "reads as", "cause"):
-        table.add_column(col, overflow="fold")
-    for r in result.releases:
-        for n, c in enumerate(r.smoke):
-            table.add_row(r.version if n == 0 else "", Text(r.status.value, styles[r.status]) if n == 0 else "",
-                          c.probe, c.label or c.outcome, Text(c.status.value, styles[c.status]), c.cause)
-        table.add_row("", "", "default matrix", "", "", _matrix_line(r))
-    console.print(table)
-    console.print(_summary(result))
-
-
-def _matrix_line(r: ReleaseWatch) -> str:
-    if r.matrix is None:
-        return r.matrix_note
-    from harness.watch.smoke import Status
-
-    counts = {s: sum(c.status is s for c in r.matrix) for s in Status}
-    return f"{len(r.matrix)} cells: " + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
-
-
-def _counted(r: ReleaseWatch) -> str:
-    n, m = len(r.incompatibilities), len(r.findings)
-    return (f"{n} harness {'incompatibility' if n == 1 else 'incompatibilities'}, "
-            f"{m} {'finding' if m == 1 else 'findings'} about vLLM")
-
-
-def _summary(result: WatchResult) -> str:
-    if not result.releases:
-        return f"nothing newer than {result.judged.version} on the index: nothing to watch"
-    return "; ".join(f"{r.version} {r.status.value} ({_counted(r)})" for r in result.releases)
+    styles = {Status.COMPATIBLE.value: "green", Status.FINDING.value: "bold red", Status.INCONCLUSIVE.value: "yellow",
+              Status.INCOMPATIBLE.value: "bold magenta", Status.UNSUPPORTED.value: "dim"}
+    if result.releases:
+        table = Table(title=f"releases of {result.setup.package} newer than {result.judged.version} "
+                            f"(newest on the index: {result.newest or 'none'})")
+        for col in HEADER:
+            table.add_column(col, overflow="fold")
+        for row in (row for r in result.releases for row in rows(r)):
+            table.add_row(*(Text(v, styles.get(v, "")) for v in row))
+        console.print(table)
+    console.print(summary(result))
 
 
 class ReleasesCommand(CommandGroup):
