@@ -1,5 +1,5 @@
 """The release watch: for each release newer than the newest judged, the smoke, then its default matrix; the
-harness's incompatibilities apart from vLLM's findings; the watch's own JSON file.
+harness's incompatibilities apart from vLLM's findings (its files: ``harness.watch.report``).
 
 Plans are run by a :data:`RunPlan` the caller gives (the CLI's runs them through ``harness.run.execute``, the
 matrix's own loop, and writes each plan's reports; a test gives a fake).
@@ -7,8 +7,6 @@ matrix's own loop, and writes each plan's reports; a test gives a fake).
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +19,6 @@ from harness.watch.smoke import Status, WatchedCell, default_plan, matrix_cells,
 
 SCHEMA = "vllm-repro/watch"
 SCHEMA_VERSION = 1
-WATCH_FILE = "watch.json"
-WATCH_MARKDOWN = "watch.md"
 
 # Runs a plan with its results, reports and engine logs under the folder; every cell of the plan gets a result.
 RunPlan = Callable[[MatrixPlan, Path], Results]
@@ -128,17 +124,3 @@ def watch(setup: WatchSetup, judged: Judged, newest: str | None, releases: Seque
         if on_release is not None:
             on_release(done[-1])
     return WatchResult(setup, judged, newest, tuple(done))
-
-
-def write_watch(result: WatchResult, folder: Path) -> tuple[Path, Path]:
-    """``watch.json`` and ``watch.md`` in ``folder``, each written atomically."""
-    from harness.watch.markdown import watch_markdown
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = (folder / WATCH_FILE, folder / WATCH_MARKDOWN)
-    for path, text in zip(paths, (json.dumps(result.to_dict(), indent=2) + "\n", watch_markdown(result)),
-                          strict=True):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    return paths

@@ -59,7 +59,8 @@ class ReleasesWatch(Command):
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.plan import releases
         from harness.watch.judged import judged_from, newer_releases
-        from harness.watch.watch import watch, write_watch
+        from harness.watch.report import write_watch
+        from harness.watch.watch import watch
 
         setup, cfg, capacity = watch_setup(ctx, args)
         judged = judged_from(args.history, tuple(args.results))
@@ -124,7 +125,7 @@ def render_release(r: ReleaseWatch, console: Console) -> None:
     """One release's verdict as it finishes: incompatibilities with their cause, findings apart."""
     from rich.markup import escape
 
-    from harness.watch.markdown import counted
+    from harness.watch.report import counted
 
     tint = "red" if r.incompatibilities else "green"
     console.print(f"[bold {tint}]{r.version}: {r.status.value.upper()}[/] ({counted(r)})")
@@ -139,7 +140,7 @@ def render_watch(result: WatchResult, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from harness.watch.markdown import HEADER, rows, summary
+    from harness.watch.report import HEADER, rows, summary
     from harness.watch.smoke import Status
 
     styles = {Status.COMPATIBLE.value: "green", Status.FINDING.value: "bold red", Status.INCONCLUSIVE.value: "yellow",

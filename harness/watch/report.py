@@ -1,11 +1,17 @@
-"""``watch.md``: the watch as Markdown (a CI job's step summary), beside ``watch.json``."""
+"""The watch's files: ``watch.json`` and ``watch.md`` (the Markdown a CI job adds to its step summary)."""
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 from harness.verdicts.mdtable import md_table
 from harness.watch.smoke import Status
 from harness.watch.watch import ReleaseWatch, WatchResult
 
+WATCH_FILE = "watch.json"
+WATCH_MARKDOWN = "watch.md"
 HEADER = ("release", "status", "probe", "outcome", "reads as", "cause")
 
 
@@ -53,3 +59,15 @@ def watch_markdown(result: WatchResult) -> str:
                 lines += [f"- `{c.cell}` ({c.probe or 'default matrix'}): {c.label or c.outcome}: {c.cause}"
                           for c in cells]
     return "\n".join(lines) + "\n"
+
+
+def write_watch(result: WatchResult, folder: Path) -> tuple[Path, Path]:
+    """``watch.json`` and ``watch.md`` in ``folder``, each written atomically."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = (folder / WATCH_FILE, folder / WATCH_MARKDOWN)
+    for path, text in zip(paths, (json.dumps(result.to_dict(), indent=2) + "\n", watch_markdown(result)),
+                          strict=True):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    return paths
