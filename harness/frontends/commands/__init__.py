@@ -11,6 +11,7 @@ from harness.frontends.commands.fuzz import FuzzCommand
 from harness.frontends.commands.history import HistoryCommand
 from harness.frontends.commands.matrix import MatrixCommand
 from harness.frontends.commands.plan import PlanCommand
+from harness.frontends.commands.releases import ReleasesCommand
 from harness.frontends.commands.report import ReportCommand
 from harness.frontends.commands.wheelhouse import WheelhouseCommand
 from harness.frontends.commands.windows import WindowsCommand
@@ -26,6 +27,7 @@ COMMANDS: tuple[Command, ...] = (
     FuzzCommand(),
     ReportCommand(),
     HistoryCommand(),
+    ReleasesCommand(),
     WindowsCommand(),
     CompareCommand(),
     WheelhouseCommand(),

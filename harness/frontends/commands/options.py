@@ -50,7 +50,8 @@ def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, **kwargs)
 
 
-def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
+def add_run_options(p: argparse.ArgumentParser, reports: str, setup: bool = True) -> None:
+    """Platform, reports folder, timeouts, scenario sizes; with ``setup`` the model and engine settings too."""
     p.add_argument("--platform", help=f"{' or '.join(PLATFORMS)} (default: detected)")
     p.add_argument("--reports", type=Path, default=Path(reports),
                    help=f"output folder for results and logs (default: {reports})")
@@ -66,7 +67,8 @@ def add_run_options(p: argparse.ArgumentParser, reports: str) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help=f"cuda only: fraction of GPU memory per engine (default {DEFAULT_GPU_MEMORY_UTILIZATION} "
                         "for the tiny model, or the preset's)")
-    add_setup_options(p)
+    if setup:
+        add_setup_options(p)
 
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.05
