@@ -23,7 +23,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from harness.core.cell import Cell
+from harness.core.cell import Cell, at_release
 from harness.core.oracle import Outcome
 from harness.plan.matrix import MatrixPlan, Selection, plan_cells, selection_axes
 from harness.plan.platforms import engine_tier_refusal
@@ -52,8 +52,9 @@ class Probe:
         return "scheduler tier" if self.tier == "scheduler" else f"{self.tier} tier, {self.door} door"
 
     def cell(self, version: str) -> Cell:
-        return Cell(version=version, executor="mp", async_on=True, mode="keep", clear_cache=True, scenario="pause",
-                    tier=self.tier, door=self.door)
+        """The default cell of this tier and door as ``version`` runs it (at_release: its own model runner)."""
+        return at_release(Cell(version=version, executor="mp", async_on=True, mode="keep", clear_cache=True,
+                               scenario="pause", tier=self.tier, door=self.door))
 
 
 PROBES = (Probe("scheduler", "engine"), Probe("engine", "engine"), Probe("engine", "server"))
