@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, make_dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from harness.core import scenarios
 from harness.core.axes import (
@@ -37,6 +37,7 @@ from harness.core.scenarios import DEFAULT_PROFILE, pauses, profile_of
 from harness.core.versions import version_key
 
 C = TypeVar("C", bound="Cell")
+K = TypeVar("K")  # a Cell or an engine key
 
 _SCENARIO_HELP = (
     f"scenarios: {','.join(SCENARIOS)} or all (default on cuda: {','.join(scenarios.default_scenarios('cuda'))}, "
@@ -230,14 +231,17 @@ AXES = TABLE.axes
 BY_NAME = TABLE.by_name
 
 
-def at_release(cell: C, explicit: frozenset[str] | set[str] = frozenset()) -> C:
-    """``cell`` as its release runs it: an axis left at its default whose value that release lacks (model runner
-    v1 on 0.34.0+) takes the release's own value (harness.core.axes.Axis.release_value), so the id says what runs.
-    An axis in ``explicit`` (names the user gave) keeps its value: the planner then says UNSUPPORTED, and why."""
-    changes = {a.attr: a.release_value(cell.version) for a in cell.table().axes
-               if a.releases and a.name not in explicit and getattr(cell, a.attr) == a.default}
+def at_release(cell: K, explicit: frozenset[str] | set[str] = frozenset()) -> K:
+    """``cell`` (a Cell or an engine key) as its release runs it: an axis left at its default whose value that
+    release lacks (model runner v1 on 0.34.0+) takes the release's own value (harness.core.axes.Axis.release_value),
+    so the id says what runs.  An axis in ``explicit`` (names the user gave) keeps its value: the planner then says
+    UNSUPPORTED, and why."""
+    table = cell.table() if isinstance(cell, Cell) else cast(Any, cell).cell_type.table()
+    version = cast(Any, cell).version
+    changes = {a.attr: a.release_value(version) for a in table.axes
+               if a.releases and a.name not in explicit and getattr(cell, a.attr, None) == a.default}
     changes = {k: v for k, v in changes.items() if v != getattr(cell, k)}
-    return replace(cell, **changes) if changes else cell
+    return cast(K, replace(cast(Any, cell), **changes)) if changes else cell
 
 
 def required_keys(cell_type: type[Cell] = Cell) -> tuple[str, ...]:

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core.cell import EngineKey, at_release
 from harness.core.oracle import CellVerdict, Outcome, cell_verdict, fit_losses, preempted_at_keep_clear
 from harness.core.streams import StreamRecord
-from harness.plan.matrix import EngineKey
 from harness.run.context import RunContext
 from harness.run.events import ScenarioEvent
 from harness.run.session import EngineDied, EngineSession
@@ -63,7 +63,7 @@ def replay_plan(plan: dict[str, Any], versions: Sequence[str], asyncs: Sequence[
     for v in versions:
         env = ctx.env(v)
         for a in asyncs:
-            yield _replay_on(EngineSession(env, EngineKey(v, executor, a), ctx.cfg), plan)
+            yield _replay_on(EngineSession(env, at_release(EngineKey(v, executor, a)), ctx.cfg), plan)
 
 
 def _replay_on(session: EngineSession, plan: dict[str, Any]) -> PlanReplay:
@@ -85,7 +85,7 @@ def replay_sched_plan(script: dict[str, Any], versions: Sequence[str], ctx: RunC
     """Run the op ``script`` (the ``ops`` scenario's params) on vLLM's scheduler of every version, in that order."""
     for v in versions:
         env = ctx.env(v)
-        engine = EngineKey(v, "mp", script.get("scheduler", "async") == "async", tier="scheduler")
+        engine = at_release(EngineKey(v, "mp", script.get("scheduler", "async") == "async", tier="scheduler"))
         spec = sched_tier.sched_spec(engine, [{"id": "plan", "scenario": "ops", "params": script, "seed": 0}],
                                      str(ctx.cfg.model_cache.resolve()), ctx.cfg.model_params)
         run = run_sched(env, engine, ctx.cfg, f"plan-{engine.id}", spec, ctx.cfg.engine_timeout)

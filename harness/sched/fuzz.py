@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.cell import EngineKey, at_release
 from harness.core.errors import BadInput, EnvBuildError
 from harness.core.oracle import CellVerdict, Outcome
-from harness.plan.matrix import EngineKey
 from harness.run.context import RunContext
 from harness.run.events import Event, FuzzEvent
 from harness.sched import cells as sched_tier
@@ -165,7 +165,7 @@ def fuzz_version(version: str, spec: FuzzSpec, ctx: RunContext, timeout: float,
         env = ctx.env(version)
     except EnvBuildError as exc:
         return FuzzResult(version, "build-failed", spec.seed, reason=str(exc))
-    engine = EngineKey(version, "mp", True, tier="scheduler")
+    engine = at_release(EngineKey(version, "mp", True, tier="scheduler"))
     doc = sched_tier.sched_spec(engine, [], str(ctx.cfg.model_cache.resolve()), ctx.cfg.model_params, fuzz=spec)
     dists = DISTRIBUTIONS + (reach_distributions() if spec.reach else ())
     run = run_sched(env, engine, ctx.cfg, f"fuzz-{version}", doc, timeout, dists,

@@ -53,3 +53,11 @@ def test_no_release_gets_a_variable_it_rejects() -> None:
     cell = Selection(versions=("0.34.0",), modes=("keep",), clear_caches=(True,), asyncs=(True,)).cells()[0]
     axes = {a.name: getattr(cell, a.attr) for a in cell.table().engine}
     assert engine_env(axes).get("VLLM_USE_V2_MODEL_RUNNER", "1") == "1"
+
+
+def test_engine_keys_made_without_a_cell_follow_too() -> None:
+    # The fuzzer and plan replays make their scheduler-tier keys directly (harness.sched.fuzz, harness.run.replay).
+    from harness.core.cell import EngineKey
+
+    assert at_release(EngineKey("0.34.0", "mp", True, tier="scheduler")).model_runner == "v2"
+    assert at_release(EngineKey("0.33.0", "mp", True, tier="scheduler")).model_runner == "v1"
