@@ -27,10 +27,18 @@ class EngineArg:
 
 @dataclass(frozen=True)
 class EnvVar:
-    """An axis realised as an environment variable of the engine process (None: leave it unset)."""
+    """An axis realised as an environment variable of the engine process (None: leave it unset), on the releases
+    before ``removed_in`` (None: all): a release whose vllm/envs.py no longer has the variable is not given it."""
 
     name: str
     value: Callable[[Any], str | None]
+    removed_in: str | None = None
+
+
+def _release(version: Any) -> tuple[int, ...] | None:
+    """``0.33.0`` -> (0, 33, 0); None for a label that is no plain release (a commit: every variable is set)."""
+    parts = str(version).split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
 
 
 def _backend(executor: Any) -> str:
@@ -46,7 +54,8 @@ ENGINE_ARGS: dict[str, EngineArg] = {
 ENV_VARS: dict[str, tuple[EnvVar, ...]] = {
     # Ray's two executors are one backend; vLLM picks between them with this variable.
     "executor": (EnvVar("VLLM_USE_RAY_V2_EXECUTOR_BACKEND",
-                        lambda e: None if not str(e).startswith("ray") else "1" if e == "ray-v2" else "0"),),
+                        lambda e: None if not str(e).startswith("ray") else "1" if e == "ray-v2" else "0",
+                        removed_in="0.33.0"),),
     # Both always explicit: 0.22+ picks the V2 runner by itself for some models (0.32 by default), and a
     # variable left in the caller's shell must not change what a cell labelled v1 / not batch-invariant runs.
     "model_runner": (EnvVar("VLLM_USE_V2_MODEL_RUNNER", lambda r: "1" if r == "v2" else "0"),),
@@ -62,12 +71,18 @@ def engine_args(axes: Mapping[str, Any]) -> dict[str, Any]:
     return {ENGINE_ARGS[k].field: ENGINE_ARGS[k].value(v) for k, v in axes.items() if k in ENGINE_ARGS}
 
 
+def _gone(var: EnvVar, release: tuple[int, ...] | None) -> bool:
+    removed = _release(var.removed_in) if var.removed_in else None
+    return removed is not None and release is not None and release >= removed
+
+
 def engine_env(axes: Mapping[str, Any]) -> dict[str, str]:
-    """The environment variables a cell's engine axes decide."""
+    """The environment variables a cell's engine axes decide (for its release: ``axes["version"]``)."""
+    release = _release(axes.get("version", ""))
     out = {}
     for k, v in axes.items():
         for var in ENV_VARS.get(k, ()):
-            value = var.value(v)
+            value = None if _gone(var, release) else var.value(v)
             if value is not None:
                 out[var.name] = value
     return out

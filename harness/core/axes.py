@@ -63,6 +63,11 @@ class ValueRelease:
 # both; read in the two wheels).
 MODEL_RUNNER_RELEASES = (ValueRelease("v1", removed_in="0.34.0", why="vLLM 0.34.0 removed model runner V1; "
                                       "VLLM_USE_V2_MODEL_RUNNER other than 1 raises in Platform.validate_environ"),)
+# vLLM 0.33.0 removed the Ray v1 executor: vllm/v1/executor/ray_executor.py is in 0.32.0 and gone in 0.33.0, where
+# distributed_executor_backend="ray" always builds RayExecutorV2 (v1/executor/abstract.py, Executor.get_class) and
+# VLLM_USE_RAY_V2_EXECUTOR_BACKEND is no longer one of vllm/envs.py's variables (read in the three wheels).
+EXECUTOR_RELEASES = (ValueRelease("ray-v1", removed_in="0.33.0", why="vLLM 0.33.0 removed RayDistributedExecutor; "
+                                  "distributed_executor_backend='ray' builds RayExecutorV2"),)
 
 
 @dataclass(frozen=True)

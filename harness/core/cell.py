@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 from harness.core import scenarios
 from harness.core.axes import (
     DOORS,
+    EXECUTOR_RELEASES,
     EXECUTORS,
     MODEL_RUNNER_RELEASES,
     MODEL_RUNNERS,
@@ -57,6 +58,7 @@ class Cell:
         "choice", EXECUTORS, engine=True, id_rank=1, loop_rank=1, sort_rank=1,
         spellings=tuple((e, e) for e in EXECUTORS), option="executor", what="executor", option_all=True,
         plural="executors", selection_default=("mp",), pytest_option="executors", added_in_schema=1,
+        releases=EXECUTOR_RELEASES,
         help=f"executors: {','.join(EXECUTORS)} or all (default: all)"))
     async_on: bool = field(default=True, metadata=axis(
         "flag", (False, True), name="async_scheduling", engine=True, id_rank=2, loop_rank=2, sort_rank=5,

@@ -61,3 +61,17 @@ def test_engine_keys_made_without_a_cell_follow_too() -> None:
 
     assert at_release(EngineKey("0.34.0", "mp", True, tier="scheduler")).model_runner == "v2"
     assert at_release(EngineKey("0.33.0", "mp", True, tier="scheduler")).model_runner == "v1"
+
+
+def test_ray_v1_is_known_gone_from_0_33_0_and_its_variable_with_it() -> None:
+    executor = BY_NAME["executor"]
+    assert executor.not_in_release("ray-v1", "0.32.0") is None
+    assert "removed in vLLM 0.33.0" in (executor.not_in_release("ray-v1", "0.33.0") or "")
+    sel = Selection(versions=("0.32.0", "0.33.0"), executors=("ray-v1", "ray-v2"), modes=("keep",),
+                    clear_caches=(True,), asyncs=(False,))
+    plan = plan_cells(sel.cells(), "cuda")
+    assert [(c.version, c.executor) for c, _ in plan.unsupported] == [("0.33.0", "ray-v1")]
+    # 0.33.0's vllm/envs.py has no VLLM_USE_RAY_V2_EXECUTOR_BACKEND: it is set up to 0.32.0 only.
+    assert engine_env({"version": "0.32.0", "executor": "ray-v2"}) == {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1"}
+    assert engine_env({"version": "0.33.0", "executor": "ray-v2"}) == {}
+    assert engine_env({"version": "abc1234", "executor": "ray-v1"}) == {"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0"}
