@@ -56,7 +56,10 @@ def effective_settings(requested: dict[str, Any], probe: dict[str, Any]) -> tupl
         "core_config": core.get("async_scheduling"),
         "core_scheduler_async": (core.get("scheduler_class") or "").endswith("AsyncScheduler")
         if core else None,
-        "workers": [w.get("use_async_scheduling") for w in workers] if workers else None,
+        # A worker whose runner has no async flag of its own (0.34.0's V2 GPU runner) runs whatever the core
+        # schedules: the core's scheduler class and config are its evidence, so it adds no vote of its own.
+        "workers": [w.get("use_async_scheduling") for w in workers if w.get("runner_async_flag", True)]
+        if workers else None,
     }
     known = [v for k, v in parts.items() if k != "workers" and v is not None]
     known += parts["workers"] or []

@@ -157,6 +157,9 @@ def _worker_probe(self: Any) -> dict[str, Any]:
         "worker_class": _qualname(self),
         "model_runner_class": _qualname(runner) if runner is not None else None,
         "use_async_scheduling": getattr(runner, "use_async_scheduling", None),
+        # vLLM 0.34.0's V2 GPU runner (vllm/v1/worker/gpu/model_runner.py) has no use_async_scheduling: it returns
+        # an AsyncOutput every step, and EngineCore's batch queue alone decides whether steps overlap.
+        "runner_async_flag": runner is not None and hasattr(runner, "use_async_scheduling"),
         "batch_invariant": _batch_invariant_mode(),
         "shim": dict(STATE),
     }

@@ -47,7 +47,7 @@ from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION, Manifest, load_man
 from harness.core.errors import BadInput, EnvBuildError, ResolutionFailed
 from harness.envbuild.index import IndexConfig, dependency_cutoff
 from harness.envbuild.tools import Log, last_lines, uv_bin
-from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, leave_out
+from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, lazy_for, leave_out
 
 # flashinfer-python pulls flashinfer-cubin (and -jit-cache on some versions):
 # ~300 MB of kernels that vLLM only imports lazily (#42043 needs none of them).
@@ -423,7 +423,7 @@ def _add_version(t: _Target, v: str, data: dict[str, Any], log: Log) -> list[str
     log(f"resolving {' + '.join(requirements)} for cp{t.python} {t.platform} (as of {as_of or 'today'})")
     with tempfile.TemporaryDirectory(prefix="vllm-repro-wh-") as tmp:
         pins, excluded = resolve_excluding(requirements, t.python, t.platform, t.installed, t.index.uv_args(),
-                                           t.exclude, as_of, Path(tmp), log, t.uv)
+                                           lazy_for(v, t.exclude), as_of, Path(tmp), log, t.uv)
     split = split_resolution(pins, t.installed)
     before = {p.name for p in t.dest.glob("*.whl")}
     log(f"{v}: {len(pins)} packages resolved, {len(split.kept_installed)} installed on the target, "

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
+from harness.core.versions import release_key
+
 _NO_VERSION = re.compile(r"there is no version of ([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s,;]+)")
 _NOT_FOUND = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s,;]+) was not found in the package registry")
 # Packages vLLM requires but only imports lazily, on paths this harness's tiny
@@ -36,6 +38,22 @@ LAZY_KERNELS = {
     # 0.22.0: humming-kernels[cu13] pulls nvcc + nvvm (~110 MB).
     "humming-kernels": "imported only by get_quantization_config() for quantized checkpoints",
 }
+# Packages the list above calls lazy that a release imports on every CUDA engine after all, from that release on:
+# vLLM 0.34.0's kernel_warmup (model_executor/warmup/kernel_warmup.py:366-372) imports the MiniMax-M3 MSA warm-up
+# whatever the model, and its modules import cutlass (the CuTe DSL, nvidia-cutlass-dsl) and quack
+# (models/minimax_m3/nvidia/ops/*.py).  Measured on an H200, 2026-12-04: without them every 0.34.0 engine died
+# with "No module named 'cutlass'" in compile_or_warm_up_model.
+IMPORTED_FROM = {"nvidia-cutlass-dsl*": "0.34.0", "quack-kernels": "0.34.0"}
+
+
+def lazy_for(version: str, patterns: Iterable[str]) -> tuple[str, ...]:
+    """``patterns`` without those a release imports after all (:data:`IMPORTED_FROM`); a label that is no release
+    (a commit) keeps them all."""
+    key = release_key(version)
+    return tuple(p for p in patterns
+                 if not (p in IMPORTED_FROM and key[0] == 0 and key >= release_key(IMPORTED_FROM[p])))
+
+
 # On a CPU torch (the scheduler tier of a CUDA build, harness.envbuild.cputorch) no kernel runs at all.
 CPU_TORCH_REASON = "a CUDA-only kernel package; the scheduler tier on a CPU torch runs no kernel"
 ROUNDS = 5  # a release has pinned at most one such package so far; a few more rounds cost seconds

@@ -29,7 +29,7 @@ from harness.envbuild.cputorch import plan_cpu_torch
 from harness.envbuild.index import dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe
 from harness.envbuild.tools import last_lines, uv_bin
-from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, LeftOut, leave_out, unresolvable_facts
+from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, LeftOut, lazy_for, leave_out, unresolvable_facts
 
 # Never install these into a vLLM env (see module docstring).
 EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
@@ -98,7 +98,8 @@ def _pip_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> dict[str
             torch_override = m.group(1)
             extra = [f"torch=={torch_override}"]
             continue
-        more = leave_out(proc.stderr, LAZY_KERNELS, never) if recipe.platform != "cpu" else None
+        lazy = {p: LAZY_KERNELS[p] for p in lazy_for(recipe.version, LAZY_KERNELS)}
+        more = leave_out(proc.stderr, lazy, never) if recipe.platform != "cpu" else None
         if more is None:
             break
         step.logfile.write("".join(f"# {lo.name}=={lo.pinned} is on no configured index: left out\n" for lo in more))

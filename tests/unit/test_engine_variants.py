@@ -204,3 +204,17 @@ def test_workaround_verdict_names_the_variant() -> None:
     assert verdict.executor == "mp-mr_v2"
     (verdict,) = workaround_verdicts(_pair("0.21.0", "v1", Outcome.LOSS))
     assert verdict.executor == "mp"
+
+
+def test_a_runner_without_its_own_async_flag_follows_the_core_but_a_missing_probe_does_not() -> None:
+    # vLLM 0.34.0's V2 GPU runner has no use_async_scheduling (measured on an H200: every 0.34.0 cell was
+    # "could not establish effective async_scheduling ... workers: [None]" before this).
+    probe = _probe([V2], [False])
+    probe["workers"][0].update(use_async_scheduling=None, runner_async_flag=False)
+    eff, reason = effective_settings(_requested("v2"), probe)
+    assert reason is None and eff["async_scheduling"] is True
+    probe["core"]["scheduler_class"] = "vllm.v1.core.sched.scheduler.Scheduler"  # the core contradicts: no claim
+    assert "could not establish effective async_scheduling" in (effective_settings(_requested("v2"), probe)[1] or "")
+    unknown = _probe([V2], [False])
+    unknown["workers"][0]["use_async_scheduling"] = None  # a runner that has the flag but reports nothing
+    assert effective_settings(_requested("v2"), unknown)[1] is not None

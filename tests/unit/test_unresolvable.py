@@ -96,3 +96,14 @@ def test_wheelhouse_leaves_out_the_pin_and_its_manifest_says_so(tmp_path: Path,
     with pytest.raises(EnvBuildError, match=r"flashinfer-python==0\.7\.3"):  # --exclude none: nothing may go
         (tmp_path / "none").mkdir()
         twh._build(tmp_path / "none", ["0.34.0"], exclude=())
+
+
+def test_kernels_a_release_imports_after_all_are_not_left_out_there() -> None:
+    from harness.envbuild.unresolvable import lazy_for
+
+    # 0.34.0's kernel_warmup imports the CuTe DSL (cutlass) and quack on every CUDA engine (measured on an H200).
+    assert "nvidia-cutlass-dsl*" in lazy_for("0.33.0", LAZY_KERNELS)
+    assert "nvidia-cutlass-dsl*" not in lazy_for("0.34.0", LAZY_KERNELS)
+    assert "quack-kernels" not in lazy_for("0.35.1", LAZY_KERNELS)
+    assert "flashinfer-*" in lazy_for("0.34.0", LAZY_KERNELS)
+    assert lazy_for("abc1234", LAZY_KERNELS) == tuple(LAZY_KERNELS)
