@@ -57,8 +57,7 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
                     "reason": f"{type(exc).__name__}: {str(exc) or site[1]} at {site[0]}"}
         return {**result, "status": "error"}
     if sc["scenario"] == INFLIGHT:  # its precondition and what the scheduler holds at the end
-        base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched,
-                                   {rid: st.request for rid, st in ex.streams.items()}))
+        base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched))
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
             "stall_state": ex.stall_state,
             "iterations": ex.iterations, "frames": ex.frames_made, "empty_frames": ex.empty_frames,
