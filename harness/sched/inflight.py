@@ -6,7 +6,7 @@ through ``harness.run.scenario_results.with_precondition``).  Two rules more, si
 
 * **no token after an abort**: the harness calls ``finish_requests`` itself, so any token ``update_from_output``
   delivers for an aborted request afterwards is one vLLM should have dropped (a finished request is skipped,
-  vllm/v1/core/sched/scheduler.py:2371-2380 in 0.34.0); a stream past its abort index is DIVERGED there, though
+  vllm/v1/core/sched/scheduler.py:2373-2381 in 0.34.0); a stream past its abort index is DIVERGED there, though
   still a prefix of its reference, which the stream oracle alone would pass;
 * **nothing held at the end**: once every stream has finished and no frame is in flight, vLLM's scheduler must
   hold no request (its ``requests`` table, waiting and running queues) and every KV block must be free again;

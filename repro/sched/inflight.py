@@ -6,7 +6,7 @@ executors, whose futures poll).  Under the async batch queue (two batches) ``ste
 scheduled N+1 and pops N before that wait (core.py:820-833), so an abort (``abort_requests`` ->
 ``finish_requests(ids, FINISHED_ABORTED)``, core.py:610-616) and, new in 0.34.0, an add now land between
 ``schedule(N+1)`` and ``update_from_output(N)``.  0.33.0 ran adds only between ``update_from_output`` and the
-next ``schedule``; its aborts already reached that point through ``_process_aborts_queue`` (33: core.py:783-795).
+next ``schedule``; its aborts already reached that point through ``_process_aborts_queue`` (33: core.py:778-792).
 With async off ``step`` waits the same way (core.py:730): between ``schedule(N)`` and ``update_from_output(N)``.
 
 The script, with ``depth`` frames in flight at each point (the scheduler tier's batch queue):
