@@ -197,6 +197,11 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("deferred-free", "KV-cache pressure preemption with a consumer KV connector: block frees deferred "
              "behind the in-flight frame", tiers=("scheduler",), refs=("vllm#49674", "PR #49675", "PR #45357"),
              trigger=False),
+    # repro/sched/inflight.py: vLLM 0.34.0's EngineCoreProc handles adds and aborts while a step is in flight
+    # (_wait_for_output, vllm/v1/engine/core.py:1928); its engine-tier shape needs a shim hold (issue 33 item 4).
+    Scenario("inflight-add-abort", "requests added and aborted (one before it was ever scheduled, one re-added "
+             "under a new id) between schedule(N+1) and update_from_output(N)", tiers=("scheduler",),
+             trigger=False),
     # harness.sched.cells.SHAPES: reset_prefix_cache(reset_running_requests=True) in two states the fuzzer found
     # where vLLM raises "Failed to reset KV cache even when all the running requests are preempted"
     # (docs/results/fuzz-judge-2026-12-02/: both reached through AsyncLLM as well).

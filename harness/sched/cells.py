@@ -27,6 +27,7 @@ from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import CellVerdict, Outcome, cell_verdict
 from harness.core.records import EngineInfo
 from harness.run.events import ScenarioEvent
+from harness.sched.inflight import with_end_checks
 from harness.verdicts.results import CellResult, infra_result
 from repro.sched.script import SCHEMA_VERSION
 from repro.wire import FuzzSpec
@@ -44,6 +45,9 @@ class SchedShape:
     sync_reason: str = ""  # why async off is not expressed (sync is None)
     # The shape is about memory-pressure preemption: a run in which vLLM preempted no request tested nothing.
     preempts: bool = False
+    # Its aborted streams get no token after the abort and vLLM's scheduler holds nothing at the end
+    # (harness.sched.inflight): the repro side records its end_state.
+    end_checks: bool = False
 
     def for_async(self, async_on: bool) -> dict[str, Any]:
         if async_on:
@@ -104,6 +108,10 @@ SHAPES: dict[str, SchedShape] = {
     # (repro/sched/upstream.py session_spec; docs/results/fuzz-judge2-2026-12-02/): the sync Scheduler keeps
     # num_computed_tokens past the cut until 0.33.0, the AsyncScheduler until 0.31.0 (then below its placeholders).
     "session-spec": SchedShape("session_spec", {"depth": 2}, {}),
+    # Adds and aborts between schedule(N+1) and update_from_output(N), as vLLM 0.34.0's EngineCoreProc handles
+    # them while it waits for a step's output (core.py:1928-1955; repro/sched/inflight.py).  Async off: between
+    # schedule(N) and update_from_output(N), where 0.34.0's EngineCore.step waits the same way (core.py:730).
+    "inflight-add-abort": SchedShape("inflight_add_abort", {"depth": 2}, {}, end_checks=True),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
 }
@@ -171,7 +179,8 @@ def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
     if ev.status == "ran" and ev.stalled:
         v = sched_verdict(ev)
         return infra_result(cell, v.outcome, v.reason or v.summary, facts)
-    return judge(cell, ev, facts)
+    res = judge(cell, ev, facts)
+    return with_end_checks(res, ev) if shape is not None and shape.end_checks else res
 
 
 def sched_verdict(ev: ScenarioEvent) -> CellVerdict:

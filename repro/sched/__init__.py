@@ -31,9 +31,11 @@ SPEC (JSON)::
 
 Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_reset`` (the other half
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
-for scripted speculative decoding), ``spec_reset`` (PRs #42117, #46066, #48245) and ``ops`` (an explicit
-script: setup fields, ``requests`` [{rid, prompt, max_tokens}] and ``ops`` [{op, rid, n, tokens,
-in_flight, optional}] — ``Script.to_dict()`` gives it, so a fuzzer replays what it drew).  Every
+for scripted speculative decoding), ``spec_reset`` (PRs #42117, #46066, #48245), ``inflight_add_abort``
+(``inflight.py``: adds and aborts between ``schedule(N+1)`` and ``update_from_output(N)``, as vLLM 0.34.0's
+``EngineCoreProc._wait_for_output`` handles them; its event adds ``precondition`` and ``end_state``) and
+``ops`` (an explicit script: setup fields, ``requests`` [{rid, prompt, max_tokens}] and ``ops`` [{op, rid, n,
+tokens, in_flight, optional}] — ``Script.to_dict()`` gives it, so a fuzzer replays what it drew).  Every
 scenario takes the setup fields of ``script.Setup``: ``scheduler`` ("async" | "sync"), ``depth`` (D),
 ``num_blocks``, ``block_size``, ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
 ``enable_prefix_caching``, ``spec_tokens``, ``spec_accepted``, ``max_steps``; the named ones also

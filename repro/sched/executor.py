@@ -344,6 +344,8 @@ class Executor:
     def apply(self, op: Op) -> dict[str, Any]:
         """Apply one operation; returns its log entry."""
         entry: dict[str, Any] = {"op": op.to_dict(), "in_flight_before": len(self.queue)}
+        if op.named and self.queue:  # which frames an add or abort met in flight (repro.sched.inflight's proof)
+            entry["frames_in_flight"] = [f.index for f in self.queue]
         getattr(self, f"_op_{op.op}")(op, entry)
         entry["in_flight_after"] = len(self.queue)
         self.log.append(entry)

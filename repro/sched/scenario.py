@@ -15,6 +15,8 @@ from typing import Any
 from repro.crash import raised_in_vllm
 from repro.sched.adapter import Unsupported, vllm_crash_site
 from repro.sched.executor import Executor, OpUnsupported
+from repro.sched.inflight import NAME as INFLIGHT
+from repro.sched.inflight import scenario_facts
 from repro.sched.script import ScriptError
 from repro.sched.upstream import build_any_script
 
@@ -54,6 +56,8 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
                     "exception_type": type(exc).__name__, "message": str(exc),
                     "reason": f"{type(exc).__name__}: {str(exc) or site[1]} at {site[0]}"}
         return {**result, "status": "error"}
+    if sc["scenario"] == INFLIGHT:  # its precondition and what the scheduler holds at the end
+        base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched))
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
             "stall_state": ex.stall_state,
             "iterations": ex.iterations, "frames": ex.frames_made, "empty_frames": ex.empty_frames,

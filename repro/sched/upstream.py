@@ -35,6 +35,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from repro.sched.inflight import NAME as INFLIGHT
+from repro.sched.inflight import inflight_add_abort
 from repro.sched.script import (
     SCENARIOS,
     Op,
@@ -131,6 +133,8 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     "deferred_free_pressure": deferred_free_pressure,
     "session_reset": session_reset,
     "session_spec": session_spec,
+    # Not an upstream bug: 0.34.0's adds and aborts while a step is in flight (repro/sched/inflight.py).
+    INFLIGHT: inflight_add_abort,
 }
 
 
