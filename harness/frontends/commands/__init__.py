@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.frontends.commands.base import Command
+from harness.frontends.commands.bench import BenchCommand
 from harness.frontends.commands.bisect import BisectCommand
 from harness.frontends.commands.compare import CompareCommand
 from harness.frontends.commands.envs import EnvsCommand
@@ -32,4 +33,5 @@ COMMANDS: tuple[Command, ...] = (
     CompareCommand(),
     WheelhouseCommand(),
     EnvsCommand(),
+    BenchCommand(),
 )

@@ -1,0 +1,1 @@
+"""The benchmark: where a run's time goes (vllm-repro bench), per engine and per phase."""
