@@ -12,6 +12,7 @@ from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.plan.matrix import Cell, EngineKey
 from harness.sched import cells as sched_tier
+from repro.bind import DEFAULT_BIND
 from repro.wire import EngineSpec, ScenarioSpec, Spec
 
 
@@ -47,6 +48,8 @@ class RunConfig:
     model_label: str = "bigram-cycle"
     engine_args: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None
+    # --bind: the one address every listener of the run's engines binds (repro.bind; issue 35: loopback only).
+    bind: str = DEFAULT_BIND
 
     @property
     def custom_setup(self) -> bool:
