@@ -38,7 +38,7 @@ from harness.run.events import (
 )
 from harness.run.process import EngineProcess
 from harness.run.scenario_results import injection_problem, scenario_result
-from harness.run.spec import RunConfig, repeat_id
+from harness.run.spec import RunConfig, repeat_id, spec_refusal
 from harness.sched import cells as sched_tier
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult, infra_result
@@ -82,6 +82,12 @@ def run_engine(
         cells_of = _EngineCells(cells, cfg, tries.hook(1, cfg.work_dir / "engines" / engine.id))
         cells_of.refused = SCHED_TIER_SETUP
         cells_of.finish(Outcome.UNSUPPORTED, SCHED_TIER_SETUP)
+        return [tries.final[c] for c in cells]
+    refused = spec_refusal(engine, cells, cfg, engine_extra)
+    if refused is not None:
+        # Not retried (its hook is the last attempt's): the same spec would be refused again.  No engine starts.
+        cells_of = _EngineCells(cells, cfg, tries.hook(cfg.retry_infra + 1, cfg.work_dir / "engines" / engine.id))
+        cells_of.finish(Outcome.ERROR, refused)
         return [tries.final[c] for c in cells]
     pending = cells
     for n in range(1, cfg.retry_infra + 2):
