@@ -15,6 +15,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _PPID, _PGRP = 0, 1  # /proc/PID/stat fields 4 and 5, counted after the state
 _LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN
@@ -134,3 +135,11 @@ def _stat_field(proc: Path, pid: int, index: int) -> int:
 def exposed(found: Iterable[Listener]) -> list[Listener]:
     """The sockets reachable from another machine: bound to anything but loopback."""
     return [s for s in found if not s.loopback]
+
+
+def snapshot(pgid: int, bind: str) -> dict[str, Any]:
+    """What an engine's process group listens on now, for its cells' records (``engine.sockets`` in results.json):
+    every listener, and those beyond loopback.  Taken when the engine reports it started (its workers' stores
+    and gloo are up); Ray's daemons live outside the group and are not seen (docs/security.md)."""
+    found = listeners(group_pids(pgid))
+    return {"bind": bind, "listening": [str(s) for s in found], "exposed": [str(s) for s in exposed(found)]}

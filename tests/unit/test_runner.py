@@ -355,3 +355,27 @@ def test_no_engine_profile_sets_an_argument_the_cell_or_the_harness_decides() ->
 
     clash = {p.name: sorted(k for k in dict(p.args) if k in OWNED_ENGINE_ARGS) for p in PROFILES.values()}
     assert {k: v for k, v in clash.items() if v} == {}
+
+
+@pytest.mark.integration
+def test_every_cell_records_what_its_engine_listens_on(tmp_path: Path) -> None:
+    """Issue 35: the engine's process group's listeners, measured when it reports its start, are in each cell's
+    engine record; one on every interface is named under ``exposed``."""
+    ran = [json.dumps({"event": "scenario", "id": i, "status": "ran", "records": [_record("r0", [1, 2, 3, 4])]})
+           for i in ("keep-clear", "wait-clear")]
+    env = fake_env(tmp_path, f"""
+        exec python3 - "$OUT" <<'PY'
+        import json, socket, sys, time
+        wild, local = socket.socket(), socket.socket()
+        wild.bind(("0.0.0.0", 0)); local.bind(("127.0.0.1", 0)); wild.listen(); local.listen()
+        out = open(sys.argv[1], "a")
+        out.write(json.dumps({{"event": "engine", "probe": None, "started": True}}) + "\\n"); out.flush()
+        time.sleep(2)  # still listening while the harness reads the event (it polls every 0.5 s)
+        out.write('{ran[0]}' + "\\n" + '{ran[1]}' + "\\n"); out.flush()
+        PY
+    """)
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path))
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+    sockets = results[0].engine.raw["sockets"] if results[0].engine is not None else {}
+    assert sockets["bind"] == "127.0.0.1" and len(sockets["listening"]) == 2
+    assert len(sockets["exposed"]) == 1 and sockets["exposed"][0].startswith("tcp 0.0.0.0:")
