@@ -39,6 +39,7 @@ typed = StreamRecord.from_json  # the oracle judges typed request records
                                                                               "(0, 1]"]),
         (["matrix", "--gpu-memory-utilization", "0"], ["--gpu-memory-utilization 0.0", "(0, 1]"]),
         (["matrix", "--bind", "every"], ["--bind 'every'", "IP address", "127.0.0.1"]),
+        (["fuzz", "--versions", "0.21.0", "--reports", "/proc/nope"], ["--reports /proc/nope", "cannot make"]),
         (["frameworks", "check", "--versions", "0.21.0", "--scenario-timeout", "0"], ["--scenario-timeout", "above 0"]),
         (["matrix", "--platform", "cpu", "--weight-transfer", "nccl"], ["nccl", "reload"]),
         (["matrix", "--platform", "cpu", "--wheelhouse", "/no/wh"], ["/no/wh", "does not exist", "build one"]),
