@@ -98,10 +98,12 @@ def bind_env(addr: str, environ: Mapping[str, str] | None = None) -> tuple[dict[
     env = os.environ if environ is None else environ
     want: dict[str, str] = {}
     if not is_wildcard(addr):
-        want["VLLM_HOST_IP"] = addr
+        # VLLM_LOOPBACK_IP too for a non-loopback address: it is only the host of same-node rendezvous (0.21 mp).
+        want.update(VLLM_HOST_IP=addr, VLLM_LOOPBACK_IP=addr)
     if is_loopback(addr):
+        # A non-loopback address has an interface name we do not look up: gloo and NCCL keep their own choice.
         lo = loopback_interface()
-        want.update(VLLM_LOOPBACK_IP=addr, GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
+        want.update(GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
     kept = {k: env[k] for k in want if env.get(k) and env[k] != want[k]}
     return {k: v for k, v in want.items() if k not in kept}, kept
 

@@ -124,7 +124,7 @@ def test_bind_env_points_vllm_gloo_and_nccl_at_loopback_and_keeps_the_users_choi
     assert env == {"VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": lo}
     assert kept == {"NCCL_SOCKET_IFNAME": "ib0"}
     assert bind.bind_env("0.0.0.0", {}) == ({}, {})
-    assert bind.bind_env("10.0.0.5", {}) == ({"VLLM_HOST_IP": "10.0.0.5"}, {})
+    assert bind.bind_env("10.0.0.5", {}) == ({"VLLM_HOST_IP": "10.0.0.5", "VLLM_LOOPBACK_IP": "10.0.0.5"}, {})
     (tmp_path / "eth0").mkdir()
     (tmp_path / "eth0" / "flags").write_text("0x1003\n")
     (tmp_path / "lo9").mkdir()
