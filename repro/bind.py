@@ -108,9 +108,18 @@ def bind_env(addr: str, environ: Mapping[str, str] | None = None) -> tuple[dict[
     return {k: v for k, v in want.items() if k not in kept}, kept
 
 
-def apply_env() -> None:
-    """Set :func:`bind_env`'s variables in this process (before vLLM starts: every process it starts inherits)."""
+def apply_env(executor: str = "mp") -> None:
+    """Set :func:`bind_env`'s variables in this process (before vLLM starts: every process it starts inherits).
+
+    Not under a Ray executor: vLLM matches ``get_ip()`` (``VLLM_HOST_IP``) against the IP of the Ray node its
+    workers run on to find the driver's node (the Ray executors' worker placement), and Ray picks its node IP itself,
+    so a loopback ``VLLM_HOST_IP`` could leave the driver without a worker; Ray's own sockets are Ray's anyway
+    (docs/security.md).  Its master TCPStores are still narrowed where their clients connect to the bind address."""
     addr = address()
+    if str(executor).startswith("ray"):
+        STATE.update(address=addr, kept={}, env_skipped="a Ray executor: VLLM_HOST_IP and the gloo/NCCL "
+                     "interfaces are left to Ray's node address")
+        return
     env, kept = bind_env(addr)
     os.environ.update(env)
     STATE.update(address=addr, kept=kept)

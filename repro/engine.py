@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     emit = Emitter(Path(argv[1]))
     # Before vLLM starts: every process it starts (workers, server door, trainer) inherits where to listen.
-    bind.apply_env()
+    bind.apply_env(str(spec.engine.axes.get("executor", "mp")))
     # Where the engine core reports the exception it dies of (repro.crash); inherited by every vLLM process.
     crash_file = Path(argv[1]).resolve().with_name("engine_core_crash.json")
     os.environ[crash.ENV_CRASH_FILE] = str(crash_file)

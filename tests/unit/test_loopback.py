@@ -130,3 +130,15 @@ def test_bind_env_points_vllm_gloo_and_nccl_at_loopback_and_keeps_the_users_choi
     (tmp_path / "lo9").mkdir()
     (tmp_path / "lo9" / "flags").write_text("0x9\n")
     assert bind.loopback_interface(tmp_path) == "lo9"
+
+
+def test_a_ray_executor_keeps_its_own_node_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's Ray executors find the driver's node by comparing get_ip() (VLLM_HOST_IP) with Ray's node IP.
+    from repro import bind
+
+    for var in bind.BIND_VARS:
+        monkeypatch.delenv(var, raising=False)
+    bind.apply_env("ray-v2")
+    assert all(var not in os.environ for var in bind.BIND_VARS) and "Ray" in bind.STATE["env_skipped"]
+    bind.apply_env("mp")
+    assert os.environ.get("VLLM_HOST_IP") == bind.address()
