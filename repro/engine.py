@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from repro import crash
+from repro import bind, crash
 from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
 from repro.engine_axes import IMPLICIT, engine_args, unrealised
 from repro.model_kinds import LoadedModel, load_model
@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bad spec {argv[0]}: {exc}", file=sys.stderr)
         return 2
     emit = Emitter(Path(argv[1]))
+    # Before vLLM starts: every process it starts (workers, server door, trainer) inherits where to listen.
+    bind.apply_env(str(spec.engine.axes.get("executor", "mp")))
     # Where the engine core reports the exception it dies of (repro.crash); inherited by every vLLM process.
     crash_file = Path(argv[1]).resolve().with_name("engine_core_crash.json")
     os.environ[crash.ENV_CRASH_FILE] = str(crash_file)

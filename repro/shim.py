@@ -22,6 +22,8 @@ What it does:
   tells the client the engine core died of an exception, so the exception's
   vLLM frame reaches the harness (CRASH, not ERROR, when vLLM's own code
   raised; the report goes to ``$VLLM_REPRO_CRASH_FILE``).
+* Always: every master TCPStore listens on the run's bind address only
+  (``repro/bind.py``; ``--bind``, default 127.0.0.1).
 * Always: counts preemptions, speculative drafts and prefill chunks in the engine core
   (``repro/counters.py``; read with ``call_utility_async("repro_counters")``).
 * Only with ``VLLM_REPRO_INJECT`` set (``--inject``): deliberate fault
@@ -42,7 +44,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from repro import counters, crash, inject
+from repro import bind, counters, crash, inject
 from repro.server import layout as server_layout
 from repro.server import probe as server_probe
 
@@ -60,6 +62,7 @@ STATE: dict[str, Any] = {
     "cpu_runner_wrapper_patched": False,
     "crash_hook": [],  # engine-core methods wrapped to report a fatal exception (repro.crash)
     "problems": [],
+    "bind": bind.STATE,  # where this process's master TCPStores listen (repro.bind; loopback only, issue 35)
 }
 
 
@@ -70,6 +73,8 @@ def register() -> None:
     STATE["registered"] = True
     STATE["pid"] = os.getpid()
     _install_probes()
+    # Loopback only: torch's TCPStore server listens on every interface whatever host it is given (repro.bind).
+    bind.install(_after_import)
     _after_import(crash.CORE_MODULE, _install_crash_hook)
     # Scheduler counters (preemptions, drafts, prefill chunks): the evidence the engine-profile scenarios need.
     counters.install(_after_import)

@@ -29,6 +29,7 @@ from harness.run.ports import lease_ports
 from harness.run.spec import RunConfig, _sched_spec, build_spec, engine_axes
 from harness.run.staging import stage_entry_points, stage_repro
 from harness.sched import cells as sched_tier
+from repro.bind import ENV_BIND
 from repro.engine_axes import engine_env as axes_env
 from repro.wire import STOP
 
@@ -53,6 +54,8 @@ def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path,
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
     # The variables the cell's engine axes decide (Ray v2, model runner, batch invariance): repro.engine_axes.
     env.update(axes_env(engine_axes(engine)))
+    # Where its listeners bind (--bind): repro.engine points vLLM, gloo and NCCL there before vLLM starts.
+    env[ENV_BIND] = cfg.bind
     # Never inherited: a fault is injected only when this run asked for it.
     env["VLLM_REPRO_INJECT"] = ",".join(cfg.inject)
     env.update(cfg.extra_env)

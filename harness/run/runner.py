@@ -38,10 +38,12 @@ from harness.run.events import (
 )
 from harness.run.process import EngineProcess
 from harness.run.scenario_results import injection_problem, scenario_result
-from harness.run.spec import RunConfig, repeat_id
+from harness.run.sockets import snapshot
+from harness.run.spec import RunConfig, repeat_id, spec_refusal
 from harness.sched import cells as sched_tier
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult, infra_result
+from repro.bind import DEFAULT_BIND
 
 EventHook = Callable[[EngineKey, Event], None]
 
@@ -83,6 +85,12 @@ def run_engine(
         cells_of.refused = SCHED_TIER_SETUP
         cells_of.finish(Outcome.UNSUPPORTED, SCHED_TIER_SETUP)
         return [tries.final[c] for c in cells]
+    refused = spec_refusal(engine, cells, cfg, engine_extra)
+    if refused is not None:
+        # Not retried (its hook is the last attempt's): the same spec would be refused again.  No engine starts.
+        cells_of = _EngineCells(cells, cfg, tries.hook(cfg.retry_infra + 1, cfg.work_dir / "engines" / engine.id))
+        cells_of.finish(Outcome.ERROR, refused)
+        return [tries.final[c] for c in cells]
     pending = cells
     for n in range(1, cfg.retry_infra + 2):
         wd = cfg.work_dir / "engines" / engine.id
@@ -103,7 +111,7 @@ def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: 
     limit = cfg.engine_timeout * max(1, cfg.repeat)
     proc = EngineProcess(env, engine, cfg, hook.engine_dir, cells, extra_env=extra_env, engine_extra=engine_extra)
     try:
-        timed_out = _follow(proc, engine, cells_of, limit, on_event, cancel)
+        timed_out = _follow(proc, engine, cells_of, limit, on_event, cancel, cfg.bind)
     finally:
         proc.stop()
     if timed_out:
@@ -166,7 +174,7 @@ class _Attempts:
 
 
 def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limit: float,
-            on_event: EventHook | None, cancel: threading.Event | None = None) -> bool:
+            on_event: EventHook | None, cancel: threading.Event | None = None, bind: str = DEFAULT_BIND) -> bool:
     """Hand the engine's events to ``cells_of`` until it exits or is refused; True when it ran past ``limit``."""
     t0 = time.monotonic()
     while True:
@@ -174,6 +182,9 @@ def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limi
             raise Cancelled(f"engine {engine.id} stopped: the run was interrupted")
         finished = proc.wait(0.5)
         for ev in proc.events():
+            if isinstance(ev, EngineEvent) and ev.started is not False:
+                # Loopback only (issue 35): what the engine's processes listen on, measured, in every cell's record.
+                ev = replace(ev, info=EngineInfo({**ev.info.raw, "sockets": snapshot(proc.pgid, bind)}))
             finished = cells_of.take(ev) or finished
             if on_event is not None:
                 on_event(engine, ev)

@@ -12,7 +12,8 @@ from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.plan.matrix import Cell, EngineKey
 from harness.sched import cells as sched_tier
-from repro.wire import EngineSpec, ScenarioSpec, Spec
+from repro.bind import DEFAULT_BIND
+from repro.wire import EngineSpec, ScenarioSpec, Spec, WireError
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class RunConfig:
     model_label: str = "bigram-cycle"
     engine_args: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None
+    # --bind: the one address every listener of the run's engines binds (repro.bind; issue 35: loopback only).
+    bind: str = DEFAULT_BIND
 
     @property
     def custom_setup(self) -> bool:
@@ -95,6 +98,25 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
         scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
         interactive=interactive,
     )
+
+
+def spec_refusal(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig,
+                 extra: dict[str, Any] | None = None) -> str | None:
+    """Why ``engine``'s spec cannot be written (None when it can): the wire format refuses what its engine
+    profile, the user's set-up or the backend merged into it (``repro.wire.EngineSpec``: an argument a cell
+    axis or a harness option decides, e.g. a profile setting ``tensor_parallel_size``).
+
+    Asked before the engine starts, so that such an engine's cells are ERROR with this reason and the run goes
+    on (issue 35: the whole matrix used to end in the WireError's traceback).  Not plan-time bad input: a
+    profile is the harness's code, not the user's, and the other engines of the run can still be judged."""
+    if engine.tier != "engine":
+        return None
+    try:
+        build_spec(engine, cells, cfg, extra=extra)
+    except WireError as exc:
+        return (f"engine profile {engine.profile!r}: the engine spec cannot carry its settings ({exc.problem}); "
+                "a harness bug, the profile's arguments must leave those to the cell (harness.core.scenarios)")
+    return None
 
 
 def engine_axes(engine: EngineKey) -> dict[str, Any]:

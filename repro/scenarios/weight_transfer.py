@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from repro import bind
 from repro.models import safetensors_manifest
 from repro.scenarios.base import ScenarioFailed, ScenarioUnsupported
 
@@ -242,10 +243,13 @@ class NcclTransfer:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=self._log, env=env,
         )
         port = _free_port()
-        init = NCCLWeightTransferInitInfo(master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=2)
+        # The trainer is rank 0: vLLM's StatelessProcessGroup binds its store to exactly this address
+        # (vllm/distributed/utils.py 461-466 in 0.21.0), the run's bind address (repro.bind, --bind).
+        master = bind.connect_host(bind.address())
+        init = NCCLWeightTransferInitInfo(master_address=master, master_port=port, rank_offset=1, world_size=2)
         t0 = time.monotonic()
         trainer, _ = await asyncio.gather(
-            self._ask({"op": "init", "master_address": "127.0.0.1", "master_port": port, "world_size": 2}),
+            self._ask({"op": "init", "master_address": master, "master_port": port, "world_size": 2}),
             asyncio.wait_for(self.llm.init_weight_transfer_engine(
                 WeightTransferInitRequest(init_info=dataclasses.asdict(init))), self.timeout),
         )
@@ -295,7 +299,7 @@ def _free_port() -> int:
     for port in [*candidates, 0]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind((bind.connect_host(bind.address()), port))
             except OSError:
                 continue
             return int(s.getsockname()[1])

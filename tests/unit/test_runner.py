@@ -327,3 +327,55 @@ def test_what_is_retried() -> None:
     lossy = CellResult(c, Outcome.ERROR, "ERROR in 1/2 runs", repeats={"n": 2, "outcomes": {"LOSS": 1, "ERROR": 1}})
     assert not retryable(lossy)
     assert retryable(CellResult(c, Outcome.ERROR, "e", repeats={"n": 2, "outcomes": {"OK": 1, "ERROR": 1}}))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_profile_the_engine_spec_cannot_carry_errors_its_cells_and_starts_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retries: int) -> None:
+    """Issue 35: a profile setting an argument the wire format refuses (here kv-example's enable_prefix_caching,
+    made a harness-owned argument as the issue measured) is that engine's cells' ERROR with the reason, once,
+    with no engine started -- not a WireError traceback that ends the whole matrix."""
+    import repro.wire
+
+    monkeypatch.setitem(repro.wire.OWNED_ENGINE_ARGS, "enable_prefix_caching", "--prefix-caching")
+    cells = (Cell("0.21.0", "mp", True, "keep", True, scenario="connector-stale"),)
+    env = fake_env(tmp_path, "echo started > $SPEC.ran\nexit 1\n")
+    streamed: list[object] = []
+    results = run_engine(env, cells[0].engine, cells, cfg(tmp_path, retry_infra=retries), on_result=streamed.append)
+    assert [r.outcome for r in results] == [Outcome.ERROR] and streamed == results
+    assert "'kv-example'" in results[0].reason and "enable_prefix_caching" in results[0].reason
+    assert not list(tmp_path.rglob("*.ran"))  # no engine process ran
+
+
+@pytest.mark.unit
+def test_no_engine_profile_sets_an_argument_the_cell_or_the_harness_decides() -> None:
+    from harness.core.scenarios import PROFILES
+    from repro.wire import OWNED_ENGINE_ARGS
+
+    clash = {p.name: sorted(k for k in dict(p.args) if k in OWNED_ENGINE_ARGS) for p in PROFILES.values()}
+    assert {k: v for k, v in clash.items() if v} == {}
+
+
+@pytest.mark.integration
+def test_every_cell_records_what_its_engine_listens_on(tmp_path: Path) -> None:
+    """Issue 35: the engine's process group's listeners, measured when it reports its start, are in each cell's
+    engine record; one on every interface is named under ``exposed``."""
+    ran = [json.dumps({"event": "scenario", "id": i, "status": "ran", "records": [_record("r0", [1, 2, 3, 4])]})
+           for i in ("keep-clear", "wait-clear")]
+    env = fake_env(tmp_path, f"""
+        exec python3 - "$OUT" <<'PY'
+        import json, socket, sys, time
+        wild, local = socket.socket(), socket.socket()
+        wild.bind(("0.0.0.0", 0)); local.bind(("127.0.0.1", 0)); wild.listen(); local.listen()
+        out = open(sys.argv[1], "a")
+        out.write(json.dumps({{"event": "engine", "probe": None, "started": True}}) + "\\n"); out.flush()
+        time.sleep(2)  # still listening while the harness reads the event (it polls every 0.5 s)
+        out.write('{ran[0]}' + "\\n" + '{ran[1]}' + "\\n"); out.flush()
+        PY
+    """)
+    results = run_engine(env, ENGINE, CELLS, cfg(tmp_path))
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK]
+    sockets = results[0].engine.raw["sockets"] if results[0].engine is not None else {}
+    assert sockets["bind"] == "127.0.0.1" and len(sockets["listening"]) == 2
+    assert len(sockets["exposed"]) == 1 and sockets["exposed"][0].startswith("tcp 0.0.0.0:")

@@ -8,7 +8,10 @@ command asks in the order it has always validated, so the first bad option repor
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,6 +37,7 @@ from harness.plan.releases import INSTALLED, Fetch, wheelhouse_fetch
 from harness.run.context import RunContext
 from harness.run.spec import RunConfig
 from harness.verdicts.results import ResultsLog
+from repro.bind import DEFAULT_BIND
 
 
 @dataclass(frozen=True)
@@ -142,10 +146,45 @@ def gpu_memory_utilization(args: argparse.Namespace, platform: str, setup: Engin
         return None
     given = getattr(args, "gpu_memory_utilization", None)
     if given is not None:
-        if not 0 < given <= 1:
-            raise BadInput(f"--gpu-memory-utilization {given}: give a fraction in (0, 1]")
         return float(given)
     return setup.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+def check_fraction(args: argparse.Namespace) -> None:
+    """``--gpu-memory-utilization`` in (0, 1] on every platform: a value vLLM would refuse (or, on cpu, never
+    read) is a typo to name before anything starts, not a run to go on with."""
+    given = getattr(args, "gpu_memory_utilization", None)
+    if given is not None and not 0 < given <= 1:  # also NaN
+        raise BadInput(f"--gpu-memory-utilization {given}: give a fraction in (0, 1]")
+
+
+def bind_address(args: argparse.Namespace) -> str:
+    """``--bind``: an IP address of this machine's (or a wildcard); BadInput for anything else."""
+    given = str(getattr(args, "bind", DEFAULT_BIND))
+    try:
+        return str(ipaddress.ip_address(given))
+    except ValueError:
+        raise BadInput(f"--bind {given!r}: give an IP address (default {DEFAULT_BIND}; 0.0.0.0 for every "
+                       "interface)") from None
+
+
+def check_reports(folder: Path) -> None:
+    """BadInput, before anything starts, when ``folder`` is no folder or cannot be made or written.
+
+    Proven by doing it: the missing folders are made, a file is created in the deepest, and both are removed
+    again (nothing is left behind when a later check fails).  ``os.access`` would not do: root may "write"
+    /proc, where mkdir fails."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise BadInput(f"--reports {folder}: cannot make or write it ({exc.strerror or exc})") from None
+    finally:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
 
 def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:
@@ -161,6 +200,9 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
     retry = getattr(args, "retry_infra", 0)
     if retry < 0:
         raise BadInput(f"--retry-infra must be 0 or more, got {retry}")
+    check_fraction(args)
+    bind = bind_address(args)
+    check_reports(args.reports)
     setup = setup_of(args, platform)
     return RunConfig(
         platform=platform,
@@ -178,6 +220,7 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
         model_label=setup.model.label,
         engine_args=setup.engine_args,
         preset=setup.preset,
+        bind=bind,
     )
 
 

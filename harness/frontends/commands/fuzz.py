@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.core.errors import BadInput, bad_choice
 from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context, run_context
+from harness.frontends.commands.context import Context, check_reports, run_context
 from harness.frontends.commands.face import interruptible, stderr_console
 from harness.frontends.commands.options import add_index_options, add_version_options, add_wheels_option
 from harness.plan.matrix import PLATFORMS
@@ -87,6 +87,7 @@ class FuzzCommand(Command):
                          parse_ints("spec-tokens", args.spec_tokens, (0,)), args.steps, args.reach)
         if args.timeout <= 0:
             raise BadInput(f"--timeout must be positive, got {args.timeout}")
+        check_reports(args.reports)
         cfg = RunConfig(platform=ctx.platform, work_dir=args.reports, model_cache=ctx.cache / "models",
                         engine_timeout=args.timeout)
         versions = ctx.versions

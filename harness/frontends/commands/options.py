@@ -9,6 +9,7 @@ from pathlib import Path
 from harness.envbuild.envs import source_options
 from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, presets_help
 from harness.plan.matrix import PLATFORMS
+from repro.bind import DEFAULT_BIND
 
 
 def add_index_options(p: argparse.ArgumentParser) -> None:
@@ -64,6 +65,10 @@ def add_run_options(p: argparse.ArgumentParser, reports: str, setup: bool = True
     p.add_argument("--pause-after", type=int, default=8,
                    help="pause once every running request has this many tokens (default 8)")
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on cpu (default 1)")
+    p.add_argument("--bind", default=DEFAULT_BIND, metavar="ADDR",
+                   help=f"the address every socket an engine listens on binds: torch.distributed stores, gloo, "
+                        f"NCCL, the server door (default {DEFAULT_BIND}: reachable from this machine only; "
+                        "0.0.0.0 = every interface; docs/security.md)")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help=f"cuda only: fraction of GPU memory per engine (default {DEFAULT_GPU_MEMORY_UTILIZATION} "
                         "for the tiny model, or the preset's)")
