@@ -113,3 +113,60 @@ def test_the_workaround_verdict_is_per_request_kind() -> None:
         assert set(s.cell_ids) == {SAMPLED.id, SAMPLED.replace(async_on=False).id}
     (only,) = workaround_verdicts(greedy)
     assert only.where == "0.21.0"
+
+
+class _LP:
+    def __init__(self, logprob: float) -> None:
+        self.logprob = logprob
+
+
+class _Comp:
+    def __init__(self, index: int, token: int, last: bool) -> None:
+        self.index, self.token_ids = index, [token]
+        self.logprobs = [{token: _LP(-0.1 * token)}]
+        self.finish_reason = "length" if last else None
+
+
+class _Out:
+    def __init__(self, comp: _Comp) -> None:
+        self.outputs = [comp]
+
+
+class _Params:
+    def __init__(self, **kw: object) -> None:
+        self.kw = kw
+
+
+class _GroupEngine:
+    """Yields each child's tokens as AsyncLLM does for an n > 1 request: one output per child and step."""
+
+    def __init__(self) -> None:
+        self.engine_core = self
+        self.params: list[dict[str, object]] = []
+
+    async def call_utility_async(self, name: str) -> dict[str, dict[str, int]]:
+        return {"1_g-r00-1a2b3c4d": {"num_output_tokens": 3}}
+
+    async def generate(self, prompt: dict[str, list[int]], sp: _Params, request_id: str):  # type: ignore[no-untyped-def]
+        self.params.append(sp.kw)
+        n, max_tokens = int(str(sp.kw["n"])), int(str(sp.kw["max_tokens"]))
+        for i in range(max_tokens):
+            for k in range(n):
+                yield _Out(_Comp(k, 10 * k + i, i + 1 == max_tokens))
+
+
+def test_the_driver_records_each_child_with_its_logprobs_and_maps_the_engine_ids() -> None:
+    import asyncio
+
+    from repro.scenarios.base import Plan, RequestSpec
+    from repro.scenarios.driver import Driver
+
+    engine = _GroupEngine()
+    spec = RequestSpec("g-r00", [1, 2], 3, sampling=sampling_kwargs("sampled", 0, 7))
+    driver = Driver(engine, Plan([spec], []), 5.0, _Params, "DELTA")
+    records = asyncio.run(driver.run())
+    assert [r["rid"] for r in records] == [f"g-r00.c{k}" for k in range(GROUP_SIZE)]
+    assert records[2]["observed"] == [20, 21, 22] and records[2]["logprobs"] == [-2.0, -2.1, -2.2]
+    assert {(r["group"], r["n"], r["finish_reason"]) for r in records} == {("g-r00", GROUP_SIZE, "length")}
+    assert engine.params[0]["seed"] == 7_000_000 and engine.params[0]["temperature"] == 1.0
+    assert asyncio.run(driver._engine_progress()) == {"g-r00.c1": {"num_output_tokens": 3}}
