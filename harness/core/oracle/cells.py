@@ -81,13 +81,15 @@ def _model_error(records: Sequence[StreamRecord]) -> str | None:
 
 
 def _group_broken(reqs: tuple[RequestVerdict, ...], faults: dict[str, str]) -> tuple[RequestVerdict, ...]:
-    """Children of a broken group (harness.core.oracle.sampled.group_faults) are GROUP-BROKEN unless their own
-    stream already shows worse."""
+    """Children of a broken group (harness.core.oracle.sampled.group_faults) are GROUP-BROKEN, the more specific
+    reading (a duplicated child also diverges from its own reference), their own stream's label kept in the detail;
+    a request that failed (ERROR) stays so."""
     out = []
     for r in reqs:
         why = faults.get(r.rid)
-        if why is not None and r.outcome.rank < Outcome.GROUP_BROKEN.rank:
-            r = replace(r, verdict=StreamVerdict(Outcome.GROUP_BROKEN, r.verdict.at, detail=why))
+        if why is not None and r.outcome is not Outcome.ERROR:
+            own = "" if r.outcome is Outcome.OK else f" (this child's stream: {r.verdict.label})"
+            r = replace(r, verdict=StreamVerdict(Outcome.GROUP_BROKEN, r.verdict.at, detail=why + own))
         out.append(r)
     return tuple(out)
 

@@ -10,7 +10,7 @@ recorded for the engine's no-pause reference run with the same seed.
   :data:`LOGPROB_TOL`.  One that does not is LOGPROB-SHIFT at its position, the detail naming the token, both
   values and, when the delivered value is the table's for the neighbouring position, that it was taken from there.
 * **Groups** (:func:`group_faults`): a request of n children must come back with n children, each complete, no two
-  identical; otherwise GROUP-BROKEN.
+  identical where their seeded references differ; otherwise GROUP-BROKEN.
 * **Streams**: where the engine's two no-pause references agree (seeded sampling reproducible run to run and
   across batch compositions), the stream must equal the reference: LOSS, DUPLICATE and DIVERGED keep their
   meaning (harness.core.oracle.requests).  Where they differ, the stream is judged by its logprobs and its
@@ -133,17 +133,26 @@ def group_faults(records: Sequence[StreamRecord]) -> dict[str, str]:
     return out
 
 
+def _refs_differ(a: StreamRecord, b: StreamRecord) -> bool:
+    """Whether two children's no-pause references differ over their delivered length.  Two children of one prompt
+    may sample the same first tokens (measured: an aborted group's children 1 and 2 shared their 9 tokens, and so did
+    their seeded references): identical streams are a duplicate only where the references say they should differ."""
+    n = len(a.observed)
+    return a.reference[:n] != b.reference[:n]
+
+
 def _group_fault(gid: str, children: list[StreamRecord]) -> dict[str, str]:
     n = int(children[0].raw.get("n") or 0)
     index = [int(c.raw.get("child", -1)) for c in children]
     ids = [c.rid for c in children]
     if sorted(index) != list(range(n)):
         return dict.fromkeys(ids, f"group {gid} came back with children {sorted(index)} of n={n}")
-    seen: dict[tuple[int, ...], int] = {}
+    seen: dict[tuple[int, ...], tuple[int, StreamRecord]] = {}
     for k, c in zip(index, children, strict=True):
-        if c.observed and (other := seen.get(c.observed)) is not None:
-            return dict.fromkeys(ids, f"group {gid}: children {other} and {k} delivered the same stream")
-        seen[c.observed] = k
+        if c.observed and (twin := seen.get(c.observed)) is not None and _refs_differ(twin[1], c):
+            return dict.fromkeys(ids, f"group {gid}: children {twin[0]} and {k} delivered the same stream where "
+                                      "their seeded references differ")
+        seen[c.observed] = (k, c)
     short = [(k, c) for k, c in zip(index, children, strict=True)
              if not c.error and c.finish_reason != "abort" and len(c.observed) < c.max_tokens]
     return {c.rid: (f"group {gid}: child {k} ended after {len(c.observed)} of {c.max_tokens} tokens "
