@@ -13,12 +13,14 @@ import asyncio
 import os
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from repro import crash
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import EngineContext, Plan, ScenarioTimeout, ScenarioUnsupported
 from repro.scenarios.runs import run_with_reference
+from repro.scenarios.sampling import logprob_table, sampling_kwargs
 
 Emit = Callable[..., None]  # emit(kind, **fields): one event, checked against repro.wire
 
@@ -130,7 +132,12 @@ BIGRAM_RUNNERS = frozenset(set(RUNNERS) - {"weight_sync", "plan"})
 
 
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
+    params = dict(sc.get("params") or {})
+    request = str(params.pop("request", "greedy"))  # the cell's request axis (repro.scenarios.sampling)
+    sc = {**sc, "params": params}
     plan = _build_plan(sc, ctx.vocab)  # validates the parameters of every scenario
+    if request != "greedy":
+        return await _run_sampled(llm, sc, plan, request, ctx, timeout)
     if ctx.perm is None and sc["scenario"] in BIGRAM_RUNNERS:
         raise ScenarioUnsupported(
             f"the {sc['scenario']} scenario builds its requests or its reference from the bigram-cycle model's "
@@ -139,6 +146,18 @@ async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout
         # Scenarios that change the engine (weight sync) drive it themselves.
         return await RUNNERS[sc["scenario"]](llm, sc, ctx, timeout)
     return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout)
+
+
+async def _run_sampled(llm: Any, sc: dict[str, Any], plan: Plan, request: str, ctx: EngineContext,
+                       timeout: float) -> dict[str, Any]:
+    """``plan`` with every request of kind ``request``, judged against the model's logprob table."""
+    if sc["scenario"] in RUNNERS or ctx.perm is None:
+        raise ScenarioUnsupported(
+            f"{request} requests are realised by the keep, wait and abort pause scenarios on the bigram-cycle model "
+            f"only so far (this is {sc['scenario']} on {ctx.model_kind})")
+    seed = int(sc.get("seed", 0))
+    plan.requests = [replace(r, sampling=sampling_kwargs(request, i, seed)) for i, r in enumerate(plan.requests)]
+    return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout, table=logprob_table(ctx.model_dir))
 
 
 # Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words

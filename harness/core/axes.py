@@ -38,6 +38,10 @@ MODEL_RUNNERS = ("v1", "v2")
 # in-process with scripted model outputs (the scheduler tier); no engine, no model forward.
 TIERS = scenarios.TIERS
 DOORS = ("engine", "server")
+# What each request of a scenario asks vLLM for (issue 34; docs/requests.md): "greedy" (temperature 0, n=1: every
+# cell before the axis) or "sampled" (temperature 1.0, a per-request seed, n=4 children, logprobs=1, as an RL
+# rollout's GRPO group asks).  A scenario axis: sampled cells run on the engines the greedy ones start.
+REQUESTS = ("greedy", "sampled")
 ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
 # Any of these words sets a flag in a cell pattern (``--cell async=on``, ``clear_cache=true``).

@@ -25,6 +25,7 @@ from harness.core.axes import (
     MODEL_RUNNERS,
     MODES,
     ON_OFF,
+    REQUESTS,
     SCENARIOS,
     TIERS,
     TRUE_FALSE,
@@ -114,6 +115,14 @@ class Cell:
         plural="doors", selection_default=("engine",),
         help="engine (AsyncLLM in the engine process, default), server (vLLM's OpenAI server on 127.0.0.1, "
              "driven over its HTTP API), or all"))
+    # What the scenario's requests ask for (issue 34): greedy (the default: ids unchanged) or sampled GRPO groups
+    # with seeds and logprobs (repro.scenarios.sampling), judged by harness.core.oracle.sampled.
+    request: str = field(default="greedy", metadata=axis(
+        "choice", REQUESTS, engine=False, id_rank=11, loop_rank=11, sort_rank=11,
+        spellings=(("greedy", ""), ("sampled", "sampled")), option="request", what="request kind",
+        plural="requests", selection_default=("greedy",),
+        help=f"request kinds: {','.join(REQUESTS)} or all (default: greedy); sampled: temperature 1.0, a seed per "
+             "request, n=4, logprobs=1 (docs/requests.md)"))
 
     @classmethod
     def table(cls) -> AxisTable:

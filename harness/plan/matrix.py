@@ -119,6 +119,8 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
         return f"the {shape.name} scenario is not implemented on the {cell.tier} tier (only: {', '.join(shape.tiers)})"
     if not shape.admits(cell.mode, cell.clear_cache):
         return _not_shape(shape)
+    if (why := _not_request(cell)) is not None:
+        return why
     if cell.tier == "scheduler":
         return _not_scheduler_tier(cell)
     if cell.executor == "uni" and cell.tp > 1:
@@ -148,6 +150,21 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
         # explicit async_scheduling=True raises, the default turns it off.
         # This is why #42043 stayed hidden until Ray v2 became the default.
         return "RayDistributedExecutor (Ray v1) does not support async scheduling"
+    return None
+
+
+def _not_request(cell: Cell) -> str | None:
+    """Why ``cell``'s request kind (issue 34, docs/requests.md) cannot run where it is asked for, or None."""
+    if getattr(cell, "request", "greedy") == "greedy":
+        return None
+    if cell.tier == "scheduler":
+        return ("the scheduler tier scripts the model's outputs (token ids, no logits): a sampled request's "
+                "distribution, seeds and logprobs are not there to judge; run it on the engine tier")
+    if cell.scenario != "pause":
+        return (f"sampled requests are realised by the pause scenario's keep, wait and abort runs only so far; "
+                f"the {cell.scenario} scenario sends greedy requests")
+    if cell.door != "engine":
+        return "sampled requests run on the engine door (AsyncLLM) only so far; the server door sends greedy requests"
     return None
 
 

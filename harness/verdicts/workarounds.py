@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,12 @@ class WorkaroundVerdict:
     evidence: str  # e.g. "LOSS(1) in 8/10 requests (...) of cell ...; async off: OK"
     cell_ids: tuple[str, ...] = ()  # the async-on / async-off cells the verdict rests on
     executor: str | None = None
+    request: str = "greedy"  # the request kind (issue 34) both cells sent: one verdict per version and kind
+
+    @property
+    def where(self) -> str:
+        """``0.21.0``, or ``0.21.0 sampled`` for a request kind other than greedy."""
+        return self.version if self.request == "greedy" else f"{self.version} {self.request}"
 
 
 def _is_demo(cr: CellResult) -> bool:
@@ -153,18 +159,30 @@ def workaround_verdicts(cells: Results | Iterable[CellResult]) -> tuple[Workarou
     versions = sorted({c.cell.version for c in crs}, key=version_key)
     out: list[WorkaroundVerdict] = []
     for version in versions:
-        pairs: dict[Cell, dict[bool, CellResult]] = {}
-        for cr in crs:
-            if cr.cell.version == version and _is_demo(cr):
-                pairs.setdefault(pair_key(cr.cell), {})[cr.cell.async_on] = cr
-        if not pairs:
-            out.append(WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN,
-                                         "no keep-mode clear_cache=True cells"))
-            continue
-        judged = [(judge_pair(version, _variant_label(key), p.get(True), p.get(False)), key)
-                  for key, p in pairs.items()]
-        out.append(min(judged, key=lambda t: _pair_rank(*t))[0])
+        # One verdict per request kind (greedy first): a sampled pair never overwrites or judges a greedy one.
+        kinds = sorted({_request(cr.cell) for cr in crs if cr.cell.version == version},
+                       key=lambda k: (k != "greedy", k))
+        for kind in kinds:
+            demo = [cr for cr in crs if cr.cell.version == version and _request(cr.cell) == kind and _is_demo(cr)]
+            if demo or kind == "greedy":
+                out.append(_version_verdict(version, kind, demo))
     return tuple(out)
+
+
+def _request(cell: Cell) -> str:
+    return str(getattr(cell, "request", "greedy"))
+
+
+def _version_verdict(version: str, request: str, demo: list[CellResult]) -> WorkaroundVerdict:
+    """The verdict of one version and request kind from its keep-mode clear_cache=True cells."""
+    pairs: dict[Cell, dict[bool, CellResult]] = {}
+    for cr in demo:
+        pairs.setdefault(pair_key(cr.cell), {})[cr.cell.async_on] = cr
+    if not pairs:
+        return WorkaroundVerdict(version, WorkaroundStatus.UNKNOWN, "no keep-mode clear_cache=True cells",
+                                 request=request)
+    judged = [(judge_pair(version, _variant_label(key), p.get(True), p.get(False)), key) for key, p in pairs.items()]
+    return replace(min(judged, key=lambda t: _pair_rank(*t))[0], request=request)
 
 
 def _variant_label(key: Cell) -> str:

@@ -96,6 +96,13 @@ class RequestSpec:
     # ("tokens", n): once every request submitted at start has n tokens (or ended), before any
     # in-flight operation or pause.
     submit: tuple[str, int] | str = "start"
+    # SamplingParams fields beyond greedy's (repro.scenarios.sampling.sampling_kwargs); "n" > 1: a group of
+    # children, each recorded as a stream of its own.
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.sampling.get("n", 1))
 
 
 def submit_kind(submit: tuple[str, int] | str | list[Any]) -> str:

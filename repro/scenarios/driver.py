@@ -26,12 +26,15 @@ from repro.scenarios.base import (
     ScenarioTimeout,
     submit_kind,
 )
+from repro.scenarios.sampling import child_key, engine_ids_match, token_logprob
 
 
 @dataclass
 class _Stream:
     spec: RequestSpec
+    child: int | None = None  # the child index of an n > 1 request (each child is a stream of its own)
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)  # requests asking for logprobs: the sampled token's
     finish_reason: str | None = None
     error: str | None = None
     done: bool = False
@@ -42,6 +45,16 @@ class _Stream:
     pauses: list[dict[str, Any]] = field(default_factory=list)
     interrupts: list[dict[str, Any]] = field(default_factory=list)  # in-flight operations it ran through
     rejected: list[str] = field(default_factory=list)  # vLLM's refusals while paused, each retried after resume
+
+    @property
+    def key(self) -> str:
+        """The stream's id in records and the engine's progress: the request's, or its child's."""
+        return self.spec.rid if self.child is None else child_key(self.spec.rid, self.child)
+
+
+def group_streams(requests: list[RequestSpec]) -> dict[str, list[_Stream]]:
+    """One stream per request, or per child of an n > 1 request, by request id, in plan order."""
+    return {r.rid: [_Stream(r)] if r.n == 1 else [_Stream(r, k) for k in range(r.n)] for r in requests}
 
 
 # Round trips of the progress utility a request submitted during a pause may take to reach the engine.
@@ -59,7 +72,8 @@ class Driver:
         self.timeout = timeout
         self.sp_cls = sampling_params_cls
         self.output_kind = output_kind
-        self.streams = {r.rid: _Stream(r) for r in plan.requests}
+        self.groups = group_streams(plan.requests)
+        self.streams = {s.key: s for g in self.groups.values() for s in g}
         self.cond = asyncio.Condition()
         self.tasks: list[asyncio.Task[None]] = []
         self.t0 = time.monotonic()
@@ -70,30 +84,42 @@ class Driver:
     def _now(self) -> float:
         return round(time.monotonic() - self.t0, 6)
 
-    async def _consume(self, st: _Stream) -> None:
-        sp = self.sp_cls(
-            temperature=0.0,
-            max_tokens=st.spec.max_tokens,
-            ignore_eos=True,
-            output_kind=self.output_kind,
-            detokenize=False,
-        )
-        st.t_submit = self._now()
+    async def _consume(self, group: list[_Stream]) -> None:
+        spec = group[0].spec
+        sp = self.sp_cls(**{"temperature": 0.0, **spec.sampling}, max_tokens=spec.max_tokens, ignore_eos=True,
+                         output_kind=self.output_kind, detokenize=False)
+        for st in group:
+            st.t_submit = self._now()
         try:
-            while not await self._generate(st, sp):
+            while not await self._generate(group, sp):
                 await self.resumed.wait()  # refused while paused: retried once the pause is over, as vLLM asks
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # an engine error ends this request, not the run
-            st.error = f"{type(exc).__name__}: {exc}"
+            for st in group:
+                st.error = f"{type(exc).__name__}: {exc}"
         finally:
-            st.done = True
-            st.t_finish = self._now()
+            for st in group:
+                st.done = True
+                st.t_finish = self._now()
             async with self.cond:
                 self.cond.notify_all()
 
-    async def _generate(self, st: _Stream, sp: Any) -> bool:
-        """One submission of ``st``'s request, its tokens recorded as they come; False when vLLM refused it
+    def _take(self, group: list[_Stream], comp: Any, logprobs: bool) -> None:
+        """One output of one child (``comp.index``) recorded: its new tokens, their logprobs, its finish reason."""
+        st = group[int(getattr(comp, "index", 0) or 0)] if len(group) > 1 else group[0]
+        new = list(comp.token_ids)
+        if new and st.t_first is None:
+            st.t_first = self._now()
+        st.tokens.extend(new)
+        if logprobs:
+            entries = list(comp.logprobs or ())
+            st.logprobs.extend(token_logprob(entries[i] if i < len(entries) else None, t) for i, t in enumerate(new))
+        if comp.finish_reason is not None:
+            st.finish_reason = str(comp.finish_reason)
+
+    async def _generate(self, group: list[_Stream], sp: Any) -> bool:
+        """One submission of a request, its children's tokens recorded as they come; False when vLLM refused it
         because the engine was paused.
 
         From 0.33.0 an "abort" or "wait" pause refuses new requests with ``RetryableRequestError`` ("Generation
@@ -101,23 +127,19 @@ class Driver:
         releases queued them; a client (and an RL framework's rollout worker) retries after the resume.  The
         refusal is recorded; any other error, or one after tokens came, ends the request.
         """
+        spec = group[0].spec
         try:
-            async for out in self.llm.generate(
-                {"prompt_token_ids": st.spec.prompt}, sp, request_id=st.spec.rid
-            ):
-                comp = out.outputs[0]
-                new = list(comp.token_ids)
-                if new and st.t_first is None:
-                    st.t_first = self._now()
-                st.tokens.extend(new)
-                if comp.finish_reason is not None:
-                    st.finish_reason = str(comp.finish_reason)
+            async for out in self.llm.generate({"prompt_token_ids": spec.prompt}, sp, request_id=spec.rid):
+                for comp in out.outputs:
+                    self._take(group, comp, "logprobs" in spec.sampling)
                 async with self.cond:
                     self.cond.notify_all()
         except Exception as exc:
-            if type(exc).__name__ != "RetryableRequestError" or st.tokens or len(st.rejected) >= MAX_REJECTIONS:
+            if (type(exc).__name__ != "RetryableRequestError" or any(st.tokens for st in group)
+                    or len(group[0].rejected) >= MAX_REJECTIONS):
                 raise
-            st.rejected.append(f"{type(exc).__name__}: {exc}")
+            for st in group:
+                st.rejected.append(f"{type(exc).__name__}: {exc}")
             async with self.cond:
                 self.cond.notify_all()
             return False
@@ -125,9 +147,10 @@ class Driver:
 
     def _submit(self, rids: list[str]) -> None:
         for rid in rids:
-            st = self.streams[rid]
-            st.submitted = True
-            self.tasks.append(asyncio.create_task(self._consume(st), name=f"req-{rid}"))
+            group = self.groups[rid]
+            for st in group:
+                st.submitted = True
+            self.tasks.append(asyncio.create_task(self._consume(group), name=f"req-{rid}"))
 
     async def _wait_until(self, what: str, pred: Any) -> None:
         try:
@@ -151,11 +174,9 @@ class Driver:
             return None
         by_rid: dict[str, dict[str, Any]] = {}
         for internal, info in raw.items():
-            for rid in self.streams:
-                # AsyncLLM appends "-<8 hex>" to the caller's id (0.2x); older
-                # versions keep it as is.
-                if internal == rid or internal.startswith(rid + "-"):
-                    by_rid[rid] = info
+            for st in self.streams.values():
+                if engine_ids_match(internal, st.spec.rid, st.child):
+                    by_rid[st.key] = info
         return by_rid
 
     async def _stagger(self, k: int, p: PauseSpec) -> None:
@@ -176,7 +197,7 @@ class Driver:
             lambda: all(s.done or len(s.tokens) >= p.after_tokens for s in running),
         )
         running = self._running()
-        before = {s.spec.rid: len(s.tokens) for s in running}
+        before = {s.key: len(s.tokens) for s in running}
         self.events.append({"t": self._now(), "event": "pause", "k": k, "mode": p.mode,
                             "clear_cache": p.clear_cache, "client_tokens": before})
         self.resumed.clear()
@@ -215,8 +236,8 @@ class Driver:
             engine = await self._engine_progress()
             if engine is None:  # no progress utility: order not checked (recorded as progress_unavailable)
                 return
-            missing = [rid for rid in rids
-                       if rid not in engine and not self.streams[rid].done and not self.streams[rid].rejected]
+            missing = [s.key for rid in rids for s in self.groups[rid]
+                       if s.key not in engine and not s.done and not s.rejected]
             if not missing:
                 self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds})
                 return
@@ -240,7 +261,7 @@ class Driver:
             except Exception:
                 held = None
             state = {rid: (i.get("status"), i.get("num_output_tokens")) for rid, i in (held or {}).items()}
-            client = {s.spec.rid: (len(s.tokens), s.finish_reason) for s in self.streams.values() if s.submitted}
+            client = {s.key: (len(s.tokens), s.finish_reason) for s in self.streams.values() if s.submitted}
             raise ScenarioTimeout(
                 f"pause_generation(mode={p.mode!r}) did not return in {self.timeout}s; engine holds "
                 f"{state or 'nothing (or could not be asked)'}; client streams {client}"
@@ -255,11 +276,11 @@ class Driver:
             # have every token it produced for them, so the first token after
             # resume is exactly stream[pause_index].  The others finished or
             # were aborted: their streams must end.
-            held = {s.spec.rid: engine[s.spec.rid]["num_output_tokens"] for s in running if s.spec.rid in engine}
+            held = {s.key: engine[s.key]["num_output_tokens"] for s in running if s.key in engine}
             await self._wait_until(
                 f"{p.mode}-pause {k}: client to catch up with the engine",
                 lambda: all(
-                    (len(s.tokens) >= held[s.spec.rid] or s.done) if s.spec.rid in held else s.done
+                    (len(s.tokens) >= held[s.key] or s.done) if s.key in held else s.done
                     for s in running
                 ),
             )
@@ -275,7 +296,7 @@ class Driver:
 
     @staticmethod
     def _pause_record(k: int, p: PauseSpec, s: _Stream, engine: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
-        seen = (engine or {}).get(s.spec.rid, {})
+        seen = (engine or {}).get(s.key, {})
         return {
             "k": k,
             "mode": p.mode,
@@ -308,7 +329,7 @@ class Driver:
             lambda: all(s.done or len(s.tokens) >= op.after_tokens for s in running),
         )
         running = self._running()
-        before = {s.spec.rid: len(s.tokens) for s in running}
+        before = {s.key: len(s.tokens) for s in running}
         self.events.append({"t": self._now(), "event": op.op, "k": k, "client_tokens": before,
                             "targets": list(op.targets)})
         try:
@@ -318,13 +339,13 @@ class Driver:
         engine = await self._engine_progress()
         self.events.append({"t": self._now(), "event": f"{op.op}_done", "k": k, **info})
         for s in running:
-            seen = (engine or {}).get(s.spec.rid, {})
+            seen = (engine or {}).get(s.key, {})
             s.interrupts.append({
                 "k": k,
                 "op": op.op,
                 # Aborted (abort), or preempted by the reset; False: it kept running through others' abort.
                 "target": op.op == "reset" or s.spec.rid in op.targets,
-                "client_tokens": before[s.spec.rid],  # when the operation was called
+                "client_tokens": before[s.key],  # when the operation was called
                 "client_tokens_after": len(s.tokens),  # when it returned
                 # The engine's view right after (it may have rescheduled the request already).
                 "engine_tokens": seen.get("num_output_tokens"),
@@ -376,8 +397,8 @@ class Driver:
         return [self._record(s) for s in self.streams.values()]
 
     def _record(self, s: _Stream) -> dict[str, Any]:
-        rec = {
-            "rid": s.spec.rid,
+        rec: dict[str, Any] = {
+            "rid": s.key,
             "submit": list(s.spec.submit) if isinstance(s.spec.submit, tuple) else s.spec.submit,
             "prompt": s.spec.prompt,
             "max_tokens": s.spec.max_tokens,
@@ -389,6 +410,13 @@ class Driver:
         }
         if s.rejected:
             rec["rejected_while_paused"] = s.rejected
+        if s.spec.sampling:
+            # A sampled request (repro.scenarios.sampling): what it asked for, its group, its logprobs.
+            rec["sampling"] = dict(s.spec.sampling)
+            if s.child is not None:
+                rec.update(group=s.spec.rid, child=s.child, n=s.spec.n)
+            if "logprobs" in s.spec.sampling:
+                rec["logprobs"] = s.logprobs
         if self.plan.inflight:
             # Read by the oracle: a request aborted here may end early (a prefix of its reference), and
             # every request listed ran through the operation (the known-bug table's "running at pause").

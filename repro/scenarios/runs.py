@@ -19,7 +19,8 @@ from repro.scenarios.base import (
     ScenarioUnsupported,
     submit_kind,
 )
-from repro.scenarios.driver import Driver
+from repro.scenarios.driver import Driver, group_streams
+from repro.scenarios.sampling import model_logprobs
 
 
 def _vllm_api() -> tuple[Any, Any]:
@@ -96,60 +97,92 @@ async def run_plan(llm: Any, plan: Plan, timeout: float) -> tuple[list[dict[str,
 
 
 async def run_unpaused(llm: Any, requests: list[RequestSpec], timeout: float, what: str) -> list[list[int]]:
-    """Greedy streams of ``requests``, all submitted at once and never paused, in the order given."""
+    """Streams of ``requests`` (one per child of an n > 1 request), all submitted at once and never paused."""
+    return [rec["observed"] for rec in await _unpaused_records(llm, requests, timeout, what)]
+
+
+async def _unpaused_records(llm: Any, requests: list[RequestSpec], timeout: float,
+                            what: str) -> list[dict[str, Any]]:
     sp_cls, kind = _vllm_api()
-    driver = Driver(llm, Plan(requests=list(requests), pauses=[]), timeout, sp_cls, kind)
-    records = await driver.run()
+    records = await Driver(llm, Plan(requests=list(requests), pauses=[]), timeout, sp_cls, kind).run()
     for rec in records:
         if rec["error"]:
             raise ScenarioFailed(f"{what} request {rec['rid']} failed: {rec['error']}")
-    return [rec["observed"] for rec in records]
+    return records
+
+
+def stream_keys(requests: list[RequestSpec]) -> list[str]:
+    """The record ids a plan's requests give, in the driver's order (children of an n > 1 request in turn)."""
+    return [s.key for g in group_streams(requests).values() for s in g]
 
 
 async def run_reference(llm: Any, plan: Plan, timeout: float, tag: str,
                         staggered: bool = False) -> dict[str, list[int]]:
-    """Greedy streams of every request in ``plan`` on the same engine, with no pause.
+    """The tokens of every stream of ``plan`` (by record id) on the same engine, with no pause
+    (:func:`reference_records`)."""
+    records = await reference_records(llm, plan, timeout, tag, staggered)
+    return {key: rec["observed"] for key, rec in records.items()}
+
+
+async def reference_records(llm: Any, plan: Plan, timeout: float, tag: str,
+                            staggered: bool = False) -> dict[str, dict[str, Any]]:
+    """The record of every stream of ``plan`` (by record id) on the same engine, with no pause.
 
     All submitted at once; ``staggered``: the requests the plan submits during or after a pause join when
-    the others reach its trigger, as they are batched in the paused run.
+    the others reach its trigger, as they are batched in the paused run.  Requests keep their sampling
+    parameters (a sampled request its seed).
     """
     name = "ref2" if staggered else "ref"
     reqs = [RequestSpec(f"{tag}-{name}-{r.rid}", r.prompt, r.max_tokens + REFERENCE_MARGIN,
-                        r.submit if staggered and submit_kind(r.submit) in ("during", "after") else "start")
+                        r.submit if staggered and submit_kind(r.submit) in ("during", "after") else "start",
+                        r.sampling)
             for r in plan.requests]
     if not staggered:
-        streams = await run_unpaused(llm, reqs, timeout, "reference")
-        return {r.rid: s for r, s in zip(plan.requests, streams, strict=True)}
-    pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in plan.pauses]
-    sp_cls, kind = _vllm_api()
-    records = await Driver(llm, Plan(reqs, pauses), timeout, sp_cls, kind).run()
-    for rec in records:
-        if rec["error"]:
-            raise ScenarioFailed(f"staggered reference request {rec['rid']} failed: {rec['error']}")
-    return {r.rid: rec["observed"] for r, rec in zip(plan.requests, records, strict=True)}
+        records = await _unpaused_records(llm, reqs, timeout, "reference")
+    else:
+        pauses = [PauseSpec(STAGGER, False, p.after_tokens) for p in plan.pauses]
+        sp_cls, kind = _vllm_api()
+        records = await Driver(llm, Plan(reqs, pauses), timeout, sp_cls, kind).run()
+        for rec in records:
+            if rec["error"]:
+                raise ScenarioFailed(f"staggered reference request {rec['rid']} failed: {rec['error']}")
+    return dict(zip(stream_keys(plan.requests), records, strict=True))
 
 
 async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: str,
-                             timeout: float) -> dict[str, Any]:
+                             timeout: float, table: Any = None) -> dict[str, Any]:
     """The engine's no-pause reference of every request, then ``plan``: the ``scenario`` event's data.
 
     Each record carries its ``reference`` and, for the bigram-cycle model (``perm``), whether that follows
     the model's cycle (if it does not, the model, not the scheduler, is at fault).  A model whose stream is
     not known in advance is judged against the engine's own no-pause run, which must not depend on how
     requests are batched: a second reference, batched as the paused run is (the later requests joining once
-    the first ones reach the pause), shows when it does (harness.core.oracle).
+    the first ones reach the pause), shows when it does (harness.core.oracle).  Sampled requests (``table``: the
+    model's logprob table, repro.scenarios.sampling) always get the second reference: it measures whether
+    seeded sampling is reproducible run to run and across batch compositions; their records carry the table's
+    logprob of every delivered token given the delivered token before it, for the reference and the run.
     """
     check_plan_api(llm, plan)  # before paying for the reference
     t0 = time.monotonic()
-    refs = await run_reference(llm, plan, timeout, sid)
-    repeat = None if perm is not None else await run_reference(llm, plan, timeout, sid, staggered=True)
+    refs = await reference_records(llm, plan, timeout, sid)
+    sampled = table is not None
+    repeat = None if perm is not None and not sampled else await reference_records(
+        llm, plan, timeout, sid, staggered=True)
     records, events = await run_plan(llm, plan, timeout)
     for rec in records:
-        rec["reference"] = refs[rec["rid"]]
+        rec["reference"] = refs[rec["rid"]]["observed"]
         if repeat is not None:
-            rec["reference_repeat"] = repeat[rec["rid"]]
-        if perm is not None:
+            rec["reference_repeat"] = repeat[rec["rid"]]["observed"]
+        if sampled:
+            _sampled_fields(rec, refs[rec["rid"]], table)
+        elif perm is not None:
             rec["reference_matches_model"] = rec["reference"] == expected_continuation(
                 perm, rec["prompt"][-1], len(rec["reference"]))
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
 
+
+def _sampled_fields(rec: dict[str, Any], ref: dict[str, Any], table: Any) -> None:
+    """A sampled record's logprobs: the reference's as vLLM returned them, and the table's for both streams."""
+    rec["reference_logprobs"] = ref.get("logprobs")
+    rec["model_logprobs"] = model_logprobs(table, rec["prompt"], rec["observed"])
+    rec["reference_model_logprobs"] = model_logprobs(table, rec["prompt"], rec["reference"])

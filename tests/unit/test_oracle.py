@@ -273,11 +273,14 @@ def test_labels_from_classification() -> None:
 
 
 def test_request_outcomes_rank_from_best_to_worst() -> None:
-    order = [Outcome.OK, Outcome.TRUNCATED, Outcome.DUPLICATE, Outcome.LOSS, Outcome.DIVERGED, Outcome.ERROR]
+    order = [Outcome.OK, Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT, Outcome.GROUP_BROKEN, Outcome.DUPLICATE,
+             Outcome.LOSS, Outcome.DIVERGED, Outcome.ERROR]
     assert [o.rank for o in order] == sorted(o.rank for o in order)
     assert len({o.rank for o in Outcome}) == len(Outcome)
     assert {o for o in Outcome if o.is_token_fault} == {
         Outcome.TRUNCATED,
+        Outcome.LOGPROB_SHIFT,
+        Outcome.GROUP_BROKEN,
         Outcome.DUPLICATE,
         Outcome.LOSS,
         Outcome.DIVERGED,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from harness.core.oracle.ambiguity import NONDETERMINISM_HINT
 from harness.core.oracle.outcome import SHIFTS, Outcome
 from harness.core.oracle.requests import RequestVerdict, classify_request
+from harness.core.oracle.sampled import group_faults, is_sampled, reference_model_error
 from harness.core.oracle.streams import StreamVerdict
 from harness.core.streams import StreamRecord
 
@@ -41,18 +42,13 @@ def cell_verdict(records: Sequence[StreamRecord]) -> CellVerdict:
     reqs = tuple(classify_request(r) for r in records)
     if not reqs:
         return CellVerdict(Outcome.ERROR, "no requests recorded", reason="scenario produced no requests")
-    for r in records:
-        if not r.reference_matches_model:
-            return CellVerdict(
-                Outcome.ERROR,
-                "model check failed",
-                requests=reqs,
-                reason=f"the engine's no-pause stream for {r.rid} does not follow the bigram cycle; "
-                "token loss would not be visible",
-            )
+    model = _model_error(records)
+    if model is not None:
+        return CellVerdict(Outcome.ERROR, "model check failed", requests=reqs, reason=model)
     splits = [r for r in reqs if r.reference_split is not None]
     if splits:
         reqs = tuple(_doubt(r) for r in reqs)
+    reqs = _group_broken(reqs, group_faults(records))
     worst = max(reqs, key=lambda r: r.outcome.rank)
     counts = Counter(r.verdict.short for r in reqs)
     refused = _refused(records)
@@ -71,6 +67,31 @@ def cell_verdict(records: Sequence[StreamRecord]) -> CellVerdict:
             f"the no-pause references of {len(splits)}/{len(reqs)} requests differ between batch compositions "
             f"(first at index {min(r.reference_split or 0 for r in splits)}): {NONDETERMINISM_HINT}")
     return CellVerdict(worst.outcome, summary, dict(sorted(counts.items())), reqs, reason, label)
+
+
+def _model_error(records: Sequence[StreamRecord]) -> str | None:
+    """Why the engine does not run the model the oracle assumes, or None."""
+    for r in records:
+        if not r.reference_matches_model:
+            return (f"the engine's no-pause stream for {r.rid} does not follow the bigram cycle; "
+                    "token loss would not be visible")
+        if is_sampled(r) and (why := reference_model_error(r)) is not None:
+            return why
+    return None
+
+
+def _group_broken(reqs: tuple[RequestVerdict, ...], faults: dict[str, str]) -> tuple[RequestVerdict, ...]:
+    """Children of a broken group (harness.core.oracle.sampled.group_faults) are GROUP-BROKEN, the more specific
+    reading (a duplicated child also diverges from its own reference), their own stream's label kept in the detail;
+    a request that failed (ERROR) stays so."""
+    out = []
+    for r in reqs:
+        why = faults.get(r.rid)
+        if why is not None and r.outcome is not Outcome.ERROR:
+            own = "" if r.outcome is Outcome.OK else f" (this child's stream: {r.verdict.label})"
+            r = replace(r, verdict=StreamVerdict(Outcome.GROUP_BROKEN, r.verdict.at, detail=why + own))
+        out.append(r)
+    return tuple(out)
 
 
 def _refused(records: Sequence[StreamRecord]) -> str:

@@ -21,6 +21,11 @@ class Outcome(enum.Enum):
     # workaround), but not an infrastructure failure: the cell ran.
     AMBIGUOUS = "AMBIGUOUS"
     TRUNCATED = "TRUNCATED"
+    # Sampled requests (issue 34, harness.core.oracle.sampled): the tokens are right but a delivered logprob is
+    # not the model's for the delivered history (another position's, or another history's); or a GRPO group
+    # came back broken (a child missing, short, or a duplicate of another).
+    LOGPROB_SHIFT = "LOGPROB-SHIFT"
+    GROUP_BROKEN = "GROUP-BROKEN"
     DUPLICATE = "DUPLICATE"
     LOSS = "LOSS"
     DIVERGED = "DIVERGED"
@@ -51,7 +56,8 @@ class Outcome(enum.Enum):
     @property
     def is_token_fault(self) -> bool:
         """A wrong token stream (what the harness hunts), as opposed to infrastructure."""
-        return self in (Outcome.LOSS, Outcome.DUPLICATE, Outcome.DIVERGED, Outcome.TRUNCATED)
+        return self in (Outcome.LOSS, Outcome.DUPLICATE, Outcome.DIVERGED, Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT,
+                        Outcome.GROUP_BROKEN)
 
     @property
     def is_finding(self) -> bool:
@@ -68,7 +74,8 @@ class Outcome(enum.Enum):
 
 
 _RANK = {o: i for i, o in enumerate((
-    Outcome.OK, Outcome.AMBIGUOUS, Outcome.TRUNCATED, Outcome.DUPLICATE, Outcome.LOSS, Outcome.DIVERGED,
+    Outcome.OK, Outcome.AMBIGUOUS, Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT, Outcome.GROUP_BROKEN, Outcome.DUPLICATE,
+    Outcome.LOSS, Outcome.DIVERGED,
     Outcome.CRASH, Outcome.STALL, Outcome.FLAKY, Outcome.UNSUPPORTED, Outcome.BUILD_FAILED, Outcome.ERROR,
     Outcome.TIMEOUT))}
 SHIFTS = (Outcome.LOSS, Outcome.DUPLICATE)  # the kinds of fault event, in the order they are tried

@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.core.oracle.ambiguity import NONDETERMINISM_HINT, reference_split, shift_ambiguity, stale_ambiguity
 from harness.core.oracle.outcome import Outcome
+from harness.core.oracle.sampled import is_sampled, logprob_only_verdict, logprob_verdict, with_logprob_evidence
 from harness.core.oracle.streams import StreamVerdict, classify_stream
 from harness.core.streams import StreamRecord
 
@@ -99,6 +100,17 @@ def _judge(record: StreamRecord, points: Sequence[int], split: int | None) -> St
         f"(they differ from index {split}): {NONDETERMINISM_HINT}"))
 
 
+def _judge_sampled(record: StreamRecord, points: Sequence[int], split: int | None) -> StreamVerdict:
+    """A sampled request (harness.core.oracle.sampled): against its seeded no-pause reference where the engine's two
+    references agree, then its logprobs against the model's table; by logprobs and length alone where they differ."""
+    if split is not None:
+        return logprob_only_verdict(record, split, _aborted(record))
+    v = _judge(record, points, None)
+    if v.outcome is not Outcome.OK:
+        return with_logprob_evidence(record, v)
+    return logprob_verdict(record) or v
+
+
 def classify_request(record: StreamRecord) -> RequestVerdict:
     """Judge one request record written by ``repro.cell``."""
     ref, obs = record.reference, record.observed
@@ -111,7 +123,8 @@ def classify_request(record: StreamRecord) -> RequestVerdict:
     if points:
         fpr = {"index": points[0], "expected": _at(ref, points[0]), "observed": _at(obs, points[0])}
     split = reference_split(record)
-    v = StreamVerdict(Outcome.ERROR, detail=record.error) if record.error else _judge(record, points, split)
+    judge = _judge_sampled if is_sampled(record) else _judge
+    v = StreamVerdict(Outcome.ERROR, detail=record.error) if record.error else judge(record, points, split)
     return RequestVerdict(record.rid, v, running, pause_index, fpr, split)
 
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from harness.core.oracle.outcome import SHIFTS, FaultEvent, Outcome, events_label
 
+# Outcomes whose label names where the stream went wrong: ``DIVERGED(at 9)``, ``LOGPROB-SHIFT(at 9)``.
+_AT_LABELLED = (Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT, Outcome.GROUP_BROKEN)
+
 
 @dataclass(frozen=True)
 class StreamVerdict:
@@ -25,7 +28,7 @@ class StreamVerdict:
         o = self.outcome.value
         if self.outcome in SHIFTS:
             return events_label(self.events) if self.events else f"{o}({self.k} at {self.at})"
-        if self.outcome is Outcome.DIVERGED or (self.outcome is Outcome.TRUNCATED and self.at is not None):
+        if self.outcome is Outcome.DIVERGED or (self.outcome in _AT_LABELLED and self.at is not None):
             head = f"{events_label(self.events)}; " if self.events else ""
             return f"{head}{o}(at {self.at})"
         return o

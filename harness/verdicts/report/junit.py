@@ -67,7 +67,7 @@ def junit_xml(results: Results) -> str:
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", name="workaround_verdict", value=_x(verdict_paragraph(cells)))
     for v in workaround_verdicts(cells):
-        ET.SubElement(props, "property", name=f"workaround.{v.version}", value=v.status.value)
+        ET.SubElement(props, "property", name=f"workaround.{v.where.replace(' ', '.')}", value=v.status.value)
     for key in ("created", "platform"):
         if meta.get(key) is not None:
             ET.SubElement(props, "property", name=key, value=_x(meta[key]))

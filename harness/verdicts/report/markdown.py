@@ -16,6 +16,7 @@ from harness.verdicts.report.cells import (
     expectation_text,
     first_post_resume,
     injection_banner,
+    is_faulty,
     on_off,
     request_verdict,
     rid_text,
@@ -122,7 +123,15 @@ def _details(cr: CellResult) -> list[str]:
               "reference"]
     lines += md_table(header, rows)
     lines.append("")
-    return lines
+    return lines + _sampled_details(cr)
+
+
+def _sampled_details(cr: CellResult) -> list[str]:
+    """Sampled requests (issue 34): each faulty child's first wrong position, its token and logprob beside the
+    model's table and the reference (the oracle's detail, harness.core.oracle.sampled)."""
+    notes = [f"- `{rid_text(req)}`: {v.detail}" for req in cr.requests
+             if "model_logprobs" in req.raw and is_faulty(req) and (v := request_verdict(req)).detail]
+    return [*notes, ""] if notes else []
 
 
 def markdown(results: Results) -> str:

@@ -21,7 +21,7 @@ def paragraph_parts(cells: CellsLike) -> list[tuple[str, str | None]]:
         if i:
             parts.append((", ", None))
         parts.append((v.status.value, STATUS_STYLES[v.status]))
-        parts.append((f" on {v.version} ({v.evidence})", None))
+        parts.append((f" on {v.where} ({v.evidence})", None))
     parts.append((".", None))
     return parts
 

@@ -1,0 +1,172 @@
+"""The request axis (issue 34): ids, the CLI, where sampled cells run, the spec they send, the engine side's
+seeds and logprob table, and the workaround verdict per request kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.core.cell import Cell, parse_cell_id
+from harness.core.oracle import Outcome
+from harness.frontends.cli import main
+from harness.plan.matrix import plan_cells, unsupported_reason
+from harness.run.spec import RunConfig, scenario_spec
+from harness.verdicts.results import CellResult
+from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
+from repro.models import BigramCycleSpec, build_checkpoint, cycle_permutation
+from repro.scenarios.sampling import (
+    GROUP_SIZE,
+    SEED_STRIDE,
+    engine_ids_match,
+    logprob_table,
+    model_logprobs,
+    sampling_kwargs,
+)
+
+pytestmark = pytest.mark.unit
+
+GREEDY = Cell("0.21.0", "mp", True, "keep", True)
+SAMPLED = GREEDY.replace(request="sampled")
+
+
+def test_ids_keep_greedy_unchanged_and_spell_sampled() -> None:
+    assert GREEDY.id == "vllm0.21.0-mp-async_on-keep-clear"
+    assert SAMPLED.id == "vllm0.21.0-mp-async_on-keep-clear-sampled"
+    assert parse_cell_id(SAMPLED.id) == SAMPLED and Cell.from_dict(SAMPLED.to_dict()) == SAMPLED
+    assert "request" not in GREEDY.to_dict()
+
+
+def test_sampled_cells_share_the_greedy_engine() -> None:
+    plan = plan_cells([GREEDY, SAMPLED, GREEDY.replace(mode="wait", request="sampled")], "cpu")
+    assert [(k.id, len(cs)) for k, cs in plan.engines] == [(GREEDY.engine.id, 3)]
+
+
+def test_bad_request_kind_exits_2_naming_the_kinds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["matrix", "--request", "nonsense"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'nonsense'" in err and "greedy" in err and "sampled" in err
+
+
+@pytest.mark.parametrize(("cell", "words"), [
+    (SAMPLED.replace(tier="scheduler"), "scripts the model's outputs"),
+    (SAMPLED.replace(scenario="weight-sync"), "pause scenario's keep, wait and abort"),
+    (SAMPLED.replace(door="server"), "engine door"),
+])
+def test_where_sampled_cannot_run_it_is_unsupported_with_the_reason(cell: Cell, words: str) -> None:
+    reason = unsupported_reason(cell, "cpu")
+    assert reason is not None and words in reason
+    assert unsupported_reason(SAMPLED, "cpu") is None
+
+
+def test_the_spec_names_the_request_kind_only_off_greedy(tmp_path: Path) -> None:
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path)
+    assert scenario_spec(SAMPLED, cfg).params["request"] == "sampled"
+    assert "request" not in scenario_spec(GREEDY, cfg).params
+    assert scenario_spec(SAMPLED, cfg).id == "keep-clear-sampled"
+
+
+def test_every_child_seed_is_distinct_across_the_requests_of_a_scenario() -> None:
+    seeds = [sampling_kwargs("sampled", i, 4321)["seed"] + k for i in range(64) for k in range(GROUP_SIZE)]
+    assert len(set(seeds)) == len(seeds) and SEED_STRIDE > GROUP_SIZE
+    # What the stride avoids: base + i seeds share child seeds across prompts (vLLM seeds child k with seed + k).
+    naive = [1000 + i + k for i in range(4) for k in range(GROUP_SIZE)]
+    assert len(set(naive)) < len(naive)
+    assert sampling_kwargs("greedy", 3, 1) == {"temperature": 0.0}
+    with pytest.raises(ValueError, match="greedy, sampled"):
+        sampling_kwargs("nonsense", 0, 0)
+
+
+def test_engine_child_ids_match_their_stream() -> None:
+    assert engine_ids_match("2_keep-r03-1a2b3c4d", "keep-r03", 2)
+    assert engine_ids_match("2_keep-r03", "keep-r03", 2)
+    assert not engine_ids_match("2_keep-r03-1a2b3c4d", "keep-r03", 1)
+    assert not engine_ids_match("2_keep-r03-1a2b3c4d", "keep-r03", None)
+    assert engine_ids_match("keep-r03-1a2b3c4d", "keep-r03", None)
+
+
+def test_the_logprob_table_is_the_models_spread_distribution(tmp_path: Path) -> None:
+    spec = BigramCycleSpec()  # the cells' model: 512 tokens (a smaller vocabulary is far more peaked)
+    table = logprob_table(build_checkpoint(spec, tmp_path))
+    perm = cycle_permutation(spec.vocab_size, spec.seed)
+    import numpy as np
+
+    assert np.allclose(np.exp(table).sum(axis=1), 1.0)
+    assert [int(row.argmax()) for row in table] == perm  # greedy walks the cycle
+    top = np.exp(table.max(axis=1))
+    assert top.min() > 0.7 and top.max() < 0.85  # spread: sampling leaves the cycle about once in five tokens
+    assert model_logprobs(table, [5, 7], [perm[7], 9]) == [round(float(table[7][perm[7]]), 6),
+                                                            round(float(table[perm[7]][9]), 6)]
+
+
+def _cr(cell: Cell, outcome: Outcome) -> CellResult:
+    return CellResult(cell, outcome, "LOSS(1) in 32/40 requests" if outcome is Outcome.LOSS else "OK", label="x")
+
+
+def test_the_workaround_verdict_is_per_request_kind() -> None:
+    greedy = [_cr(GREEDY, Outcome.OK), _cr(GREEDY.replace(async_on=False), Outcome.OK)]
+    sampled = [_cr(SAMPLED, Outcome.LOSS), _cr(SAMPLED.replace(async_on=False), Outcome.OK)]
+    for cells in (greedy + sampled, sampled + greedy):
+        g, s = workaround_verdicts(cells)
+        assert (g.request, g.status) == ("greedy", WorkaroundStatus.REMOVABLE)
+        assert (s.request, s.status, s.where) == ("sampled", WorkaroundStatus.NEEDED, "0.21.0 sampled")
+        assert set(s.cell_ids) == {SAMPLED.id, SAMPLED.replace(async_on=False).id}
+    (only,) = workaround_verdicts(greedy)
+    assert only.where == "0.21.0"
+
+
+class _LP:
+    def __init__(self, logprob: float) -> None:
+        self.logprob = logprob
+
+
+class _Comp:
+    def __init__(self, index: int, token: int, last: bool) -> None:
+        self.index, self.token_ids = index, [token]
+        self.logprobs = [{token: _LP(-0.1 * token)}]
+        self.finish_reason = "length" if last else None
+
+
+class _Out:
+    def __init__(self, comp: _Comp) -> None:
+        self.outputs = [comp]
+
+
+class _Params:
+    def __init__(self, **kw: object) -> None:
+        self.kw = kw
+
+
+class _GroupEngine:
+    """Yields each child's tokens as AsyncLLM does for an n > 1 request: one output per child and step."""
+
+    def __init__(self) -> None:
+        self.engine_core = self
+        self.params: list[dict[str, object]] = []
+
+    async def call_utility_async(self, name: str) -> dict[str, dict[str, int]]:
+        return {"1_g-r00-1a2b3c4d": {"num_output_tokens": 3}}
+
+    async def generate(self, prompt: dict[str, list[int]], sp: _Params, request_id: str):  # type: ignore[no-untyped-def]
+        self.params.append(sp.kw)
+        n, max_tokens = int(str(sp.kw["n"])), int(str(sp.kw["max_tokens"]))
+        for i in range(max_tokens):
+            for k in range(n):
+                yield _Out(_Comp(k, 10 * k + i, i + 1 == max_tokens))
+
+
+def test_the_driver_records_each_child_with_its_logprobs_and_maps_the_engine_ids() -> None:
+    import asyncio
+
+    from repro.scenarios.base import Plan, RequestSpec
+    from repro.scenarios.driver import Driver
+
+    engine = _GroupEngine()
+    spec = RequestSpec("g-r00", [1, 2], 3, sampling=sampling_kwargs("sampled", 0, 7))
+    driver = Driver(engine, Plan([spec], []), 5.0, _Params, "DELTA")
+    records = asyncio.run(driver.run())
+    assert [r["rid"] for r in records] == [f"g-r00.c{k}" for k in range(GROUP_SIZE)]
+    assert records[2]["observed"] == [20, 21, 22] and records[2]["logprobs"] == [-2.0, -2.1, -2.2]
+    assert {(r["group"], r["n"], r["finish_reason"]) for r in records} == {("g-r00", GROUP_SIZE, "length")}
+    assert engine.params[0]["seed"] == 7_000_000 and engine.params[0]["temperature"] == 1.0
+    assert asyncio.run(driver._engine_progress()) == {"g-r00.c1": {"num_output_tokens": 3}}
