@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from packaging.version import Version
+from test_cputorch import DRY_RUN, FakeStep, offline  # noqa: F401 -- the fixture
 
 import harness.envbuild.cputorch as cputorch
 from harness.core.errors import EnvBuildError
@@ -15,7 +16,6 @@ from harness.envbuild.index import IndexConfig
 from harness.envbuild.recipe import default_recipe
 from harness.envbuild.unresolvable import CPU_TORCH_REASON, LAZY_KERNELS, leave_out, unresolvable_pins
 from harness.envbuild.uv import UvBackend
-from tests.unit.test_cputorch import DRY_RUN, FakeStep, offline  # noqa: F401 -- the fixture
 
 pytestmark = pytest.mark.unit
 
@@ -75,8 +75,9 @@ def test_gpu_env_leaves_out_a_lazy_kernel_only(tmp_path: Path, offline: None) ->
 
 def test_wheelhouse_leaves_out_the_pin_and_its_manifest_says_so(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import test_wheelhouse as twh
+
     import harness.bundle.wheelhouse as wh
-    from tests.unit import test_wheelhouse as twh
 
     class Tools(twh.FakeTools):
         def _compile(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
