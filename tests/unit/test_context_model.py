@@ -271,3 +271,15 @@ def test_oracle_fails_when_one_cached_block_from_the_old_version_is_reused(
     rev, _, _ = dec.decode("A", p, n, stale=2 * BLOCK, stale_version="B")
     assert rev == expected_continuation(SPEC, "A", p, n, stale_prefix_tokens=2 * BLOCK, stale_version="B")
     assert rev != expected_continuation(SPEC, "A", p, n)
+
+
+def test_the_engine_side_resolves_the_kind(tmp_path: Path) -> None:
+    from repro.model_kinds import load_model
+
+    loaded = load_model(cm.KIND, {"rows": 32, "version": "B"}, tmp_path)
+    assert cm.load_info(Path(loaded.source)) == (ContextCellSpec(rows=32), "B")
+    assert (loaded.kind, loaded.vocab_size, loaded.perm, loaded.defaults) == (cm.KIND, 2 + 8 + 32 * 8, None,
+                                                                              {"dtype": "float32"})
+    assert load_model(cm.KIND, {}, tmp_path).source.endswith("-A")
+    with pytest.raises(ValueError, match="weight version 'C'"):
+        load_model(cm.KIND, {"version": "C"}, tmp_path)
