@@ -4,6 +4,9 @@
   built here from its params; its greedy stream is known in advance (``perm``).
 * ``qwen3-random``: the built-in random-weight Qwen3 (``repro.realistic``),
   built here from its params; its reference is the engine's own no-pause run.
+* ``context-cell``: the built-in checkpoint pair A/B whose next token reads the request's marker through
+  attention (``repro.context_model``); params are its spec's fields and ``version`` ("A", the default, or
+  "B"); its greedy stream under either version, and with stale KV, is ``expected_continuation``.
 * ``path``: the user's model, ``{"path": DIR}`` (a local Hugging Face folder)
   or ``{"name": HUB_ID}`` (vLLM downloads it; only where the machine has network).
 
@@ -17,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import realistic
+from repro import context_model, realistic
 from repro.models import BigramCycleSpec, build_checkpoint, load_perm
 
 BIGRAM = "bigram-cycle"
@@ -59,9 +62,20 @@ def load_model(kind: str, params: dict[str, Any], cache: Path) -> LoadedModel:
         qspec = realistic.Qwen3RandomSpec.from_dict(params)
         folder = realistic.build_checkpoint(qspec, cache)
         return LoadedModel(kind, str(folder), qspec, None, qspec.vocab_size, {"dtype": qspec.dtype})
+    if kind == context_model.KIND:
+        return _context_cell(params, cache)
     if kind == "path":
         return _user_model(params)
     raise ValueError(f"unknown model kind {kind!r}")
+
+
+def _context_cell(params: dict[str, Any], cache: Path) -> LoadedModel:
+    fields = dict(params)
+    version = str(fields.pop("version", "A"))
+    cspec = context_model.ContextCellSpec.from_dict(fields)
+    folder = context_model.build_checkpoint(cspec, version, cache)
+    # float32 like the bigram cycle (its margin of ~18 logits holds in bfloat16 too).
+    return LoadedModel(context_model.KIND, str(folder), cspec, None, cspec.vocab_size, {"dtype": "float32"})
 
 
 def _user_model(params: dict[str, Any]) -> LoadedModel:

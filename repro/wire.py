@@ -27,8 +27,9 @@ from repro.engine_axes import engine_args, owned_engine_args
 SCHEMA_VERSION = 3
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
 # bigram-cycle: the built-in deterministic checkpoint (repro.models); qwen3-random: the built-in random-weight
-# Qwen3 (repro.realistic); path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
-MODEL_KINDS = ("bigram-cycle", "qwen3-random", "path")
+# Qwen3 (repro.realistic); context-cell: the built-in checkpoint pair that sees stale KV (repro.context_model);
+# path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
+MODEL_KINDS = ("bigram-cycle", "qwen3-random", "context-cell", "path")
 # Engine arguments that a cell's axes or a harness option decide, and the option to use instead: an
 # ``EngineSpec.extra`` naming one would silently relabel the cell, so both sides refuse it.
 OWNED_ENGINE_ARGS: dict[str, str] = {
