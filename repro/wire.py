@@ -259,11 +259,12 @@ class EventKind:
 _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", "weight_sync", "reason",
                               "engine_recovered", "traceback", "precondition"})
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised, and
-# (``end_state``, repro.sched.inflight) what it still held at the end.
+# (``end_state``, repro.sched.inflight) what it still held at the end, (``connector``,
+# repro.sched.reset_connector) its KV connector's recorded reset_cache() calls.
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
                                     "stalled", "stall_state", "iterations", "frames", "empty_frames", "setup_s",
                                     "vllm_frame", "vllm_source", "exception_type", "message", "spec_method",
-                                    "end_state"})
+                                    "end_state", "connector"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),

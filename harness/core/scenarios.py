@@ -202,6 +202,15 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("inflight-add-abort", "requests added and aborted (one before it was ever scheduled, one re-added "
              "under a new id) between schedule(N+1) and update_from_output(N)", tiers=("scheduler",),
              trigger=False),
+    # repro/sched/reset_connector.py: vLLM 0.34.0's reset_connector (sleep, release_kv_cache_memory,
+    # pause_scheduler) reduced to the scheduler's reset_prefix_cache(reset_running_requests=True, reset_connector)
+    # at idle, with the null consumer connector recording reset_cache(); two names, one per value of the flag
+    # (issue 33 item 4; clear_cache is not it: both cells clear the prefix cache).
+    Scenario("reset-connector", "drained reset (nothing in flight, requests kept) with reset_connector=True and a "
+             "consumer KV connector: its reset_cache() called exactly once", tiers=("scheduler",),
+             refs=("PR #27170",), trigger=False),
+    Scenario("reset-connector-keep", "the same drained reset with reset_connector=False: the KV connector's "
+             "reset_cache() never called", tiers=("scheduler",), refs=("PR #27170",), trigger=False),
     # harness.sched.cells.SHAPES: reset_prefix_cache(reset_running_requests=True) in two states the fuzzer found
     # where vLLM raises "Failed to reset KV cache even when all the running requests are preempted"
     # (docs/results/fuzz-judge-2026-12-02/: both reached through AsyncLLM as well).

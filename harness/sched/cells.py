@@ -28,6 +28,7 @@ from harness.core.oracle import CellVerdict, Outcome, cell_verdict
 from harness.core.records import EngineInfo
 from harness.run.events import ScenarioEvent
 from harness.sched.inflight import with_end_checks
+from harness.sched.reset_connector import with_connector_check
 from harness.verdicts.results import CellResult, infra_result
 from repro.sched.script import SCHEMA_VERSION
 from repro.wire import FuzzSpec
@@ -48,6 +49,9 @@ class SchedShape:
     # Its aborted streams get no token after the abort and vLLM's scheduler holds nothing at the end
     # (harness.sched.inflight): the repro side records its end_state.
     end_checks: bool = False
+    # Its KV connector's reset_cache() calls must match the resets that asked for them
+    # (harness.sched.reset_connector): the repro side records them in the event's ``connector``.
+    connector_checks: bool = False
 
     def for_async(self, async_on: bool) -> dict[str, Any]:
         if async_on:
@@ -112,6 +116,13 @@ SHAPES: dict[str, SchedShape] = {
     # them while it waits for a step's output (core.py:1928-1955; repro/sched/inflight.py).  Async off: between
     # schedule(N) and update_from_output(N), where 0.34.0's EngineCore.step waits the same way (core.py:730).
     "inflight-add-abort": SchedShape("inflight_add_abort", {"depth": 2}, {}, end_checks=True),
+    # A drained reset (nothing in flight, requests kept) with the null consumer connector recording reset_cache():
+    # reset_connector True (reset once) and False (never), vLLM 0.34.0's flag on sleep and pause_scheduler as the
+    # scheduler sees it (repro/sched/reset_connector.py).  Async off: the same reset between two steps.
+    "reset-connector": SchedShape("reset_connector", {"depth": 2, "connector": True}, {"connector": True},
+                                  connector_checks=True),
+    "reset-connector-keep": SchedShape("reset_connector", {"depth": 2, "connector": False}, {"connector": False},
+                                       connector_checks=True),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
 }
@@ -180,6 +191,8 @@ def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
         v = sched_verdict(ev)
         return infra_result(cell, v.outcome, v.reason or v.summary, facts)
     res = judge(cell, ev, facts)
+    if shape is not None and shape.connector_checks:
+        res = with_connector_check(res, ev)
     return with_end_checks(res, ev) if shape is not None and shape.end_checks else res
 
 

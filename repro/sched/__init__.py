@@ -33,7 +33,9 @@ Scenarios (``script.SCENARIOS``): ``drained_reset`` (vllm#42043), ``inflight_res
 of PR #42117), ``preempt_pressure`` (negative control), ``abort_inflight``, ``spec_decode`` (control
 for scripted speculative decoding), ``spec_reset`` (PRs #42117, #46066, #48245), ``inflight_add_abort``
 (``inflight.py``: adds and aborts between ``schedule(N+1)`` and ``update_from_output(N)``, as vLLM 0.34.0's
-``EngineCoreProc._wait_for_output`` handles them; its event adds ``precondition`` and ``end_state``) and
+``EngineCoreProc._wait_for_output`` handles them; its event adds ``precondition`` and ``end_state``),
+``reset_connector`` (``reset_connector.py``: a drained reset with ``reset_connector`` true or false and the null
+connector recording ``reset_cache()``; its event adds ``precondition`` and ``connector``) and
 ``ops`` (an explicit script: setup fields, ``requests`` [{rid, prompt, max_tokens}] and ``ops`` [{op, rid, n,
 tokens, in_flight, optional}] — ``Script.to_dict()`` gives it, so a fuzzer replays what it drew).  Every
 scenario takes the setup fields of ``script.Setup``: ``scheduler`` ("async" | "sync"), ``depth`` (D),

@@ -419,12 +419,12 @@ class Executor:
         # The reset preempts these (vLLM counts it in num_preemptions, as it counts memory pressure).
         entry["running_at_reset"] = len(getattr(self.sched, "running", None) or ())
         self._interrupt("keep", len(self.queue))
-        if op.connector and "reset_connector" in _params_of(self.sched.reset_prefix_cache):
-            entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True, reset_connector=True))
-            return
-        if op.connector:  # the release's EngineCore passed no such flag either
+        # reset_connector passed explicitly (False too) wherever the release takes it (repro.sched.reset_connector).
+        flag = {"reset_connector": op.connector} if "reset_connector" in _params_of(
+            self.sched.reset_prefix_cache) else {}
+        if op.connector and not flag:  # the release's EngineCore passed no such flag either
             entry["skipped_connector"] = "reset_prefix_cache has no reset_connector in this release"
-        entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True))
+        entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True, **flag))
 
     def _set_pause(self, op: Op, entry: dict[str, Any], state: str) -> None:
         states = self.builder.pause_states()

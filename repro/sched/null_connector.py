@@ -5,7 +5,8 @@ more than one batch in flight (PR #45357: ``Scheduler.defer_block_free``, the fr
 stay fenced until its last in-flight step has been processed).  That fence, and the preemption retry
 that vllm#49674 says cascades on it, depend only on ``kv_transfer_config.is_kv_consumer`` and
 ``max_concurrent_batches``, not on what the connector moves.  This connector says "no external hit"
-for every request and keeps no state, so every scheduling decision is vLLM's own; it is loaded by vLLM's
+for every request and keeps no state beyond a record of its ``reset_cache()`` calls, so every scheduling
+decision is vLLM's own; it is loaded by vLLM's
 ``KVConnectorFactory`` through ``kv_connector_module_path`` (the documented way to plug in an
 out-of-tree connector), and only its scheduler-side role is ever built here (no worker exists).
 
@@ -23,7 +24,8 @@ CLASS_NAME = "ReproNullConsumerConnector"
 
 
 class ReproNullConsumerConnector(KVConnectorBase_V1):
-    """Scheduler side: no external tokens, no metadata; worker side: never built here (no-ops)."""
+    """Scheduler side: no external tokens, no metadata, ``reset_cache()`` recorded; worker side: never built here
+    (no-ops)."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         # External connectors must take kv_cache_config (0.32's factory refuses a 2-argument constructor);
@@ -32,6 +34,8 @@ class ReproNullConsumerConnector(KVConnectorBase_V1):
             super().__init__(vllm_config, role, kv_cache_config)
         except TypeError:
             super().__init__(vllm_config, role)
+        # What each reset_cache() call returned, in order (repro.sched.reset_connector reads it).
+        self.reset_calls: list[bool | None] = []
 
     # ---- scheduler side
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
@@ -42,6 +46,13 @@ class ReproNullConsumerConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         return KVConnectorMetadata()
+
+    def reset_cache(self) -> bool | None:
+        """``Scheduler.reset_connector_cache`` calls it (``reset_prefix_cache(reset_connector=True)``): nothing is
+        cached here, so the reset succeeds (True; False would make vLLM's reset fail, None is the base's
+        "not implemented", also success)."""
+        self.reset_calls.append(True)
+        return True
 
     # ---- worker side (abstract in the base; unused: this tier has no worker)
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

@@ -17,6 +17,9 @@ from repro.sched.adapter import Unsupported, vllm_crash_site
 from repro.sched.executor import Executor, OpUnsupported
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import scenario_facts
+from repro.sched.reset_connector import NAME as RESET_CONNECTOR
+from repro.sched.reset_connector import missing_parameter
+from repro.sched.reset_connector import scenario_facts as connector_facts
 from repro.sched.script import ScriptError
 from repro.sched.upstream import build_any_script
 
@@ -40,6 +43,8 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
     spec_cfg = getattr(getattr(sched, "vllm_config", None), "speculative_config", None)
     if spec_cfg is not None:  # the drafter kind vLLM accepted with async scheduling (adapter._spec_config)
         base["spec_method"] = str(getattr(spec_cfg, "method", None))
+    if sc["scenario"] == RESET_CONNECTOR and (why := missing_parameter(sched)):  # nothing to exercise
+        return {**base, "status": "unsupported", "reason": why}
     setup_s = round(time.monotonic() - t0, 3)
     try:
         ex.play()
@@ -58,6 +63,8 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
         return {**result, "status": "error"}
     if sc["scenario"] == INFLIGHT:  # its precondition and what the scheduler holds at the end
         base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched))
+    if sc["scenario"] == RESET_CONNECTOR:  # the connector's recorded reset_cache() calls and the precondition
+        base.update(connector_facts(ex.log, sched))
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,
             "stall_state": ex.stall_state,
             "iterations": ex.iterations, "frames": ex.frames_made, "empty_frames": ex.empty_frames,

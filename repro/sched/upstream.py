@@ -37,6 +37,8 @@ from typing import Any
 
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import inflight_add_abort
+from repro.sched.reset_connector import NAME as RESET_CONNECTOR
+from repro.sched.reset_connector import reset_connector
 from repro.sched.script import (
     SCENARIOS,
     Op,
@@ -135,6 +137,8 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     "session_spec": session_spec,
     # Not an upstream bug: 0.34.0's adds and aborts while a step is in flight (repro/sched/inflight.py).
     INFLIGHT: inflight_add_abort,
+    # Not an upstream bug: 0.34.0's reset_connector, a drained reset with and without it (reset_connector.py).
+    RESET_CONNECTOR: reset_connector,
 }
 
 
