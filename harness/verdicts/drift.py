@@ -8,8 +8,8 @@ text (``quote``).  Given the framework's source tree (an unpacked release, or a 
 * ``CHANGED``: the quote is gone from the file, or the file is gone (the nearest line is reported): drift;
 * ``UNQUOTED``: the recipe gives no quote, so nothing can be compared (not drift; say so).
 
-Only ``CHANGED`` is drift.  Comparison ignores leading/trailing whitespace and runs of blanks.  Nothing here
-touches the network: :mod:`harness.verdicts.drift_fetch` brings the trees.
+Only ``CHANGED`` is drift, and a release whose metadata pins vllm otherwise than the recipe's ``pin``.
+Comparison ignores leading/trailing whitespace and runs of blanks.  Nothing here touches the network: :mod:`harness.verdicts.drift_fetch` brings the trees.
 """
 
 from __future__ import annotations
@@ -83,11 +83,23 @@ class FrameworkDrift:
     source: str
     checks: tuple[CitationCheck, ...] = ()
     skipped: str = ""
-    vllm_pin: str = ""  # what the release's metadata requires of vllm ("" when unknown)
+    pin: str = ""  # the recipe's vllm pin
+    release_pins: tuple[str, ...] = ()  # what the release's metadata requires of vllm (empty when unknown)
+
+    @property
+    def pin_drift(self) -> bool:
+        """The release requires vllm otherwise than the recipe's pin (unknown pins are no drift)."""
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            return bool(self.release_pins) and SpecifierSet(self.pin) not in [SpecifierSet(p) for p in
+                                                                              self.release_pins]
+        except InvalidSpecifier:
+            return True
 
     @property
     def drift(self) -> bool:
-        return any(c.drift for c in self.checks)
+        return self.pin_drift or any(c.drift for c in self.checks)
 
     def count(self, status: str) -> int:
         return sum(c.status == status for c in self.checks)
@@ -134,9 +146,10 @@ def check_call(tree: Path, call: RecipeCall) -> CitationCheck:
     return CitationCheck(call.call, call.at, call.quote, MOVED, line=moved)
 
 
-def check_recipe(recipe: Recipe, tree: Path, source: str, vllm_pin: str = "") -> FrameworkDrift:
-    """Every citation of ``recipe`` against ``tree``."""
-    return FrameworkDrift(recipe.name, source, tuple(check_call(tree, c) for c in recipe.calls), vllm_pin=vllm_pin)
+def check_recipe(recipe: Recipe, tree: Path, source: str, release_pins: tuple[str, ...] = ()) -> FrameworkDrift:
+    """Every citation of ``recipe`` against ``tree``, and its vllm pin against the release's."""
+    return FrameworkDrift(recipe.name, source, tuple(check_call(tree, c) for c in recipe.calls), pin=recipe.pin,
+                          release_pins=release_pins)
 
 
 def skipped(recipe: Recipe, why: str) -> FrameworkDrift:

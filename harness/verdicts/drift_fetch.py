@@ -39,7 +39,7 @@ class SourceTree:
     root: Path
     version: str
     label: str  # "trl 1.16.0 (index: trl-1.16.0-py3-none-any.whl)", or the checkout path
-    vllm_pin: str = ""
+    vllm_pins: tuple[str, ...] = ()
 
 
 _SAVED = re.compile(r"(?:Saved|File was already downloaded) (\S+)")
@@ -50,8 +50,8 @@ def pip_download(package: str, dest: Path) -> Path:
     reused); ``--ignore-requires-python`` because a release may need a newer Python than the harness runs on
     (SkyRL 0.4.0 needs 3.12): only its files are read."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "--disable-pip-version-check",
-           "-d", str(dest), package]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python",
+           "--disable-pip-version-check", "-d", str(dest), package]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     out = (done.stdout + done.stderr).strip()
     found = _SAVED.findall(out)
@@ -87,15 +87,16 @@ def _unpack(archive: Path, into: Path) -> Path:
     return tops[0]  # an sdist's single top folder
 
 
-def vllm_requirement(root: Path) -> str:
-    """What the release's metadata (a wheel's METADATA, an sdist's PKG-INFO) requires of vllm, joined by ``; ``."""
+def vllm_requirement(root: Path) -> tuple[str, ...]:
+    """The vllm specifiers the release's metadata (a wheel's METADATA, an sdist's PKG-INFO) requires, markers
+    dropped (``==0.29.0`` for ``vllm==0.29.0; extra == "vllm"``), each once."""
     found: list[str] = []
     for meta in [*root.glob("*.dist-info/METADATA"), *root.glob("PKG-INFO")]:
         for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
-            m = re.match(r"Requires-Dist:\s*vllm\b(.*)", line)
+            m = re.match(r"Requires-Dist:\s*vllm(?![\w-])\s*(?:\[[^]]*\])?\s*([^;]*)", line)
             if m:
-                found.append("vllm" + m.group(1).strip())
-    return "; ".join(dict.fromkeys(found))
+                found.append(m.group(1).strip().strip("()"))
+    return tuple(dict.fromkeys(found))
 
 
 def release_tree(package: str, cache: Path, download: Downloader = pip_download) -> SourceTree:
@@ -133,5 +134,5 @@ def check_drift(recipes: Sequence[Recipe], cache: Path, checkout: Path | None = 
             except FetchFailed as e:
                 out.append(skipped(r, f"download failed: {e.reason}"))
                 continue
-        out.append(check_recipe(r, tree.root, tree.label, tree.vllm_pin))
+        out.append(check_recipe(r, tree.root, tree.label, tree.vllm_pins))
     return tuple(out)

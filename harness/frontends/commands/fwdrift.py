@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from harness.frontends.commands.base import Command
 from harness.frontends.commands.context import Context
 from harness.frontends.commands.workarounds import LEDGER_HELP
+from harness.plan.matrix import split_list
 
 if TYPE_CHECKING:
     from harness.verdicts.drift import CitationCheck, FrameworkDrift
@@ -34,8 +35,9 @@ def render_framework(d: FrameworkDrift) -> list[str]:
     verdict = "DRIFT" if d.drift else "no drift"
     counts = ", ".join(f"{d.count(s)} {s}" for s in ("OK", "MOVED", "CHANGED", "UNQUOTED") if d.count(s))
     lines = [f"{d.framework}: {verdict} against {d.source} ({counts})"]
-    if d.vllm_pin:
-        lines.append(f"    its metadata requires {d.vllm_pin}")
+    if d.release_pins:
+        status = "PIN CHANGED" if d.pin_drift else "OK"
+        lines.append(f"    {status:<8} vllm pin: recipe {d.pin}, release metadata {' or '.join(d.release_pins)}")
     for c in d.checks:
         lines += _check_line(c)
     return lines
@@ -64,11 +66,12 @@ class FrameworksDrift(Command):
                             help="where releases are downloaded and unpacked (default: the harness's cache)")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.frontends.commands.frameworks import selected_recipes
         from harness.verdicts.drift import any_drift
         from harness.verdicts.drift_fetch import check_drift
+        from harness.verdicts.frameworks import load_recipes, select
 
-        recipes = selected_recipes(args)  # BadInput (exit 2) before anything is fetched
+        # BadInput (exit 2) before anything is fetched
+        recipes = select(load_recipes(args.recipes, args.ledger), split_list(args.framework))
         results = check_drift(recipes, ctx.cache, args.checkout)
         print("\n".join(render_drift(results)))
         return 1 if any_drift(results) else 0
