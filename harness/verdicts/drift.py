@@ -9,7 +9,8 @@ text (``quote``).  Given the framework's source tree (an unpacked release, or a 
 * ``UNQUOTED``: the recipe gives no quote, so nothing can be compared (not drift; say so).
 
 Only ``CHANGED`` is drift, and a release whose metadata pins vllm otherwise than the recipe's ``pin``.
-Comparison ignores leading/trailing whitespace and runs of blanks.  Nothing here touches the network: :mod:`harness.verdicts.drift_fetch` brings the trees.
+Comparison ignores leading/trailing whitespace and runs of blanks.  Nothing here touches the network:
+:mod:`harness.verdicts.drift_fetch` brings the trees.
 """
 
 from __future__ import annotations

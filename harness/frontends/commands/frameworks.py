@@ -211,6 +211,7 @@ class FrameworksReport(Command):
 class FrameworksCommand(CommandGroup):
     name = "frameworks"
     help = ("RL framework recipes (TRL, SkyRL, prime-rl, AReaL, OpenRLHF, verl, PipelineRL, NeMo-RL): list them, "
-            "check per vLLM release whether each framework's call sequence is safe and its workaround needed, or whether their cited source lines drifted")
+            "check per vLLM release whether each framework's call sequence is safe and its workaround needed, "
+            "or whether their cited source lines drifted")
     actions = (FrameworksList(), FrameworksCheck(), FrameworksReport(), FrameworksBisect(),
                FrameworksDrift())
