@@ -70,6 +70,15 @@ def archive_version(archive: Path) -> str:
     return stem.rsplit("-", 1)[-1]
 
 
+def _install_data(root: Path) -> None:
+    """A platform wheel keeps its modules under ``<name>.data/purelib`` (or ``platlib``): move them to the root,
+    where an installer puts them and where the recipe's paths start."""
+    for lib in [*root.glob("*.data/purelib"), *root.glob("*.data/platlib")]:
+        for item in lib.iterdir():
+            if not (root / item.name).exists():
+                item.rename(root / item.name)
+
+
 def _unpack(archive: Path, into: Path) -> Path:
     """Unpack once (``into`` is kept as a cache); the root the recipe's paths are relative to."""
     if not into.is_dir():
@@ -77,6 +86,7 @@ def _unpack(archive: Path, into: Path) -> Path:
         if archive.name.endswith((".whl", ".zip")):
             with zipfile.ZipFile(archive) as z:
                 z.extractall(part)
+            _install_data(part)
         else:
             with tarfile.open(archive) as t:
                 t.extractall(part, filter="data")

@@ -125,7 +125,7 @@ def test_the_shipped_recipes_quote_their_cited_lines_consistently(tmp_path: Path
         assert bool(r.package) != bool(r.no_release), r.name
 
 
-def _fake_download(calls: list[str]) -> object:
+def _fake_download(calls: list[str], lib: str = "") -> object:
     def download(package: str, dest: Path) -> Path:
         calls.append(package)
         if package != "xpkg":
@@ -133,7 +133,7 @@ def _fake_download(calls: list[str]) -> object:
         dest.mkdir(parents=True, exist_ok=True)
         wheel = dest / "xpkg-2.0.0-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as z:
-            z.writestr("x/client.py", "\n".join(SOURCE) + "\n")
+            z.writestr(f"{lib}x/client.py", "\n".join(SOURCE) + "\n")
             z.writestr("xpkg-2.0.0.dist-info/METADATA", "Name: xpkg\nRequires-Dist: vllm==0.30.0; extra == \"v\"\n")
         return wheel
     return download
@@ -150,6 +150,12 @@ def test_a_release_comes_through_the_downloader_and_is_unpacked_in_the_cache(tmp
     assert d.pin_drift and d.drift  # the recipe pins >=0.20.0, the release ==0.30.0
     assert not check_drift([Recipe(**{**r.__dict__, "pin": "==0.30.0"})], tmp_path / "cache",
                            download=_fake_download(calls))[0].drift  # type: ignore[arg-type]
+
+
+def test_a_platform_wheels_purelib_is_where_the_paths_start(tmp_path: Path) -> None:
+    lib = "xpkg-2.0.0.data/purelib/"
+    tree = release_tree("xpkg", tmp_path / "cache", _fake_download([], lib))  # type: ignore[arg-type]
+    assert (tree.root / "x" / "client.py").is_file()
 
 
 def test_a_failed_download_or_no_package_skips_with_the_reason(tmp_path: Path) -> None:
