@@ -127,6 +127,7 @@ RECIPE = Obj({
     "pin": Str(nonempty=True, what="a PEP 440 version specifier, e.g. \">=0.17.0,<=0.25.1\""),
     "pin_at": Str(nonempty=True), "door": Choice(tuple(DOORS)), "door_detail": Str(), "workaround": Str(),
     "note": Str(), "engine_kwargs": MapOf(_ENGINE_KWARG), "package": Str(), "no_release": Str(),
+    "release": Str(),
     "call": ListOf(RECIPE_CALL, min_len=1, what="a non-empty list of [[framework.call]] tables"),
     "cell": ListOf(RECIPE_CELL, min_len=1, what="a non-empty list of [[framework.cell]] tables"),
     "bisect": ListOf(RECIPE_BISECT, what="a list of [[framework.bisect]] tables"),
