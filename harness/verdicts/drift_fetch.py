@@ -109,9 +109,10 @@ def vllm_requirement(root: Path) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def release_tree(package: str, cache: Path, download: Downloader = pip_download) -> SourceTree:
-    """The newest release of ``package`` from the index, unpacked under ``cache/drift``."""
-    archive = download(package, cache / "drift" / "downloads")
+def release_tree(package: str, cache: Path, download: Downloader | None = None) -> SourceTree:
+    """The newest release of ``package`` from the index (``download``, default :func:`pip_download`, looked up
+    when called so that tests can replace it), unpacked under ``cache/drift``."""
+    archive = (download or pip_download)(package, cache / "drift" / "downloads")
     version = archive_version(archive)
     root = _unpack(archive, cache / "drift" / "trees" / archive.name)
     return SourceTree(root, version, f"{package} {version} (index: {archive.name})", vllm_requirement(root))
@@ -125,7 +126,7 @@ def checkout_tree(path: Path) -> SourceTree:
 
 
 def check_drift(recipes: Sequence[Recipe], cache: Path, checkout: Path | None = None,
-                download: Downloader = pip_download) -> tuple[FrameworkDrift, ...]:
+                download: Downloader | None = None) -> tuple[FrameworkDrift, ...]:
     """Each recipe against its newest release (or ``checkout``, for the one recipe given); a recipe with no
     package, or whose download fails, is skipped with the reason."""
     if checkout is not None and len(recipes) != 1:

@@ -16,6 +16,14 @@ from harness.verdicts.frameworks import Recipe, load_recipes
 
 pytestmark = pytest.mark.unit
 
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here reaches the index: the real downloader fails loudly if one tries."""
+    def refuse(package: str, dest: Path) -> Path:
+        raise AssertionError(f"a unit test tried to download {package}")
+    monkeypatch.setattr("harness.verdicts.drift_fetch.pip_download", refuse)
+
 RECIPE = '''[[framework]]
 name = "x"
 title = "X"
