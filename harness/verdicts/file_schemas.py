@@ -109,8 +109,9 @@ _RECIPE_CELL_AXES = {a.name: axis_spec(a) for a in AXES if a.name not in ("versi
 RECIPE_CELL = Obj({**_RECIPE_CELL_AXES, "match": Choice(("same", "nearest")), "why": Str(nonempty=True)},
                   required=("scenario", "match", "why"),
                   what="a [[framework.cell]] table {scenario, mode, clear_cache, ..., match, why}")
-RECIPE_CALL = Obj({"call": Str(nonempty=True), "at": Str(nonempty=True)}, required=("call", "at"),
-                  what="a [[framework.call]] table {call, at}")
+# ``quote``: the cited line's text at the commit (``frameworks drift`` finds it in a newer release).
+RECIPE_CALL = Obj({"call": Str(nonempty=True), "at": Str(nonempty=True), "quote": Str()}, required=("call", "at"),
+                  what="a [[framework.call]] table {call, at, quote}")
 # A bisect of the framework's sequence that was run (``frameworks bisect``), with its committed probe log.
 RECIPE_BISECT = Obj({"find": Choice(("fix", "regression")),
                      "range": Str(pattern=r"[^.\s]\S*\.\.\S+", what="OLD..NEW"),
@@ -125,7 +126,8 @@ RECIPE = Obj({
     "commit": Str(pattern=r"[0-9a-f]{40}", what="a 40-hex commit"),
     "pin": Str(nonempty=True, what="a PEP 440 version specifier, e.g. \">=0.17.0,<=0.25.1\""),
     "pin_at": Str(nonempty=True), "door": Choice(tuple(DOORS)), "door_detail": Str(), "workaround": Str(),
-    "note": Str(), "engine_kwargs": MapOf(_ENGINE_KWARG),
+    "note": Str(), "engine_kwargs": MapOf(_ENGINE_KWARG), "package": Str(), "no_release": Str(),
+    "release": Str(),
     "call": ListOf(RECIPE_CALL, min_len=1, what="a non-empty list of [[framework.call]] tables"),
     "cell": ListOf(RECIPE_CELL, min_len=1, what="a non-empty list of [[framework.cell]] tables"),
     "bisect": ListOf(RECIPE_BISECT, what="a list of [[framework.bisect]] tables"),

@@ -38,6 +38,7 @@ class RecipeCall:
 
     call: str
     at: str
+    quote: str = ""  # the cited line's text (``frameworks drift`` looks for it in a newer release)
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,14 @@ class Recipe:
     calls: tuple[RecipeCall, ...]
     cells: tuple[RecipeCell, ...]
     bisects: tuple[RecipeBisect, ...] = ()
+    package: str = ""  # its distribution on the package index ("" when it has no usable release there)
+    no_release: str = ""  # why there is no package to read
+    release: str = ""  # the package release the citations were re-read at (``frameworks drift``); "" = commit
 
     def source(self, at: str) -> str:
-        """``owner/name@abc1234:path:line``."""
+        """``owner/name@abc1234:path:line``, or ``package==1.0:path:line`` when re-read at a release."""
+        if self.release:
+            return f"{self.package}=={self.release}:{at}"
         return f"{self.repo}@{self.commit[:7]}:{at}"
 
     @property
@@ -164,8 +170,9 @@ def _recipe(raw: Mapping[str, Any], where: str, ledger: Mapping[str, Workaround]
     return Recipe(raw["name"], raw["title"], raw["repo"], raw["commit"], raw["pin"], raw.get("pin_at", ""),
                   raw["door"], raw.get("door_detail", ""), ledger[wid] if wid else None, raw.get("note", ""),
                   tuple(raw.get("engine_kwargs", {}).items()),
-                  tuple(RecipeCall(c["call"], c["at"]) for c in raw["call"]), cells,
-                  tuple(_recipe_bisect(b, f"{where} bisect #{i + 1}") for i, b in enumerate(raw.get("bisect", ()))))
+                  tuple(RecipeCall(c["call"], c["at"], c.get("quote", "")) for c in raw["call"]), cells,
+                  tuple(_recipe_bisect(b, f"{where} bisect #{i + 1}") for i, b in enumerate(raw.get("bisect", ()))),
+                  raw.get("package", ""), raw.get("no_release", ""), raw.get("release", ""))
 
 
 def load_recipes(path: Path | None = None, ledger_path: Path | None = None) -> tuple[Recipe, ...]:

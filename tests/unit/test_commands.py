@@ -53,8 +53,8 @@ def test_every_command_and_action_dispatches_to_its_own_handler() -> None:
     leaves = _leaves()
     assert [c.name for c in COMMANDS] == ["matrix", "bisect", "workarounds", "frameworks", "plan", "fuzz", "report",
                                           "history", "releases", "windows", "compare", "wheelhouse", "envs", "bench"]
-    # 9 commands, and 2 + 4 + 3 + 1 + 3 actions of workarounds, frameworks, history, releases, envs
-    assert len(leaves) == 22
+    # 9 commands, and 2 + 5 + 3 + 1 + 3 actions of workarounds, frameworks, history, releases, envs
+    assert len(leaves) == 23
     for prefix, parser in leaves:
         handler = parser.get_default(HANDLER)
         assert handler is not None and handler.name == prefix[-1], prefix

@@ -11,6 +11,7 @@ from harness.frontends.commands.base import Command, CommandGroup
 from harness.frontends.commands.cellrun import add_check_options, checked_versions, checked_versions_options, run_cells
 from harness.frontends.commands.context import Context
 from harness.frontends.commands.fwbisect import FrameworksBisect
+from harness.frontends.commands.fwdrift import FrameworksDrift
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
 from harness.verdicts.mdtable import md_table
@@ -209,6 +210,8 @@ class FrameworksReport(Command):
 
 class FrameworksCommand(CommandGroup):
     name = "frameworks"
-    help = ("RL framework recipes (TRL, SkyRL, prime-rl, AReaL, OpenRLHF, verl, PipelineRL, NeMo-RL): list them, or "
-            "check per vLLM release whether each framework's call sequence is safe and its workaround needed")
-    actions = (FrameworksList(), FrameworksCheck(), FrameworksReport(), FrameworksBisect())
+    help = ("RL framework recipes (TRL, SkyRL, prime-rl, AReaL, OpenRLHF, verl, PipelineRL, NeMo-RL): list them, "
+            "check per vLLM release whether each framework's call sequence is safe and its workaround needed, "
+            "or whether their cited source lines drifted")
+    actions = (FrameworksList(), FrameworksCheck(), FrameworksReport(), FrameworksBisect(),
+               FrameworksDrift())
