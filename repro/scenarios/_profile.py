@@ -16,11 +16,20 @@ is wrong anyway (``harness.run.runner.scenario_result``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from repro.models import expected_continuation
-from repro.scenarios.base import REFERENCE_MARGIN, Plan, RequestSpec, ScenarioFailed, ScenarioUnsupported
-from repro.scenarios.runs import run_unpaused
+from repro.scenarios.base import (
+    REFERENCE_MARGIN,
+    EngineContext,
+    PauseSpec,
+    Plan,
+    RequestSpec,
+    ScenarioFailed,
+    ScenarioUnsupported,
+)
+from repro.scenarios.runs import run_plan, run_reference, run_unpaused
 
 
 async def engine_counters(llm: Any) -> dict[str, Any]:
@@ -103,3 +112,17 @@ def attach_references(records: list[dict[str, Any]], refs: dict[str, list[int]],
 def precondition(met: bool, what: str, why_not: str, evidence: dict[str, Any]) -> dict[str, Any]:
     """The ``precondition`` of a scenario event: ``what`` happened (shown with the verdict), or why not."""
     return {"met": met, "what": what if met else why_not, "evidence": evidence}
+
+
+async def run_with_own_pauses(llm: Any, sid: str, plan: Plan, ctx: EngineContext, timeout: float,
+                              problem: str | None, pauses: Callable[[Plan], list[PauseSpec]]) -> dict[str, Any]:
+    """The shape of the scenarios whose pauses are vLLM calls of their own (sleep, checkpoint): refuse with
+    ``problem`` (this vLLM lacks the API), else the plain reference, then ``plan`` with ``pauses(plan)`` in place
+    of its pauses, every request checked against the reference."""
+    t0 = time.monotonic()
+    if problem:
+        raise ScenarioUnsupported(problem)
+    refs = await run_reference(llm, plan, timeout, sid)
+    records, events = await run_plan(llm, Plan(plan.requests, pauses(plan)), timeout)
+    attach_references(records, refs, ctx.perm)
+    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}

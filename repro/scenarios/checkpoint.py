@@ -30,18 +30,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from repro.scenarios._profile import attach_references
+from repro.scenarios._profile import run_with_own_pauses
 from repro.scenarios.base import (
     EngineContext,
     PauseSpec,
     Plan,
     RequestSpec,
     ScenarioFailed,
-    ScenarioUnsupported,
     make_prompts,
     params_from_dict,
 )
-from repro.scenarios.runs import run_plan, run_reference
 from repro.scenarios.weight_transfer import reload_unsupported
 
 MODES = ("keep", "wait")
@@ -144,16 +142,13 @@ class Checkpointer:
 
 async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
     """Reference without a checkpoint, then the plan with one; every request checked against it."""
-    t0 = time.monotonic()
     sid = sc["id"]
     plan = build(sid, sc.get("params", {}), len(ctx.perm), int(sc.get("seed", 0)))
     problem = checkpoint_api_problem(llm) or reload_unsupported(list(await llm.collective_rpc("repro_worker_probe")))
-    if problem:
-        raise ScenarioUnsupported(problem)
-    refs = await run_reference(llm, plan, timeout, sid)
-    (p,) = plan.pauses
-    c = Checkpointer(llm, ctx, p.mode)
-    spec = PauseSpec(p.mode, p.clear_cache, p.after_tokens, enter=c.prepare, leave=c.restore)
-    records, events = await run_plan(llm, Plan(plan.requests, [spec]), timeout)
-    attach_references(records, refs, ctx.perm)
-    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
+
+    def checkpoint(plan: Plan) -> list[PauseSpec]:
+        (p,) = plan.pauses
+        c = Checkpointer(llm, ctx, p.mode)
+        return [PauseSpec(p.mode, p.clear_cache, p.after_tokens, enter=c.prepare, leave=c.restore)]
+
+    return await run_with_own_pauses(llm, sid, plan, ctx, timeout, problem, checkpoint)

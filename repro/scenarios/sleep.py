@@ -30,18 +30,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from repro.scenarios._profile import attach_references
+from repro.scenarios._profile import run_with_own_pauses
 from repro.scenarios.base import (
     EngineContext,
     PauseSpec,
     Plan,
     RequestSpec,
     ScenarioFailed,
-    ScenarioUnsupported,
     make_prompts,
     params_from_dict,
 )
-from repro.scenarios.runs import run_plan, run_reference
 from repro.scenarios.weight_transfer import reload_unsupported
 
 MODES = ("keep",)
@@ -134,17 +132,14 @@ class Sleeper:
 
 async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
     """Reference without sleep, then the plan with both sleeps; every request checked against it."""
-    t0 = time.monotonic()
     sid = sc["id"]
     plan = build(sid, sc.get("params", {}), len(ctx.perm), int(sc.get("seed", 0)))
     problem = sleep_api_problem(llm) or reload_unsupported(list(await llm.collective_rpc("repro_worker_probe")))
-    if problem:
-        raise ScenarioUnsupported(problem)
-    refs = await run_reference(llm, plan, timeout, sid)
     s = Sleeper(llm, ctx)
-    p1, p2 = plan.pauses
-    sleeps = [PauseSpec(p1.mode, p1.clear_cache, p1.after_tokens, enter=s.enter(1, p1.mode), leave=s.wake_all),
-              PauseSpec(p2.mode, p2.clear_cache, p2.after_tokens, enter=s.enter(2, p2.mode), leave=s.wake_reload)]
-    records, events = await run_plan(llm, Plan(plan.requests, sleeps), timeout)
-    attach_references(records, refs, ctx.perm)
-    return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3)}
+
+    def sleeps(plan: Plan) -> list[PauseSpec]:
+        p1, p2 = plan.pauses
+        return [PauseSpec(p1.mode, p1.clear_cache, p1.after_tokens, enter=s.enter(1, p1.mode), leave=s.wake_all),
+                PauseSpec(p2.mode, p2.clear_cache, p2.after_tokens, enter=s.enter(2, p2.mode), leave=s.wake_reload)]
+
+    return await run_with_own_pauses(llm, sid, plan, ctx, timeout, problem, sleeps)
