@@ -61,6 +61,10 @@ def group_streams(requests: list[RequestSpec]) -> dict[str, list[_Stream]]:
 ARRIVAL_ROUNDS = 50
 # Refusals of one request by a paused engine before the driver gives up on it (one per pause is expected).
 MAX_REJECTIONS = 4
+# A progress utility answers in milliseconds; one unanswered this long means the engine core is gone (vLLM 0.32's
+# client leaves a utility call to an engine core that died mid-pause pending forever: seen when a test killed the
+# core during a keep pause, the engine process then waited for the engine limit).
+PROGRESS_TIMEOUT = 60.0
 
 
 class Driver:
@@ -168,7 +172,10 @@ class Driver:
     async def _engine_progress(self) -> dict[str, dict[str, Any]] | None:
         core = getattr(self.llm, "engine_core", None)
         try:
-            raw = await core.call_utility_async("repro_request_progress")
+            raw = await asyncio.wait_for(core.call_utility_async("repro_request_progress"), PROGRESS_TIMEOUT)
+        except TimeoutError as exc:
+            raise ScenarioFailed(f"the engine core did not answer a progress query in {PROGRESS_TIMEOUT:.0f}s "
+                                 f"(errored={getattr(self.llm, 'errored', None)}): it is gone") from exc
         except Exception as exc:
             self.events.append({"t": self._now(), "event": "progress_unavailable", "why": repr(exc)})
             return None

@@ -122,3 +122,25 @@ def test_a_cell_counts_its_refused_requests_in_the_summary_and_its_outcome_stays
     lost = {**refused, "observed": ref[:3] + ref[4:]}
     assert cell_verdict(stream_records([lost])).summary.endswith("; 1 refused while paused, retried after resume")
     assert cell_verdict(stream_records([request_record("a", ref, ref, running=True)])).summary == "OK 1/1"
+
+
+def test_an_engine_core_that_dies_in_a_pause_fails_the_scenario_instead_of_waiting_forever(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import repro.scenarios.driver as driver_mod
+    from repro.scenarios.base import ScenarioFailed
+
+    class DeadAtPause(FakeEngine):
+        errored = False
+
+        async def pause_generation(self, mode: str, clear_cache: bool) -> None:
+            self.running.clear()
+            self.errored = True  # the core died after the pause: its utility calls are never answered
+
+        async def call_utility_async(self, name: str) -> dict[str, dict[str, Any]]:
+            if self.errored:
+                await asyncio.Event().wait()  # vLLM 0.32's client leaves it pending
+            return await super().call_utility_async(name)
+
+    monkeypatch.setattr(driver_mod, "PROGRESS_TIMEOUT", 0.05)
+    with pytest.raises(ScenarioFailed, match=r"did not answer a progress query .*errored=True"):
+        _play(DeadAtPause(reject_while_paused=False))
