@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.models import cycle_permutation, write_safetensors
+from repro.models import check_sizes, cycle_permutation, write_safetensors
 
 KIND = "context-cell"
 BUILDER_VERSION = 1  # bump when the checkpoint layout changes: it keys the cache
@@ -79,11 +79,7 @@ class ContextCellSpec:
             raise ValueError(f"contexts={self.contexts}: need at least 4 so fresh A, fresh B and stale differ")
         if self.rows < self.contexts:
             raise ValueError(f"rows={self.rows}: need at least contexts={self.contexts} (a marker's row is its index)")
-        for name in ("num_attention_heads", "intermediate_size", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
-        if self.seed < 0:
-            raise ValueError(f"seed={self.seed}: must be >= 0")
+        check_sizes(self, ("num_attention_heads", "intermediate_size", "max_position_embeddings"))
         if self.hidden_size % self.num_attention_heads or self.head_dim < 32:
             raise ValueError(f"hidden_size={self.hidden_size}, num_attention_heads={self.num_attention_heads}: "
                              "need a whole head_dim of at least 32 (vLLM's CPU attention)")

@@ -28,6 +28,15 @@ from typing import Any
 BUILDER_VERSION = 1  # bump when the checkpoint layout changes: it keys the cache
 
 
+def check_sizes(spec: Any, names: tuple[str, ...]) -> None:
+    """ValueError unless every size ``names`` of a checkpoint spec is at least 1 and its ``seed`` not negative."""
+    for name in names:
+        if getattr(spec, name) < 1:
+            raise ValueError(f"{name}={getattr(spec, name)}: must be at least 1")
+    if spec.seed < 0:
+        raise ValueError(f"seed={spec.seed}: must be >= 0")
+
+
 @dataclass(frozen=True)
 class BigramCycleSpec:
     """Parameters of a bigram-cycle checkpoint; the cache key is their hash."""
@@ -45,12 +54,8 @@ class BigramCycleSpec:
     def __post_init__(self) -> None:
         if self.vocab_size < 8:
             raise ValueError(f"vocab_size={self.vocab_size}: need at least 8 tokens")
-        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
-                     "intermediate_size", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
-        if self.seed < 0:
-            raise ValueError(f"seed={self.seed}: must be >= 0")
+        check_sizes(self, ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+                           "intermediate_size", "max_position_embeddings"))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_key_value_heads={self.num_key_value_heads} must divide "
