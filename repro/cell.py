@@ -167,6 +167,8 @@ async def _run_sampled(llm: Any, sc: dict[str, Any], plan: Plan, request: str, c
 PROFILE_REFUSALS: dict[str, tuple[str, ...]] = {
     "enable_sleep_mode": ("sleep mode",),
     "speculative_config": ("specul", "ngram", "draft"),
+    # vLLM < 0.34.0: AsyncEngineArgs has no such field; CUDA/ROCm only (vllm/config/vllm.py:3208-3263).
+    "enable_extensible_kv_cache": ("extensible",),
 }
 
 

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from repro import bind, counters, crash, inject
+from repro.probes import kv_loan
 from repro.server import layout as server_layout
 from repro.server import probe as server_probe
 
@@ -182,6 +183,7 @@ def _install_probes() -> None:
         from vllm.v1.worker.worker_base import WorkerBase
 
         WorkerBase.repro_worker_probe = _worker_probe  # type: ignore[attr-defined]
+        kv_loan.install()  # vLLM 0.34.0's KV loan to a weight update (repro.scenarios.kv_loan)
     except Exception as exc:  # pragma: no cover
         STATE["problems"].append(f"worker probe: {exc!r}")
 

@@ -111,6 +111,13 @@ PROFILES: dict[str, EngineProfile] = {
         # refusal (its own message) is the cells' UNSUPPORTED reason.
         EngineProfile("sleep", (("enable_sleep_mode", True),),
                       why="sleep(level=1/2) and wake_up need enable_sleep_mode at start-up", gpu_alone=True),
+        # vLLM 0.34.0's extensible KV cache (CacheConfig.enable_extensible_kv_cache, vllm/config/cache.py:395-405),
+        # asked for explicitly so that a release or platform without it refuses at start-up with its own words (0.33
+        # has no such argument; CPU: "only supported on CUDA and ROCm", vllm/config/vllm.py:3208-3263).  Alone on
+        # its GPU: the shared GPU's kv_cache_memory_bytes turns the extensible cache off (vllm/config/vllm.py:3210).
+        EngineProfile("extensible-kv", (("enable_extensible_kv_cache", True),),
+                      why="vLLM 0.34.0's extensible KV cache, which a weight update may borrow memory from",
+                      gpu_alone=True),
         # ngram_gpu: the n-gram proposer vLLM allows with async scheduling (0.21+: an explicit async_scheduling
         # with method "ngram" is refused, "only supported with EAGLE/MTP/Draft Model/NGram GPU kind of
         # speculative decoding"); no draft model.  Versions without it refuse the method at start-up.
@@ -173,6 +180,12 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("checkpoint", "checkpoint_prepare(mode) mid-generation, resume refused while prepared, reload the "
              "weights, checkpoint_restore, check every token", modes=("keep", "wait"), clear_caches=(True,),
              profile="sleep"),
+    # repro/scenarios/kv_loan.py: the weight-sync flow on 0.34.0's extensible KV cache with the update forced short
+    # of memory (repro/probes/kv_loan.py): after a clear_cache pause it must borrow the KV memory (kept requests
+    # recomputed into fresh pages), without clear_cache it must not (kept requests keep their KV); issue 33 item 4.
+    Scenario("kv-loan", "keep pause (clear_cache true/false), weight update forced short of memory on the "
+             "extensible KV cache: lent only when reclaimable, every token checked", modes=("keep",),
+             profile="extensible-kv", refs=("vllm#42043",)),
     # repro/scenarios/spec_ngram.py: prompts that hold their own continuation, so n-gram drafts are accepted (and
     # rejected where the prompt's copy ends).  Two names on one engine (profile): without a pause, and with a
     # keep pause (clear_cache true: the force-preemption with draft tokens in flight of PR #46066; false: plain).

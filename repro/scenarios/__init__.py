@@ -22,6 +22,7 @@ from repro.scenarios import (
     chunked,
     connector_stale,
     keep,
+    kv_loan,
     logitsproc,
     manual_reset,
     plan,
@@ -51,6 +52,7 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "logitsproc": logitsproc.build,
     "connector_stale": connector_stale.build,
     "checkpoint": checkpoint.build,
+    "kv_loan": rlhf_weight_sync.build,
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
@@ -65,6 +67,7 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "logitsproc": logitsproc.run,
     "connector_stale": connector_stale.run,
     "checkpoint": checkpoint.run,
+    "kv_loan": kv_loan.run,
 }
 
 

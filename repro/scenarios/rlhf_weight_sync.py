@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,12 @@ async def _transfer_for(params: WeightSyncParams, llm: Any, ctx: EngineContext, 
 # --------------------------------------------------------------------------- the scenario
 
 
-async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
-    """Play the weight-sync scenario ``sc`` on ``llm`` (holding A); return the scenario event's data."""
+async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float,
+              watch: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """Play the weight-sync scenario ``sc`` on ``llm`` (holding A); return the scenario event's data.
+
+    ``watch`` wraps the transfer (the same ``open``/``load``/``close``) to record what each load did inside the
+    workers (``repro.scenarios.kv_loan``: whether the update borrowed the KV cache's memory)."""
     t0 = time.monotonic()
     params = WeightSyncParams.from_dict(sc.get("params", {}))
     if ctx.perm is None:
@@ -177,6 +182,8 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
     if params.explicit_reset:
         check_reset_api(llm)
     transfer = await _transfer_for(params, llm, ctx, timeout)
+    if watch is not None:
+        transfer = watch(transfer)
 
     spec_b = swap_partner(ctx.model_spec)
     dir_b = build_checkpoint(spec_b, ctx.model_cache)

@@ -79,6 +79,9 @@ SCENARIOS: dict[str, NEEDS | str] = {
              "mode anyway)",
     "checkpoint": "the checkpoint scenario's runner is not wired to POST /checkpoint/prepare, GET /checkpoint/status "
                   "and POST /checkpoint/restore (vLLM 0.34.0) yet",
+    "kv_loan": "the kv-loan scenario reads each worker's KV-loan counters (repro.probes.kv_loan) through "
+               "collective_rpc with a non-string argument, which the server door's POST /collective_rpc (string "
+               "args and kwargs) cannot carry",
     "spec_ngram": "the speculative-decoding scenarios read vllm_config.speculative_config, which the server "
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
