@@ -42,6 +42,9 @@ DOORS = ("engine", "server")
 # cell before the axis) or "sampled" (temperature 1.0, a per-request seed, n=4 children, logprobs=1, as an RL
 # rollout's GRPO group asks).  A scenario axis: sampled cells run on the engines the greedy ones start.
 REQUESTS = ("greedy", "sampled")
+# What a matrix sends when --request is not given (issue 34: the default run judges sampled groups too), each kind
+# only on the cells whose scenario realises it (harness.core.scenarios.Scenario.requests).
+DEFAULT_REQUESTS = ("greedy", "sampled")
 ON_OFF = {"on": True, "off": False}
 TRUE_FALSE = {"true": True, "false": False}
 # Any of these words sets a flag in a cell pattern (``--cell async=on``, ``clear_cache=true``).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from harness.core import scenarios
 from harness.core.axes import (
+    DEFAULT_REQUESTS,
     DOORS,
     EXECUTOR_RELEASES,
     EXECUTORS,
@@ -25,6 +26,7 @@ from harness.core.axes import (
     MODEL_RUNNERS,
     MODES,
     ON_OFF,
+    PLATFORMS,
     REQUESTS,
     SCENARIOS,
     TIERS,
@@ -121,8 +123,12 @@ class Cell:
         "choice", REQUESTS, engine=False, id_rank=11, loop_rank=11, sort_rank=11,
         spellings=(("greedy", ""), ("sampled", "sampled")), option="request", what="request kind",
         plural="requests", selection_default=("greedy",),
-        help=f"request kinds: {','.join(REQUESTS)} or all (default: greedy); sampled: temperature 1.0, a seed per "
-             "request, n=4, logprobs=1 (docs/requests.md)"))
+        # The matrix's default on every platform (the pytest plugin reads no per-platform default: its items stay
+        # greedy unless --vllm-request names more, so its suite's counted items do not change).
+        platform_defaults=tuple((p, DEFAULT_REQUESTS) for p in PLATFORMS),
+        help=f"request kinds: {','.join(REQUESTS)} or all (default: {','.join(DEFAULT_REQUESTS)} in a matrix, each "
+             "only where a scenario sends it: sampled on the pause scenario's engine-tier cells; greedy as pytest "
+             "items); sampled: temperature 1.0, a seed per request, n=4, logprobs=1 (docs/requests.md)"))
 
     @classmethod
     def table(cls) -> AxisTable:

@@ -68,6 +68,10 @@ class Scenario:
     # not those running at a pause (harness.verdicts.known_bugs.check): connector-stale's "-kv" records judge the
     # KV a request started from, its token records stay OK.
     fault_records: str = ""
+    # The request kinds (harness.core.axes.REQUESTS; issue 34, docs/requests.md) its engine-tier implementation
+    # sends.  A kind the user did not name runs only where a scenario realises it (harness.plan.matrix); one the
+    # user named elsewhere is UNSUPPORTED with the reason.
+    requests: tuple[str, ...] = ("greedy",)
 
     @property
     def pauses(self) -> bool:
@@ -151,7 +155,7 @@ PROFILES: dict[str, EngineProfile] = {
 SCENARIO_TABLE: tuple[Scenario, ...] = (
     # "pause" spells as nothing: the first (and default) scenario, whose ids predate the axis.
     Scenario("pause", "pause in a mode (keep/wait/abort), resume, check every token", modes=MODES,
-             tiers=TIERS, refs=("vllm#42043", "PR #42117"), spelling=""),
+             tiers=TIERS, refs=("vllm#42043", "PR #42117"), spelling="", requests=("greedy", "sampled")),
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     # vLLM 0.16.0's keep pause returns with a frame in flight: one stale token after the swap (known_bugs.toml).
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),

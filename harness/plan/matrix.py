@@ -28,7 +28,7 @@ from harness.core.axes import (
 )
 from harness.core.cell import Cell, EngineKey, at_release
 from harness.core.errors import BadInput, bad_choice
-from harness.core.scenarios import Scenario
+from harness.core.scenarios import SCENARIO_TABLE, Scenario
 from harness.core.scenarios import scenario as scenario_of
 from harness.plan.releases import Fetch, resolve_versions
 from harness.sched.cells import shape_reason
@@ -58,7 +58,12 @@ class _SelectionMethods:
             cell = at_release(self.cell_type(**{a.attr: v for a, v in zip(loop, values, strict=True)}),
                               self.explicit)
             shape = scenario_of(cell.scenario)
-            if shape is None or shape.admits(cell.mode, cell.clear_cache):
+            if shape is not None and not shape.admits(cell.mode, cell.clear_cache):
+                continue
+            # A request kind the user did not name (the default runs greedy and sampled) is left out where it is
+            # not realised (the other scenarios, the scheduler tier, the server door): no UNSUPPORTED rows for a
+            # choice nobody made.  A kind named with --request stays, UNSUPPORTED there with the reason.
+            if "request" in self.explicit or _not_request(cell) is None:
                 out.append(cell)
         return list(dict.fromkeys(out))
 
@@ -158,13 +163,17 @@ def _not_request(cell: Cell) -> str | None:
     if getattr(cell, "request", "greedy") == "greedy":
         return None
     if cell.tier == "scheduler":
-        return ("the scheduler tier scripts the model's outputs (token ids, no logits): a sampled request's "
+        return (f"the scheduler tier scripts the model's outputs (token ids, no logits): a {cell.request} request's "
                 "distribution, seeds and logprobs are not there to judge; run it on the engine tier")
-    if cell.scenario != "pause":
-        return (f"sampled requests are realised by the pause scenario's keep, wait and abort runs only so far; "
-                f"the {cell.scenario} scenario sends greedy requests")
+    shape = scenario_of(cell.scenario)
+    kind = cell.request
+    if shape is not None and kind not in shape.requests:
+        realised = [s.name for s in SCENARIO_TABLE if kind in s.requests]
+        return (f"{kind} requests are realised by the {', '.join(realised)} scenario's runs only so far; the "
+                f"{cell.scenario} scenario sends {'/'.join(shape.requests)} requests")
     if cell.door != "engine":
-        return "sampled requests run on the engine door (AsyncLLM) only so far; the server door sends greedy requests"
+        return (f"{kind} requests run on the engine door (AsyncLLM) only so far; the server door sends greedy "
+                "requests")
     return None
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from harness.core.cell import Cell, parse_cell_id
 from harness.core.oracle import Outcome
-from harness.frontends.cli import main
-from harness.plan.matrix import plan_cells, unsupported_reason
+from harness.frontends.cli import build_parser, main
+from harness.frontends.commands.matrix import matrix_axes, matrix_explicit
+from harness.plan.matrix import MatrixPlan, Selection, parse_option, plan_cells, unsupported_reason
 from harness.run.spec import RunConfig, scenario_spec
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
@@ -50,7 +51,7 @@ def test_bad_request_kind_exits_2_naming_the_kinds(capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize(("cell", "words"), [
     (SAMPLED.replace(tier="scheduler"), "scripts the model's outputs"),
-    (SAMPLED.replace(scenario="weight-sync"), "pause scenario's keep, wait and abort"),
+    (SAMPLED.replace(scenario="weight-sync"), "realised by the pause scenario"),
     (SAMPLED.replace(door="server"), "engine door"),
 ])
 def test_where_sampled_cannot_run_it_is_unsupported_with_the_reason(cell: Cell, words: str) -> None:
@@ -101,6 +102,44 @@ def test_the_logprob_table_is_the_models_spread_distribution(tmp_path: Path) -> 
 
 def _cr(cell: Cell, outcome: Outcome) -> CellResult:
     return CellResult(cell, outcome, "LOSS(1) in 32/40 requests" if outcome is Outcome.LOSS else "OK", label="x")
+
+
+def _default_plan(*argv: str) -> MatrixPlan:
+    """The plan of ``vllm-repro matrix --versions 0.21.0,0.32.0 ARGV`` on cpu."""
+    args = build_parser().parse_args(["matrix", *argv])
+    sel = Selection(versions=("0.21.0", "0.32.0"), explicit=matrix_explicit(args, "cpu"),
+                    **matrix_axes(args, "cpu"))
+    return plan_cells(sel.cells(), "cpu")
+
+
+def test_the_default_matrix_sends_sampled_where_a_scenario_realises_it_and_nowhere_else() -> None:
+    """`tox -e repro` (issue 34 item 5): sampled cells on the pause scenario's engines, no UNSUPPORTED row for a
+    request kind nobody named (the other scenarios, the scheduler tier, the server door)."""
+    plan = _default_plan()
+    runnable = [c for _, cs in plan.engines for c in cs]
+    sampled = [c for c in runnable if c.request == "sampled"]
+    # 2 versions x async on/off x (keep, wait, abort) x clear_cache true/false, all on the mp engines
+    assert len(sampled) == 24 and {c.scenario for c in sampled} == {"pause"}
+    assert {c.engine for c in sampled} <= {c.engine for c in runnable if c.request == "greedy"}
+    assert not [r for _, r in plan.unsupported if "request" in r]
+    assert {c.scenario for c in runnable if c.request == "greedy"} > {"pause", "weight-sync", "preempt"}
+    assert not [c for c in _default_plan("--tier", "scheduler").cells if c.request != "greedy"]
+    assert not [c for c in _default_plan("--door", "server").cells if c.request != "greedy"]
+    assert {c.request for c in _default_plan("--request", "greedy").cells} == {"greedy"}
+
+
+def test_a_named_request_kind_is_unsupported_where_no_scenario_sends_it() -> None:
+    plan = _default_plan("--request", "sampled", "--scenario", "pause,weight-sync", "--executor", "mp")
+    assert {c.scenario for _, cs in plan.engines for c in cs} == {"pause"}
+    reasons = {c.scenario: r for c, r in plan.unsupported}
+    assert set(reasons) == {"weight-sync"} and "realised by the pause scenario" in reasons["weight-sync"]
+
+
+def test_the_pytest_items_stay_greedy_unless_named() -> None:
+    """The plugin's suite test counts its items (tests/integration/test_pytest_suite.py): no sampled ones."""
+    a = Cell.table().by_name["request"]
+    assert parse_option(a, None, "cpu", per_platform=False) == ("greedy",)
+    assert parse_option(a, None, "cpu") == parse_option(a, None, "cuda") == ("greedy", "sampled")
 
 
 def test_the_workaround_verdict_is_per_request_kind() -> None:
