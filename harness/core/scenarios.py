@@ -122,8 +122,10 @@ PROFILES: dict[str, EngineProfile] = {
                       why="sleep(level=1/2) and wake_up need enable_sleep_mode at start-up", gpu_alone=True),
         # vLLM 0.34.0's extensible KV cache (CacheConfig.enable_extensible_kv_cache, vllm/config/cache.py:395-405),
         # asked for explicitly so that a release or platform without it refuses at start-up with its own words (0.33
-        # has no such argument; CPU: "only supported on CUDA and ROCm", vllm/config/vllm.py:3208-3263).  Alone on
-        # its GPU: the shared GPU's kv_cache_memory_bytes turns the extensible cache off (vllm/config/vllm.py:3210).
+        # has no such argument; CPU: "only supported on CUDA and ROCm", vllm/config/vllm.py:3200-3263).  Alone on
+        # its GPU: with the shared GPU's kv_cache_memory_bytes vLLM refuses an explicit request
+        # (vllm/config/vllm.py:3203, 3262: "it sizes the KV cache from measured memory, which kv_cache_memory_bytes
+        # overrides").
         EngineProfile("extensible-kv", (("enable_extensible_kv_cache", True),),
                       why="vLLM 0.34.0's extensible KV cache, which a weight update may borrow memory from",
                       gpu_alone=True),

@@ -2,8 +2,8 @@
 
 The weight-sync flow (``repro.scenarios.rlhf_weight_sync``: keep pause, reload weights B in place, resume, every
 token against the A-then-B reference) on an engine whose KV cache is *extensible* (the ``extensible-kv`` profile,
-alone on its GPU: vLLM turns the cache off under ``kv_cache_memory_bytes`` or ``num_gpu_blocks_override``,
-vllm/config/vllm.py:3210-3219), with the update forced short of memory (``repro.probes.kv_loan``):
+alone on its GPU: asked for with ``kv_cache_memory_bytes`` or ``num_gpu_blocks_override``, vLLM refuses it,
+vllm/config/vllm.py:3203-3212, 3262-3263), with the update forced short of memory (``repro.probes.kv_loan``):
 
 * ``clear_cache=True``: the pause resets the prefix cache with the kept requests preempted and marks the KV
   memory reclaimable (``_finish_pause``, vllm/v1/engine/core.py:1005-1007), so ``reload_weights`` lends the KV
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.scenarios import rlhf_weight_sync
 from repro.scenarios._profile import precondition
 from repro.scenarios.base import EngineContext, ScenarioFailed, ScenarioUnsupported, params_from_dict
+from repro.scenarios.rlhf_weight_sync import run as weight_sync_run
 
 MODES = ("keep",)
 
@@ -131,7 +131,7 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
     await loan_state(llm, force=True)
     try:
         ws = {**sc, "params": {**sc.get("params", {}), "weight_transfer": "reload"}}
-        result = await rlhf_weight_sync.run(llm, ws, ctx, timeout, watch=watch)
+        result = await weight_sync_run(llm, ws, ctx, timeout, watch=watch)
     finally:
         resumed = await loan_state(llm, force=False)
     if not watches or not watches[0].loads:
