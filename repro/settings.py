@@ -151,7 +151,8 @@ SETTINGS_LIST: tuple[Setting, ...] = (
             overridden=f"{_CPU}:273-293 in 0.32.0) sets 128 when none is given, 16 for CPU MLA"),
     Setting("num_gpu_blocks_override", "int", low=1,
             paths=("cache_config.num_gpu_blocks_override", "cache_config.num_gpu_blocks")),
-    Setting("kv_cache_memory_bytes", "int", (BACKEND, *USER_ROUTES), low=1,
+    # On cpu the harness sizes the cache with VLLM_CPU_KVCACHE_SPACE (--kv-cache-gib), which vLLM turns into this.
+    Setting("kv_cache_memory_bytes", "int", (BACKEND, OPTION, *USER_ROUTES), low=1, recorded=True,
             paths=("cache_config.kv_cache_memory_bytes",),
             overridden=f"{_CPU}:324-327 in 0.32.0) replaces it with VLLM_CPU_KVCACHE_SPACE GiB"),
     Setting("gpu_memory_utilization", "fraction", (OPTION, PRESET), paths=("cache_config.gpu_memory_utilization",)),
@@ -233,6 +234,7 @@ def _row(asked: Asked, s: Setting | None, evidence: read.Evidence) -> dict[str, 
         status, why = "effective", ""
     else:
         status = "differs"
+        row["effective"], row["read"] = read.first_difference(asked.value, reading)
         why = s.overridden if s is not None and s.overridden else "vLLM changed it after parsing the arguments"
     row.update(status=status, why=why)
     return row

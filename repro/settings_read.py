@@ -54,6 +54,7 @@ class Reading:
     where: str = ""
     why: str = ""
     values: tuple[Any, ...] = ()
+    paths: tuple[str, ...] = ()  # where each of ``values`` was read
     detail: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -174,12 +175,13 @@ def at_paths(ev: Evidence, paths: tuple[str, ...], name: str) -> Reading:
     if ev.view is None:
         return Reading(why=f"the engine core's settings view was not read ({ev.view_error or 'no view'})")
     if not paths:
-        return Reading(why=f"no field {name} in any section of this vLLM's config or scheduler "
-                           f"({', '.join(sorted(ev.view))})")
+        return Reading(why=f"no field {name} in any of the {len(ev.view)} sections of this vLLM's config and "
+                           "scheduler (an argument vLLM keeps elsewhere, or drops)")
     found = [(p, v) for p in paths if (v := lookup(ev.view, p)) is not _ABSENT]
     if not found:
         return Reading(why=f"this vLLM's engine core has no {' or '.join(paths)}")
-    return Reading(found[0][1], True, ", ".join(p for p, _ in found), values=tuple(v for _, v in found))
+    return Reading(found[0][1], True, ", ".join(p for p, _ in found), values=tuple(v for _, v in found),
+                   paths=tuple(p for p, _ in found))
 
 
 def generic_paths(ev: Evidence, name: str) -> tuple[str, ...]:
@@ -211,3 +213,11 @@ def _same(requested: Any, effective: Any) -> bool:
 def same(requested: Any, values: tuple[Any, ...]) -> bool:
     """Whether every value read back is what was asked."""
     return bool(values) and all(_same(requested, v) for v in values)
+
+
+def first_difference(requested: Any, r: Reading) -> tuple[Any, str]:
+    """The first value read back that is not what was asked, and where it was read."""
+    for value, path in zip(r.values, r.paths, strict=True):
+        if not _same(requested, value):
+            return value, path
+    return r.value, r.where

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repro.engine_axes import engine_args, owned_engine_args
+from repro.settings import problem as setting_problem
 
 # 2: the engine's axes travel by name (EngineSpec.axes), as the harness's axes table names them.
 # 3: a spec may carry ``startup_timeout`` (the server door's health wait) and the engine event ``server``
@@ -95,6 +96,9 @@ class EngineSpec:
         if owned:
             raise WireError("spec engine", f"extra engine argument(s) {owned} are decided by the cell's axes or "
                                            "the harness's own options")
+        bad = [p for k, v in self.extra.items() if (p := setting_problem(k, v)) is not None]
+        if bad:  # a value outside its setting's declaration (repro.settings)
+            raise WireError("spec engine", "; ".join(bad))
 
     @property
     def tensor_parallel_size(self) -> int:
