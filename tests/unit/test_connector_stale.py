@@ -87,3 +87,63 @@ def test_scenario_table_profile_and_plan() -> None:
     for bad in ({"clear_cache": False}, {"mode": "abort"}, {"pause_after": 17}, {"prompt_len": 64}):
         with pytest.raises(ValueError):
             connector_stale.build("s", bad, 64, 0)
+
+
+class _SleepLLM:
+    """The calls a level-1 sleep door makes, and what ``is_sleeping()`` answers (``wakes``: it really wakes)."""
+
+    def __init__(self, wakes: bool = True) -> None:
+        self.calls: list[str] = []
+        self.asleep, self.wakes = False, wakes
+
+    async def sleep(self, level: int = 1, mode: str = "abort", reset_connector: bool = True) -> None:
+        self.calls.append(f"sleep({level},{mode},{reset_connector})")
+        self.asleep = True
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(f"wake_up({tags})")
+        self.asleep = self.asleep and not (self.wakes and tags == ["kv_cache"])
+
+    async def is_sleeping(self) -> bool:
+        return self.asleep
+
+
+@pytest.mark.parametrize("reset_connector", [True, False])
+def test_the_sleep_door_sleeps_with_reset_connector_wakes_weights_then_kv(reset_connector: bool) -> None:
+    import asyncio
+
+    llm = _SleepLLM()
+    door = connector_stale.sleep_door(llm, "keep", reset_connector)
+    asyncio.run(door["enter"]())
+    asyncio.run(door["leave"]())
+    assert llm.calls == [f"sleep(1,keep,{reset_connector})", "wake_up(['weights'])", "wake_up(['kv_cache'])"]
+    with pytest.raises(connector_stale.ScenarioFailed, match="still reports"):
+        stuck = _SleepLLM(wakes=False)
+        door = connector_stale.sleep_door(stuck, "keep", reset_connector)
+        asyncio.run(door["enter"]())
+        asyncio.run(door["leave"]())
+
+
+def test_a_sleep_without_reset_connector_is_unsupported() -> None:
+    class Old:  # vLLM 0.33.0: AsyncLLM.sleep(self, level=1, mode="abort")
+        async def sleep(self, level: int = 1, mode: str = "abort") -> None: ...
+
+    with pytest.raises(connector_stale.ScenarioUnsupported, match="reset_connector"):
+        connector_stale.check_sleep_connector(Old())
+    connector_stale.check_sleep_connector(_SleepLLM())
+
+
+@pytest.mark.parametrize(("name", "flag"), [("sleep-connector", True), ("sleep-connector-keep", False)])
+def test_the_sleep_connector_cells_run_connector_stale_through_a_sleep(tmp_path: Path, name: str, flag: bool) -> None:
+    from harness.run.spec import RunConfig, scenario_spec
+
+    sc = BY_SCENARIO[name]
+    assert sc.profile == "kv-example-sleep" and PROFILES[sc.profile].gpu_alone
+    assert PROFILES[sc.profile].args["enable_sleep_mode"] is True
+    assert PROFILES[sc.profile].args["kv_transfer_config"] == PROFILES["kv-example"].args["kv_transfer_config"]
+    cfg = RunConfig(platform="cuda", work_dir=tmp_path, model_cache=tmp_path / "models")
+    spec = scenario_spec(Cell("0.34.0", "mp", True, "wait", True, 1, name, "v2"), cfg)
+    assert spec.scenario == "connector_stale"
+    assert {k: spec.params[k] for k in ("mode", "via", "reset_connector")} == {
+        "mode": "wait", "via": "sleep", "reset_connector": flag}
+    connector_stale.build("s", spec.params, 64, 0)  # the runner takes every parameter the harness sends
