@@ -36,6 +36,7 @@ from repro import bind, crash
 from repro.cell import effective_settings, probe_engine, read_view, refused_setting, run_cell
 from repro.engine_axes import IMPLICIT, engine_args, unrealised
 from repro.model_kinds import LoadedModel, load_model
+from repro.probes.settings import plain_kwargs
 from repro.rootcause import root_causes
 from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
@@ -198,13 +199,13 @@ def arg_sources(spec: Spec, model: LoadedModel) -> dict[str, str]:
     return {**dict.fromkeys(model.defaults, f"model kind {model.kind}"), **own, **spec.engine.sources}
 
 
-async def prove_settings(llm: Any, spec: Spec, model: LoadedModel, info: dict[str, Any],
+async def prove_settings(llm: Any, spec: Spec, model: LoadedModel, kwargs: dict[str, Any],
                          probe: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The effective settings of the started engine and the reason its cells cannot claim them (repro.settings):
-    every engine argument it was started with (``info["engine_kwargs"]``), its axes, and the settings it relies on
-    at vLLM's defaults, read back from the engine core's settings view and the probes."""
+    every engine argument it was started with (``kwargs``), its axes, and the settings it relies on at vLLM's
+    defaults, read back from the engine core's settings view and the probes."""
     view, view_error = await read_view(llm)
-    return effective_settings(_requested(spec), probe, view, dict(info["engine_kwargs"]), arg_sources(spec, model),
+    return effective_settings(_requested(spec), probe, view, plain_kwargs(kwargs), arg_sources(spec, model),
                               view_error)
 
 
@@ -294,7 +295,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
     try:
         startup = round(time.monotonic() - t0, 3)
         probe = await probe_engine(llm)
-        eff, reason = await prove_settings(llm, spec, model, info, probe)
+        eff, reason = await prove_settings(llm, spec, model, engine_kwargs(spec, model, weight_transfer), probe)
         emit("engine", **info, requested=_requested(spec), effective=eff, probe=probe, startup_s=startup,
              unsupported_reason=reason)
         for sc in spec.scenarios:

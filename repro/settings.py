@@ -166,6 +166,8 @@ SETTINGS_LIST: tuple[Setting, ...] = (
     Setting("seed", "int", (DEFAULT, *USER_ROUTES), low=0, paths=("model_config.seed",)),
     Setting("dtype", "str", (DEFAULT, *USER_ROUTES), paths=("model_config.dtype",)),
     Setting("model", "str", (OPTION,), paths=("model_config.model",)),
+    # The weight-sync scenario's NCCL transfer (repro.engine._weight_transfer_config), compared field by field.
+    Setting("weight_transfer_config", "object", (OPTION,), paths=("weight_transfer_config",)),
     Setting("attention_backend", "str", paths=("attention_config.backend",)),
 )
 SETTINGS: dict[str, Setting] = {s.name: s for s in SETTINGS_LIST}

@@ -52,6 +52,16 @@ def fields_of(obj: Any) -> dict[str, Any]:
     return out
 
 
+def plain_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Engine arguments as the settings view shows them: JSON values as they are, a config object (the weight-sync
+    scenario's ``WeightTransferConfig``) as its fields, so that it compares with the view's section of that name."""
+    out = {}
+    for key, value in kwargs.items():
+        ok, shown = _json(value)
+        out[key] = shown if ok else fields_of(value)
+    return out
+
+
 def _is_section(value: Any) -> bool:
     return hasattr(value, "__dict__") and type(value).__name__.endswith("Config")
 

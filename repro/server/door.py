@@ -19,6 +19,7 @@ from typing import Any
 
 from repro.cell import effective_settings, read_view, refused_setting, run_cell
 from repro.model_kinds import LoadedModel
+from repro.probes.settings import plain_kwargs
 from repro.rootcause import read_tail, tracebacks
 from repro.scenarios.base import EngineContext
 from repro.server.args import ArgMappingError, serve_argv
@@ -87,8 +88,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
                 # cell is UNSUPPORTED with effective_settings' reason, which names this.
                 probe = {"probe_error": str(exc)}
             view, view_error = await read_view(llm)  # the engine core's settings view, over the utility route
-            eff, reason = effective_settings(requested, probe, view, dict(info["engine_kwargs"]), sources,
-                                             view_error)
+            eff, reason = effective_settings(requested, probe, view, plain_kwargs(kwargs), sources, view_error)
             emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
                  unsupported_reason=reason, server=facts)
             vocab = model.vocab_size or int(getattr(llm.vllm_config.model_config, "vocab_size", 0) or 0)

@@ -263,3 +263,27 @@ def test_a_profile_value_outside_its_declaration_is_that_engines_error(monkeypat
     monkeypatch.setitem(scenarios.PROFILES, "chunked", bad)
     reason = spec_refusal(CELL.engine, (CELL,), cfg)
     assert reason is not None and "'chunked'" in reason and "max_num_batched_tokens=0: give an integer" in reason
+
+
+def test_a_config_object_argument_is_compared_field_by_field() -> None:
+    """The weight-sync scenario starts the engine with a WeightTransferConfig object: it is asked for as its fields
+    and read back as the view's section of that name (repro.probes.settings)."""
+    from repro.probes.settings import plain_kwargs, view
+
+    class WeightTransferConfig:
+        def __init__(self, backend: str) -> None:
+            self.backend = backend
+
+    class VllmConfig:
+        def __init__(self, wt: WeightTransferConfig | None) -> None:
+            self.weight_transfer_config = wt
+            self.speculative_config = None
+
+    kwargs = plain_kwargs({**KWARGS, "weight_transfer_config": WeightTransferConfig("nccl")})
+    assert kwargs["weight_transfer_config"] == {"backend": "nccl"}
+    for runs, status in (("nccl", "effective"), ("gloo", "differs")):
+        seen = {**VIEW, **view(VllmConfig(WeightTransferConfig(runs)))}
+        eff, _ = effective_settings(REQUESTED, PROBE, seen, kwargs, {"weight_transfer_config": "weight sync"})
+        assert _rows(eff)["weight_transfer_config"]["status"] == status
+    eff, reason = effective_settings(REQUESTED, PROBE, {**VIEW, **view(VllmConfig(None))}, kwargs)
+    assert reason is not None and "engine runs None (weight_transfer_config)" in reason
