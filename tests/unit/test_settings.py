@@ -287,3 +287,25 @@ def test_a_config_object_argument_is_compared_field_by_field() -> None:
         assert _rows(eff)["weight_transfer_config"]["status"] == status
     eff, reason = effective_settings(REQUESTED, PROBE, {**VIEW, **view(VllmConfig(None))}, kwargs)
     assert reason is not None and "engine runs None (weight_transfer_config)" in reason
+
+
+def test_the_exported_reproducer_checks_its_engine_arguments_too() -> None:
+    """The export door (``plan --export-pytest``): the self-contained file looks each engine argument up in the
+    started engine's config and fails when vLLM runs another value (repro/engine_reproducer.py)."""
+    import repro.engine_reproducer as template
+
+    class SchedulerConfig:
+        def __init__(self, async_scheduling: bool) -> None:
+            self.async_scheduling, self.max_num_seqs = async_scheduling, 32
+
+    class ModelConfig:
+        dtype = "torch.float32"  # str() of a torch dtype
+
+    class VllmConfig:
+        def __init__(self, async_scheduling: bool) -> None:
+            self.scheduler_config, self.model_config = SchedulerConfig(async_scheduling), ModelConfig()
+
+    args = {"async_scheduling": True, "max_num_seqs": 32, "dtype": "float32", "disable_log_stats": True}
+    assert template.settings_differ(VllmConfig(True), args) == []
+    assert template.settings_differ(VllmConfig(False), args) == [
+        "asked async_scheduling=True, the engine runs False (scheduler_config.async_scheduling)"]
