@@ -25,6 +25,7 @@ EXPECTED_EXECUTOR = {
 }
 # The view's sections searched for an undeclared engine argument, vLLM's config first, then the live objects.
 LIVE_SECTIONS = ("scheduler", "kv_cache_manager")
+FIRST_SECTIONS = ("model_config", "cache_config", "scheduler_config", "parallel_config", "load_config", "vllm_config")
 
 
 @dataclass(frozen=True)
@@ -185,13 +186,18 @@ def at_paths(ev: Evidence, paths: tuple[str, ...], name: str) -> Reading:
 
 
 def generic_paths(ev: Evidence, name: str) -> tuple[str, ...]:
-    """Where an undeclared engine argument ``name`` lives in the view: a section of that name, or the sections
-    with a field of that name (vLLM's config sections before the live scheduler's)."""
+    """Where an undeclared engine argument ``name`` lives in the view: a section of that name, else the first
+    section with a field of that name, the engine's own config sections first (:data:`FIRST_SECTIONS`), then the
+    others, then the live scheduler's.  Only one: a sub-config repeats names with other meanings
+    (``speculative_config.revision`` is the draft model's, not the model's)."""
     view = ev.view or {}
     if name in view:
         return (name,)
-    sections = sorted((s for s in view if s not in LIVE_SECTIONS), key=str) + [s for s in LIVE_SECTIONS if s in view]
-    return tuple(f"{s}.{name}" for s in sections if isinstance(view[s], Mapping) and name in view[s])
+    rest = sorted(s for s in view if s not in FIRST_SECTIONS and s not in LIVE_SECTIONS)
+    for section in (*FIRST_SECTIONS, *rest, *LIVE_SECTIONS):
+        if isinstance(view.get(section), Mapping) and name in view[section]:
+            return (f"{section}.{name}",)
+    return ()
 
 
 def _same(requested: Any, effective: Any) -> bool:

@@ -309,3 +309,13 @@ def test_the_exported_reproducer_checks_its_engine_arguments_too() -> None:
     assert template.settings_differ(VllmConfig(True), args) == []
     assert template.settings_differ(VllmConfig(False), args) == [
         "asked async_scheduling=True, the engine runs False (scheduler_config.async_scheduling)"]
+
+
+def test_an_undeclared_argument_is_read_in_one_section_the_engines_own_first() -> None:
+    view = {**VIEW, "speculative_config": {"revision": None, "method": "ngram"},
+            "model_config": {**VIEW["model_config"], "revision": "abc"}}
+    eff, reason = effective_settings(REQUESTED, PROBE, view, {**KWARGS, "revision": "abc"})
+    assert reason is None and _rows(eff)["revision"]["read"] == "model_config.revision"
+    eff, reason = effective_settings(REQUESTED, PROBE, _view(model_config__revision="main"),
+                                     {**KWARGS, "revision": "abc"})
+    assert reason is not None and "asked revision='abc' (repro.engine default), engine runs 'main'" in reason
