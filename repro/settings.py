@@ -40,7 +40,7 @@ from repro.settings_read import Reading
 
 # How a setting reaches the engine (``routes``): words the records and ``--help`` use.
 AXIS, DEFAULT, PROFILE, PRESET, USER, OPTION, BACKEND = (
-    "axis", "repro.engine default", "profile", "preset", "--engine-arg", "harness option", "scheduler")
+    "axis", "repro.engine default", "profile", "preset", "--engine-arg", "harness option", "shared-GPU backend")
 USER_ROUTES = (PROFILE, PRESET, USER)
 
 
@@ -256,3 +256,33 @@ def mismatch(rows: list[dict[str, Any]], table: Mapping[str, Setting] | None = N
         return (f"asked {row['name']}={row['requested']!r} ({row['source']}), engine runs {row['effective']!r} "
                 f"({row['read']}): {row['why']}")
     return None
+
+
+def _values(s: Setting) -> str:
+    if s.choices:
+        return ", ".join(map(str, s.choices))
+    if s.kind == "int" and s.low is not None:
+        return f"integer >= {int(s.low)}"
+    return {"fraction": "(0, 1]"}.get(s.kind, _KIND_WORDS.get(s.kind, s.kind))
+
+
+def _reaches(s: Setting) -> str:
+    parts = [f"axis `{s.axis}`"] if s.axis else []
+    if s.engine_arg is not None:
+        parts.append(f"engine argument `{s.engine_arg.field}`")
+    parts += [f"env `{v.name}`" + (f" (before {v.removed_in})" if v.removed_in else "") for v in s.env]
+    return "; ".join(parts) or ", ".join(s.routes)
+
+
+def describe(table: Mapping[str, Setting] | None = None) -> list[list[str]]:
+    """One row per declared setting (docs/settings.md): name, values, releases, how it reaches vLLM, how it is read
+    back after start, and who is known to change it."""
+    table = SETTINGS if table is None else table
+    rows = []
+    for s in table.values():
+        releases = " ".join(p for p in (f"from {s.since}" if s.since else "",
+                                        f"until {s.removed_in}" if s.removed_in else "") if p) or (
+            "per value: the axis's (harness.core.axes)" if s.axis else "all")
+        back = ", ".join(f"`{p}`" for p in s.paths) if s.paths else (s.what or "a probe")
+        rows.append([f"`{s.name}`", _values(s), releases, _reaches(s), back, s.overridden])
+    return rows

@@ -319,3 +319,12 @@ def test_an_undeclared_argument_is_read_in_one_section_the_engines_own_first() -
     eff, reason = effective_settings(REQUESTED, PROBE, _view(model_config__revision="main"),
                                      {**KWARGS, "revision": "abc"})
     assert reason is not None and "asked revision='abc' (repro.engine default), engine runs 'main'" in reason
+
+
+def test_the_docs_list_every_declaration_as_declared() -> None:
+    from harness.verdicts.mdtable import md_table
+
+    header = ["setting", "values", "releases", "reaches vLLM as", "read back after start at", "known to be changed by"]
+    table = "\n".join(md_table(header, settings.describe()))
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert table in docs, "docs/settings.md's table is not the declarations': regenerate it from settings.describe()"
