@@ -136,6 +136,6 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) 
         resumed = await loan_state(llm, force=False)
     if not watches or not watches[0].loads:
         raise ScenarioFailed("the weights were never swapped: no load to judge the KV loan by")
-    result["kv_loan"] = {"loads": watches[0].loads, "resumed": resumed}
     result["precondition"] = judge(params.clear_cache, watches[0].loads[0], resumed)
+    result["precondition"]["evidence"]["loads"] = watches[0].loads  # the swap to B, then A restored after the resume
     return result

@@ -40,6 +40,18 @@ class ServerError(Exception):
     """The server answered an error (HTTP status or an error object in the stream)."""
 
 
+class RetryableRequestError(ServerError):
+    """The server refused a request because generation is paused (HTTP 503), as AsyncLLM raises vLLM's
+    ``RetryableRequestError``: from 0.33.0 a wait or abort pause refuses new requests ("Generation is paused.
+    Please retry after it resumes.", ``EngineCore._reject_add_while_paused``), and the OpenAI server streams that
+    as an error chunk with code 503 (measured on an H200 with vLLM 0.34.0).  Named like vLLM's so that the
+    scenario driver retries it after the resume, as it does on the engine door (``repro.scenarios.driver``)."""
+
+
+def _refused_while_paused(error: Any) -> bool:
+    return isinstance(error, dict) and error.get("code") == 503 and "paused" in str(error.get("message", "")).lower()
+
+
 def parse_sse(line: str) -> dict[str, Any] | str | None:
     """One line of the completion stream: its JSON chunk, :data:`DONE`, or None (blank, comment, other field)."""
     if not line.startswith("data:"):
@@ -56,7 +68,8 @@ def parse_sse(line: str) -> dict[str, Any] | str | None:
 def chunk_delta(chunk: dict[str, Any]) -> tuple[list[int], str | None]:
     """The token ids and finish reason of a completion chunk; ServerError for an error chunk."""
     if "error" in chunk:
-        raise ServerError(f"server error in stream: {chunk['error']}")
+        cls = RetryableRequestError if _refused_while_paused(chunk["error"]) else ServerError
+        raise cls(f"server error in stream: {chunk['error']}")
     choices = chunk.get("choices") or []
     if not choices:
         return [], None  # e.g. a usage-only chunk
@@ -166,8 +179,9 @@ class HttpLLM:
         try:
             async with self.client.stream("POST", self.url + "/v1/completions", json=body, timeout=None) as resp:
                 if resp.status_code >= 400:
-                    raise ServerError(f"completion {request_id}: HTTP {resp.status_code}: "
-                                      f"{(await resp.aread())[:300]!r}")
+                    text = (await resp.aread())[:300]
+                    cls = RetryableRequestError if resp.status_code == 503 and b"paused" in text.lower() else ServerError
+                    raise cls(f"completion {request_id}: HTTP {resp.status_code}: {text!r}")
                 self._streams[request_id] = resp
                 async for out in stream_outputs(resp.aiter_lines()):
                     yield out

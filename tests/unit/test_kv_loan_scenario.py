@@ -19,6 +19,7 @@ from harness.plan.matrix import Cell, plan_cells
 from repro.probes import kv_loan as probe
 from repro.scenarios import kv_loan, runs
 from repro.scenarios.base import ScenarioFailed, ScenarioUnsupported
+from repro.wire import check_event
 
 pytestmark = pytest.mark.unit
 
@@ -78,6 +79,9 @@ def test_the_loan_follows_the_clear_cache_pause_and_every_token_is_checked(
     assert pre["evidence"]["reclaimable_after_resume"] is False
     assert not llm.forced  # vLLM's own factor is back after the cell
     assert cell_verdict(stream_records(out["records"])).outcome is Outcome.OK
+    # What the engine sends the harness must pass the wire (a field it does not know is a WireError: the first H200
+    # run of this scenario was refused so).
+    check_event({"event": "scenario", "t": 0.0, "id": "kv_loan-keep", "status": "ran", **out}, strict=True)
 
 
 def test_no_loan_after_a_clear_pause_is_a_failed_precondition(
