@@ -16,21 +16,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from repro import crash
+from repro import crash, settings
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import EngineContext, Plan, ScenarioTimeout, ScenarioUnsupported
 from repro.scenarios.runs import run_with_reference
 from repro.scenarios.sampling import logprob_table, sampling_kwargs
+from repro.settings_read import Evidence, runner_generation
+
+__all__ = ["effective_settings", "probe_engine", "read_view", "refused_setting", "run_cell", "runner_generation"]
 
 Emit = Callable[..., None]  # emit(kind, **fields): one event, checked against repro.wire
-
-# Executor axis value -> class name vLLM must really construct.
-EXPECTED_EXECUTOR = {
-    "mp": "MultiprocExecutor",
-    "uni": "UniProcExecutor",
-    "ray-v1": "RayDistributedExecutor",
-    "ray-v2": "RayExecutorV2",
-}
+# The settings the engine event's ``effective`` names on its own (reports and the pairing read them).
+READERS = {name: reader for name in ("async_scheduling", "executor", "model_runner", "batch_invariant")
+           if (reader := settings.SETTINGS[name].reader) is not None}
 
 
 async def probe_engine(llm: Any) -> dict[str, Any]:
@@ -49,74 +47,35 @@ async def probe_engine(llm: Any) -> dict[str, Any]:
     return out
 
 
-def effective_settings(requested: dict[str, Any], probe: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Effective async/executor from the probe, and why the cell cannot claim what it asked for."""
-    core = probe.get("core") or {}
-    workers = probe.get("workers") or []
-    parts = {
-        "frontend": probe.get("frontend_async_scheduling"),
-        "core_config": core.get("async_scheduling"),
-        "core_scheduler_async": (core.get("scheduler_class") or "").endswith("AsyncScheduler")
-        if core else None,
-        # A worker whose runner has no async flag of its own (0.34.0's V2 GPU runner) runs whatever the core
-        # schedules: the core's scheduler class and config are its evidence, so it adds no vote of its own.
-        "workers": [w.get("use_async_scheduling") for w in workers if w.get("runner_async_flag", True)]
-        if workers else None,
-    }
-    known = [v for k, v in parts.items() if k != "workers" and v is not None]
-    known += parts["workers"] or []
-    if not known:
-        eff_async: bool | None = None
-    elif all(v is True for v in known):
-        eff_async = True
-    elif all(v is False for v in known):
-        eff_async = False
-    else:
-        eff_async = None  # inconsistent across processes
-    executor_class = (core.get("executor_class") or "").rsplit(".", 1)[-1] or None
-    runners = {runner_generation(w.get("model_runner_class")) for w in workers}
-    eff_runner = next(iter(runners)) if len(runners) == 1 else None
-    # A worker that never loaded vLLM's batch-invariant module (None) did not switch it on.
-    invariant = [w.get("batch_invariant") is True for w in workers]
-    eff_invariant = (all(invariant) if all(invariant) or not any(invariant) else None) if workers else None
-    eff = {"async_scheduling": eff_async, "async_parts": parts, "executor_class": executor_class,
-           "model_runner": eff_runner,
-           "model_runner_classes": sorted({str(w["model_runner_class"]) for w in workers
-                                           if w.get("model_runner_class")}),
-           "batch_invariant": eff_invariant}
-    reason = None
-    want_exec = EXPECTED_EXECUTOR.get(requested["executor"])
-    want_runner = requested.get("model_runner", "v1")
-    want_invariant = bool(requested.get("batch_invariant", False))
-    if executor_class and want_exec and executor_class != want_exec:
-        reason = f"asked for executor {requested['executor']} ({want_exec}) but vLLM built {executor_class}"
-    elif eff_async is None:
-        reason = f"could not establish effective async_scheduling: {parts}"
-    elif eff_async != requested["async_scheduling"]:
-        reason = (
-            f"asked for async_scheduling={requested['async_scheduling']} but it is effectively "
-            f"{eff_async} ({parts})"
-        )
-    elif (eff_runner != "v2") if want_runner == "v2" else ("v2" in runners):
-        # Only a confirmed v2 counts as v2; v1 is refused only when a worker is seen running v2.
-        reason = (f"asked for model runner {want_runner} (VLLM_USE_V2_MODEL_RUNNER) but the workers run "
-                  f"{', '.join(eff['model_runner_classes']) or 'an unknown runner (no worker probe)'}")
-    elif want_invariant is not eff_invariant and (want_invariant or workers):
-        reason = (f"asked for VLLM_BATCH_INVARIANT={int(want_invariant)} but the workers' batch-invariant "
-                  f"mode is {'mixed' if eff_invariant is None else eff_invariant}")
-    return eff, reason
+async def read_view(llm: Any) -> tuple[dict[str, Any] | None, str]:
+    """The engine core's settings view (``repro.probes.settings``), or None and why it could not be read."""
+    try:
+        return dict(await llm.engine_core.call_utility_async("repro_settings")), ""
+    except Exception as exc:
+        return None, repr(exc)[:300]
 
 
-def runner_generation(model_runner_class: str | None) -> str | None:
-    """``v2`` for vLLM's V2 model runners, ``v1`` for the others, None when unknown.
+def effective_settings(requested: dict[str, Any], probe: dict[str, Any], view: dict[str, Any] | None = None,
+                       kwargs: dict[str, Any] | None = None, sources: dict[str, str] | None = None,
+                       view_error: str = "") -> tuple[dict[str, Any], str | None]:
+    """The engine's effective settings, and why the cell cannot claim what it asked for (None: it can).
 
-    V2 runners live in packages (``vllm.v1.worker.gpu.model_runner``, 0.32's
-    ``vllm.v1.worker.cpu.model_runner``); V1 in ``gpu_model_runner`` / ``cpu_model_runner``.
-    """
-    if not model_runner_class or model_runner_class == "None":
-        return None
-    module = model_runner_class.rsplit(".", 1)[0]
-    return "v2" if module.startswith(("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu.")) else "v1"
+    ``requested``: the cell's engine axes (and ``engine_args``); ``kwargs``: every engine argument the engine was
+    started with (default: ``requested["engine_args"]``), ``sources`` says who asked for each; ``view``: the engine
+    core's settings view.  Every setting is read back as ``repro.settings`` declares it; ``settings`` holds the
+    table (requested, effective, where read, status), and the first difference is the reason."""
+    axes = {"model_runner": "v1", "batch_invariant": False,
+            **{k: v for k, v in requested.items() if k != "engine_args"}}
+    args = (requested.get("engine_args") or {}) if kwargs is None else kwargs
+    evidence = Evidence(probe, view, view_error or ("" if view is not None else "not asked"))
+    rows = settings.settings_table(settings.asked_settings(axes, args, sources or {}), evidence)
+    read = {name: reader(evidence) for name, reader in READERS.items()}
+    eff = {"async_scheduling": read["async_scheduling"].value,
+           "async_parts": read["async_scheduling"].detail["async_parts"],
+           "executor_class": read["executor"].value, "model_runner": read["model_runner"].value,
+           "model_runner_classes": list(read["model_runner"].detail["model_runner_classes"]),
+           "batch_invariant": read["batch_invariant"].value, "settings": rows}
+    return eff, settings.mismatch(rows)
 
 
 def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:

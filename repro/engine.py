@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from repro import bind, crash
-from repro.cell import effective_settings, probe_engine, refused_setting, run_cell
+from repro.cell import effective_settings, probe_engine, read_view, refused_setting, run_cell
 from repro.engine_axes import IMPLICIT, engine_args, unrealised
 from repro.model_kinds import LoadedModel, load_model
+from repro.probes.settings import plain_kwargs
 from repro.rootcause import root_causes
 from repro.scenarios import pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
@@ -191,6 +192,23 @@ def _requested(spec: Spec) -> dict[str, Any]:
     return out
 
 
+def arg_sources(spec: Spec, model: LoadedModel) -> dict[str, str]:
+    """Who asked for each engine argument :func:`engine_kwargs` passes (the spec's sources for its ``extra``)."""
+    own = {"model": "--model", "gpu_memory_utilization": "--gpu-memory-utilization",
+           "weight_transfer_config": "the weight-sync scenario (--weight-transfer nccl)"}
+    return {**dict.fromkeys(model.defaults, f"model kind {model.kind}"), **own, **spec.engine.sources}
+
+
+async def prove_settings(llm: Any, spec: Spec, model: LoadedModel, kwargs: dict[str, Any],
+                         probe: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The effective settings of the started engine and the reason its cells cannot claim them (repro.settings):
+    every engine argument it was started with (``kwargs``), its axes, and the settings it relies on at vLLM's
+    defaults, read back from the engine core's settings view and the probes."""
+    view, view_error = await read_view(llm)
+    return effective_settings(_requested(spec), probe, view, plain_kwargs(kwargs), arg_sources(spec, model),
+                              view_error)
+
+
 def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str) -> None:
     """The engine cannot run this spec as labelled: say why once, and for every scenario."""
     emit("engine", **info, requested=_requested(spec), effective=None, probe=None, startup_s=None,
@@ -259,7 +277,8 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
             return
         # vLLM's OpenAI server over HTTP (repro.server.door), with the engine door's own engine arguments.
         await run_server_door(spec, model, engine_kwargs(spec, model), info, _requested(spec),
-                              emit, lambda why: _refuse_all(spec, emit, info, why), emit.path.parent)
+                              emit, lambda why: _refuse_all(spec, emit, info, why), emit.path.parent,
+                              arg_sources(spec, model))
         return
     t0 = time.monotonic()
     llm = _start(spec, model, emit, info, weight_transfer)
@@ -276,7 +295,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
     try:
         startup = round(time.monotonic() - t0, 3)
         probe = await probe_engine(llm)
-        eff, reason = effective_settings(_requested(spec), probe)
+        eff, reason = await prove_settings(llm, spec, model, engine_kwargs(spec, model, weight_transfer), probe)
         emit("engine", **info, requested=_requested(spec), effective=eff, probe=probe, startup_s=startup,
              unsupported_reason=reason)
         for sc in spec.scenarios:

@@ -321,6 +321,18 @@ class Streams:
         await asyncio.gather(*self.tasks)  # an engine error in a request surfaces here
 
 
+def settings_differ(vllm_config: Any, engine_args: dict[str, Any]) -> list[str]:
+    """Engine arguments the started engine does not run as asked: each looked up in every config section that has
+    a field of its name (vLLM's platforms change settings after parsing them; vllm-repro's repro/settings.py)."""
+    out = []
+    for key, want in engine_args.items():
+        for name, section in vars(vllm_config).items():
+            got = getattr(section, "__dict__", {}).get(key, want)
+            if not (got == want or str(got) == f"torch.{want}"):
+                out.append(f"asked {key}={want!r}, the engine runs {got!r} ({name}.{key})")
+    return out
+
+
 async def engine_state(llm: Any) -> dict[str, Any]:
     return dict(await llm.engine_core.call_utility_async("reproducer_progress"))
 
@@ -430,6 +442,8 @@ async def _run(engine_args: dict[str, Any], plan: dict[str, Any], timeout: float
         want = "AsyncScheduler" if engine_args.get("async_scheduling") else "Scheduler"
         assert state["scheduler"] == want, f"the engine core runs {state['scheduler']}, not {want} as asked"
         print(f"engine core: {state['scheduler']}, async_scheduling={state['async_scheduling']}", flush=True)
+        differ = settings_differ(llm.vllm_config, engine_args)
+        assert not differ, "the engine does not run as asked: " + "; ".join(differ)
         return await replay(llm, plan, timeout)
     finally:
         llm.shutdown()

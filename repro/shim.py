@@ -24,6 +24,8 @@ What it does:
   raised; the report goes to ``$VLLM_REPRO_CRASH_FILE``).
 * Always: every master TCPStore listens on the run's bind address only
   (``repro/bind.py``; ``--bind``, default 127.0.0.1).
+* Always: ``EngineCore.repro_settings``, the engine core's view of its config and scheduler, from which every
+  setting a cell relies on is read back after start (``repro/probes/settings.py``, ``repro/settings.py``).
 * Always: counts preemptions, speculative drafts and prefill chunks in the engine core
   (``repro/counters.py``; read with ``call_utility_async("repro_counters")``).
 * Only with ``VLLM_REPRO_INJECT`` set (``--inject``): deliberate fault
@@ -46,6 +48,7 @@ from typing import Any
 
 from repro import bind, counters, crash, inject
 from repro.probes import kv_loan
+from repro.probes import settings as settings_probe
 from repro.server import layout as server_layout
 from repro.server import probe as server_probe
 
@@ -77,6 +80,8 @@ def register() -> None:
     # Loopback only: torch's TCPStore server listens on every interface whatever host it is given (repro.bind).
     bind.install(_after_import)
     _after_import(crash.CORE_MODULE, _install_crash_hook)
+    # The engine core's view of its settings, each read back after start (repro.settings; issue 35).
+    _after_import(crash.CORE_MODULE, settings_probe.install)
     # Scheduler counters (preemptions, drafts, prefill chunks): the evidence the engine-profile scenarios need.
     counters.install(_after_import)
     # Deliberate fault injection (--inject, repro/inject.py); raises on an unknown id so

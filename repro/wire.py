@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repro.engine_axes import engine_args, owned_engine_args
+from repro.settings import problem as setting_problem
 
 # 2: the engine's axes travel by name (EngineSpec.axes), as the harness's axes table names them.
 # 3: a spec may carry ``startup_timeout`` (the server door's health wait) and the engine event ``server``
@@ -86,12 +87,18 @@ class EngineSpec:
     # Further AsyncEngineArgs on top of the engine's defaults: the user's (--engine-arg, --preset) and the
     # scheduler's (a fixed KV cache when engines share a GPU), merged by harness.run.runner.engine_extra.
     extra: dict[str, Any] = field(default_factory=dict)
+    # Who asked for each key of ``extra`` (a profile, a preset, --engine-arg, the scheduler): the engine records
+    # it beside the requested and effective value of every setting (repro.settings).
+    sources: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         owned = sorted(set(self.extra) & set(OWNED_ENGINE_ARGS))
         if owned:
             raise WireError("spec engine", f"extra engine argument(s) {owned} are decided by the cell's axes or "
                                            "the harness's own options")
+        bad = [p for k, v in self.extra.items() if (p := setting_problem(k, v)) is not None]
+        if bad:  # a value outside its setting's declaration (repro.settings)
+            raise WireError("spec engine", "; ".join(bad))
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -101,12 +108,14 @@ class EngineSpec:
         out: dict[str, Any] = {"axes": dict(self.axes), "gpu_memory_utilization": self.gpu_memory_utilization}
         if self.extra:
             out["extra"] = dict(self.extra)
+        if self.sources:
+            out["sources"] = dict(self.sources)
         return out
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> EngineSpec:
         what = "spec engine"
-        _only(doc, {"axes", "gpu_memory_utilization", "extra"}, what)
+        _only(doc, {"axes", "gpu_memory_utilization", "extra", "sources"}, what)
         axes = _need(doc, "axes", dict, what)
         bad = sorted(k for k, v in axes.items() if not isinstance(v, str | int | float | bool))
         if bad:
@@ -114,7 +123,10 @@ class EngineSpec:
         gmu = doc.get("gpu_memory_utilization")
         if gmu is not None and not isinstance(gmu, _NUM):
             raise WireError(what, f"gpu_memory_utilization is {type(gmu).__name__}, expected a number or null")
-        return cls(dict(axes), gmu, dict(doc.get("extra") or {}))
+        sources = doc.get("sources") or {}
+        if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+            raise WireError(what, "sources is not an object of strings")
+        return cls(dict(axes), gmu, dict(doc.get("extra") or {}), dict(sources))
 
 
 @dataclass(frozen=True)

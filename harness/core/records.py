@@ -240,6 +240,13 @@ class EngineInfo(_RawRecord):
         return _dict(self.raw.get("effective"))
 
     @property
+    def settings(self) -> tuple[Mapping[str, Any], ...]:
+        """Every setting the engine relied on: requested (and by whom), effective, where it was read back, and its
+        status (``effective``, ``differs``, ``unverifiable``, ``default``; repro.settings)."""
+        rows = self.effective.get("settings")
+        return tuple(r for r in rows if isinstance(r, Mapping)) if isinstance(rows, list) else ()
+
+    @property
     def effective_async(self) -> bool | None:
         return self.effective.get("async_scheduling")
 

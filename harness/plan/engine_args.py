@@ -35,6 +35,7 @@ from harness.core.errors import BadInput
 from harness.core.schema import Anything, MapOf, Str, validate
 from repro.realistic import KIND as QWEN3_RANDOM
 from repro.realistic import spec_for
+from repro.settings import problem as setting_problem
 from repro.wire import OWNED_ENGINE_ARGS
 
 BIGRAM = "bigram-cycle"
@@ -166,11 +167,15 @@ def read_engine_args_file(path: Path) -> dict[str, Any]:
 
 
 def check_owned(args: Mapping[str, Any], where: str) -> None:
-    """BadInput when ``args`` names an engine argument a cell axis or a harness option decides."""
-    for key in args:
+    """BadInput when ``args`` names an engine argument a cell axis or a harness option decides, or gives a declared
+    setting a value outside its declaration (repro.settings: ``max_num_seqs=0``, ``enable_prefix_caching=2``)."""
+    for key, value in args.items():
         if key in OWNED_ENGINE_ARGS:
             raise BadInput(f"{where}: {key} is decided by the cell, not by an engine argument; use "
                            f"{OWNED_ENGINE_ARGS[key]}")
+        bad = setting_problem(key, value)
+        if bad is not None:
+            raise BadInput(f"{where}: {bad}")
 
 
 def parse_model(raw: str | None, platform: str) -> ModelChoice:
@@ -205,6 +210,7 @@ def engine_setup(platform: str, model: str | None = None, engine_args: Sequence[
         merged.update(p.engine_args)
         if platform == "cuda":
             merged.update(p.cuda_engine_args)
+        check_owned(merged, f"--preset {p.name}")
     for path in files:
         args = read_engine_args_file(path)
         check_owned(args, f"--engine-args {path}")

@@ -77,6 +77,15 @@ def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
     return {**(scheduling or {}), **cfg.engine_args, **(profile or {})}
 
 
+def engine_arg_sources(cfg: RunConfig, profile_name: str, profile: dict[str, Any] | None = None,
+                       scheduling: dict[str, Any] | None = None) -> dict[str, str]:
+    """Who asked for each engine argument :func:`merge_engine_args` merges (the same precedence): the engine
+    records it beside each setting's requested and effective value (repro.settings)."""
+    user = f"preset {cfg.preset} / --engine-arg(s)" if cfg.preset else "--engine-arg(s)"
+    return {**dict.fromkeys(scheduling or {}, "scheduler (a fixed KV cache on a shared GPU)"),
+            **dict.fromkeys(cfg.engine_args, user), **dict.fromkeys(profile or {}, f"profile {profile_name}")}
+
+
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
                extra: dict[str, Any] | None = None) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
@@ -85,11 +94,12 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
     with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
     :func:`merge_engine_args`.
     """
-    engine_args = merge_engine_args(cfg, dict(PROFILES[engine.profile].args), extra)
+    profile = dict(PROFILES[engine.profile].args)
     return Spec(
         engine_id=engine.id,
         engine=EngineSpec(axes=engine_axes(engine), gpu_memory_utilization=cfg.gpu_memory_utilization,
-                          extra=engine_args),
+                          extra=merge_engine_args(cfg, profile, extra),
+                          sources=engine_arg_sources(cfg, engine.profile, profile, extra)),
         model_kind=cfg.model_kind,
         model_params=cfg.model_params,
         model_cache=str(cfg.model_cache.resolve()),

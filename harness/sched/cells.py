@@ -175,6 +175,12 @@ def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
                                  "executor_class": cls.rsplit(".", 1)[-1] or None}
     if ev.spec_method:  # the drafter vLLM accepted with async scheduling (EAGLE on every release)
         effective["spec_method"] = ev.spec_method
+    if cls:  # the one engine setting this tier's cells carry, read back as the engine tier records every setting
+        is_async = cls.endswith(".AsyncScheduler")
+        effective["settings"] = [{
+            "name": "async_scheduling", "requested": cell.async_on, "source": "axis async_scheduling",
+            "effective": is_async, "read": "the scheduler class repro.sched built", "why": "" if is_async ==
+            cell.async_on else f"vLLM built {cls}", "status": "effective" if is_async == cell.async_on else "differs"}]
     facts = EngineInfo({**(info or {}), "effective": effective})
     if ev.status == "crash":
         v = sched_verdict(ev)

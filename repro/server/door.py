@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from repro.cell import effective_settings, refused_setting, run_cell
+from repro.cell import effective_settings, read_view, refused_setting, run_cell
 from repro.model_kinds import LoadedModel
+from repro.probes.settings import plain_kwargs
 from repro.rootcause import read_tail, tracebacks
 from repro.scenarios.base import EngineContext
 from repro.server.args import ArgMappingError, serve_argv
@@ -51,7 +52,7 @@ def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
 
 async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any], info: dict[str, Any],
                           requested: dict[str, Any], emit: Emit, refuse_all: Callable[[str], None],
-                          log_dir: Path) -> None:
+                          log_dir: Path, sources: dict[str, str] | None = None) -> None:
     """Start the server for ``spec``, prove its settings, play the scenarios; the server ends with it."""
     import httpx
 
@@ -86,7 +87,8 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
                 # No probe route (the shim not loaded in the server?): the settings are not proved, so every
                 # cell is UNSUPPORTED with effective_settings' reason, which names this.
                 probe = {"probe_error": str(exc)}
-            eff, reason = effective_settings(requested, probe)
+            view, view_error = await read_view(llm)  # the engine core's settings view, over the utility route
+            eff, reason = effective_settings(requested, probe, view, plain_kwargs(kwargs), sources, view_error)
             emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
                  unsupported_reason=reason, server=facts)
             vocab = model.vocab_size or int(getattr(llm.vllm_config.model_config, "vocab_size", 0) or 0)

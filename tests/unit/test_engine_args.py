@@ -151,6 +151,10 @@ def test_a_folder_without_config_json_is_bad_input(tmp_path: Path) -> None:
     (["matrix", "--model", "no-such-model"], ["built-in", "qwen3-random"]),
     (["matrix", "--engine-args", "/no/such.json"], ["cannot read"]),
     (["matrix", "--platform", "cuda", "--gpu-memory-utilization", "1.5"], ["(0, 1]"]),
+    # A declared setting's value outside its declaration (repro.settings), before anything starts.
+    (["matrix", "--engine-arg", "max_num_seqs=0"], ["--engine-arg max_num_seqs=0", "at least 1"]),
+    (["matrix", "--engine-arg", "enable_prefix_caching=maybe"], ["enable_prefix_caching", "true or false"]),
+    (["matrix", "--engine-arg", "gpu_memory_utilization=0.5"], ["--gpu-memory-utilization"]),
 ])
 def test_bad_setup_exits_2_with_one_line(argv: list[str], must_name: list[str],
                                          capsys: pytest.CaptureFixture[str]) -> None:

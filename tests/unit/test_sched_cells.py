@@ -98,8 +98,12 @@ def _ran(cls: str = ASYNC_CLS, **extra: Any) -> dict[str, Any]:
 def test_streams_are_judged_by_the_oracle_with_the_scheduler_as_effective_setting() -> None:
     res = sched_result(SCHED, as_scenario_event(_ran()), {"tier": "scheduler"}, scenario_result)
     assert res.outcome is Outcome.LOSS and res.label == "LOSS(1)"
-    assert res.engine is not None and res.engine["effective"] == {"async_scheduling": True,
-                                                                    "executor_class": "AsyncScheduler"}
+    assert res.engine is not None and res.engine["effective"] == {
+        "async_scheduling": True, "executor_class": "AsyncScheduler",
+        # The tier's one engine setting in the engine tier's settings table (repro.settings).
+        "settings": [{"name": "async_scheduling", "requested": True, "source": "axis async_scheduling",
+                      "effective": True, "read": "the scheduler class repro.sched built", "why": "",
+                      "status": "effective"}]}
 
 
 def test_a_crash_in_vllm_is_crash_a_stall_is_stall_a_wrong_scheduler_is_unsupported() -> None:

@@ -38,6 +38,7 @@ from harness.run.context import RunContext
 from harness.run.spec import RunConfig
 from harness.verdicts.results import ResultsLog
 from repro.bind import DEFAULT_BIND
+from repro.settings import problem as setting_problem
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,9 @@ def check_fraction(args: argparse.Namespace) -> None:
     """``--gpu-memory-utilization`` in (0, 1] on every platform: a value vLLM would refuse (or, on cpu, never
     read) is a typo to name before anything starts, not a run to go on with."""
     given = getattr(args, "gpu_memory_utilization", None)
-    if given is not None and not 0 < given <= 1:  # also NaN
-        raise BadInput(f"--gpu-memory-utilization {given}: give a fraction in (0, 1]")
+    bad = None if given is None else setting_problem("gpu_memory_utilization", given)  # its declaration's range
+    if bad is not None:
+        raise BadInput(f"--gpu-memory-utilization {given}: {bad.split(': ', 1)[-1]}")
 
 
 def bind_address(args: argparse.Namespace) -> str:

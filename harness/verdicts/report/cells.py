@@ -3,6 +3,7 @@ verdicts and token windows, and the fault-injection banner."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,6 +48,36 @@ def effective(cr: CellResult) -> tuple[str, str]:
     if a is not None and a != cr.cell.async_on:
         shown += f" (asked {on_off(cr.cell.async_on)})"
     return shown, str(cr.engine.executor_class or "?")
+
+
+def settings_rows(cells: Iterable[CellResult]) -> list[list[Any]]:
+    """One row per setting the run's engines relied on: what was asked (by whom), what the engines ran, where it
+    was read back, and how many engines had it effective, different, unverifiable or at vLLM's default."""
+    seen: dict[str, dict[str, Any]] = {}
+    engines: set[str] = set()
+    for cr in cells:
+        key = cr.cell.engine.id
+        if cr.engine is None or key in engines:
+            continue
+        engines.add(key)
+        for row in cr.engine.settings:
+            agg = seen.setdefault(str(row.get("name")), {"requested": set(), "effective": set(), "read": set(),
+                                                         "status": {}, "why": set()})
+            agg["requested"].add(f"{_shown(row.get('requested'))} ({row.get('source')})")
+            agg["effective"].add(_shown(row.get("effective")))
+            agg["read"].add(str(row.get("read") or "-"))
+            status = str(row.get("status"))
+            agg["status"][status] = agg["status"].get(status, 0) + 1
+            if row.get("why") and status in ("differs", "unverifiable"):
+                agg["why"].add(str(row["why"]))
+    return [[f"`{name}`", "; ".join(sorted(a["requested"])), "; ".join(sorted(a["effective"])),
+             "; ".join(sorted(a["read"])), ", ".join(f"{s} {n}" for s, n in sorted(a["status"].items())),
+             "; ".join(sorted(a["why"]))] for name, a in seen.items()]
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def detail(cr: CellResult) -> str:

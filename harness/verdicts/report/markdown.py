@@ -20,6 +20,7 @@ from harness.verdicts.report.cells import (
     on_off,
     request_verdict,
     rid_text,
+    settings_rows,
     sorted_cells,
     token_text,
     token_window,
@@ -146,6 +147,12 @@ def markdown(results: Results) -> str:
     header = ["cell", "vLLM", "executor", "async", "mode", "clear_cache", "outcome", "summary / reason",
               "known bugs", "effective async", "executor class"]
     lines += md_table(header, (_cell_row(c) for c in cells))
+    settings = settings_rows(cells)
+    if settings:
+        lines += ["", "## Engine settings", "",
+                  "Every setting the engines relied on, read back after start (repro.settings); an engine whose "
+                  "setting differs from what it was asked ran its cells UNSUPPORTED.", ""]
+        lines += md_table(["setting", "requested (by)", "effective", "read back at", "engines", "why"], settings)
     retried = [c for c in cells if c.attempts]
     if retried:
         lines += ["", "## Retried cells", "",
