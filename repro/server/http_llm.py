@@ -80,16 +80,42 @@ def chunk_delta(chunk: dict[str, Any]) -> tuple[list[int], str | None]:
     return [int(t) for t in ids or []], choice.get("finish_reason")
 
 
+def choice_logprobs(choice: dict[str, Any], ids: list[int]) -> list[dict[int, float]] | None:
+    """A completion choice's per-token logprobs as AsyncLLM gives them (one ``{token_id: logprob}`` per new token),
+    or None when the request asked for none.  The completions API returns the sampled token's logprob in
+    ``logprobs.token_logprobs``, aligned with the delta's tokens (vllm/entrypoints/openai/completion/serving.py's
+    ``_create_completion_logprobs``: the same Logprob the engine returned, raw unless ``logprobs_mode`` says
+    otherwise)."""
+    lp = choice.get("logprobs")
+    if not lp:
+        return None
+    values = list(lp.get("token_logprobs") or [])
+    if len(values) != len(ids):
+        raise ServerError(f"the stream's logprobs ({len(values)}) do not match its token ids ({len(ids)})")
+    return [{t: float(v)} for t, v in zip(ids, values, strict=True)]
+
+
+def chunk_outputs(chunk: dict[str, Any]) -> Any:
+    """One stream chunk as an AsyncLLM DELTA output: one completion per choice, with its ``index`` (the child of
+    an n > 1 request), new token ids, finish reason and logprobs."""
+    chunk_delta(chunk)  # the error and token-id checks
+    comps = []
+    for choice in chunk.get("choices") or []:
+        ids, finish = chunk_delta({"choices": [choice]})
+        comps.append(SimpleNamespace(index=int(choice.get("index") or 0), token_ids=ids, finish_reason=finish,
+                                     logprobs=choice_logprobs(choice, ids)))
+    return SimpleNamespace(outputs=comps)
+
+
 async def stream_outputs(lines: AsyncIterator[str]) -> AsyncIterator[Any]:
     """The outputs of a completion stream's lines (AsyncLLM's DELTA outputs: the new token ids, the finish
-    reason), until ``data: [DONE]``."""
+    reason, and for sampled requests each child's index and logprobs), until ``data: [DONE]``."""
     async for line in lines:
         chunk = parse_sse(line)
         if chunk == DONE:
             return
         if isinstance(chunk, dict):
-            ids, finish = chunk_delta(chunk)
-            yield _output(ids, finish)
+            yield chunk_outputs(chunk)
 
 
 def strip_ids(obj: Any) -> Any:
@@ -166,9 +192,16 @@ class HttpLLM:
         return dict(doc["probe"])
 
     def _body(self, prompt: dict[str, Any], sp: Any, request_id: str) -> dict[str, Any]:
-        return {"model": self.model, "prompt": list(prompt["prompt_token_ids"]), "max_tokens": sp.max_tokens,
+        body = {"model": self.model, "prompt": list(prompt["prompt_token_ids"]), "max_tokens": sp.max_tokens,
                 "temperature": sp.temperature, "ignore_eos": bool(sp.ignore_eos), "stream": True,
                 "return_token_ids": True, "request_id": request_id}
+        # A sampled request (repro.scenarios.sampling): its group size, seed and logprobs, as the OpenAI
+        # completions API names them (vLLM passes seed and n through to SamplingParams).
+        for name in ("n", "seed", "logprobs"):
+            value = getattr(sp, name, None)
+            if value is not None and not (name == "n" and value == 1):
+                body[name] = value
+        return body
 
     async def generate(self, prompt: dict[str, Any], sp: Any, request_id: str) -> AsyncIterator[Any]:
         """Stream the request: one output per chunk with the token ids of its delta (DELTA outputs)."""

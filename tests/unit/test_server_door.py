@@ -203,3 +203,21 @@ def test_descendants_walk_the_process_tree(tmp_path: Any) -> None:
     (tmp_path / "self").mkdir()
     assert sorted(descendants(10, tmp_path)) == [11, 12, 13]
     assert descendants(12, tmp_path) == []
+
+
+def test_a_sampled_chunk_keeps_each_childs_index_tokens_and_logprobs() -> None:
+    from repro.scenarios.sampling import token_logprob
+    from repro.server.http_llm import chunk_outputs
+
+    chunk = {"choices": [
+        {"index": 2, "token_ids": [7, 9], "finish_reason": None, "text": "",
+         "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.25, -1.5],
+                      "top_logprobs": [{"a": -0.25}, {"c": -0.1}]}},
+        {"index": 0, "token_ids": [4], "finish_reason": "length", "text": "", "logprobs": None}]}
+    out = chunk_outputs(chunk)
+    (c2, c0) = out.outputs
+    assert (c2.index, c2.token_ids, c0.index, c0.finish_reason, c0.logprobs) == (2, [7, 9], 0, "length", None)
+    # the sampled token's own logprob, not the top-1 alternative's
+    assert [token_logprob(e, t) for e, t in zip(c2.logprobs, c2.token_ids, strict=True)] == [-0.25, -1.5]
+    with pytest.raises(ServerError, match="do not match"):
+        chunk_outputs({"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}}]})
