@@ -230,19 +230,26 @@ def split_list(raw: str | None) -> list[str]:
     return [p.strip() for p in (raw or "").split(",") if p.strip()]
 
 
-def parse_choices(what: str, raw: str | None, valid: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
-    """Parse ``a,b`` (or ``all``) into validated choices, in canonical order."""
+def parse_choices(what: str, raw: str | None, valid: tuple[str, ...], default: tuple[str, ...],
+                  groups: dict[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """Parse ``a,b`` (or ``all``) into validated choices, in canonical order; ``groups``: other words, each for one
+    choice or several (``stale_kv``: the stale-kv scenarios)."""
     if raw is None:
         return default
     items = split_list(raw)
     if items == ["all"]:
         return valid
+    chosen: set[str] = set()
     for it in items:
-        if it not in valid:
-            raise bad_choice(what, it, valid)
+        if it in valid:
+            chosen.add(it)
+        elif groups and it in groups:
+            chosen.update(groups[it])
+        else:
+            raise bad_choice(what, it, (*valid, *(g for g, members in (groups or {}).items() if len(members) > 1)))
     if not items:
         raise BadInput(f"empty {what}; valid choices: {', '.join(valid)}")
-    return tuple(v for v in valid if v in items)
+    return tuple(v for v in valid if v in chosen)
 
 
 def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: tuple[bool, ...]) -> tuple[bool, ...]:
@@ -293,7 +300,7 @@ def parse_option(a: Axis, raw: str | None, platform: str, per_platform: bool = T
         return parse_ints(a, raw, default)
     if a.kind == "flag":
         return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
-    return parse_choices(a.what, raw, a.values, default)
+    return parse_choices(a.what, raw, a.values, default, dict(a.option_groups))
 
 
 def selection_axes(options: dict[str, str | None], platform: str, cell_type: type[Cell] = Cell,
