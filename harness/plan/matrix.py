@@ -28,7 +28,7 @@ from harness.core.axes import (
 )
 from harness.core.cell import Cell, EngineKey, at_release
 from harness.core.errors import BadInput, bad_choice
-from harness.core.scenarios import Scenario
+from harness.core.scenarios import Scenario, model_mismatch
 from harness.core.scenarios import scenario as scenario_of
 from harness.plan.releases import Fetch, resolve_versions
 from harness.sched.cells import shape_reason
@@ -105,14 +105,18 @@ class MatrixPlan:
         return [c for _, cs in self.engines for c in cs] + [c for c, _ in self.unsupported]
 
 
-def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> str | None:
+def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None,
+                       model_kind: str | None = None) -> str | None:
     """Why ``platform`` cannot run ``cell`` as labelled, or None if it can.
 
-    ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check).
+    ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check); ``model_kind`` the run's model
+    (None: not known, no check): a scenario that needs another model (stale-kv) is not worth an engine start.
     """
     shape = scenario_of(cell.scenario)
     if shape is None:
         return f"unknown scenario {cell.scenario!r}; valid: {', '.join(SCENARIOS)}"
+    if model_kind is not None and (why := model_mismatch((shape.name,), model_kind)) is not None:
+        return why
     if (gone := _not_in_release(cell)) is not None:
         return gone
     if cell.tier not in shape.tiers:
@@ -207,14 +211,16 @@ def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) 
     return plan_cells(selection.cells(), platform, n_gpus)
 
 
-def plan_cells(cells: list[Cell], platform: str, n_gpus: int | None = None) -> MatrixPlan:
-    """Like :func:`plan_matrix` for an explicit list of cells (duplicates dropped)."""
+def plan_cells(cells: list[Cell], platform: str, n_gpus: int | None = None,
+               model_kind: str | None = None) -> MatrixPlan:
+    """Like :func:`plan_matrix` for an explicit list of cells (duplicates dropped); ``model_kind``: the run's model
+    (:func:`unsupported_reason`)."""
     if platform not in PLATFORMS:
         raise bad_choice("platform", platform, PLATFORMS)
     groups: dict[EngineKey, list[Cell]] = {}
     unsupported: list[tuple[Cell, str]] = []
     for cell in dict.fromkeys(cells):
-        reason = unsupported_reason(cell, platform, n_gpus)
+        reason = unsupported_reason(cell, platform, n_gpus, model_kind)
         if reason:
             unsupported.append((cell, reason))
         else:

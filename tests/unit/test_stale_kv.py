@@ -19,7 +19,7 @@ from harness.core.scenarios import BY_SCENARIO, model_mismatch
 from harness.core.streams import StreamRecord
 from harness.frontends.cli import main
 from harness.plan.engine_args import parse_model
-from harness.plan.matrix import parse_option
+from harness.plan.matrix import parse_option, plan_cells
 from repro import context_model as cm
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios import stale_kv as sk
@@ -169,3 +169,13 @@ def test_stale_kv_with_the_default_model_exits_2(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--model context-cell" in err and "bigram-cycle" in err
     assert not reports.exists()
+
+
+def test_with_scenario_all_and_another_model_the_cells_start_no_engine() -> None:
+    cells = [Cell("0.21.0", "mp", True, "keep", False, scenario="stale-kv-keep"),
+             Cell("0.21.0", "mp", True, "keep", True, scenario="pause")]
+    plan = plan_cells(cells, "cpu", None, "bigram-cycle")
+    assert [c.scenario for _, cs in plan.engines for c in cs] == ["pause"]
+    ((cell, why),) = plan.unsupported
+    assert cell.scenario == "stale-kv-keep" and "--model context-cell" in why
+    assert not plan_cells(cells[:1], "cpu", None, "context-cell").unsupported
