@@ -256,6 +256,13 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              "kept requests hold blocks (vLLM refuses it), resume: new shared-prefix requests",
              modes=("keep",), clear_caches=(False,), profile="prefix-cache", model="context-cell",
              fault_records="-shared", refs=("NeMo-RL #3839",)),
+    Scenario("stale-kv-running", "keep pause without clear_cache, reload B in place, reset_prefix_cache("
+             "reset_running_requests=True) (the kept requests preempted, recomputed under B), resume",
+             modes=("keep",), clear_caches=(False,), profile="prefix-cache", model="context-cell",
+             fault_records="-shared", refs=("SkyRL #1824", "vllm#42043")),
+    Scenario("stale-kv-clear", "keep pause with clear_cache=True (the pause resets the cache, kept requests "
+             "included), reload B in place, resume", modes=("keep",), clear_caches=(True,), profile="prefix-cache",
+             model="context-cell", fault_records="-shared", refs=("vllm#42043",)),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}

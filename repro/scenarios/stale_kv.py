@@ -17,7 +17,13 @@ its own.  On an engine holding A (its prefix cache emptied first):
    * ``reset`` (wait pause: K finish under A first): ``reset_prefix_cache()`` on the idle engine;
    * ``refused`` (keep pause): ``reset_prefix_cache()`` while K hold blocks, which vLLM refuses (returns False:
      ``BlockPool.reset_prefix_cache``, vllm/v1/core/block_pool.py:452-459 in 0.21.0, :837-844 in 0.32.0), the
-     call NeMo-RL #3839 found doing nothing.
+     call NeMo-RL #3839 found doing nothing;
+   * ``running`` (keep pause): ``reset_prefix_cache(reset_running_requests=True)``, which preempts K first
+     (``Scheduler.reset_prefix_cache``, vllm/v1/core/sched/scheduler.py:1795 in 0.21.0, :2840 in 0.32.0): they are
+     recomputed under B after the resume;
+   * ``clear`` (keep pause with ``clear_cache=True``): the pause itself resets the cache, K included, before the
+     reload (``EngineCore._reset_caches``, vllm/v1/engine/core.py:633-636 and :664-665 in 0.21.0, :898-919 in
+     0.32.0).
 
    ``extra_requests`` new requests N sharing the prefix, and C (another marker, nothing shared: it shows that
    the reload took effect), are submitted during the pause, so they start after it.
@@ -55,8 +61,9 @@ from repro.scenarios.base import (
 from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
 from repro.scenarios.weight_transfer import ReloadTransfer, reload_transfer
 
-# variant -> the pause mode it plays (harness.core.scenarios: stale-kv-keep, stale-kv-reset, stale-kv-refused)
-VARIANTS = {"keep": "keep", "reset": "wait", "refused": "keep"}
+# variant -> the pause mode and clear_cache it plays (harness.core.scenarios: stale-kv-<variant>)
+VARIANTS = {"keep": "keep", "reset": "wait", "refused": "keep", "clear": "keep", "running": "keep"}
+CLEARS = {"clear": True}  # the one variant whose pause resets the cache itself (default False)
 BLOCK = 32  # the prefix-cache profile's block_size
 SHARED = 2 * BLOCK  # tokens every prompt shares: two whole blocks, the marker at position 0
 WARM_TOKENS = 4
@@ -67,7 +74,7 @@ SHARED_SUFFIX = "-shared"
 class StaleKvParams:
     variant: str = "keep"
     mode: str = "keep"
-    clear_cache: bool = False  # the update's own pause never resets: the variant decides
+    clear_cache: bool = False  # only the clear variant's pause resets the cache itself
     num_requests: int = 8  # K: running under A when the pause comes
     extra_requests: int = 4  # N: new requests sharing the prefix, submitted during the pause
     prompt_len: int = 70  # SHARED plus a suffix of each request's own
@@ -79,9 +86,10 @@ class StaleKvParams:
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"stale_kv variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
-        if self.mode != VARIANTS[self.variant] or self.clear_cache:
-            raise ValueError(f"stale_kv_{self.variant} pauses in {VARIANTS[self.variant]} mode with clear_cache=False "
-                             f"(got mode={self.mode!r}, clear_cache={self.clear_cache}): a reset is the variant's call")
+        want = (VARIANTS[self.variant], CLEARS.get(self.variant, False))
+        if (self.mode, self.clear_cache) != want:
+            raise ValueError(f"stale_kv_{self.variant} pauses in {want[0]} mode with clear_cache={want[1]} "
+                             f"(got mode={self.mode!r}, clear_cache={self.clear_cache})")
         if self.prompt_len <= SHARED or self.prompt_len + self.max_tokens + REFERENCE_MARGIN > MAX_MODEL_LEN:
             raise ValueError(f"prompt_len={self.prompt_len}, max_tokens={self.max_tokens}: the prompt must be longer "
                              f"than the {SHARED} shared tokens and prompt + max_tokens + {REFERENCE_MARGIN} fit "
@@ -125,7 +133,7 @@ def build(sid: str, params: dict[str, Any], vocab_size: int, seed: int) -> Plan:
     # stale read (harness.core.scenarios: fault_records).
     reqs += [RequestSpec(f"{sid}-{k}{SHARED_SUFFIX}", ps[k], p.max_tokens, ("during", 0)) for k in ps if k[0] == "n"]
     reqs.append(RequestSpec(f"{sid}-c", ps["c"], p.max_tokens, ("during", 0)))
-    return Plan(reqs, [PauseSpec(p.mode, False, p.pause_after)])
+    return Plan(reqs, [PauseSpec(p.mode, p.clear_cache, p.pause_after)])
 
 
 # --------------------------------------------------------------------------- what each request must show
@@ -235,7 +243,7 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, 
     dir_b = cm.build_checkpoint(spec, "B", ctx.model_cache)
     update: dict[str, Any] = {}
     try:
-        pause = PauseSpec(p.mode, False, p.pause_after, action=_update(llm, transfer, dir_b, variant, update))
+        pause = PauseSpec(p.mode, p.clear_cache, p.pause_after, action=_update(llm, transfer, dir_b, variant, update))
         records, events = await run_plan(llm, Plan(plan.requests, [pause]), timeout)
     finally:
         update["restored_a"] = await transfer.load(ctx.model_dir)
@@ -248,11 +256,14 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, 
 
 
 def _update(llm: Any, transfer: ReloadTransfer, dir_b: Path, variant: str, facts: dict[str, Any]) -> PauseAction:
-    """The pause action: reload B in place, then the variant's reset (none, on the idle engine, or refused)."""
+    """The pause action: reload B in place, then the variant's reset (none, on the idle engine, refused, or
+    preempting the kept requests)."""
     async def act() -> dict[str, Any]:
         facts["reload"] = await transfer.load(dir_b)
         if variant in ("reset", "refused"):
             facts["reset_returned"] = await llm.reset_prefix_cache()
+        elif variant == "running":
+            facts["reset_returned"] = await llm.reset_prefix_cache(reset_running_requests=True)
         return dict(facts)
 
     return act

@@ -116,12 +116,15 @@ def test_a_malformed_stale_kv_field_is_refused() -> None:
 
 def test_each_variant_plans_its_pause_and_its_requests() -> None:
     for variant, mode in sk.VARIANTS.items():
-        plan = SCENARIOS[f"stale_kv_{variant}"]("s", {"mode": mode, "clear_cache": False}, SPEC.vocab_size, 0)
+        clear = sk.CLEARS.get(variant, False)
+        plan = SCENARIOS[f"stale_kv_{variant}"]("s", {"mode": mode, "clear_cache": clear}, SPEC.vocab_size, 0)
         assert f"stale_kv_{variant}" in RUNNERS
-        assert [(p.mode, p.clear_cache) for p in plan.pauses] == [(mode, False)]
+        assert [(p.mode, p.clear_cache) for p in plan.pauses] == [(mode, clear)]
         assert [r.submit for r in plan.requests] == ["start"] * 8 + [("during", 0)] * 5
-        name = f"stale-kv-{variant}"
-        assert BY_SCENARIO[name].modes == (mode,) and BY_SCENARIO[name].profile == "prefix-cache"
+        shape = BY_SCENARIO[f"stale-kv-{variant}"]
+        assert shape.modes == (mode,) and shape.clear_caches == (clear,) and shape.profile == "prefix-cache"
+    with pytest.raises(ValueError, match="clear_cache=True"):
+        sk.StaleKvParams(variant="clear")
 
 
 @pytest.mark.parametrize("bad", [{"mode": "wait"}, {"clear_cache": True}, {"prompt_len": 64}, {"max_tokens": 200},
@@ -150,9 +153,10 @@ def test_preconditions_name_what_is_missing() -> None:
 # --------------------------------------------------------------------------- the command line
 
 
-def test_stale_kv_selects_the_three_variants() -> None:
+def test_stale_kv_selects_every_variant() -> None:
     axis = Cell.table().by_name["scenario"]
-    assert parse_option(axis, "stale_kv", "cpu") == ("stale-kv-keep", "stale-kv-reset", "stale-kv-refused")
+    assert parse_option(axis, "stale_kv", "cpu") == ("stale-kv-keep", "stale-kv-reset", "stale-kv-refused",
+                                                      "stale-kv-running", "stale-kv-clear")
     assert parse_option(axis, "weight_sync,stale-kv-keep", "cpu") == ("weight-sync", "stale-kv-keep")
 
 
