@@ -2,7 +2,8 @@
 (repro.scenarios.stale_kv, the context-cell model).
 
 One engine start (the prefix-cache profile, 0.32.0, async on; the four stale-kv cells without clear_cache): about
-a minute on a small CPU (81 s measured).  Marked nightly: one scenario beyond the one real-engine test per capability that ``tox -e tests`` keeps.
+a minute on a small CPU (81 s measured).  Marked nightly: one scenario beyond the one real-engine test per
+capability that ``tox -e tests`` keeps.
 """
 
 from __future__ import annotations
