@@ -10,8 +10,8 @@ its own.  On an engine holding A (its prefix cache emptied first):
 
 1. W, the warm request, runs alone under A: the shared blocks are cached, computed with A.
 2. ``num_requests`` requests K start (each a prefix-cache hit on W's blocks: the precondition that caching is on);
-   once each has ``pause_after`` tokens the engine pauses (``clear_cache=False``) and the weights are reloaded in
-   place from B (``collective_rpc("reload_weights")``, ``ReloadTransfer``); then, by variant:
+   once each has ``pause_after`` tokens the engine pauses (``clear_cache=False`` but in ``clear``) and the weights
+   are reloaded in place from B (``collective_rpc("reload_weights")``, ``ReloadTransfer``); then, by variant:
 
    * ``keep`` (keep pause): nothing else.  K stay frozen with their KV;
    * ``reset`` (wait pause: K finish under A first): ``reset_prefix_cache()`` on the idle engine;
@@ -34,7 +34,8 @@ flight across the keep pause, may continue on the KV it holds, written by A, by 
 A), the stream that reading A's KV gives, and its prefix-cache hit (``num_cached_tokens``).  Its ``reference`` is
 what fresh KV gives: fresh A for ``before``; A's tokens up to the pause, then B reading B's KV for ``kept``; fresh B
 for ``new``.  The harness judges it (``harness.core.oracle.stale_kv``): STALE-KV for a new request that follows the
-stale stream, OK for a kept one.
+stale stream, OK for a kept one (a kept request recomputed by a reset follows the fresh reference: OK too; on
+vLLM 0.17.0-0.21.0 with async scheduling it loses its first post-resume token, vllm#42043: LOSS(1)).
 """
 
 from __future__ import annotations
