@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from harness.core.cell import Cell
-from harness.core.records import CellResult
 from harness.core.errors import MalformedEvent
 from harness.core.oracle import Outcome, cell_verdict, classify_request
+from harness.core.records import CellResult
 from harness.core.scenarios import BY_SCENARIO, model_mismatch
 from harness.core.streams import StreamRecord
 from harness.frontends.cli import main
