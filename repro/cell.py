@@ -86,8 +86,9 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
 
 
 # Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
-# weight-sync runner says why itself, in its own words, and the plan's runs with any model.
-BIGRAM_RUNNERS = frozenset(set(RUNNERS) - {"weight_sync", "plan"})
+# weight-sync runner says why itself, in its own words, the plan's runs with any model, and the stale-kv ones need
+# the context-cell model (repro.scenarios.stale_kv says so).
+BIGRAM_RUNNERS = frozenset(r for r in RUNNERS if r not in ("weight_sync", "plan") and not r.startswith("stale_kv_"))
 
 
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:

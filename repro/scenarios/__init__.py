@@ -3,7 +3,7 @@
 A scenario that must act on the engine during a pause (weight sync swaps its
 weights, manual reset resets the prefix cache), or whose reference is not the
 engine's plain no-pause run (the engine-profile scenarios: preempt, chunked, sleep,
-spec_ngram, spec_ngram_pause, logitsproc, connector_stale; see ``repro/scenarios/_profile.py``), also has a
+spec_ngram, spec_ngram_pause, logitsproc, connector_stale, stale_kv_*; see ``repro/scenarios/_profile.py``), also has a
 runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls instead of the
 generic reference-then-plan run.  The harness names them by the catalogue
 (``harness.core.scenarios``) with ``-`` spelled ``_``; ``manual-reset-reload``
@@ -31,6 +31,7 @@ from repro.scenarios import (
     rlhf_weight_sync,
     sleep,
     spec_ngram,
+    stale_kv,
     wait,
 )
 from repro.scenarios.base import EngineContext, Plan
@@ -53,6 +54,7 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "connector_stale": connector_stale.build,
     "checkpoint": checkpoint.build,
     "kv_loan": rlhf_weight_sync.build,
+    **{f"stale_kv_{v}": stale_kv.builder(v) for v in stale_kv.VARIANTS},
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
@@ -68,6 +70,7 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "connector_stale": connector_stale.run,
     "checkpoint": checkpoint.run,
     "kv_loan": kv_loan.run,
+    **{f"stale_kv_{v}": stale_kv.runner(v) for v in stale_kv.VARIANTS},
 }
 
 

@@ -45,6 +45,7 @@ class _Stream:
     pauses: list[dict[str, Any]] = field(default_factory=list)
     interrupts: list[dict[str, Any]] = field(default_factory=list)  # in-flight operations it ran through
     rejected: list[str] = field(default_factory=list)  # vLLM's refusals while paused, each retried after resume
+    cached: int | None = None  # the prompt tokens vLLM served from its prefix cache (RequestOutput.num_cached_tokens)
 
     @property
     def key(self) -> str:
@@ -134,6 +135,9 @@ class Driver:
         spec = group[0].spec
         try:
             async for out in self.llm.generate({"prompt_token_ids": spec.prompt}, sp, request_id=spec.rid):
+                cached = getattr(out, "num_cached_tokens", None)
+                for st in group if isinstance(cached, int) and not isinstance(cached, bool) else ():
+                    st.cached = max(st.cached or 0, cached)
                 for comp in out.outputs:
                     self._take(group, comp, "logprobs" in spec.sampling)
                 async with self.cond:
@@ -415,6 +419,8 @@ class Driver:
             "pauses": s.pauses,
             "timings": {"submit": s.t_submit, "first_token": s.t_first, "finish": s.t_finish},
         }
+        if s.cached is not None:
+            rec["num_cached_tokens"] = s.cached
         if s.rejected:
             rec["rejected_while_paused"] = s.rejected
         if s.spec.sampling:

@@ -90,6 +90,9 @@ SCENARIOS: dict[str, NEEDS | str] = {
                   "reads from the engine door's work dir; not wired to the server door yet",
     "connector_stale": "the connector-stale scenario (PR #57970) reads the engine's kv_transfer_config and its "
                        "connector's store and log in the engine door's work dir; not wired to the server door yet",
+    **{f"stale_kv_{v}": "the stale-kv scenarios (issue 37) judge each request by its prefix-cache hit "
+                        "(RequestOutput.num_cached_tokens), which the server door's completions stream does not carry; "
+                        "not wired to the server door yet" for v in ("keep", "reset", "refused", "running", "clear")},
 }
 
 # What a scenario parameter adds to the scenario's needs, or (a str) why the server door cannot play it with that

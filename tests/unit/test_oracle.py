@@ -274,7 +274,7 @@ def test_labels_from_classification() -> None:
 
 def test_request_outcomes_rank_from_best_to_worst() -> None:
     order = [Outcome.OK, Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT, Outcome.GROUP_BROKEN, Outcome.DUPLICATE,
-             Outcome.LOSS, Outcome.DIVERGED, Outcome.ERROR]
+             Outcome.LOSS, Outcome.STALE_KV, Outcome.DIVERGED, Outcome.ERROR]
     assert [o.rank for o in order] == sorted(o.rank for o in order)
     assert len({o.rank for o in Outcome}) == len(Outcome)
     assert {o for o in Outcome if o.is_token_fault} == {
@@ -284,6 +284,7 @@ def test_request_outcomes_rank_from_best_to_worst() -> None:
         Outcome.DUPLICATE,
         Outcome.LOSS,
         Outcome.DIVERGED,
+        Outcome.STALE_KV,
     }
 
 

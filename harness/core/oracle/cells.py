@@ -72,6 +72,9 @@ def cell_verdict(records: Sequence[StreamRecord]) -> CellVerdict:
 def _model_error(records: Sequence[StreamRecord]) -> str | None:
     """Why the engine does not run the model the oracle assumes, or None."""
     for r in records:
+        if not r.reference_matches_model and r.stale_kv is not None:
+            return ("the engine's stream for the stale-kv scenario's warm request under weights A is not the "
+                    "context-cell model's: stale KV would not be visible")
         if not r.reference_matches_model:
             return (f"the engine's no-pause stream for {r.rid} does not follow the bigram cycle; "
                     "token loss would not be visible")

@@ -1,6 +1,7 @@
 """The outcome words of a request and a cell, and the fault events a stream is decomposed into.
 
-Request outcomes, from best to worst: OK, TRUNCATED, DUPLICATE(k at i), LOSS(k at i), DIVERGED(at i), ERROR.
+Request outcomes, from best to worst: OK, TRUNCATED, DUPLICATE(k at i), LOSS(k at i), STALE-KV(at i), DIVERGED(at i),
+ERROR.
 Cell outcomes add CRASH and STALL (findings about vLLM), UNSUPPORTED and TIMEOUT (and ERROR for infrastructure
 failures); a cell that ran takes the worst outcome of its requests.  A :class:`FaultEvent` is one shift of a
 stream against its reference.
@@ -28,6 +29,9 @@ class Outcome(enum.Enum):
     GROUP_BROKEN = "GROUP-BROKEN"
     DUPLICATE = "DUPLICATE"
     LOSS = "LOSS"
+    # A request started after a weight update whose tokens are, token for token, what reading KV the old weights
+    # wrote gives (issue 37, harness.core.oracle.stale_kv): a prefix-cache hit across the update.
+    STALE_KV = "STALE-KV"
     DIVERGED = "DIVERGED"
     # vLLM's own code raised while a scenario drove it (e.g. the scheduler's ``assert
     # request.num_output_placeholders >= 0``, PR #46066): a finding about vLLM, unlike ERROR (the harness,
@@ -57,7 +61,7 @@ class Outcome(enum.Enum):
     def is_token_fault(self) -> bool:
         """A wrong token stream (what the harness hunts), as opposed to infrastructure."""
         return self in (Outcome.LOSS, Outcome.DUPLICATE, Outcome.DIVERGED, Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT,
-                        Outcome.GROUP_BROKEN)
+                        Outcome.GROUP_BROKEN, Outcome.STALE_KV)
 
     @property
     def is_finding(self) -> bool:
@@ -75,7 +79,7 @@ class Outcome(enum.Enum):
 
 _RANK = {o: i for i, o in enumerate((
     Outcome.OK, Outcome.AMBIGUOUS, Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT, Outcome.GROUP_BROKEN, Outcome.DUPLICATE,
-    Outcome.LOSS, Outcome.DIVERGED,
+    Outcome.LOSS, Outcome.STALE_KV, Outcome.DIVERGED,
     Outcome.CRASH, Outcome.STALL, Outcome.FLAKY, Outcome.UNSUPPORTED, Outcome.BUILD_FAILED, Outcome.ERROR,
     Outcome.TIMEOUT))}
 SHIFTS = (Outcome.LOSS, Outcome.DUPLICATE)  # the kinds of fault event, in the order they are tried

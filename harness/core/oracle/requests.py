@@ -10,6 +10,7 @@ from typing import Any
 from harness.core.oracle.ambiguity import NONDETERMINISM_HINT, reference_split, shift_ambiguity, stale_ambiguity
 from harness.core.oracle.outcome import Outcome
 from harness.core.oracle.sampled import is_sampled, logprob_only_verdict, logprob_verdict, with_logprob_evidence
+from harness.core.oracle.stale_kv import stale_kv_verdict
 from harness.core.oracle.streams import StreamVerdict, classify_stream
 from harness.core.streams import StreamRecord
 
@@ -125,6 +126,7 @@ def classify_request(record: StreamRecord) -> RequestVerdict:
     split = reference_split(record)
     judge = _judge_sampled if is_sampled(record) else _judge
     v = StreamVerdict(Outcome.ERROR, detail=record.error) if record.error else judge(record, points, split)
+    v = stale_kv_verdict(record, v)
     return RequestVerdict(record.rid, v, running, pause_index, fpr, split)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from harness.core.oracle.outcome import SHIFTS, FaultEvent, Outcome, events_label
 
 # Outcomes whose label names where the stream went wrong: ``DIVERGED(at 9)``, ``LOGPROB-SHIFT(at 9)``.
-_AT_LABELLED = (Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT, Outcome.GROUP_BROKEN)
+_AT_LABELLED = (Outcome.TRUNCATED, Outcome.LOGPROB_SHIFT, Outcome.GROUP_BROKEN, Outcome.STALE_KV)
 
 
 @dataclass(frozen=True)

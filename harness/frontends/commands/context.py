@@ -18,7 +18,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
+from harness.core.scenarios import model_mismatch
 from harness.envbuild.envs import (
     IndexConfig,
     RecipeFor,
@@ -31,7 +33,7 @@ from harness.envbuild.envs import (
 )
 from harness.frontends.commands.options import DEFAULT_GPU_MEMORY_UTILIZATION
 from harness.plan.engine_args import EngineSetup, engine_setup
-from harness.plan.matrix import parse_versions
+from harness.plan.matrix import parse_option, parse_versions, split_list
 from harness.plan.platforms import choose_platform, choose_wheels
 from harness.plan.releases import INSTALLED, Fetch, wheelhouse_fetch
 from harness.run.context import RunContext
@@ -189,6 +191,18 @@ def check_reports(folder: Path) -> None:
                 made.rmdir()
 
 
+def check_scenario_model(args: argparse.Namespace, setup: EngineSetup) -> None:
+    """BadInput when ``--scenario`` names a scenario the chosen model cannot show (stale-kv without a model that reads
+    its context); ``all`` and the default keep running, such cells UNSUPPORTED with the same reason."""
+    raw = getattr(args, "scenario", None)
+    if raw is None or split_list(raw) == ["all"]:
+        return
+    chosen = parse_option(Cell.table().by_name["scenario"], raw, "cpu", per_platform=False)
+    why = model_mismatch(chosen, setup.model.kind)
+    if why:
+        raise BadInput(why)
+
+
 def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:
     """The common run options as a RunConfig; BadInput names the first bad value."""
     for name in ("num_requests", "max_tokens", "pause_after", "kv_cache_gib"):
@@ -206,6 +220,7 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
     bind = bind_address(args)
     check_reports(args.reports)
     setup = setup_of(args, platform)
+    check_scenario_model(args, setup)
     return RunConfig(
         platform=platform,
         work_dir=args.reports,

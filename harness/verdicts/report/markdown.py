@@ -124,7 +124,15 @@ def _details(cr: CellResult) -> list[str]:
               "reference"]
     lines += md_table(header, rows)
     lines.append("")
-    return lines + _sampled_details(cr)
+    return lines + _sampled_details(cr) + _stale_kv_details(cr)
+
+
+def _stale_kv_details(cr: CellResult) -> list[str]:
+    """Stale-kv requests (issue 37): each request's kind across the weight update (new, kept, before), its prefix-cache
+    hit and what its stream follows (the oracle's detail, harness.core.oracle.stale_kv)."""
+    notes = [f"- `{rid_text(req)}`: {verdict_label(v)}: {v.detail}" for req in cr.requests
+             if "stale_kv" in req.raw and (v := request_verdict(req)).detail]
+    return [*notes, ""] if notes else []
 
 
 def _sampled_details(cr: CellResult) -> list[str]:
