@@ -40,6 +40,10 @@ class EngineProfile:
     # "Memory usage increased after sleeping" (2 of 8 sleep cells ERROR on one shared H200, 2026-12-01).
     gpu_alone: bool = False
 
+    # The model kind (repro.wire.MODEL_KINDS) its engines load when the user names no --model: the scenarios of the
+    # profile need it to show what they check (stale-kv: a model that reads its context).  "" = the run's model.
+    model: str = ""
+
     # Entry points (group, name, "module:attr") staged for this profile's engines only, beside the repro shim's
     # (harness.run.staging.stage_entry_points): a plugin under test that no other engine may load.
     entry_points: tuple[tuple[str, str, str], ...] = ()
@@ -158,7 +162,8 @@ PROFILES: dict[str, EngineProfile] = {
         # attention takes multiples of 32 only), so a prompt's first blocks are a prefix-cache hit for the next
         # request that shares them.
         EngineProfile("prefix-cache", (("enable_prefix_caching", True), ("block_size", 32)),
-                      why="prefix caching on, 32-token blocks: requests sharing a prompt prefix reuse its KV blocks"),
+                      why="prefix caching on, 32-token blocks: requests sharing a prompt prefix reuse its KV blocks",
+                      model="context-cell"),
     )
 }
 

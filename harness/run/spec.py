@@ -46,6 +46,9 @@ class RunConfig:
     # defaults (--preset, --engine-args, --engine-arg; merge_engine_args merges them), and the preset's name.
     model_kind: str = "bigram-cycle"
     model_label: str = "bigram-cycle"
+    # Whether the user chose the model (--model, or a preset's): then every engine loads it, and a scenario that
+    # needs another is bad input; else an engine profile with a model of its own (stale-kv's) loads that one.
+    model_named: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None
     # --bind: the one address every listener of the run's engines binds (repro.bind; issue 35: loopback only).
@@ -100,14 +103,21 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
         engine=EngineSpec(axes=engine_axes(engine), gpu_memory_utilization=cfg.gpu_memory_utilization,
                           extra=merge_engine_args(cfg, profile, extra),
                           sources=engine_arg_sources(cfg, engine.profile, profile, extra)),
-        model_kind=cfg.model_kind,
-        model_params=cfg.model_params,
+        model_kind=model_kind_of(engine, cfg),
+        model_params=cfg.model_params if model_kind_of(engine, cfg) == cfg.model_kind else {},
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
         startup_timeout=cfg.engine_timeout,
         scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
         interactive=interactive,
     )
+
+
+def model_kind_of(engine: EngineKey, cfg: RunConfig) -> str:
+    """The model ``engine`` loads: the user's when named, else its profile's own (stale-kv's context-cell model),
+    else the run's default."""
+    own = PROFILES[engine.profile].model if engine.tier == "engine" else ""
+    return own if own and not cfg.model_named else cfg.model_kind
 
 
 def spec_refusal(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig,

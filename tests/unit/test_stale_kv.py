@@ -171,10 +171,11 @@ def test_a_model_that_cannot_show_stale_kv_is_named_with_the_one_that_can() -> N
     assert parse_model("context-cell", "cpu").kind == "context-cell"
 
 
-def test_stale_kv_with_the_default_model_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stale_kv_with_a_named_model_that_cannot_show_it_exits_2(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     reports = tmp_path / "r"
     assert main(["matrix", "--platform", "cpu", "--versions", "0.21.0", "--scenario", "stale_kv",
-                 "--reports", str(reports)]) == 2
+                 "--model", "bigram-cycle", "--reports", str(reports)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--model context-cell" in err and "bigram-cycle" in err
     assert not reports.exists()
@@ -203,3 +204,17 @@ def test_the_measured_cell_is_as_expected_against_the_shipped_table() -> None:
         if req["rid"].endswith("-shared"):
             req["verdict"].update(outcome="OK", label="OK", at=None)
     assert annotate(CellResult.from_dict(fresh), bugs).expectation.status == "UNEXPECTED"
+
+
+def test_without_a_model_named_the_stale_kv_engines_load_the_context_cell_model(tmp_path: Path) -> None:
+    """The issue's command names no --model: the prefix-cache profile brings its own model, the others keep the
+    run's (harness.run.spec.model_kind_of); a --model the user names wins everywhere."""
+    from harness.run.spec import RunConfig, build_spec
+
+    stale = Cell("0.21.0", "mp", True, "keep", False, scenario="stale-kv-keep")
+    pause = Cell("0.21.0", "mp", True, "keep", True, scenario="pause")
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path / "models")
+    assert build_spec(stale.engine, (stale,), cfg).model_kind == "context-cell"
+    assert build_spec(pause.engine, (pause,), cfg).model_kind == "bigram-cycle"
+    named = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path / "models", model_named=True)
+    assert build_spec(stale.engine, (stale,), named).model_kind == "bigram-cycle"

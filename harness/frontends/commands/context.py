@@ -195,12 +195,17 @@ def check_scenario_model(args: argparse.Namespace, setup: EngineSetup) -> None:
     """BadInput when ``--scenario`` names a scenario the chosen model cannot show (stale-kv without a model that reads
     its context); ``all`` and the default keep running, such cells UNSUPPORTED with the same reason."""
     raw = getattr(args, "scenario", None)
-    if raw is None or split_list(raw) == ["all"]:
+    if raw is None or split_list(raw) == ["all"] or not model_named(args, setup):
         return
     chosen = parse_option(Cell.table().by_name["scenario"], raw, "cpu", per_platform=False)
     why = model_mismatch(chosen, setup.model.kind)
     if why:
         raise BadInput(why)
+
+
+def model_named(args: argparse.Namespace, setup: EngineSetup) -> bool:
+    """Whether the user chose the run's model (``--model``, or a preset that names one)."""
+    return getattr(args, "model", None) is not None or setup.model.kind != "bigram-cycle"
 
 
 def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfig:
@@ -235,6 +240,7 @@ def run_config(args: argparse.Namespace, platform: str, cache: Path) -> RunConfi
         model_kind=setup.model.kind,
         model_params=setup.model.params,
         model_label=setup.model.label,
+        model_named=model_named(args, setup),
         engine_args=setup.engine_args,
         preset=setup.preset,
         bind=bind,

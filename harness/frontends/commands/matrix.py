@@ -161,7 +161,7 @@ def pending_plan(setup: MatrixSetup, platform: str, kept: Iterable[CellResult]) 
     done_ids = {r.id for r in kept}
     # On a cluster GPUs are per node: TP cells are not judged by the driver's own GPUs.
     return plan_cells([c for c in setup.selection.cells() if c.id not in done_ids], platform,
-                      None if setup.target else setup.n_gpus, setup.cfg.model_kind)
+                      None if setup.target else setup.n_gpus, setup.cfg.model_kind if setup.cfg.model_named else None)
 
 
 def run_engines(ctx: Context, setup: MatrixSetup, plan: MatrixPlan, jsonl: Path,
