@@ -7,10 +7,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.core.errors import BadInput
 from harness.frontends.commands.base import Command, CommandGroup
 from harness.frontends.commands.cellrun import add_check_options, checked_versions, checked_versions_options, run_cells
 from harness.frontends.commands.context import Context
 from harness.frontends.commands.fwbisect import FrameworksBisect
+from harness.frontends.commands.fwclient import CLIENT, add_client_options
 from harness.frontends.commands.fwdrift import FrameworksDrift
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
@@ -165,21 +167,39 @@ class FrameworksCheck(Command):
         _add_selection(parser)
         parser.add_argument("--no-stand-in", action="store_true",
                             help="do not also run server-door recipes through the engine door")
+        add_client_options(parser)
         add_check_options(parser, reports="reports/frameworks")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from dataclasses import replace
+
+        from harness.frontends.commands.fwclient import error_results, on_client_door, setup_client
         from harness.verdicts.framework_verdicts import check_frameworks
         from harness.verdicts.frameworks import compile_recipes, unique_cells
         from harness.verdicts.report import write_reports
 
         recipes = selected_recipes(args)
+        if args.framework_version and args.door != CLIENT:
+            raise BadInput("--framework-version needs --door client (the recipes replay a reading of one commit)")
         versions = _versions_by_recipe(ctx, args, recipes)
         stand_ins = not args.no_stand_in
-        results, reports = run_cells(ctx, unique_cells(compile_recipes(recipes, versions, stand_ins)),
+        header: list[str] = []
+        cfg, settled = ctx.run_config, []
+        cells = unique_cells(compile_recipes(on_client_door(recipes) if args.door == CLIENT else recipes,
+                                             versions, stand_ins))
+        if args.door == CLIENT:
+            setup = setup_client(ctx, args, recipes)
+            recipes, header = on_client_door(recipes), setup.lines()
+            if setup.env is None:
+                settled = error_results(setup, cells)
+                cells = [c for c in cells if c.door != CLIENT]
+            else:
+                cfg = replace(cfg, client=setup.env.to_spec())
+        results, reports = run_cells(ctx, cells,
                                      f"frameworks check: {len(recipes)} framework(s) x {len(versions)} version(s)",
-                                     args.reports)
+                                     args.reports, cfg, settled)
         write_reports(results, reports)
-        lines = render_report(check_frameworks(recipes, versions, results.cells, stand_ins))
+        lines = [*header, *render_report(check_frameworks(recipes, versions, results.cells, stand_ins))]
         (reports / "frameworks.md").write_text("\n".join(lines) + "\n", "utf-8")
         print("\n".join(lines))
         print(f"reports: {reports}")
