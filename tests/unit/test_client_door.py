@@ -206,7 +206,7 @@ def test_error_results_only_for_client_cells() -> None:
 @pytest.mark.parametrize(("argv", "says"), [
     (["--door", "client", "--framework", "skyrl"], "no client door yet"),
     (["--door", "client"], "one framework at a time"),
-    (["--framework", "trl", "--framework-version", "1.16.0"], "--framework-version needs --door client"),
+    (["--framework", "trl", "--framework-version", "1.16.0"], "--framework-version and --no-recipe-door need"),
     (["--door", "client", "--framework", "trl", "--framework-version", "2.0"], "the index has: 1.0.0, 1.0.1"),
 ])
 def test_bad_client_door_input_exits_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,

@@ -171,35 +171,26 @@ class FrameworksCheck(Command):
         add_check_options(parser, reports="reports/frameworks")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from dataclasses import replace
-
-        from harness.frontends.commands.fwclient import error_results, on_client_door, setup_client
+        from harness.frontends.commands.fwclient import client_run
         from harness.verdicts.framework_verdicts import check_frameworks
         from harness.verdicts.frameworks import compile_recipes, unique_cells
         from harness.verdicts.report import write_reports
 
         recipes = selected_recipes(args)
-        if args.framework_version and args.door != CLIENT:
-            raise BadInput("--framework-version needs --door client (the recipes replay a reading of one commit)")
+        if (args.framework_version or args.no_recipe_door) and args.door != CLIENT:
+            raise BadInput("--framework-version and --no-recipe-door need --door client")
         versions = _versions_by_recipe(ctx, args, recipes)
         stand_ins = not args.no_stand_in
-        header: list[str] = []
-        cfg, settled = ctx.run_config, []
-        cells = unique_cells(compile_recipes(on_client_door(recipes) if args.door == CLIENT else recipes,
-                                             versions, stand_ins))
-        if args.door == CLIENT:
-            setup = setup_client(ctx, args, recipes)
-            recipes, header = on_client_door(recipes), setup.lines()
-            if setup.env is None:
-                settled = error_results(setup, cells)
-                cells = [c for c in cells if c.door != CLIENT]
-            else:
-                cfg = replace(cfg, client=setup.env.to_spec())
+        run = client_run(ctx, args, recipes, versions, stand_ins) if args.door == CLIENT else None
+        cells = run.cells if run else unique_cells(compile_recipes(recipes, versions, stand_ins))
         results, reports = run_cells(ctx, cells,
                                      f"frameworks check: {len(recipes)} framework(s) x {len(versions)} version(s)",
-                                     args.reports, cfg, settled)
+                                     args.reports, run.cfg if run else None, run.settled if run else ())
         write_reports(results, reports)
-        lines = [*header, *render_report(check_frameworks(recipes, versions, results.cells, stand_ins))]
+        judged = run.recipes if run else recipes
+        lines = render_report(check_frameworks(judged, versions, results.cells, stand_ins))
+        if run:
+            lines = [*run.header, *lines, *run.agreement(results.cells)]
         (reports / "frameworks.md").write_text("\n".join(lines) + "\n", "utf-8")
         print("\n".join(lines))
         print(f"reports: {reports}")
@@ -211,20 +202,29 @@ class FrameworksReport(Command):
     help = "the framework verdicts from results already written (a frameworks check's results.json, any matrix's)"
 
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("results", type=Path, help="a results.json(.gz) or results.jsonl")
+        parser.add_argument("results", type=Path, nargs="+",
+                            help="results.json(.gz/.xz) or results.jsonl files (a later file's cell wins)")
         _add_selection(parser)
         parser.add_argument("--no-stand-in", action="store_true",
                             help="leave out the engine-door stand-ins of server-door recipes")
+        parser.add_argument("--door", choices=(CLIENT,), default=None,
+                            help="client: the verdicts of the client door's cells, and the agreement of the doors")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.frontends.commands.fwclient import on_client_door
+        from harness.verdicts.agreement import agreement, render_agreement
         from harness.verdicts.framework_verdicts import check_frameworks, versions_with_results
         from harness.verdicts.results import read_results
 
         recipes = selected_recipes(args)
-        results = read_results(args.results)
+        cells = [c for path in args.results for c in read_results(path).cells]
         stand_ins = not args.no_stand_in
-        versions = versions_with_results(recipes, results.cells, stand_ins)
-        print("\n".join(render_report(check_frameworks(recipes, versions, results.cells, stand_ins))))
+        judged = on_client_door(recipes) if args.door == CLIENT else recipes
+        versions = versions_with_results(judged, cells, stand_ins)
+        lines = render_report(check_frameworks(judged, versions, cells, stand_ins))
+        if args.door == CLIENT:
+            lines += render_agreement([a for r in recipes for a in agreement(r, versions[r.name], cells)])
+        print("\n".join(lines))
         return 0
 
 

@@ -5,6 +5,7 @@ environment (``harness.envbuild.client_env``), pauses and resumes the project's 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from harness.frontends.commands.context import Context
 if TYPE_CHECKING:
     from harness.envbuild.client_env import ClientEnv
     from harness.plan.matrix import Cell
+    from harness.run.spec import RunConfig
     from harness.verdicts.frameworks import Recipe
     from harness.verdicts.results import CellResult
     from repro.client.clients import Client
@@ -29,6 +31,9 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--framework-version", default=None, metavar="VERSION",
                         help="with --door client: the framework release to install (default: the newest release "
                              "on the index that installs)")
+    parser.add_argument("--no-recipe-door", action="store_true",
+                        help="with --door client: do not also run the recipe on the framework's own door (the "
+                             "agreement table then compares the client door with the engine-door stand-in only)")
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,51 @@ def setup_client(ctx: Context, args: argparse.Namespace, recipes: tuple[Recipe, 
 
 def on_client_door(recipes: tuple[Recipe, ...]) -> tuple[Recipe, ...]:
     return tuple(replace(r, door=CLIENT) for r in recipes)
+
+
+@dataclass(frozen=True)
+class ClientRun:
+    """What ``frameworks check --door client`` runs: the cells (the client door's, the stand-ins', and the recipe's
+    on its own door), the run settings carrying the client, the cells settled as ERROR, the recipes judged."""
+
+    setup: ClientSetup
+    originals: tuple[Recipe, ...]
+    recipes: tuple[Recipe, ...]  # on the client door
+    versions: Mapping[str, tuple[str, ...]]
+    cells: list[Cell]
+    cfg: RunConfig
+    settled: tuple[CellResult, ...]
+
+    @property
+    def header(self) -> list[str]:
+        return [*self.setup.lines(), ""]
+
+    def agreement(self, results: Iterable[CellResult]) -> list[str]:
+        """The agreement table of the doors that ran (issue 36 item 5)."""
+        from harness.verdicts.agreement import agreement, render_agreement
+
+        rs = list(results)
+        rows = [a for r in self.originals for a in agreement(r, self.versions[r.name], rs)]
+        return ["agreement of the doors (the same cells; a disagreement is a finding):", *render_agreement(rows)]
+
+
+def client_run(ctx: Context, args: argparse.Namespace, recipes: tuple[Recipe, ...],
+               versions: Mapping[str, tuple[str, ...]], stand_ins: bool) -> ClientRun:
+    """The client door's run: its client installed (or its cells ERROR), the recipe on its own door beside it
+    unless ``--no-recipe-door``."""
+    from harness.verdicts.frameworks import SEQUENCE, compile_recipes, unique_cells
+
+    setup = setup_client(ctx, args, recipes)
+    on_client = on_client_door(recipes)
+    compiled = list(compile_recipes(on_client, versions, stand_ins))
+    if not args.no_recipe_door:
+        compiled += [c for c in compile_recipes(recipes, versions, False) if c.role == SEQUENCE]
+    cells = unique_cells(compiled)
+    cfg = ctx.run_config
+    if setup.env is None:
+        return ClientRun(setup, recipes, on_client, versions, [c for c in cells if c.door != CLIENT], cfg,
+                         tuple(error_results(setup, cells)))
+    return ClientRun(setup, recipes, on_client, versions, cells, replace(cfg, client=setup.env.to_spec()), ())
 
 
 def error_results(setup: ClientSetup, cells: list[Cell]) -> list[CellResult]:
