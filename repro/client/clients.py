@@ -41,6 +41,7 @@ class Client:
     pause_sent: str  # the request as the server's access log shows it
     resume_sent: str
     requires_python: str = ">=3.11"
+    probes: tuple[str, ...] = ()  # client methods called once at start-up, their outcome recorded (not judged)
 
     def method(self, call: str) -> str | None:
         return dict(self.calls).get(call)
@@ -57,7 +58,9 @@ CLIENTS: dict[str, Client] = {
         requirements=("requests", "urllib3", "idna", "certifi", "charset-normalizer", "packaging"),
         calls=(("pause_generation", "pause"), ("resume_generation", "resume")),
         pause_mode="keep", pause_clear_cache=True,
-        pause_sent='"POST /pause?mode=keep HTTP/1.1" 200', resume_sent='"POST /resume HTTP/1.1" 200'),
+        pause_sent='"POST /pause?mode=keep HTTP/1.1" 200', resume_sent='"POST /resume HTTP/1.1" 200',
+        # async_grpo_trainer.py:1411: a PEFT model's start-up reads /server_info through get_server_info().
+        probes=("get_server_info",)),
 }
 
 STANDINS: tuple[StandIn, ...] = (

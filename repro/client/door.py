@@ -199,4 +199,8 @@ def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, 
         side.close()
         raise
     facts = {k: facts.get(k) for k in ("framework", "version", "module", "cls", "file", "standins")}
+    for method in client.probes:
+        # Start-up calls the framework makes besides the pauses (TRL: get_server_info, GET /server_info, which a
+        # PEFT model needs): recorded with every scenario, judged by nothing.
+        facts[method] = side.call(method)
     return ClientLLM(http, client, side, facts, log_dir / "server.log")
