@@ -36,7 +36,12 @@ READY_TIMEOUT = 120.0  # the side process imports the framework (seconds on a bu
 
 
 class ClientUnavailable(Exception):
-    """The framework's client could not be started (no side environment, or its import failed)."""
+    """The framework's client could not be started: none was given (``unsupported``: the cell cannot run as
+    labelled), or its side environment or import failed (an error)."""
+
+    def __init__(self, message: str, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
 
 
 class SideProcess:
@@ -185,8 +190,8 @@ def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Se
 def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, log_dir: Path) -> ClientLLM:
     """The framework's client for this engine's cells; ClientUnavailable with the reason when it cannot run."""
     if not spec_client:
-        raise ClientUnavailable("door=client needs a framework client (vllm-repro frameworks check --door client "
-                                "--framework NAME builds its side environment)")
+        raise ClientUnavailable("door=client needs a framework's client (vllm-repro frameworks check --door client "
+                                "--framework NAME builds its side environment)", unsupported=True)
     if spec_client.get("error"):
         raise ClientUnavailable(str(spec_client["error"]))
     client = CLIENTS.get(str(spec_client.get("framework")))

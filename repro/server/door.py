@@ -45,6 +45,15 @@ async def _play(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float
     await run_cell(llm, sc, ctx, timeout, problem, emit)
 
 
+def _refused_client(spec: Spec, refuse_all: Callable[[str], None]) -> bool:
+    """``matrix --door client`` names no framework: its cells are UNSUPPORTED, and no server is started."""
+    if spec.engine.axes.get("door") != "client" or spec.client:
+        return False
+    refuse_all("door=client needs a framework's client (vllm-repro frameworks check --door client --framework "
+               "NAME builds its side environment)")
+    return True
+
+
 def _with_client(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> Any:
     """The adapter the scenarios drive: the HTTP one, or on the client door the framework's client around it
     (``repro.client.door``); None when the framework's client cannot run (each scenario then ERROR, its reason)."""
@@ -56,7 +65,8 @@ def _with_client(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> 
         llm = open_client(http, spec.client, url, log_dir)
     except ClientUnavailable as exc:
         for sc in spec.scenarios:
-            emit("scenario", id=sc.id, status="error", reason=f"door=client: {exc}")
+            emit("scenario", id=sc.id, status="unsupported" if exc.unsupported else "error",
+                 reason=f"door=client: {exc}")
         return None
     return llm
 
@@ -76,6 +86,8 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
 
     from repro.server.http_llm import HttpLLM, ServerError
 
+    if _refused_client(spec, refuse_all):
+        return
     port = server_port()
     try:
         module = server_main()

@@ -217,3 +217,22 @@ def test_bad_client_door_input_exits_2(argv: list[str], says: str, monkeypatch: 
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_the_docs_list_every_standin_in_one_table() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "frameworks.md").read_text()
+    rows = [ln for ln in docs.splitlines() if ln.startswith("| TRL | `")]
+    assert sorted(ln.split("`")[1] for ln in rows) == sorted(s.module for s in STANDINS)
+
+
+@pytest.mark.parametrize(("given", "unsupported", "says"), [
+    (None, True, "needs a framework's client"),
+    ({"framework": "trl", "error": "installing trl==1.16.0 failed: boom"}, False, "boom"),
+    ({"framework": "nope", "python": "py"}, False, "no client door for 'nope'"),
+])
+def test_a_client_that_cannot_run(given: dict[str, Any] | None, unsupported: bool, says: str, tmp_path: Path) -> None:
+    from repro.client.door import ClientUnavailable, open_client
+
+    with pytest.raises(ClientUnavailable, match=says) as exc:
+        open_client(_Http(), given, "http://x", tmp_path)  # type: ignore[arg-type]
+    assert exc.value.unsupported is unsupported
