@@ -236,3 +236,21 @@ def test_a_client_that_cannot_run(given: dict[str, Any] | None, unsupported: boo
     with pytest.raises(ClientUnavailable, match=says) as exc:
         open_client(_Http(), given, "http://x", tmp_path)  # type: ignore[arg-type]
     assert exc.value.unsupported is unsupported
+
+
+def test_matrix_door_client_without_a_framework_starts_no_server(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    import types
+
+    from repro.server import door
+
+    def started(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a server was started for cells that cannot run")
+
+    monkeypatch.setitem(sys.modules, "httpx", types.ModuleType("httpx"))  # in vLLM's envs, not the dev venv's
+    monkeypatch.setattr(door.Server, "start", started)
+    refused: list[str] = []
+    spec = types.SimpleNamespace(engine=types.SimpleNamespace(axes={"door": "client"}), client=None)
+    asyncio.run(door.run_server_door(spec, None, {}, {}, {}, lambda *a, **k: None, refused.append,  # type: ignore[arg-type]
+                                     tmp_path))
+    assert len(refused) == 1 and "door=client needs a framework's client" in refused[0]
