@@ -63,6 +63,20 @@ CLIENTS: dict[str, Client] = {
         probes=("get_server_info",)),
 }
 
+# The frameworks whose own client does not run on the client door yet, and why: they stay on their recipes.
+NO_CLIENT: dict[str, str] = {
+    "skyrl": "skyrl 0.4.0 needs Python >= 3.12 (its weight-sync client needs a side environment of its own Python; "
+             "the harness's envs are 3.11) and syncs weights with /start_weight_update, /update_weights, "
+             "/finish_weight_update over NCCL",
+    "areal": "AReaL's entry point is a patched vLLM server (areal_vllm_server.py wraps build_app): it installs into "
+             "the vLLM environment, not beside it; not built yet",
+    "openrlhf": "its rollout actor is a Ray actor around AsyncLLMEngine: stand-ins for ray are not built yet",
+    "verl": "its vLLM HTTP server needs ray and tensordict stand-ins, not built yet",
+    "prime-rl": "no usable release on the package index (the framework ships from its repository)",
+    "pipelinerl": "no usable release on the package index (the framework ships from its repository)",
+    "nemo-rl": "no usable release on the package index (the framework ships from its repository)",
+}
+
 STANDINS: tuple[StandIn, ...] = (
     StandIn("trl", "trl.experimental.async_grpo", "package-init", (),
             "the package's __init__ imports AsyncGRPOTrainer and AsyncGRPOConfig (torch, transformers, datasets, "

@@ -156,6 +156,14 @@ def test_every_standin_says_why_and_what_still_runs() -> None:
     assert all(s.reason and s.unchanged for s in STANDINS)
 
 
+def test_every_recipe_has_a_client_door_or_says_why_not() -> None:
+    from harness.verdicts.frameworks import load_recipes
+    from repro.client.clients import NO_CLIENT
+
+    names = {r.name for r in load_recipes()}
+    assert names == set(CLIENTS) | set(NO_CLIENT) and not set(CLIENTS) & set(NO_CLIENT)
+
+
 def _fetch(package: str, _index: str | None) -> list[Release]:
     return [Release("1.0.0", ("any",), ">=3.9", False), Release("1.1.0", ("any",), ">=3.12", False),
             Release("1.2.0rc1", ("any",), None, False), Release("0.9.0", ("any",), None, True),
@@ -204,7 +212,7 @@ def test_error_results_only_for_client_cells() -> None:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--door", "client", "--framework", "skyrl"], "no client door yet"),
+    (["--door", "client", "--framework", "skyrl"], "skyrl has no client door yet (skyrl 0.4.0 needs Python >= 3.12"),
     (["--door", "client"], "one framework at a time"),
     (["--framework", "trl", "--framework-version", "1.16.0"], "--framework-version and --no-recipe-door need"),
     (["--door", "client", "--framework", "trl", "--framework-version", "2.0"], "the index has: 1.0.0, 1.0.1"),

@@ -184,7 +184,8 @@ class FrameworksCheck(Command):
         run = client_run(ctx, args, recipes, versions, stand_ins) if args.door == CLIENT else None
         cells = run.cells if run else unique_cells(compile_recipes(recipes, versions, stand_ins))
         results, reports = run_cells(ctx, cells,
-                                     f"frameworks check: {len(recipes)} framework(s) x {len(versions)} version(s)",
+                                     f"frameworks check: {len(recipes)} framework(s) x "
+                                     f"{len({v for vs in versions.values() for v in vs})} version(s)",
                                      args.reports, run.cfg if run else None, run.settled if run else ())
         write_reports(results, reports)
         judged = run.recipes if run else recipes

@@ -62,15 +62,19 @@ class ClientSetup:
 
 def client_for(recipes: tuple[Recipe, ...]) -> Client:
     """The one framework's client (BadInput: none, several, or a framework without a client door)."""
-    from repro.client.clients import CLIENTS
+    from repro.client.clients import CLIENTS, NO_CLIENT
 
     if len(recipes) != 1:
         raise BadInput(f"--door client runs one framework at a time; give --framework with one of: "
                        f"{', '.join(CLIENTS)}")
-    client = CLIENTS.get(recipes[0].name)
+    name = recipes[0].name
+    client = CLIENTS.get(name)
+    if client is None and name in NO_CLIENT:
+        raise BadInput(f"{name} has no client door yet ({NO_CLIENT[name]}); it stays on its recipe; client doors: "
+                       f"{', '.join(CLIENTS)}")
     if client is None:
-        raise bad_choice("framework for --door client (no client door yet; it stays on its recipe)",
-                         recipes[0].name, tuple(CLIENTS))
+        raise bad_choice("framework for --door client (no client door yet; it stays on its recipe)", name,
+                         tuple(CLIENTS))
     return client
 
 
