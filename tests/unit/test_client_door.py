@@ -262,3 +262,36 @@ def test_matrix_door_client_without_a_framework_starts_no_server(monkeypatch: py
     asyncio.run(door.run_server_door(spec, None, {}, {}, {}, lambda *a, **k: None, refused.append,  # type: ignore[arg-type]
                                      tmp_path))
     assert len(refused) == 1 and "door=client needs a framework's client" in refused[0]
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--client", "trl"], "--client needs the client door: add --door client (or all)"),
+    (["--door", "client", "--client", "nope"], "unknown --client framework 'nope'; valid choices: trl"),
+    (["--door", "client", "--client", "trl==2.0"], "unknown --framework-version '2.0' for trl"),
+])
+def test_matrix_client_bad_input_exits_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setattr(ce, "fetch_releases", _fetch)
+    monkeypatch.setattr(ce, "_python_version", lambda _: "3.11.7")
+    assert main(["matrix", *argv, "--versions", "0.21.0", "--platform", "cpu",
+                 "--reports", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_matrix_client_carries_the_env_or_its_install_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from harness.frontends.commands.fwclient import matrix_client
+
+    ctx = SimpleNamespace(python="3.11", index=ce.IndexConfig(), cache=Path("/nonexistent"))
+    monkeypatch.setattr(ce, "fetch_releases", _fetch)
+    monkeypatch.setattr(ce, "_python_version", lambda _: "3.11.7")
+
+    def fails(*_: Any, **__: Any) -> ce.ClientEnv:
+        raise ce.ClientEnvError("installing trl==1.0.0 failed: boom")
+    monkeypatch.setattr(ce, "ensure_client_env", fails)
+    assert matrix_client(ctx, "trl==1.0.0") == {"framework": "trl", "error": "installing trl==1.0.0 failed: boom"}  # type: ignore[arg-type]
+    monkeypatch.setattr(ce, "ensure_client_env", lambda c, v, *_: ce.ClientEnv("trl", v, "/py", Path("/e")))
+    assert matrix_client(ctx, "trl") == {"framework": "trl", "version": "1.0.1", "python": "/py"}  # type: ignore[arg-type]

@@ -80,11 +80,34 @@ def client_for(recipes: tuple[Recipe, ...]) -> Client:
 
 def setup_client(ctx: Context, args: argparse.Namespace, recipes: tuple[Recipe, ...]) -> ClientSetup:
     """Resolve the release (BadInput for an unknown one, before anything is written) and build its env."""
+    return install_client(ctx, client_for(recipes), args.framework_version)
+
+
+def add_matrix_client_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--client", default=None, metavar="NAME[==VERSION]",
+                        help="the cells of the client door (--door client or all): the RL framework whose released "
+                             "client pauses and resumes the server (e.g. trl or trl==1.16.0; default: none, those "
+                             "cells UNSUPPORTED)")
+
+
+def matrix_client(ctx: Context, raw: str) -> dict[str, str]:
+    """``matrix --client NAME[==VERSION]``: the spec's client (its env built), or its install error (the cells are
+    then ERROR with it); BadInput for an unknown framework or release."""
+    from repro.client.clients import CLIENTS
+
+    name, _, version = raw.partition("==")
+    if name not in CLIENTS:
+        raise bad_choice("--client framework", name, tuple(CLIENTS))
+    setup = install_client(ctx, CLIENTS[name], version or None)
+    return setup.env.to_spec() if setup.env else {"framework": name, "error": setup.error}
+
+
+def install_client(ctx: Context, client: Client, asked: str | None) -> ClientSetup:
+    """The release to run (``asked``, else the newest that installs) in its side environment."""
     from harness.envbuild import client_env as ce
 
-    client = client_for(recipes)
     pv = ce._python_version(ctx.python)
-    versions = ce.chosen_versions(client, args.framework_version, ce.releases(client, ctx.index, pv))
+    versions = ce.chosen_versions(client, asked, ce.releases(client, ctx.index, pv))
     env, failures = ce.newest_that_installs(
         client, versions, lambda v: ce.ensure_client_env(client, v, ctx.cache, ctx.python, ctx.index, pv))
     return ClientSetup(client, env, failures)
