@@ -94,6 +94,7 @@ class ClientLLM:
         self.http, self.client, self.side, self.facts, self.server_log = http, client, side, facts, server_log
         self.calls: list[dict[str, Any]] = []
         self.who = f"{client.framework} {facts.get('version')} {client.module}.{client.cls}"
+        self.want_async = True  # the cell's async axis (open_client sets it from the spec)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.http, name)
@@ -136,7 +137,7 @@ class ClientLLM:
                     f.seek(offset)
                     text = f.read().decode("utf-8", "replace")
                 fields["precondition"] = precondition(self.client, fields.get("records") or [], self.calls, text,
-                                                      fields.get("probe_after") or {}, self.who)
+                                                      fields.get("probe_after") or {}, self.who, self.want_async)
                 fields["client"] = {**self.facts, "calls": list(self.calls)}
             forward(kind, **fields)  # a pass-through: the event named by its caller
 
@@ -149,20 +150,24 @@ def _in_flight(records: Sequence[Mapping[str, Any]]) -> list[str]:
             if any(p.get("frozen") and p.get("engine_tokens") is not None for p in r.get("pauses") or [])]
 
 
-def _core_async(probe: Mapping[str, Any]) -> tuple[bool, str]:
+def _core_async(probe: Mapping[str, Any], want: bool) -> tuple[bool, str]:
+    """Whether EngineCore itself runs the cell's async setting: its config and its scheduler class agree with it."""
     core = probe.get("core") or {}
     cls = str(core.get("scheduler_class") or "")
-    met = core.get("async_scheduling") is True and cls.endswith("AsyncScheduler")
+    met = core.get("async_scheduling") is want and bool(cls) and cls.endswith("AsyncScheduler") is want
     return met, f"EngineCore async_scheduling={core.get('async_scheduling')} scheduler {cls.rsplit('.', 1)[-1] or '?'}"
 
 
 def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-                 access_log: str, probe_after: Mapping[str, Any], who: str = "") -> dict[str, Any]:
-    """The client-door cell's precondition (strict: unmet, the cell is not judged), with its evidence."""
+                 access_log: str, probe_after: Mapping[str, Any], who: str = "", want_async: bool = True
+                 ) -> dict[str, Any]:
+    """The client-door cell's precondition (strict: unmet, the cell is not judged), with its evidence; ``want_async``:
+    the cell's async axis (async on: async scheduling must be in effect inside EngineCore)."""
     problems: list[str] = []
-    core_ok, core_text = _core_async(probe_after)
+    core_ok, core_text = _core_async(probe_after, want_async)
     if not core_ok:
-        problems.append(f"async scheduling not in effect inside EngineCore ({core_text})")
+        problems.append(f"async scheduling {'not ' if want_async else ''}in effect inside EngineCore, the cell asks "
+                        f"async {'on' if want_async else 'off'} ({core_text})")
     held = _in_flight(records)
     if not held:
         problems.append("no request was in flight (held frozen by the engine) when the pause returned")
@@ -187,7 +192,8 @@ def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Se
             "evidence": evidence}
 
 
-def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, log_dir: Path) -> ClientLLM:
+def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, log_dir: Path,
+                want_async: bool = True) -> ClientLLM:
     """The framework's client for this engine's cells; ClientUnavailable with the reason when it cannot run."""
     if not spec_client:
         raise ClientUnavailable("door=client needs a framework's client (vllm-repro frameworks check --door client "
@@ -208,4 +214,6 @@ def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, 
         # Start-up calls the framework makes besides the pauses (TRL: get_server_info, GET /server_info, which a
         # PEFT model needs): recorded with every scenario, judged by nothing.
         facts[method] = side.call(method)
-    return ClientLLM(http, client, side, facts, log_dir / "server.log")
+    llm = ClientLLM(http, client, side, facts, log_dir / "server.log")
+    llm.want_async = want_async
+    return llm

@@ -62,7 +62,7 @@ def _with_client(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> 
     from repro.client.door import ClientUnavailable, open_client
 
     try:
-        llm = open_client(http, spec.client, url, log_dir)
+        llm = open_client(http, spec.client, url, log_dir, bool(spec.engine.axes.get("async_scheduling", True)))
     except ClientUnavailable as exc:
         for sc in spec.scenarios:
             emit("scenario", id=sc.id, status="unsupported" if exc.unsupported else "error",

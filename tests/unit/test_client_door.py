@@ -38,6 +38,13 @@ LOG = ('INFO:     127.0.0.1:4001 - "POST /v1/completions HTTP/1.1" 200 OK\n'
        'INFO:     127.0.0.1:4003 - "POST /resume HTTP/1.1" 200 OK\n')
 
 
+def test_an_async_off_cell_needs_async_off_inside_enginecore() -> None:
+    off = {"core": {"async_scheduling": False, "scheduler_class": "vllm.v1.core.sched.scheduler.Scheduler"}}
+    assert precondition(TRL, HELD, CALLS, LOG, off, want_async=False)["met"]
+    pre = precondition(TRL, HELD, CALLS, LOG, CORE_ASYNC, want_async=False)
+    assert not pre["met"] and "async scheduling in effect inside EngineCore, the cell asks async off" in pre["what"]
+
+
 def test_precondition_met_names_the_evidence() -> None:
     pre = precondition(TRL, HELD, CALLS, LOG, CORE_ASYNC, "trl 1.16.0 VLLMClient")
     assert pre["met"] and pre["strict"]
