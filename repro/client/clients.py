@@ -42,6 +42,7 @@ class Client:
     resume_sent: str
     requires_python: str = ">=3.11"
     probes: tuple[str, ...] = ()  # client methods called once at start-up, their outcome recorded (not judged)
+    swap: str = ""  # how a weight-sync cell swaps weights on this door, and why not the framework's own way
 
     def method(self, call: str) -> str | None:
         return dict(self.calls).get(call)
@@ -60,7 +61,10 @@ CLIENTS: dict[str, Client] = {
         pause_mode="keep", pause_clear_cache=True,
         pause_sent='"POST /pause?mode=keep HTTP/1.1" 200', resume_sent='"POST /resume HTTP/1.1" 200',
         # async_grpo_trainer.py:1411: a PEFT model's start-up reads /server_info through get_server_info().
-        probes=("get_server_info",)),
+        probes=("get_server_info",),
+        swap="the harness's reload (POST /collective_rpc reload_weights, from disk): TRL's own swap "
+             "(start_weight_update, update_weights, finish_weight_update beside an NCCL broadcast, "
+             "vllm_client.py:153-173) needs CUDA"),
 }
 
 # The frameworks whose own client does not run on the client door yet, and why: they stay on their recipes.
@@ -86,7 +90,8 @@ STANDINS: tuple[StandIn, ...] = (
     StandIn("trl", "accelerate.logging", "module", ("get_logger",),
             "accelerate imports torch; vllm_client.py takes only get_logger from it (vllm_client.py:17,26) for "
             "logger.info in wait_for_server_ready; the stand-in returns logging.getLogger(name)",
-            "VLLMClient.__init__, pause, resume (vllm_client.py:45-50,133-143): every line the door calls"),
+            "VLLMClient.__init__, get_server_info, pause, resume (vllm_client.py:45-50,93-97,133-143): every line "
+            "the door calls"),
 )
 
 

@@ -216,6 +216,10 @@ def test_error_results_only_for_client_cells() -> None:
     (res,) = error_results(setup, cells)
     assert res.outcome is Outcome.ERROR and res.reason == "door=client: installing trl==1.16.0 failed: boom"
     assert setup.lines()[0] == "client door: trl: ERROR: installing trl==1.16.0 failed: boom"
+    ok = ClientSetup(TRL, ce.ClientEnv("trl", "1.16.0", "py", Path("/e")), ())
+    lines = ok.lines()
+    assert lines[0].startswith("client door: trl 1.16.0, trl.experimental.async_grpo.vllm_client.VLLMClient")
+    assert "weight swap in weight-sync cells: the harness's reload" in lines[1]
 
 
 @pytest.mark.parametrize(("argv", "says"), [

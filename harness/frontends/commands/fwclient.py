@@ -57,6 +57,7 @@ class ClientSetup:
                 f"({', '.join(f'{m}()' for _, m in c.calls)}), side environment {self.env.path}"
                 if self.env else f"client door: {c.package}: ERROR: {self.error}")
         return [head, *(f"  not installed: {f}" for f in self.failures if self.env),
+                *([f"  weight swap in weight-sync cells: {c.swap}"] if c.swap else []),
                 *(f"  stand-in {s.module}: {s.reason}; unchanged: {s.unchanged}" for s in standins(c.framework))]
 
 
