@@ -270,12 +270,13 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
     model = load_model(spec.model_kind, spec.model_params, Path(spec.model_cache))
     weight_transfer = _weight_transfer_config(spec)
     info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model, weight_transfer))}
-    if spec.engine.axes.get("door", "engine") == "server":
+    if spec.engine.axes.get("door", "engine") in ("server", "client"):
         missing = unrealised(spec.engine.axes)
         if missing:
             _refuse_all(spec, emit, info, f"repro.engine_axes cannot realise the cell axis(es) {missing}")
             return
-        # vLLM's OpenAI server over HTTP (repro.server.door), with the engine door's own engine arguments.
+        # vLLM's OpenAI server over HTTP (repro.server.door), with the engine door's own engine arguments; on the
+        # client door the framework's own client pauses and resumes it (repro.client.door).
         await run_server_door(spec, model, engine_kwargs(spec, model), info, _requested(spec),
                               emit, lambda why: _refuse_all(spec, emit, info, why), emit.path.parent,
                               arg_sources(spec, model))

@@ -25,7 +25,9 @@ from repro.settings import problem as setting_problem
 # 2: the engine's axes travel by name (EngineSpec.axes), as the harness's axes table names them.
 # 3: a spec may carry ``startup_timeout`` (the server door's health wait) and the engine event ``server``
 #    (the server door's URL, argv, pid and log).
-SCHEMA_VERSION = 3
+# 4: a spec may carry ``client`` (the client door's framework client: framework, version, the side environment's
+#    python; or ``error``, why it has none) and a scenario event ``client`` (what the framework's client ran).
+SCHEMA_VERSION = 4
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
 # bigram-cycle: the built-in deterministic checkpoint (repro.models); qwen3-random: the built-in random-weight
 # Qwen3 (repro.realistic); context-cell: the built-in checkpoint pair that sees stale KV (repro.context_model);
@@ -217,6 +219,8 @@ class Spec:
     interactive: bool = False  # more scenarios arrive on stdin after these
     model_kind: str = "bigram-cycle"
     startup_timeout: float | None = None  # the engine's start-up limit (the server door's health wait)
+    # The client door (repro.client.door): {"framework", "version", "python"} of the framework's side environment.
+    client: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -232,6 +236,8 @@ class Spec:
             out["interactive"] = True
         if self.startup_timeout is not None:
             out["startup_timeout"] = self.startup_timeout
+        if self.client is not None:
+            out["client"] = dict(self.client)
         return out
 
     @classmethod
@@ -240,7 +246,7 @@ class Spec:
         if doc.get("schema_version") != SCHEMA_VERSION:
             raise WireError("spec", f"schema_version {doc.get('schema_version')!r}; this side reads {SCHEMA_VERSION}")
         _only(doc, {"schema_version", "engine_id", "engine", "model", "model_cache", "scenario_timeout",
-                    "scenarios", "interactive", "startup_timeout"}, "spec")
+                    "scenarios", "interactive", "startup_timeout", "client"}, "spec")
         model = _need(doc, "model", dict, "spec")
         kind = model.get("kind", "bigram-cycle")
         if kind not in MODEL_KINDS:
@@ -255,6 +261,7 @@ class Spec:
             interactive=bool(doc.get("interactive", False)),
             model_kind=kind,
             startup_timeout=None if doc.get("startup_timeout") is None else float(doc["startup_timeout"]),
+            client=None if doc.get("client") is None else dict(_need(doc, "client", dict, "spec")),
         )
 
 
@@ -267,8 +274,9 @@ class EventKind:
 
 
 # ``precondition``: an engine-profile scenario's evidence that its event happened ({"met", "what", "evidence"};
-# repro/scenarios/_profile.py); the harness makes an unmet one UNSUPPORTED unless a stream is wrong anyway.
-_SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", "weight_sync", "reason",
+# repro/scenarios/_profile.py); the harness makes an unmet one UNSUPPORTED unless a stream is wrong anyway, and with
+# ``strict`` (the client door's, repro.client.door.precondition) UNSUPPORTED whatever the streams say.
+_SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", "weight_sync", "reason", "client",
                               "engine_recovered", "traceback", "precondition"})
 # The scheduler tier (``python -m repro.sched``): its script, what the scheduler did, where vLLM raised, and
 # (``end_state``, repro.sched.inflight) what it still held at the end, (``connector``,

@@ -37,7 +37,7 @@ MODEL_RUNNERS = ("v1", "v2")
 # "engine": a real AsyncLLM engine process runs the scenario.  "scheduler": vLLM's scheduler driven
 # in-process with scripted model outputs (the scheduler tier); no engine, no model forward.
 TIERS = scenarios.TIERS
-DOORS = ("engine", "server")
+DOORS = ("engine", "server", "client")
 # What each request of a scenario asks vLLM for (issue 34; docs/requests.md): "greedy" (temperature 0, n=1: every
 # cell before the axis), "sampled" (temperature 1.0, a per-request seed, n=4 children, logprobs=1, as an RL
 # rollout's GRPO group asks), "penalties" (sampled with repetition/presence/frequency penalties, judged by processed

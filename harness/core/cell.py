@@ -111,13 +111,15 @@ class Cell:
         help="engine (a real AsyncLLM engine per config, default) or scheduler (vLLM's scheduler driven "
              "in-process with scripted model outputs)"))
     # How the scenario reaches vLLM (issue 22): AsyncLLM in-process (engine, the default: ids unchanged) or a real
-    # `vllm serve` on a loopback port driven over HTTP (server), the door most RL frameworks use.
+    # `vllm serve` on a loopback port driven over HTTP (server), the door most RL frameworks use; or that server with
+    # the pauses made by a framework's own released client (client, issue 36: repro/client/).
     door: str = field(default="engine", metadata=axis(
         "choice", DOORS, engine=True, id_rank=10, loop_rank=7, sort_rank=10,
-        spellings=(("engine", ""), ("server", "server")), option="door", what="door",
+        spellings=(("engine", ""), ("server", "server"), ("client", "client")), option="door", what="door",
         plural="doors", selection_default=("engine",),
         help="engine (AsyncLLM in the engine process, default), server (vLLM's OpenAI server on 127.0.0.1, "
-             "driven over its HTTP API), or all"))
+             "driven over its HTTP API), client (that server, paused and resumed by an RL framework's own released "
+             "client: frameworks check --door client), or all"))
     # What the scenario's requests ask for (issue 34): greedy (the default: ids unchanged) or sampled GRPO groups
     # with seeds and logprobs (repro.scenarios.sampling), judged by harness.core.oracle.sampled.
     request: str = field(default="greedy", metadata=axis(

@@ -80,13 +80,14 @@ class Precondition:
 
     met: bool
     what: str = ""
+    strict: bool = False  # unmet: the cell is not judged at all, a wrong stream included (the client door)
 
     @classmethod
     def from_json(cls, value: Any) -> Precondition | None:
         """The precondition of a scenario event's ``precondition`` object (None: the scenario states none)."""
         if not isinstance(value, Mapping):
             return None
-        return cls(bool(value.get("met")), str(value.get("what") or ""))
+        return cls(bool(value.get("met")), str(value.get("what") or ""), bool(value.get("strict")))
 
 
 @dataclass(frozen=True)

@@ -65,13 +65,14 @@ def with_precondition(res: CellResult, pre: Precondition | None) -> CellResult:
 
     Met: the summary says what happened ("OK 8/8; 12 preemption(s) in 6/8 requests").  Not met: a cell whose
     streams are all right tested nothing and is UNSUPPORTED with the reason (its records kept); a wrong stream
-    stays the finding it is, the unmet precondition added to its summary.
+    stays the finding it is, the unmet precondition added to its summary, except under a strict precondition (the
+    client door's: a loss the framework's own calls did not provably meet is no finding about the framework).
     """
     if pre is None:
         return res
     what = pre.what
     if pre.met:
         return replace(res, summary=f"{res.summary}; {what}" if what else res.summary)
-    if res.outcome is Outcome.OK:
+    if res.outcome is Outcome.OK or pre.strict:
         return replace(res, outcome=Outcome.UNSUPPORTED, summary=what, reason=what, label=Outcome.UNSUPPORTED.value)
     return replace(res, summary=f"{res.summary} ({what})")

@@ -53,6 +53,9 @@ class RunConfig:
     preset: str | None = None
     # --bind: the one address every listener of the run's engines binds (repro.bind; issue 35: loopback only).
     bind: str = DEFAULT_BIND
+    # The client door's framework client (repro.wire.Spec.client): framework, version and the side env's python,
+    # or {"framework", "error"} when it could not be installed.
+    client: dict[str, Any] | None = None
 
     @property
     def custom_setup(self) -> bool:
@@ -110,6 +113,7 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
         startup_timeout=cfg.engine_timeout,
         scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
         interactive=interactive,
+        client=cfg.client if engine.door == "client" else None,
     )
 
 
@@ -168,7 +172,7 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
     trainer is built for its ``/update_weights``); an explicit ``nccl`` there is UNSUPPORTED with that reason."""
     if cfg.weight_transfer != "auto":
         return cfg.weight_transfer
-    if cell.door == "server":
+    if cell.door in ("server", "client"):
         return "reload"
     return "nccl" if cfg.platform == "cuda" and cfg.n_gpus > cell.tp else "reload"
 

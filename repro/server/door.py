@@ -38,9 +38,38 @@ def _no_second_engine(_: Path) -> Any:
 
 async def _play(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, unsupported: str | None,
                 version: str, emit: Emit) -> None:
-    """One scenario through the door: UNSUPPORTED where the door or the release cannot play it."""
+    """One scenario through the door: UNSUPPORTED where the door or the release cannot play it; on the client
+    door its event carries the client's precondition (``repro.client.door.ClientLLM.scenario_emit``)."""
     problem = unsupported or scenario_problem(sc["scenario"], version, sc.get("params") or {})
+    if hasattr(llm, "scenario_emit"):
+        emit = llm.scenario_emit(emit)
     await run_cell(llm, sc, ctx, timeout, problem, emit)
+
+
+def _refused_client(spec: Spec, refuse_all: Callable[[str], None]) -> bool:
+    """``matrix --door client`` names no framework: its cells are UNSUPPORTED, and no server is started."""
+    if spec.engine.axes.get("door") != "client" or spec.client:
+        return False
+    refuse_all("door=client needs a framework's client (vllm-repro frameworks check --door client --framework "
+               "NAME builds its side environment)")
+    return True
+
+
+def _with_client(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> Any:
+    """The adapter the scenarios drive: the HTTP one, or on the client door the framework's client around it
+    (``repro.client.door``); None when the framework's client cannot run (each scenario then ERROR, its reason)."""
+    if spec.engine.axes.get("door") != "client":
+        return http
+    from repro.client.door import ClientUnavailable, open_client
+
+    try:
+        llm = open_client(http, spec.client, url, log_dir, bool(spec.engine.axes.get("async_scheduling", True)))
+    except ClientUnavailable as exc:
+        for sc in spec.scenarios:
+            emit("scenario", id=sc.id, status="unsupported" if exc.unsupported else "error",
+                 reason=f"door=client: {exc}")
+        return None
+    return llm
 
 
 def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
@@ -58,6 +87,8 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
 
     from repro.server.http_llm import HttpLLM, ServerError
 
+    if _refused_client(spec, refuse_all):
+        return
     port = server_port()
     try:
         module = server_main()
@@ -79,7 +110,8 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
                     raise RuntimeError(str(exc)) from None
                 refuse_all(f"{refused} (server log: {server.log})")
                 return
-            llm = HttpLLM(client, server.url, str(info["vllm_version"]), model.source, lambda: server.alive)
+            http = HttpLLM(client, server.url, str(info["vllm_version"]), model.source, lambda: server.alive)
+            llm = http
             startup = round(time.monotonic() - t0, 3)
             try:
                 probe = await llm.probe()
@@ -91,6 +123,11 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
             eff, reason = effective_settings(requested, probe, view, plain_kwargs(kwargs), sources, view_error)
             emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
                  unsupported_reason=reason, server=facts)
+            if reason is None:
+                llm = _with_client(spec, http, server.url, log_dir, emit)
+                if llm is None:
+                    await http.close()
+                    return
             vocab = model.vocab_size or int(getattr(llm.vllm_config.model_config, "vocab_size", 0) or 0)
             ctx = _context(spec, model, vocab)
             version = str(info["vllm_version"])

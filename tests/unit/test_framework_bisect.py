@@ -117,7 +117,7 @@ def test_regression_mode(tmp_path: Path) -> None:
     (["--framework", "trl,skyrl", "--versions", "0.21.0..0.22.0"], "exactly one --framework NAME; valid choices: trl"),
     (["--versions", "0.21.0..0.22.0"], "exactly one --framework NAME; valid choices: trl"),
     (["--framework", "nope", "--versions", "0.21.0..0.22.0"], "unknown framework 'nope'; valid choices: trl"),
-    (["--framework", "trl"], "needs --versions, e.g. 0.17.0..0.25.1 (trl pins vllm >=0.17.0,<=0.25.1)"),
+    (["--framework", "trl"], "needs --versions, e.g. 0.22.0..0.31.0 (trl pins vllm >=0.22.0,<=0.31.0)"),
     (["--framework", "trl", "--versions", "0.21.0..0.22.0", "--find", "both"], "valid choices: fix, regression"),
     (["--framework", "trl", "--versions", "0.21.0..0.22.0", "--wheelhouse", "MISSING"], "does not exist"),
 ])

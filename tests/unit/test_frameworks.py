@@ -54,7 +54,8 @@ def test_doors_and_pins_follow_the_research() -> None:
     assert {r.name: r.door for r in load_recipes()} == {
         "trl": "server", "skyrl": "server", "prime-rl": "server", "areal": "server",
         "openrlhf": "engine", "verl": "engine", "pipelinerl": "engine", "nemo-rl": "engine"}
-    assert by("trl").floor == "0.17.0" and by("trl").allows("0.25.1") and not by("trl").allows("0.26.0")
+    # trl 1.16.0's METADATA pins vllm >=0.22.0,<=0.31.0 (the first release with vllm#42043's fix).
+    assert by("trl").floor == "0.22.0" and by("trl").allows("0.31.0") and not by("trl").allows("0.21.0")
     assert by("skyrl").floor == "0.26.0" and not by("skyrl").allows("0.22.0")
     assert by("verl").floor == "0.8.5"
 
@@ -222,13 +223,13 @@ def test_check_reads_sequence_stand_in_and_workaround() -> None:
     assert pipe.workaround is not None
     assert [v.status.value for v in pipe.workaround.verdicts] == ["REMOVABLE", "REMOVABLE"]
     table = "\n".join(render_table((trl, pipe)))
-    assert "| trl (server; pins >=0.17.0,<=0.25.1) | UNSAFE (weight_sync-keep-clear[server] LOSS, " \
-           "keep-clear[server] LOSS); engine-door stand-in: UNSAFE (weight_sync-keep-clear LOSS, keep-clear LOSS) |" \
-           in table
+    assert "| trl (server; pins >=0.22.0,<=0.31.0) | UNSAFE (weight_sync-keep-clear[server] LOSS, " \
+           "keep-clear[server] LOSS); engine-door stand-in: UNSAFE (weight_sync-keep-clear LOSS, keep-clear LOSS) " \
+           "[outside its pin] |" in table
     assert "UNKNOWN (weight_sync-keep-clear[server] UNSUPPORTED, keep-clear[server] OK)" in table
     text = "\n".join(render_check(trl))
     assert "why vllm0.22.0-mp-async_on-keep-clear-weight_sync-server" in text
-    assert "first safe release at or after its pin: none of the checked releases from 0.17.0" in text
+    assert "first safe release at or after its pin: none of the checked releases from 0.22.0" in text
     assert "0.21.0: REMOVABLE" in "\n".join(render_check(pipe))
     assert render_report((trl, pipe))[0].startswith("| framework | 0.21.0 | 0.22.0 |")
 
@@ -279,9 +280,9 @@ AVAILABLE = ["0.12.0", "0.17.0", "0.18.0", "0.18.1", "0.19.1", "0.21.0", "0.22.0
 def test_pins_take_the_oldest_release_each_pin_allows() -> None:
     rs = select(load_recipes(), ["trl", "pipelinerl", "openrlhf", "verl"])
     assert {r.name: pin_floor_release(r, AVAILABLE) for r in rs} == {
-        "trl": "0.17.0", "pipelinerl": "0.18.1", "openrlhf": "0.27.1", "verl": "0.12.0"}
+        "trl": "0.22.0", "pipelinerl": "0.18.1", "openrlhf": "0.27.1", "verl": "0.12.0"}
     got = versions_by_recipe(rs, ("0.32.0",), AVAILABLE)
-    assert got == {"trl": ("0.17.0", "0.32.0"), "pipelinerl": ("0.18.1", "0.32.0"),
+    assert got == {"trl": ("0.22.0", "0.32.0"), "pipelinerl": ("0.18.1", "0.32.0"),
                    "openrlhf": ("0.27.1", "0.32.0"), "verl": ("0.12.0", "0.32.0")}
     assert versions_by_recipe(rs, ("0.21.0",), None)["trl"] == ("0.21.0",)  # no pins asked: the common ones only
     with pytest.raises(BadInput, match=r"pipelinerl pins vllm ==0\.18\.1: no release of the index allows it"):

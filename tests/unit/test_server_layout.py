@@ -156,6 +156,7 @@ def test_the_door_refuses_every_cell_of_an_unknown_layout_and_starts_no_server(
     monkeypatch.setattr(door, "server_main", no_server)
     monkeypatch.setattr(door.Server, "start", started)
     refused: list[str] = []
-    asyncio.run(door.run_server_door(Any, Any, {}, {}, {}, lambda *a, **k: None, refused.append,  # type: ignore[arg-type]
+    spec = types.SimpleNamespace(engine=types.SimpleNamespace(axes={"door": "server"}), client=None)
+    asyncio.run(door.run_server_door(spec, Any, {}, {}, {}, lambda *a, **k: None, refused.append,  # type: ignore[arg-type]
                                      tmp_path))
     assert refused == ["door=server: this vLLM has none of the server modules the server door knows (...)"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from harness.core.cell import Cell
-    from harness.verdicts.results import Results
+    from harness.run.spec import RunConfig
+    from harness.verdicts.results import CellResult, Results
 
 
 def add_check_options(parser: argparse.ArgumentParser, reports: str) -> None:
@@ -55,18 +57,23 @@ def checked_versions(ctx: Context, command: str, example: str) -> tuple[str, ...
     return ctx.versions
 
 
-def run_cells(ctx: Context, cells: Iterable[Cell], title: str, reports: Path) -> tuple[Results, Path]:
+def run_cells(ctx: Context, cells: Iterable[Cell], title: str, reports: Path, cfg: RunConfig | None = None,
+              settled: Iterable[CellResult] = ()) -> tuple[Results, Path]:
     """Plan ``cells`` (one engine per engine config), run them with results appended as they come, and return the
-    results with the reports folder they were written to."""
+    results with the reports folder they were written to; ``cfg``: the run's settings (default: the options'),
+    ``settled``: results decided without a run (logged first, kept in the results)."""
     from harness.run import execute
 
-    cfg = ctx.run_config
+    cfg = cfg or ctx.run_config
+    settled = list(settled)
     plan = plan_cells(list(cells), ctx.platform)
     folder, jsonl = fresh_log(reports, "results.jsonl")
     console = stderr_console()
     console.print(f"[bold]{title}[/]: {len(plan.cells)} cell(s) on {len(plan.engines)} engine(s)")
+    log = ResultsLog(jsonl)
+    for res in settled:
+        log.append(res)
     with interruptible(console, f"results of finished cells are in {jsonl}"):
         results = execute.execute_plan(plan, run_context(
-            ctx, cfg, ResultsLog(jsonl),
-            on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
-    return results, folder
+            ctx, cfg, log, on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
+    return (replace(results, cells=(*settled, *results.cells)) if settled else results), folder

@@ -7,10 +7,12 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.core.errors import BadInput
 from harness.frontends.commands.base import Command, CommandGroup
 from harness.frontends.commands.cellrun import add_check_options, checked_versions, checked_versions_options, run_cells
 from harness.frontends.commands.context import Context
 from harness.frontends.commands.fwbisect import FrameworksBisect
+from harness.frontends.commands.fwclient import CLIENT, add_client_options
 from harness.frontends.commands.fwdrift import FrameworksDrift
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
@@ -165,21 +167,31 @@ class FrameworksCheck(Command):
         _add_selection(parser)
         parser.add_argument("--no-stand-in", action="store_true",
                             help="do not also run server-door recipes through the engine door")
+        add_client_options(parser)
         add_check_options(parser, reports="reports/frameworks")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.frontends.commands.fwclient import client_run
         from harness.verdicts.framework_verdicts import check_frameworks
         from harness.verdicts.frameworks import compile_recipes, unique_cells
         from harness.verdicts.report import write_reports
 
         recipes = selected_recipes(args)
+        if (args.framework_version or args.no_recipe_door) and args.door != CLIENT:
+            raise BadInput("--framework-version and --no-recipe-door need --door client")
         versions = _versions_by_recipe(ctx, args, recipes)
         stand_ins = not args.no_stand_in
-        results, reports = run_cells(ctx, unique_cells(compile_recipes(recipes, versions, stand_ins)),
-                                     f"frameworks check: {len(recipes)} framework(s) x {len(versions)} version(s)",
-                                     args.reports)
+        run = client_run(ctx, args, recipes, versions, stand_ins) if args.door == CLIENT else None
+        cells = run.cells if run else unique_cells(compile_recipes(recipes, versions, stand_ins))
+        results, reports = run_cells(ctx, cells,
+                                     f"frameworks check: {len(recipes)} framework(s) x "
+                                     f"{len({v for vs in versions.values() for v in vs})} version(s)",
+                                     args.reports, run.cfg if run else None, run.settled if run else ())
         write_reports(results, reports)
-        lines = render_report(check_frameworks(recipes, versions, results.cells, stand_ins))
+        judged = run.recipes if run else recipes
+        lines = render_report(check_frameworks(judged, versions, results.cells, stand_ins))
+        if run:
+            lines = [*run.header, *lines, *run.agreement(results.cells)]
         (reports / "frameworks.md").write_text("\n".join(lines) + "\n", "utf-8")
         print("\n".join(lines))
         print(f"reports: {reports}")
@@ -191,20 +203,29 @@ class FrameworksReport(Command):
     help = "the framework verdicts from results already written (a frameworks check's results.json, any matrix's)"
 
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("results", type=Path, help="a results.json(.gz) or results.jsonl")
+        parser.add_argument("results", type=Path, nargs="+",
+                            help="results.json(.gz/.xz) or results.jsonl files (a later file's cell wins)")
         _add_selection(parser)
         parser.add_argument("--no-stand-in", action="store_true",
                             help="leave out the engine-door stand-ins of server-door recipes")
+        parser.add_argument("--door", choices=(CLIENT,), default=None,
+                            help="client: the verdicts of the client door's cells, and the agreement of the doors")
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
+        from harness.frontends.commands.fwclient import on_client_door
+        from harness.verdicts.agreement import agreement, render_agreement
         from harness.verdicts.framework_verdicts import check_frameworks, versions_with_results
         from harness.verdicts.results import read_results
 
         recipes = selected_recipes(args)
-        results = read_results(args.results)
+        cells = [c for path in args.results for c in read_results(path).cells]
         stand_ins = not args.no_stand_in
-        versions = versions_with_results(recipes, results.cells, stand_ins)
-        print("\n".join(render_report(check_frameworks(recipes, versions, results.cells, stand_ins))))
+        judged = on_client_door(recipes) if args.door == CLIENT else recipes
+        versions = versions_with_results(judged, cells, stand_ins)
+        lines = render_report(check_frameworks(judged, versions, cells, stand_ins))
+        if args.door == CLIENT:
+            lines += render_agreement([a for r in recipes for a in agreement(r, versions[r.name], cells)])
+        print("\n".join(lines))
         return 0
 
 

@@ -17,6 +17,7 @@ from harness.core.oracle import Outcome
 from harness.frontends.commands.base import Command
 from harness.frontends.commands.context import Context, fresh_log, run_context, setup_of
 from harness.frontends.commands.face import colour, interruptible, stderr_console, stdout_console
+from harness.frontends.commands.fwclient import add_matrix_client_option, matrix_client
 from harness.frontends.commands.options import (
     add_index_options,
     add_retry_option,
@@ -120,6 +121,10 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
     axes = matrix_axes(args, platform)
     require_scheduler_tier(platform, wheels, axes["tiers"], "--tier scheduler")
     sel = Selection(versions=ctx.versions, explicit=matrix_explicit(args, platform), **axes)
+    if args.client:  # the side environment is built once every other option is checked
+        if "client" not in axes["doors"]:
+            raise BadInput("--client needs the client door: add --door client (or all)")
+        cfg = replace(cfg, client=matrix_client(ctx, args.client))
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
 
@@ -305,6 +310,7 @@ class MatrixCommand(Command):
         add_wheelhouse_options(parser)
         _add_run_mode_options(parser)
         add_index_options(parser)
+        add_matrix_client_option(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.verdicts.report import write_reports

@@ -1,0 +1,94 @@
+"""The side process of the client door: runs in the framework's side environment (its released package installed
+with ``--no-deps``; no vLLM, no torch), imports the framework's own client with the stand-ins of
+``repro.client.clients.STANDINS`` and calls its methods on request.
+
+``python -m repro.client.side FRAMEWORK URL``: one JSON line first (``ready``: the framework's version, the module
+and the file imported, or the import's error), then one JSON line of answer per JSON line of request
+(``{"method": "pause"}`` -> ``{"ok": true, "method": "pause", "t0": ..., "t1": ...}`` or ``{"ok": false,
+"error": ...}``).  Standard library only besides the framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+from repro.client.clients import CLIENTS, Client, StandIn, standins
+
+
+def _package_init(s: StandIn) -> None:
+    """The package at its real folder, its ``__init__`` not run: its modules import from the installed files."""
+    parent, _, child = s.module.rpartition(".")
+    parent_mod = importlib.import_module(parent)  # the parents' __init__ run as released
+    folder = os.path.join(os.path.dirname(parent_mod.__file__ or ""), child)
+    mod = types.ModuleType(s.module)
+    mod.__path__ = [folder]
+    mod.__package__ = s.module
+    sys.modules[s.module] = mod
+    setattr(parent_mod, child, mod)
+
+
+def _module(s: StandIn) -> None:
+    mod = types.ModuleType(s.module)
+    if "get_logger" in s.provides:
+        mod.get_logger = logging.getLogger  # type: ignore[attr-defined]
+    parts = s.module.split(".")
+    for i in range(1, len(parts)):  # parents that are absent become empty packages
+        name = ".".join(parts[:i])
+        if name not in sys.modules and importlib.util.find_spec(name) is None:
+            pkg = types.ModuleType(name)
+            pkg.__path__ = []
+            sys.modules[name] = pkg
+    sys.modules[s.module] = mod
+
+
+def load(c: Client) -> tuple[Any, dict[str, Any]]:
+    """The framework's client class, with the stand-ins in place, and what was imported."""
+    for s in standins(c.framework):
+        (_package_init if s.kind == "package-init" else _module)(s)
+    module = importlib.import_module(c.module)
+    return getattr(module, c.cls), {"framework": c.framework, "version": importlib.metadata.version(c.package),
+                                    "module": c.module, "cls": c.cls, "file": module.__file__,
+                                    "standins": [s.module for s in standins(c.framework)]}
+
+
+def _say(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    framework, url = argv
+    try:
+        cls, facts = load(CLIENTS[framework])
+        client = cls(url)
+    except Exception as exc:
+        _say({"ready": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        return 1
+    _say({"ready": True, **facts})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        method = json.loads(line)["method"]
+        t0 = time.time()
+        try:
+            getattr(client, method)()
+        except Exception as exc:
+            _say({"ok": False, "method": method, "error": f"{type(exc).__name__}: {exc}", "t0": t0,
+                  "t1": time.time()})
+            continue
+        _say({"ok": True, "method": method, "t0": t0, "t1": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""Tests of the agreement of the doors (issue 36 item 5): the framework's client, the recipe on its own door and
+the engine-door stand-in, per release; a disagreement is reported as one."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.core.oracle import Outcome
+from harness.verdicts.agreement import agreement, render_agreement
+from harness.verdicts.framework_verdicts import Safety
+from harness.verdicts.frameworks import load_recipes, select
+from harness.verdicts.results import CellResult
+
+pytestmark = pytest.mark.unit
+
+TRL = select(load_recipes(), ["trl"])[0]
+
+
+def _results(version: str, by_door: dict[str, Outcome]) -> list[CellResult]:
+    return [CellResult(cell, outcome, outcome.value, label=outcome.value)
+            for door, outcome in by_door.items() for cell in (rc.at(version, door) for rc in TRL.cells)]
+
+
+def test_doors_that_ran_agree_and_a_missing_door_is_left_out() -> None:
+    rs = _results("0.21.0", {"client": Outcome.LOSS, "server": Outcome.LOSS, "engine": Outcome.LOSS})
+    rs += _results("0.22.0", {"client": Outcome.OK, "engine": Outcome.OK})
+    a21, a22 = agreement(TRL, ["0.21.0", "0.22.0"], rs)
+    assert [d.door for d in a21.doors] == ["client", "server", "engine"]
+    assert a21.agree and {d.safety for d in a21.doors} == {Safety.UNSAFE}
+    assert a22.agree and a22.doors[1].safety is None  # the recipe's door did not run on 0.22.0
+    table = "\n".join(render_agreement((a21, a22)))
+    assert "| trl 0.21.0 | UNSAFE (LOSS, LOSS) | UNSAFE (LOSS, LOSS) | UNSAFE (LOSS, LOSS) | agree |" in table
+    assert "| trl 0.22.0 | SAFE (OK, OK) | - | SAFE (OK, OK) | agree |" in table
+
+
+def test_a_disagreement_is_a_finding() -> None:
+    rs = _results("0.21.0", {"client": Outcome.OK, "server": Outcome.LOSS})
+    (a,) = agreement(TRL, ["0.21.0"], rs)
+    assert a.agree is False
+    assert "**DISAGREE** (a finding)" in "\n".join(render_agreement((a,)))
+
+
+def test_an_unjudged_door_does_not_count() -> None:
+    rs = _results("0.21.0", {"client": Outcome.UNSUPPORTED, "server": Outcome.LOSS})
+    (a,) = agreement(TRL, ["0.21.0"], rs)
+    assert a.agree is None and a.doors[0].safety is Safety.UNKNOWN
