@@ -131,6 +131,10 @@ RECIPE = Obj({
     "call": ListOf(RECIPE_CALL, min_len=1, what="a non-empty list of [[framework.call]] tables"),
     "cell": ListOf(RECIPE_CELL, min_len=1, what="a non-empty list of [[framework.cell]] tables"),
     "bisect": ListOf(RECIPE_BISECT, what="a list of [[framework.bisect]] tables"),
+    # Issue 37: the stale-kv scenario the framework's update sequence maps to (its pause, its reset, or none), or
+    # why no stale-kv cell applies (e.g. the framework turns prefix caching off).
+    "stale_kv": ListOf(RECIPE_CELL, what="a list of [[framework.stale_kv]] tables"),
+    "stale_kv_none": Str(),
 }, required=("name", "title", "repo", "commit", "pin", "door", "call", "cell"), what="a [[framework]] table")
 RECIPES = Obj({"framework": ListOf(RECIPE, min_len=1, what="a non-empty list of [[framework]] tables")},
               required=("framework",), what="a recipe file of [[framework]] entries")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from harness.core.oracle import Outcome
 from harness.core.versions import version_key
-from harness.verdicts.frameworks import SEQUENCE, STAND_IN, CompiledCell, Recipe, recipe_cells
+from harness.verdicts.frameworks import SEQUENCE, STALE_KV, STAND_IN, CompiledCell, Recipe, recipe_cells
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import LedgerCheck, judge
 
@@ -65,6 +65,9 @@ class ReleaseVerdict:
     cells: tuple[CellOutcome, ...]
     stand_in: Safety | None
     stand_in_cells: tuple[CellOutcome, ...]
+    # Issue 37: the stale-kv cells of its update sequence that a result names (outcome STALE-KV, OK, ...); not part
+    # of ``safety``, which is about tokens lost, repeated or shifted around the pause.
+    stale_kv: tuple[CellOutcome, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,13 +129,15 @@ def _outcome(c: CompiledCell, by_id: dict[str, CellResult]) -> CellOutcome:
 
 def release_verdict(recipe: Recipe, version: str, by_id: dict[str, CellResult],
                     stand_ins: bool = True) -> ReleaseVerdict:
-    compiled = recipe_cells(recipe, version, stand_ins)
+    compiled = recipe_cells(recipe, version, stand_ins, stale_kv=True)
     seq = [c for c in compiled if c.role == SEQUENCE]
     sub = [c for c in compiled if c.role == STAND_IN]
+    stale = [c for c in compiled if c.role == STALE_KV and c.cell.id in by_id]
     return ReleaseVerdict(
         version, recipe.allows(version), safety_of(by_id.get(c.cell.id) for c in seq),
         tuple(_outcome(c, by_id) for c in seq),
-        safety_of(by_id.get(c.cell.id) for c in sub) if sub else None, tuple(_outcome(c, by_id) for c in sub))
+        safety_of(by_id.get(c.cell.id) for c in sub) if sub else None, tuple(_outcome(c, by_id) for c in sub),
+        tuple(_outcome(c, by_id) for c in stale))
 
 
 def check_frameworks(recipes: Iterable[Recipe], versions: Iterable[str] | Mapping[str, Iterable[str]],

@@ -27,8 +27,10 @@ from harness.verdicts.workarounds import Workaround, load_ledger
 # What a compiled cell is for: the framework's own sequence on its own door; the same cell through the engine
 # door when the framework's door is the server (the engine door runs where the server door cannot yet, and the
 # two agreeing is the server door's check); the ledger's pair for the framework's workaround.
-SEQUENCE, STAND_IN, WORKAROUND = "sequence", "stand-in", "workaround"
-ROLES = (SEQUENCE, STAND_IN, WORKAROUND)
+# STALE_KV: the stale-kv scenario (issue 37) nearest the framework's update sequence, through the engine door (the
+# stale-kv scenarios are not wired to the server door) on the context-cell model its engine profile brings.
+SEQUENCE, STAND_IN, WORKAROUND, STALE_KV = "sequence", "stand-in", "workaround", "stale-kv"
+ROLES = (SEQUENCE, STAND_IN, WORKAROUND, STALE_KV)
 _CELL_META = ("match", "why")
 
 
@@ -96,6 +98,8 @@ class Recipe:
     package: str = ""  # its distribution on the package index ("" when it has no usable release there)
     no_release: str = ""  # why there is no package to read
     release: str = ""  # the package release the citations were re-read at (``frameworks drift``); "" = commit
+    stale_kv: tuple[RecipeCell, ...] = ()  # its update sequence as a stale-kv scenario (issue 37)
+    stale_kv_none: str = ""  # why no stale-kv cell applies to it
 
     def source(self, at: str) -> str:
         """``owner/name@abc1234:path:line``, or ``package==1.0:path:line`` when re-read at a release."""
@@ -172,7 +176,9 @@ def _recipe(raw: Mapping[str, Any], where: str, ledger: Mapping[str, Workaround]
                   tuple(raw.get("engine_kwargs", {}).items()),
                   tuple(RecipeCall(c["call"], c["at"], c.get("quote", "")) for c in raw["call"]), cells,
                   tuple(_recipe_bisect(b, f"{where} bisect #{i + 1}") for i, b in enumerate(raw.get("bisect", ()))),
-                  raw.get("package", ""), raw.get("no_release", ""), raw.get("release", ""))
+                  raw.get("package", ""), raw.get("no_release", ""), raw.get("release", ""),
+                  tuple(_recipe_cell(c, f"{where} stale_kv #{i + 1}") for i, c in enumerate(raw.get("stale_kv", ()))),
+                  raw.get("stale_kv_none", ""))
 
 
 def load_recipes(path: Path | None = None, ledger_path: Path | None = None) -> tuple[Recipe, ...]:
@@ -200,10 +206,13 @@ def select(recipes: Sequence[Recipe], names: Iterable[str]) -> tuple[Recipe, ...
     return tuple(r for r in recipes if not wanted or r.name in wanted)
 
 
-def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True) -> tuple[CompiledCell, ...]:
+def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True,
+                 stale_kv: bool = False) -> tuple[CompiledCell, ...]:
     """The cells ``recipe`` runs on ``version``: its sequence on its door; with ``stand_ins``, the same through
-    the engine door when its door is the server; its workaround's pair (without it, with it)."""
-    out: list[CompiledCell] = []
+    the engine door when its door is the server; its workaround's pair (without it, with it); with ``stale_kv``,
+    its stale-kv cells (issue 37) through the engine door."""
+    out: list[CompiledCell] = [CompiledCell(recipe.name, STALE_KV, rc.at(version, "engine"), rc.match, rc.why)
+                               for rc in (recipe.stale_kv if stale_kv else ())]
     for rc in recipe.cells:
         out.append(CompiledCell(recipe.name, SEQUENCE, rc.at(version, recipe.door), rc.match, rc.why))
         if stand_ins and recipe.door != "engine":
@@ -218,13 +227,14 @@ def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True) -> tuple[
 
 
 def compile_recipes(recipes: Iterable[Recipe], versions: Iterable[str] | Mapping[str, tuple[str, ...]],
-                    stand_ins: bool = True) -> tuple[CompiledCell, ...]:
+                    stand_ins: bool = True, stale_kv: bool = False) -> tuple[CompiledCell, ...]:
     """Every recipe's cells on every version (version outermost); ``versions`` by recipe name gives each recipe
-    its own releases."""
+    its own releases; ``stale_kv``: with each recipe's stale-kv cells."""
     rs = tuple(recipes)
     by_name = versions if isinstance(versions, Mapping) else {r.name: tuple(versions) for r in rs}
     order = sorted({v for vs in by_name.values() for v in vs}, key=version_key)
-    return tuple(c for v in order for r in rs if v in by_name[r.name] for c in recipe_cells(r, v, stand_ins))
+    return tuple(c for v in order for r in rs if v in by_name[r.name]
+                 for c in recipe_cells(r, v, stand_ins, stale_kv))
 
 
 PINS = "pins"  # in --versions: each framework also at the lowest release its pin allows

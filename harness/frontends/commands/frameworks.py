@@ -77,7 +77,20 @@ def _entry(r: ReleaseVerdict, door: str) -> str:
     text = f"{r.safety.value} ({_cells_text(r.cells)})"
     if r.stand_in is not None:
         text += f"; engine-door stand-in: {r.stand_in.value} ({_cells_text(r.stand_in_cells)})"
+    if r.stale_kv:
+        text += f"; stale KV: {_cells_text(r.stale_kv)}"
     return text + ("" if r.allowed else " [outside its pin]")
+
+
+def render_stale_kv(c: FrameworkCheck) -> list[str]:
+    """Issue 37's column for one framework: its update sequence as a stale-kv cell, per release, or why none."""
+    r = c.recipe
+    if r.stale_kv_none:
+        return [f"  stale KV: not applicable: {r.stale_kv_none}"]
+    out = [f"  stale KV ({rc.match}: {rc.why})" for rc in r.stale_kv]
+    for rv in c.releases:
+        out += [f"    {rv.version} {o.label}: {o.outcome}: {o.detail}" for o in rv.stale_kv]
+    return out
 
 
 def render_table(checks: tuple[FrameworkCheck, ...]) -> list[str]:
@@ -120,6 +133,7 @@ def render_check(c: FrameworkCheck) -> list[str]:
         w = c.workaround.workaround
         lines.append(f"  workaround {w.setting} ({w.location}):")
         lines += [f"    {v.version}: {v.status.value}: {v.evidence}" for v in c.workaround.verdicts]
+    lines += render_stale_kv(c)
     for rv in c.releases:
         lines.append(f"  {rv.version} {rv.safety.value}, why: "
                      + "; ".join(f"{o.label} {o.outcome}: {o.why or 'not judged'}" for o in rv.cells))
@@ -167,6 +181,9 @@ class FrameworksCheck(Command):
         _add_selection(parser)
         parser.add_argument("--no-stand-in", action="store_true",
                             help="do not also run server-door recipes through the engine door")
+        parser.add_argument("--no-stale-kv", action="store_true",
+                            help="do not run each framework's update sequence as a stale-kv cell (its engines load "
+                                 "the context-cell model: docs/stale-kv.md)")
         add_client_options(parser)
         add_check_options(parser, reports="reports/frameworks")
 
@@ -182,7 +199,8 @@ class FrameworksCheck(Command):
         versions = _versions_by_recipe(ctx, args, recipes)
         stand_ins = not args.no_stand_in
         run = client_run(ctx, args, recipes, versions, stand_ins) if args.door == CLIENT else None
-        cells = run.cells if run else unique_cells(compile_recipes(recipes, versions, stand_ins))
+        cells = run.cells if run else unique_cells(compile_recipes(recipes, versions, stand_ins,
+                                                                   stale_kv=not args.no_stale_kv))
         results, reports = run_cells(ctx, cells,
                                      f"frameworks check: {len(recipes)} framework(s) x "
                                      f"{len({v for vs in versions.values() for v in vs})} version(s)",
