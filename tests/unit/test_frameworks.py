@@ -305,3 +305,41 @@ def test_recipes_checked_at_their_own_releases_leave_the_others_out() -> None:
     header, _, *rows = render_table((openrlhf, pipe))
     assert header == "| framework | 0.18.1 | 0.27.1 | 0.32.0 |"
     assert rows[0].startswith("| openrlhf (engine; pins >=0.27.1) | - | SAFE (") and rows[0].endswith(" | - |")
+
+
+def test_every_framework_has_a_stale_kv_cell_or_says_why_not() -> None:
+    """Issue 37's column: each recipe's update sequence as a stale-kv scenario (engine door, its own model), or a
+    reason; ``frameworks check`` runs them unless --no-stale-kv, bisects and the ledger never do."""
+    from harness.core.scenarios import BY_SCENARIO
+    from harness.verdicts.frameworks import STALE_KV
+
+    for r in load_recipes():
+        assert bool(r.stale_kv) != bool(r.stale_kv_none), r.name
+        for rc in r.stale_kv:
+            assert dict(rc.values)["scenario"].startswith("stale-kv-") and rc.why
+        cells = recipe_cells(r, "0.32.0", stale_kv=True)
+        stale = [c for c in cells if c.role == STALE_KV]
+        assert len(stale) == len(r.stale_kv) and all(c.cell.door == "engine" for c in stale)
+        assert all(BY_SCENARIO[c.cell.scenario].profile == "prefix-cache" for c in stale)
+        assert not [c for c in recipe_cells(r, "0.32.0") if c.role == STALE_KV]
+    assert by("pipelinerl").stale_kv_none.startswith("PipelineRL starts vLLM with enable-prefix-caching false")
+
+
+def test_the_stale_kv_column_shows_each_release_and_is_not_the_safety_verdict() -> None:
+    from harness.verdicts.frameworks import STALE_KV
+
+    rs = select(load_recipes(), ["prime-rl", "pipelinerl"])
+    compiled = compile_recipes(rs, ["0.21.0"], stale_kv=True)
+    results = [_res(c.cell, Outcome.STALE_KV if c.role == STALE_KV else Outcome.OK) for c in compiled]
+    prime, pipe = check_frameworks(rs, ["0.21.0"], results)
+    (rv,) = prime.releases
+    assert rv.safety is Safety.SAFE and [o.outcome for o in rv.stale_kv] == ["STALE-KV"]
+    assert "stale KV: stale_kv_keep-keep-noclear STALE-KV" in "\n".join(render_table((prime, pipe)))
+    text = "\n".join(render_check(prime))
+    assert "stale KV (same: keep pause with clear_cache=False" in text
+    assert "0.21.0 stale_kv_keep-keep-noclear: STALE-KV" in text
+    assert "stale KV: not applicable: PipelineRL starts vLLM" in "\n".join(render_check(pipe))
+    # A run without the column (--no-stale-kv, an older report) shows none, never NOT RUN rows.
+    (bare,) = check_frameworks(rs[:1], ["0.21.0"], [r for r, c in zip(results, compiled, strict=True)
+                                                     if c.role != STALE_KV])
+    assert bare.releases[0].stale_kv == ()
