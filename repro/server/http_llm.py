@@ -249,6 +249,27 @@ class HttpLLM:
         await self.post("/reset_prefix_cache", {"reset_running_requests": _flag(reset_running_requests)})
         return True  # the endpoint answers 200 with no body when the reset was done (it raises otherwise)
 
+    async def checkpoint_prepare(self, mode: str = "wait") -> str | None:
+        """``POST /checkpoint/prepare?mode=``: None once started, the engine's refusal (HTTP 400) as AsyncLLM
+        returns it."""
+        self.require("checkpoint_prepare", "mode")
+        resp = await self.client.post(self.url + "/checkpoint/prepare", params={"mode": mode}, timeout=None)
+        doc = _state_doc(resp, "POST /checkpoint/prepare")
+        if resp.status_code == 400:
+            return str(doc.get("error") or f"refused in state {doc.get('state')}")
+        return None
+
+    async def checkpoint_state(self) -> tuple[str, str | None]:
+        """``GET /checkpoint/status``: its state whatever the status code (200 prepared, 503 before, 500 failed)."""
+        self.require("checkpoint_status")
+        doc = _state_doc(await self.client.get(self.url + "/checkpoint/status", timeout=None),
+                         "GET /checkpoint/status")
+        return str(doc["state"]), doc.get("error")
+
+    async def checkpoint_restore(self) -> None:
+        self.require("checkpoint_restore")
+        await self.post("/checkpoint/restore")
+
     async def collective_rpc(self, method: str, args: tuple[Any, ...] = (),
                              kwargs: dict[str, Any] | None = None) -> list[Any]:
         self.require("collective_rpc", "method", "args", "kwargs")
@@ -265,6 +286,17 @@ class HttpLLM:
             with contextlib.suppress(Exception):
                 await resp.aclose()
         await asyncio.sleep(0)
+
+
+def _state_doc(resp: Any, what: str) -> dict[str, Any]:
+    """A checkpoint route's ``{"state", "error"?}`` answer, or ServerError when it is not one."""
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or "state" not in doc:
+        raise ServerError(f"{what}: HTTP {resp.status_code}: {resp.text[:300]}")
+    return doc
 
 
 def _flag(value: bool) -> str:
