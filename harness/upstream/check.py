@@ -96,8 +96,21 @@ def parse_junit(text: str) -> tuple[TestResult, ...]:
 
 
 def _summary(tests: tuple[TestResult, ...]) -> str:
-    return "; ".join(f"{t.name} {t.outcome.upper()}" + (f" ({t.message[:160]})" if t.message else "")
-                     for t in tests)
+    """``bug tests: 2 FAILED (first message); controls: 2 PASSED``: per kind, the count of each outcome (every test's
+    own result is in the run's record)."""
+    parts = []
+    for kind, group in (("bug tests", [t for t in tests if not t.control]),
+                        ("controls", [t for t in tests if t.control])):
+        counts = []
+        for outcome in ("failed", "error", "skipped", "passed"):
+            hit = [t for t in group if t.outcome == outcome]
+            if hit:
+                why = next((t.message for t in hit if t.message), "")
+                counts.append(f"{len(hit)} {outcome.upper()}" + (f" ({why[:110]}…)" if len(why) > 110 else
+                                                                  f" ({why})" if why else ""))
+        if counts:
+            parts.append(f"{kind}: {', '.join(counts)}")
+    return "; ".join(parts)
 
 
 def judge_inside(run: Run) -> Verdict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -34,9 +35,9 @@ def probe(finding: Finding, version: str, recipe: EnvRecipe, ensure: EnsureBare)
                           finding.reproducer_text())
 
 
-def _capture(cmd: list[str], timeout: float) -> str:
+def _capture(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"({' '.join(cmd[:3])} failed: {exc})"
     return proc.stdout if not proc.returncode else f"({' '.join(cmd[:3])} exit {proc.returncode}: " \
@@ -51,7 +52,12 @@ def environment(recipe: EnvRecipe, bare: BareEnv, cache: Path) -> Environment:
     if bare.env is None:
         return Environment("", cell, "")
     python = str(bare.env.python)
-    return Environment(_capture([python, "-m", "vllm.collect_env"], COLLECT_ENV_TIMEOUT_S), cell,
+    # collect_env lists packages with pip, or with `uv pip list` in a uv venv (a bare env has no pip): as in an
+    # activated venv, uv on PATH and VIRTUAL_ENV naming the bare env.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(VIRTUAL_ENV=str(bare.env.path), PATH=os.pathsep.join(
+        [str(bare.env.path / "bin"), str(Path(uv_bin()).parent), env.get("PATH", "")]))
+    return Environment(_capture([python, "-m", "vllm.collect_env"], COLLECT_ENV_TIMEOUT_S, env), cell,
                        _capture([uv_bin(), "pip", "freeze", "--python", python], 120))
 
 
