@@ -72,8 +72,9 @@ class CheckResult:
     inside: Verdict
     before: tuple[Verdict, ...]  # newest first, as probed
     edge: str  # one sentence on the window's lower edge
-    ok: bool  # the reproducer fails inside and passes (or lacks the feature, controls passing) before
+    ok: bool  # the reproducer fails inside, passes (or lacks the feature, controls passing) before, passes where fixed
     runs: tuple[Run, ...] = field(default=())
+    fixed: Verdict | None = None  # the row's first fixed release, when it has one
 
 
 def parse_junit(text: str) -> tuple[TestResult, ...]:
@@ -175,9 +176,11 @@ def edge_sentence(first_bad: str | None, before: tuple[Verdict, ...], feature: s
 Runner = Callable[[str], Run]  # version -> its run
 
 
-def check(inside: str, first_bad: str | None, candidates: list[str], run: Runner, feature: str) -> CheckResult:
+def check(inside: str, first_bad: str | None, candidates: list[str], run: Runner, feature: str,
+          fixed_in: str | None = None) -> CheckResult:
     """Run inside the window, then walk back through ``candidates`` (newest first) until one passes, lacks the
-    feature, or cannot say (not installed, inconclusive)."""
+    feature, or cannot say (not installed, inconclusive); then, for a fixed bug, its first fixed release, which
+    must pass."""
     runs = [run(inside)]
     inside_v = judge_inside(runs[0])
     before: list[Verdict] = []
@@ -187,7 +190,13 @@ def check(inside: str, first_bad: str | None, candidates: list[str], run: Runner
         if before[-1].status != ALSO_BAD:
             break
     edge, edge_ok = edge_sentence(first_bad, tuple(before), feature)
-    return CheckResult(inside_v, tuple(before), edge, inside_v.status == REPRODUCED and edge_ok, tuple(runs))
+    fixed = None
+    if fixed_in is not None:
+        runs.append(run(fixed_in))
+        fixed = judge_before(runs[-1])  # the same judgement: every test passes
+    fixed_ok = fixed is None or fixed.status == GOOD
+    return CheckResult(inside_v, tuple(before), edge, inside_v.status == REPRODUCED and edge_ok and fixed_ok,
+                       tuple(runs), fixed)
 
 
 def run_reproducer(python: Path, version: str, vllm_version: str, test_file: str, text: str,

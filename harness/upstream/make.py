@@ -81,9 +81,11 @@ def make_report(finding: Finding, out: Path, cache: Path, python: str, index: In
         listed = (fetch or fetch_releases)(finding.package, index.index_url) if first else []
         candidates = releases_before(first, listed) if first else []
         log(f"{finding.name}: checking {finding.package} {finding.inside} (inside the window), then "
-            f"{', '.join(candidates) or 'nothing'} (before {first}) until one passes or lacks the feature")
+            f"{', '.join(candidates) or 'nothing'} (before {first}) until one passes or lacks the feature"
+            + (f", then {finding.fixed_in} (first fixed)" if finding.fixed_in else ""))
         result = check(finding.inside, first, candidates,
-                       lambda v: probe(finding, v, recipe_of(finding, v, python, index), get), finding.feature)
+                       lambda v: probe(finding, v, recipe_of(finding, v, python, index), get), finding.feature,
+                       finding.fixed_in)
     describe = env_of or (lambda recipe, bare: environment(recipe, bare, cache))
     env = describe(inside_recipe, get(inside_recipe) if run_check else BareEnv(None))
     return write_report(out, finding, env, result), result

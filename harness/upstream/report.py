@@ -47,10 +47,10 @@ def _releases_table(check: CheckResult | None, finding: Finding) -> list[str]:
     if check is None:
         return ["The bare-env check was not run (`--no-check`): the releases below are the project's measurements "
                 "only.", ""]
-    rows = [check.inside, *check.before]
+    rows = [(check.inside, "inside the window"), *((v, f"before {finding.first_bad}") for v in check.before),
+            *([(check.fixed, "first fixed")] if check.fixed else [])]
     lines = ["| release | role | result |", "| --- | --- | --- |"]
-    for v in rows:
-        role = "inside the window" if v is check.inside else f"before {finding.first_bad}"
+    for v, role in rows:
         lines.append(f"| {finding.package} {v.version} | {role} | **{v.status}**: {v.detail[:300]} |")
     return [*lines, "", f"Lower edge: {check.edge}.", ""]
 
@@ -115,6 +115,7 @@ def write_report(out: Path, finding: Finding, env: Environment, check: CheckResu
         if check is not None:
             record = {"finding": finding.name, "ok": check.ok, "edge": check.edge,
                       "inside": asdict(check.inside), "before": [asdict(v) for v in check.before],
+                      "fixed": asdict(check.fixed) if check.fixed else None,
                       "runs": [_run_record(r) for r in check.runs]}
             (tmp / "check.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
             (tmp / "check").mkdir()

@@ -201,3 +201,13 @@ def test_the_command_exits_1_when_the_check_fails(tmp_path, monkeypatch, capsys)
 
 def fake_env_3(recipe: EnvRecipe, bare: BareEnv, cache: Path) -> Environment:
     return fake_env(recipe, bare)
+
+
+def test_a_fixed_bug_needs_its_first_fixed_release_to_pass() -> None:
+    runs = {"0.16.0": run_of("0.16.0", "failed"), "0.15.1": run_of("0.15.1", "skipped"),
+            "0.17.0": run_of("0.17.0", "failed")}
+    result = chk.check("0.16.0", "0.16.0", ["0.15.1"], runs.__getitem__, "keep mode", fixed_in="0.17.0")
+    assert result.fixed is not None and result.fixed.status == chk.ALSO_BAD and not result.ok
+    runs["0.17.0"] = run_of("0.17.0", "passed")
+    result = chk.check("0.16.0", "0.16.0", ["0.15.1"], runs.__getitem__, "keep mode", fixed_in="0.17.0")
+    assert result.fixed is not None and result.fixed.status == chk.GOOD and result.ok

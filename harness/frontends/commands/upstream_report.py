@@ -42,5 +42,7 @@ class UpstreamReportCommand(Command):
         for v in result.before:
             print(f"before the window: {finding.package} {v.version} {v.status}")
         print(f"lower edge: {result.edge}")
+        if result.fixed is not None:
+            print(f"first fixed: {finding.package} {result.fixed.version} {result.fixed.status}")
         print("check: OK" if result.ok else "check: FAILED (see check.json)")
         return 0 if result.ok else 1
