@@ -23,7 +23,7 @@ from harness.core.versions import release_key
 from harness.plan.releases import Release
 from harness.upstream.findings import CONTROL_PREFIX
 
-PYTEST_TIMEOUT_S = 900
+PYTEST_TIMEOUT_S = 600
 WALK_BACK = 4  # releases before the window probed at most, newest first, until one passes or lacks the feature
 
 # Verdicts of one release.

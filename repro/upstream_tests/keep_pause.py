@@ -102,10 +102,11 @@ def runner_output(so: Any) -> Any:
 
 class NoModelExecutor(Executor):
     """Two batches in flight (as async scheduling has); no model: a batch that schedules tokens is answered when
-    ``finish()`` is called (the worker returns), an empty one at once."""
+    ``finish()`` is called (the worker returns), every later one and every empty one at once."""
 
     def _init_executor(self) -> None:
         self.pending: list[tuple[Future, Any]] = []
+        self.answering = False  # after finish(): every later batch is answered at once
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -140,10 +141,13 @@ class NoModelExecutor(Executor):
     def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
         out: Future = Future()
         self.pending.append((out, self.last))
+        if self.answering:
+            self.finish()
         return out
 
     def finish(self) -> None:
-        """The worker returns every batch it holds."""
+        """The worker returns every batch it holds, and from now on answers each batch at once."""
+        self.answering = True
         while self.pending:
             out, so = self.pending.pop(0)
             out.set_result(runner_output(so))
