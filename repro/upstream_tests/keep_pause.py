@@ -175,6 +175,8 @@ def make_engine(tmp_path: Any) -> Any:
 
 def keep_pause(core: Any) -> None:
     """The keep pause AsyncLLM.pause_generation(mode="keep", clear_cache=False) asks of EngineCore."""
+    if not hasattr(core, "pause_scheduler"):
+        pytest.skip("this vLLM has no keep-mode pause (EngineCore has no pause_scheduler)")
     params = inspect.signature(core.pause_scheduler).parameters
     if "mode" in params:
         core.pause_scheduler(**_fit(core.pause_scheduler, {"mode": "keep", "clear_cache": False}))
@@ -183,8 +185,6 @@ def keep_pause(core: Any) -> None:
 
 
 def one_batch_in_flight(tmp_path: Any) -> Any:
-    if not hasattr(EngineCore, "pause_scheduler"):
-        pytest.skip("this vLLM has no keep-mode pause (EngineCore has no pause_scheduler)")
     core = make_engine(tmp_path)
     core.add_request(make_request("r0", list(range(30, 38)), 12))
     core.step_fn()  # schedules r0's prefill; the batch is in flight
