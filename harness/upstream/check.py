@@ -106,7 +106,7 @@ def _summary(tests: tuple[TestResult, ...]) -> str:
         for outcome in ("failed", "error", "skipped", "passed"):
             hit = [t for t in group if t.outcome == outcome]
             if hit:
-                why = next((t.message for t in hit if t.message), "")
+                why = " ".join(next((t.message for t in hit if t.message), "").split())  # one line: a table cell
                 counts.append(f"{len(hit)} {outcome.upper()}" + (f" ({why[:110]}…)" if len(why) > 110 else
                                                                   f" ({why})" if why else ""))
         if counts:

@@ -202,7 +202,9 @@ def test_keep_pause_processes_the_batch_in_flight(tmp_path: Any) -> None:
         core.step_fn()
     # Expected: the batch in flight is processed before the pause completes (its token delivered, computed with the
     # weights of before the pause); 0.16.0 keeps it queued until resume.
-    assert core.scheduler.requests["r0"].num_output_tokens == 1
+    tokens = core.scheduler.requests["r0"].num_output_tokens
+    assert tokens == 1, (f"r0 has {tokens} output token(s) after the paused engine stepped 3 times: the batch in "
+                         f"flight at the pause was not processed ({len(core.batch_queue)} batch(es) still queued)")
 
 
 def test_control_the_batch_in_flight_without_a_pause(tmp_path: Any) -> None:

@@ -211,3 +211,11 @@ def test_a_fixed_bug_needs_its_first_fixed_release_to_pass() -> None:
     runs["0.17.0"] = run_of("0.17.0", "passed")
     result = chk.check("0.16.0", "0.16.0", ["0.15.1"], runs.__getitem__, "keep mode", fixed_in="0.17.0")
     assert result.fixed is not None and result.fixed.status == chk.GOOD and result.ok
+
+
+def test_a_multi_line_failure_stays_on_one_line_of_the_table() -> None:
+    tests = (chk.TestResult("test_x", "failed", "assert 0 == 1\n +  where 0 = tokens"),
+             chk.TestResult("test_control_x", "passed"))
+    verdict = chk.judge_inside(chk.Run("0.16.0", True, "", "0.16.0", tests))
+    assert verdict.status == chk.REPRODUCED and "\n" not in verdict.detail
+    assert "assert 0 == 1 + where 0 = tokens" in verdict.detail

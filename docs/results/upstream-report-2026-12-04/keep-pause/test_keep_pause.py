@@ -175,6 +175,8 @@ def make_engine(tmp_path: Any) -> Any:
 
 def keep_pause(core: Any) -> None:
     """The keep pause AsyncLLM.pause_generation(mode="keep", clear_cache=False) asks of EngineCore."""
+    if not hasattr(core, "pause_scheduler"):
+        pytest.skip("this vLLM has no keep-mode pause (EngineCore has no pause_scheduler)")
     params = inspect.signature(core.pause_scheduler).parameters
     if "mode" in params:
         core.pause_scheduler(**_fit(core.pause_scheduler, {"mode": "keep", "clear_cache": False}))
@@ -183,8 +185,6 @@ def keep_pause(core: Any) -> None:
 
 
 def one_batch_in_flight(tmp_path: Any) -> Any:
-    if not hasattr(EngineCore, "pause_scheduler"):
-        pytest.skip("this vLLM has no keep-mode pause (EngineCore has no pause_scheduler)")
     core = make_engine(tmp_path)
     core.add_request(make_request("r0", list(range(30, 38)), 12))
     core.step_fn()  # schedules r0's prefill; the batch is in flight
@@ -202,7 +202,9 @@ def test_keep_pause_processes_the_batch_in_flight(tmp_path: Any) -> None:
         core.step_fn()
     # Expected: the batch in flight is processed before the pause completes (its token delivered, computed with the
     # weights of before the pause); 0.16.0 keeps it queued until resume.
-    assert core.scheduler.requests["r0"].num_output_tokens == 1
+    tokens = core.scheduler.requests["r0"].num_output_tokens
+    assert tokens == 1, (f"r0 has {tokens} output token(s) after the paused engine stepped 3 times: the batch in "
+                         f"flight at the pause was not processed ({len(core.batch_queue)} batch(es) still queued)")
 
 
 def test_control_the_batch_in_flight_without_a_pause(tmp_path: Any) -> None:
