@@ -52,9 +52,10 @@ def _leaves() -> list[tuple[list[str], argparse.ArgumentParser]]:
 def test_every_command_and_action_dispatches_to_its_own_handler() -> None:
     leaves = _leaves()
     assert [c.name for c in COMMANDS] == ["matrix", "bisect", "workarounds", "frameworks", "plan", "fuzz", "report",
-                                          "history", "releases", "windows", "compare", "wheelhouse", "envs", "bench"]
-    # 9 commands, and 2 + 5 + 3 + 1 + 3 actions of workarounds, frameworks, history, releases, envs
-    assert len(leaves) == 23
+                                          "history", "releases", "windows", "upstream-report", "compare",
+                                          "wheelhouse", "envs", "bench"]
+    # 10 commands, and 2 + 5 + 3 + 1 + 3 actions of workarounds, frameworks, history, releases, envs
+    assert len(leaves) == 24
     for prefix, parser in leaves:
         handler = parser.get_default(HANDLER)
         assert handler is not None and handler.name == prefix[-1], prefix

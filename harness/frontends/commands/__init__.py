@@ -14,6 +14,7 @@ from harness.frontends.commands.matrix import MatrixCommand
 from harness.frontends.commands.plan import PlanCommand
 from harness.frontends.commands.releases import ReleasesCommand
 from harness.frontends.commands.report import ReportCommand
+from harness.frontends.commands.upstream_report import UpstreamReportCommand
 from harness.frontends.commands.wheelhouse import WheelhouseCommand
 from harness.frontends.commands.windows import WindowsCommand
 from harness.frontends.commands.workarounds import WorkaroundsCommand
@@ -30,6 +31,7 @@ COMMANDS: tuple[Command, ...] = (
     HistoryCommand(),
     ReleasesCommand(),
     WindowsCommand(),
+    UpstreamReportCommand(),
     CompareCommand(),
     WheelhouseCommand(),
     EnvsCommand(),
