@@ -304,7 +304,7 @@ EVENTS: dict[str, EventKind] = {
     # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario).
     "fuzz": EventKind({"status": str}, frozenset({
         "examples", "examples_to_failure", "wall_s", "examples_per_s", "cpu_s", "seed", "settings",
-        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach"})),
+        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach", "phases"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
     "done": EventKind({}, frozenset({"wall_s"})),
 }

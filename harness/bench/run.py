@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import lzma
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,8 @@ from typing import Any
 from harness.bench.phases import EngineTimeline, read_events, timeline
 from harness.core.errors import BadInput
 
-PHASES = ("environments", "import+construct", "model load", "kv cache+warm-up", "start-up", "scenario", "harness")
+PHASES = ("environments", "import+construct", "model load", "kv cache+warm-up", "start-up", "scenario", "harness",
+          "setups", "examples", "reach report", "minimise+replay")  # the last four: a fuzz run's parts
 SCHEMA = "vllm-repro/bench"
 SCHEMA_VERSION = 1
 
@@ -31,6 +32,7 @@ class BenchRun:
     run_s: float  # results.json created -> finished
     before_engines_s: float  # run start -> first engine start: environments resolved, built, verified; planning
     engines: tuple[EngineTimeline, ...]
+    workload_facts: dict[str, Any] = field(default_factory=dict)  # what the workload says of itself (fuzz: speed)
 
     def phase_seconds(self) -> dict[str, float]:
         """Engine-seconds per phase (engines side by side each count), plus the time before the first engine."""
@@ -47,10 +49,12 @@ class BenchRun:
                              "phases": {p: e.seconds(p) for p in PHASES[1:] if e.seconds(p)},
                              "spans": [{"phase": s.phase, "label": s.label, "start": round(s.start, 3),
                                         "end": round(s.end, 3)} for s in e.spans]}
-                            for e in self.engines]}
+                            for e in self.engines],
+                **self.workload_facts}
 
 
-def _text(path: Path) -> str:
+def text_of(path: Path) -> str:
+    """``path``'s text, or its ``.xz``'s; empty when neither exists."""
     if path.is_file():
         return path.read_text(errors="replace")
     xz = path.with_name(path.name + ".xz")
@@ -58,7 +62,7 @@ def _text(path: Path) -> str:
 
 
 def _results(reports: Path) -> dict[str, Any]:
-    text = _text(reports / "results.json")  # or results.json.xz
+    text = text_of(reports / "results.json")  # or results.json.xz
     try:
         data = json.loads(text) if text else None
     except ValueError as exc:
@@ -82,9 +86,9 @@ def load_run(reports: Path, workload: str = "", wall_s: float | None = None) -> 
     t1 = _epoch(data.get("finished") or data.get("created"), "finished", reports)
     engines = []
     for folder in sorted(p for p in (reports / "engines").glob("*") if p.is_dir()):
-        events = read_events(_text(folder / "events.jsonl"))
+        events = read_events(text_of(folder / "events.jsonl"))
         if events:
-            engines.append(timeline(folder.name, events, _text(folder / "engine.log"), t0))
+            engines.append(timeline(folder.name, events, text_of(folder / "engine.log"), t0))
     starts = [e.start for e in engines if e.spans]
     return BenchRun(workload or "run", tuple(str(a) for a in data.get("argv") or ()), wall_s, round(t1 - t0, 3),
                     round(min(starts), 3) if starts else round(t1 - t0, 3), tuple(engines))

@@ -327,6 +327,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, reach: Any = None) -> dict[str, Any]:
     """The ``fuzz`` event's fields: run the state machine, then replay its falsifying example (if any).
     ``reach``: a :class:`repro.sched.reach.Reach` measuring since before vLLM's import (or why none could be)."""
+    t_probe = time.monotonic()
     usable, dropped = drawable(adapter, model_dir, spec)
     if usable is spec and dropped:
         return {"status": "unsupported", "reason": "; ".join(f"{k}: {v}" for k, v in dropped.items()),
@@ -346,25 +347,32 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, rea
     t0, c0 = time.monotonic(), time.process_time()
     raised = _run_machine(machine, usable)
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    # Wall seconds of each part of the run, in order, for ``vllm-repro bench fuzz`` (harness/bench/fuzz.py).
+    phases = {"setups": round(t0 - t_probe, 3), "examples": round(wall, 3)}
     if measuring is not None:  # the snapshots are the measurement's cost, not the examples' (the tracing is)
         wall, cpu = wall - measuring.cost_wall_s, cpu - measuring.cost_cpu_s
     # The examples' reach, before the falsifying example's minimising and replay run more of vLLM.
+    t_reach = time.monotonic()
     reach_doc = measuring.result(stats.examples) if measuring is not None else (
         {"error": reach} if isinstance(reach, str) else None)
+    if measuring is not None:
+        phases["reach report"] = round(time.monotonic() - t_reach, 3)
     out: dict[str, Any] = {
         "status": "ran", "examples": stats.examples, "examples_to_failure": stats.examples_to_failure,
         "wall_s": round(wall, 3), "examples_per_s": round(stats.examples / wall, 1) if wall > 0 else None,
         # CPU seconds of this process: examples per CPU second do not depend on what else the machine runs.
         "cpu_s": round(cpu, 3),
         "seed": spec.seed, "settings": usable.to_json(), "hypothesis_version": hypothesis.__version__,
-        "coverage": stats.coverage(), "dropped": dropped, "falsifying": None,
+        "coverage": stats.coverage(), "dropped": dropped, "falsifying": None, "phases": phases,
         **({"reach": reach_doc} if reach_doc is not None else {}),
     }
     if raised is not None and stats.failure is None:
         # Hypothesis itself refused (a health check, a flaky example): no finding, and not a clean run either.
         return {**out, "status": "error", "reason": f"Hypothesis stopped: {raised}", "traceback": raised.tb}
     if stats.failure is not None:
+        t1 = time.monotonic()
         out["falsifying"] = falsifying(run, stats.failure)
+        phases["minimise+replay"] = round(time.monotonic() - t1, 3)
     return out
 
 

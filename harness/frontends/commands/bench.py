@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.bench.fuzz import load_fuzz
 from harness.bench.run import BenchRun, load_run
 from harness.core.errors import BadInput, bad_choice
 from harness.frontends.commands.base import Command
@@ -22,34 +23,48 @@ WORKLOADS: dict[str, tuple[str, ...]] = {
     "repro": ("matrix",),
     "sched": ("matrix", "--tier", "scheduler", "--scenario", "all"),
     "frameworks": ("frameworks", "check"),
+    "fuzz": ("fuzz",),  # the scheduler-tier fuzzer's ci profile; its examples per CPU second go in bench.json
 }
 
 
 class BenchCommand(Command):
     name = "bench"
-    help = ("run a workload (repro, sched, frameworks) and write where its time went, per engine and phase, as "
+    help = ("run a workload (repro, sched, frameworks, fuzz) and write where its time went, per engine and phase, as "
             "JSON, a table and a timeline picture; --from reads an earlier run's reports folder instead")
 
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("workload", nargs="?", default="repro", help=f"one of {', '.join(WORKLOADS)}")
         parser.add_argument("--from", dest="from_reports", type=Path, default=None, metavar="REPORTS",
-                            help="read this reports folder (a matrix or frameworks run) instead of running")
+                            help="read this reports folder (a matrix, frameworks or fuzz run) instead of running")
         parser.add_argument("--out", type=Path, default=Path("reports/bench"),
                             help="where bench.json and timeline.png go (default reports/bench)")
-        parser.add_argument("extra", nargs="*", help="after --: arguments for the workload's command")
+        # REMAINDER, not "*": with subcommands, argparse (3.11) rejects what follows "--" for a "*" positional
+        # ("unrecognized arguments: -- --versions ...").  REMAINDER also takes bench's own options written after the
+        # workload; run() reads those back (_own_options).
+        parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: arguments for the workload's command")
+        self._own = parser
+
+    def _own_options(self, args: argparse.Namespace) -> argparse.Namespace:
+        """``args`` with bench's options written after the workload parsed, and ``extra`` what follows --."""
+        own, workload_args = _split(list(args.extra))
+        if own:
+            args = self._own.parse_args([*own, args.workload], namespace=args)
+        args.extra = workload_args
+        return args
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.bench.plot import draw
 
-
+        args = self._own_options(args)
         if args.workload not in WORKLOADS:
             raise bad_choice("workload", args.workload, tuple(WORKLOADS))
         if args.from_reports is not None:
-            run = load_run(args.from_reports, args.workload)
+            run = _load(args.workload, args.from_reports, None, None, ())
         else:
             reports = args.out / "reports"
-            wall = _run_workload(args.workload, _extra(args.extra), reports)
-            run = load_run(reports, args.workload, wall)
+            started = time.time()
+            wall = _run_workload(args.workload, args.extra, reports)
+            run = _load(args.workload, reports, wall, started, (*WORKLOADS[args.workload], *args.extra))
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench.json").write_text(json.dumps(run.to_json(), indent=1) + "\n")
         draw(run, args.out / "timeline.png")
@@ -58,8 +73,28 @@ class BenchCommand(Command):
         return 0
 
 
-def _extra(extra: list[str]) -> list[str]:
-    return extra[1:] if extra[:1] == ["--"] else list(extra)
+OWN_OPTIONS = ("--out", "--from")
+
+
+def _split(extra: list[str]) -> tuple[list[str], list[str]]:
+    """``extra`` as (bench's own options, the workload's arguments after --).  argparse keeps the "--" only when
+    bench's options came before it; without it, leading ``--out X`` / ``--from X`` are bench's."""
+    if "--" in extra:
+        i = extra.index("--")
+        return extra[:i], extra[i + 1:]
+    i = 0
+    while i < len(extra) and extra[i].split("=")[0] in OWN_OPTIONS:
+        i += 1 if "=" in extra[i] else 2
+    return extra[:i], extra[i:]
+
+
+def _load(workload: str, reports: Path, wall: float | None, started: float | None, argv: tuple[str, ...]
+          ) -> BenchRun:
+    """The run's breakdown: a fuzz run from its processes' events (it leaves no results.json), the rest from
+    results.json and the engines' events and logs."""
+    if workload == "fuzz":
+        return load_fuzz(reports, wall, started, argv or (workload,))
+    return load_run(reports, workload, wall)
 
 
 def _run_workload(workload: str, extra: list[str], reports: Path) -> float:
@@ -85,3 +120,7 @@ def _table(run: BenchRun) -> None:
         if secs:
             table.add_row(phase, f"{secs:.1f}", share)
     Console().print(table)
+    for v in run.workload_facts.get("fuzz", ()):
+        print(f"fuzz {v['version']}: {v['examples']} examples in {v['cpu_s']} CPU s: {v['examples_per_cpu_s']} per CPU "
+              f"second; reach of scheduler.py {v['reach_scheduler_py']} % ({v['reach_of_reachable']} % of what a "
+              "CPU run can reach)")
