@@ -14,6 +14,8 @@ from typing import Any
 
 from repro.crash import raised_in_vllm
 from repro.sched.adapter import Unsupported, vllm_crash_site
+from repro.sched.admission import NAME as ADMISSION
+from repro.sched.admission import precondition as admission_precondition
 from repro.sched.executor import Executor, OpUnsupported
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import scenario_facts
@@ -63,6 +65,8 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
         return {**result, "status": "error"}
     if sc["scenario"] == INFLIGHT:  # its precondition and what the scheduler holds at the end
         base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched))
+    if sc["scenario"] == ADMISSION:  # every add before the first step; budget and cache hold a full step
+        base["precondition"] = admission_precondition(ex.log, ex.records(), base["setup"])
     if sc["scenario"] == RESET_CONNECTOR:  # the connector's recorded reset_cache() calls and the precondition
         base.update(connector_facts(ex.log, sched))
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,

@@ -35,6 +35,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from repro.sched.admission import NAME as ADMISSION
+from repro.sched.admission import max_seqs_admission
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import inflight_add_abort
 from repro.sched.reset_connector import NAME as RESET_CONNECTOR
@@ -135,6 +137,8 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     "deferred_free_pressure": deferred_free_pressure,
     "session_reset": session_reset,
     "session_spec": session_spec,
+    # vllm#45257 (open, PR #45366): max_num_seqs counts requests whose last token is in flight (admission.py).
+    ADMISSION: max_seqs_admission,
     # Not an upstream bug: 0.34.0's adds and aborts while a step is in flight (repro/sched/inflight.py).
     INFLIGHT: inflight_add_abort,
     # Not an upstream bug: 0.34.0's reset_connector, a drained reset with and without it (reset_connector.py).
