@@ -130,6 +130,10 @@ SHAPES: dict[str, SchedShape] = {
     # self.running, so the AsyncScheduler's next step admits nobody (repro/sched/admission.py).  Async off: the
     # sync Scheduler, whose finished requests leave running before the next step, the control.
     "max-seqs-admission": SchedShape("max_seqs_admission", {"depth": 2}, {}, admission_checks=True),
+    # vllm#45138 / #49250 part 2 (open PRs #45146, #49252): a synchronous KV load promised by the failing consumer
+    # connector, reported failed by the frame that schedules f0, recomputed under kv_load_failure_policy=
+    # "recompute" (repro/sched/kv_failure.py).  Async off: the sync Scheduler (no placeholders), the control.
+    "kv-load-recompute": SchedShape("kv_load_recompute", {"depth": 2}, {}),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
 }

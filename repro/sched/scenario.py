@@ -19,6 +19,8 @@ from repro.sched.admission import precondition as admission_precondition
 from repro.sched.executor import Executor, OpUnsupported
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import scenario_facts
+from repro.sched.kv_failure import NAME as KV_FAILURE
+from repro.sched.kv_failure import scenario_facts as kv_failure_facts
 from repro.sched.reset_connector import NAME as RESET_CONNECTOR
 from repro.sched.reset_connector import missing_parameter
 from repro.sched.reset_connector import scenario_facts as connector_facts
@@ -67,6 +69,8 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
         base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched))
     if sc["scenario"] == ADMISSION:  # every add before the first step; budget and cache hold a full step
         base["precondition"] = admission_precondition(ex.log, ex.records(), base["setup"])
+    if sc["scenario"] == KV_FAILURE:  # the promised load was reported failed, with the recompute policy
+        base.update(kv_failure_facts(sched))
     if sc["scenario"] == RESET_CONNECTOR:  # the connector's recorded reset_cache() calls and the precondition
         base.update(connector_facts(ex.log, sched))
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,

@@ -39,6 +39,8 @@ from repro.sched.admission import NAME as ADMISSION
 from repro.sched.admission import max_seqs_admission
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import inflight_add_abort
+from repro.sched.kv_failure import NAME as KV_FAILURE
+from repro.sched.kv_failure import kv_load_recompute
 from repro.sched.reset_connector import NAME as RESET_CONNECTOR
 from repro.sched.reset_connector import reset_connector
 from repro.sched.script import (
@@ -139,6 +141,8 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     "session_spec": session_spec,
     # vllm#45257 (open, PR #45366): max_num_seqs counts requests whose last token is in flight (admission.py).
     ADMISSION: max_seqs_admission,
+    # vllm#45138 / #49250 part 2 (open PRs #45146, #49252): a failed sync KV load recomputed (kv_failure.py).
+    KV_FAILURE: kv_load_recompute,
     # Not an upstream bug: 0.34.0's adds and aborts while a step is in flight (repro/sched/inflight.py).
     INFLIGHT: inflight_add_abort,
     # Not an upstream bug: 0.34.0's reset_connector, a drained reset with and without it (reset_connector.py).

@@ -180,7 +180,8 @@ class HttpLLM:
             async with self.client.stream("POST", self.url + "/v1/completions", json=body, timeout=None) as resp:
                 if resp.status_code >= 400:
                     text = (await resp.aread())[:300]
-                    cls = RetryableRequestError if resp.status_code == 503 and b"paused" in text.lower() else ServerError
+                    paused = resp.status_code == 503 and b"paused" in text.lower()
+                    cls = RetryableRequestError if paused else ServerError
                     raise cls(f"completion {request_id}: HTTP {resp.status_code}: {text!r}")
                 self._streams[request_id] = resp
                 async for out in stream_outputs(resp.aiter_lines()):
