@@ -25,6 +25,9 @@ from repro.sched.reset_connector import NAME as RESET_CONNECTOR
 from repro.sched.reset_connector import missing_parameter
 from repro.sched.reset_connector import scenario_facts as connector_facts
 from repro.sched.script import ScriptError
+from repro.sched.spec_gap import NAME as SPEC_GAP
+from repro.sched.spec_gap import record_spec
+from repro.sched.spec_gap import scenario_facts as spec_gap_facts
 from repro.sched.upstream import build_any_script
 
 
@@ -49,6 +52,7 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
         base["spec_method"] = str(getattr(spec_cfg, "method", None))
     if sc["scenario"] == RESET_CONNECTOR and (why := missing_parameter(sched)):  # nothing to exercise
         return {**base, "status": "unsupported", "reason": why}
+    spec_log = record_spec(sched) if sc["scenario"] == SPEC_GAP else None
     setup_s = round(time.monotonic() - t0, 3)
     try:
         ex.play()
@@ -69,6 +73,8 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
         base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched))
     if sc["scenario"] == ADMISSION:  # every add before the first step; budget and cache hold a full step
         base["precondition"] = admission_precondition(ex.log, ex.records(), base["setup"])
+    if spec_log is not None:  # each step's drafts: stale -1s after a scheduling gap (vllm#37159)
+        base.update(spec_gap_facts(spec_log))
     if sc["scenario"] == KV_FAILURE:  # the promised load was reported failed, with the recompute policy
         base.update(kv_failure_facts(sched))
     if sc["scenario"] == RESET_CONNECTOR:  # the connector's recorded reset_cache() calls and the precondition

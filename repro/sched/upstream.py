@@ -55,6 +55,8 @@ from repro.sched.script import (
     _setup_from,
     build_script,
 )
+from repro.sched.spec_gap import NAME as SPEC_GAP
+from repro.sched.spec_gap import spec_gap
 
 
 def _varied_requests(prefix: str, n: int, lo: int, hi: int, max_tokens: int, vocab_size: int,
@@ -143,6 +145,8 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     ADMISSION: max_seqs_admission,
     # vllm#45138 / #49250 part 2 (open PRs #45146, #49252): a failed sync KV load recomputed (kv_failure.py).
     KV_FAILURE: kv_load_recompute,
+    # vllm#37159 (closed PRs #40768, #46899): stale -1 drafts after a scheduling gap (spec_gap.py).
+    SPEC_GAP: spec_gap,
     # Not an upstream bug: 0.34.0's adds and aborts while a step is in flight (repro/sched/inflight.py).
     INFLIGHT: inflight_add_abort,
     # Not an upstream bug: 0.34.0's reset_connector, a drained reset with and without it (reset_connector.py).
