@@ -284,7 +284,7 @@ _SCENARIO_FIELDS = frozenset({"records", "events", "duration_s", "probe_after", 
 _SCHED_SCENARIO_FIELDS = frozenset({"scenario", "setup", "scheduler", "depth", "scheduler_class", "ops_log",
                                     "stalled", "stall_state", "iterations", "frames", "empty_frames", "setup_s",
                                     "vllm_frame", "vllm_source", "exception_type", "message", "spec_method",
-                                    "end_state", "connector"})
+                                    "end_state", "connector", "spec_steps"})
 EVENTS: dict[str, EventKind] = {
     # pid and process group: the harness kills the whole group.
     "start": EventKind({"pgid": int}, frozenset({"pid", "engine_id", "python"})),

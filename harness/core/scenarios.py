@@ -259,6 +259,16 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              refs=("PR #27170",), trigger=False),
     Scenario("reset-connector-keep", "the same drained reset with reset_connector=False: the KV connector's "
              "reset_cache() never called", tiers=("scheduler",), refs=("PR #27170",), trigger=False),
+    # repro/sched/admission.py: vllm#45257 (open; PR #45366 open, PR #45339 closed): under async scheduling a
+    # request whose last token is in flight still counts against max_num_seqs, so a step admits nobody.
+    Scenario("max-seqs-admission", "max_tokens=1 requests three times max_num_seqs: every step must schedule "
+             "max_num_seqs of them while any waits", tiers=("scheduler",), refs=("vllm#45257", "PR #45366"),
+             trigger=False),
+    # repro/sched/kv_failure.py: vllm#45138 (PRs #45146 open, #45430 closed) and vllm#49250 part 2 (PR #49252 open):
+    # a failed synchronous KV load recomputed under kv_load_failure_policy="recompute" with output placeholders.
+    Scenario("kv-load-recompute", "a request's promised synchronous KV load fails and is recomputed "
+             "(kv_load_failure_policy='recompute'): its stream must be its solo reference", tiers=("scheduler",),
+             refs=("vllm#45138", "vllm#49250", "PR #45146", "PR #49252"), trigger=False, fault_records="f0"),
     # harness.sched.cells.SHAPES: reset_prefix_cache(reset_running_requests=True) in two states the fuzzer found
     # where vLLM raises "Failed to reset KV cache even when all the running requests are preempted"
     # (docs/results/fuzz-judge-2026-12-02/: both reached through AsyncLLM as well).

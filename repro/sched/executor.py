@@ -41,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from repro.sched.kv_failure import fail_loads
 from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
 from repro.sched.stall import scheduler_state, state_text
 
@@ -207,6 +208,8 @@ class Executor:
             # rejected", v1/sample/rejection_sampler.py).  Accepting them made a session turn end past its
             # max_tokens (docs/results/fuzz-judge2-2026-12-02).
             padded = rid in restarted
+            if self.setup.kv_load_failure:  # no drafts: a worker samples where vLLM's num_computed_tokens ends, also
+                self.worker_next.pop(rid, None)  # after a recompute rolled it back (repro.sched.kv_failure)
             if rid in restarted or rid not in self.worker_next:
                 self.worker_next.pop(rid, None)
                 if req.num_computed_tokens - drafts < req.num_tokens:
@@ -247,6 +250,8 @@ class Executor:
         sampled = [[token_at(self.perm, self._context(r), p) for p in positions[r]] for r in req_ids]
         output = (self.builder.runner_output(req_ids, sampled, kv_connector=True) if self.setup.kv_consumer
                   else self.builder.runner_output(req_ids, sampled))
+        if self.setup.kv_load_failure:  # the worker reports the failing connector's promised loads failed
+            fail_loads(self.sched, req_ids, output, self.frames_made)
         frame = Frame(self.frames_made, so, positions, output)
         self.frames_made += 1
         self.queue.append(frame)

@@ -14,13 +14,20 @@ from typing import Any
 
 from repro.crash import raised_in_vllm
 from repro.sched.adapter import Unsupported, vllm_crash_site
+from repro.sched.admission import NAME as ADMISSION
+from repro.sched.admission import precondition as admission_precondition
 from repro.sched.executor import Executor, OpUnsupported
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import scenario_facts
+from repro.sched.kv_failure import NAME as KV_FAILURE
+from repro.sched.kv_failure import scenario_facts as kv_failure_facts
 from repro.sched.reset_connector import NAME as RESET_CONNECTOR
 from repro.sched.reset_connector import missing_parameter
 from repro.sched.reset_connector import scenario_facts as connector_facts
 from repro.sched.script import ScriptError
+from repro.sched.spec_gap import NAME as SPEC_GAP
+from repro.sched.spec_gap import record_spec
+from repro.sched.spec_gap import scenario_facts as spec_gap_facts
 from repro.sched.upstream import build_any_script
 
 
@@ -45,6 +52,7 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
         base["spec_method"] = str(getattr(spec_cfg, "method", None))
     if sc["scenario"] == RESET_CONNECTOR and (why := missing_parameter(sched)):  # nothing to exercise
         return {**base, "status": "unsupported", "reason": why}
+    spec_log = record_spec(sched) if sc["scenario"] == SPEC_GAP else None
     setup_s = round(time.monotonic() - t0, 3)
     try:
         ex.play()
@@ -63,6 +71,12 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
         return {**result, "status": "error"}
     if sc["scenario"] == INFLIGHT:  # its precondition and what the scheduler holds at the end
         base.update(scenario_facts(ex.log, ex.records(), script.setup.depth, sched))
+    if sc["scenario"] == ADMISSION:  # every add before the first step; budget and cache hold a full step
+        base["precondition"] = admission_precondition(ex.log, ex.records(), base["setup"])
+    if spec_log is not None:  # each step's drafts: stale -1s after a scheduling gap (vllm#37159)
+        base.update(spec_gap_facts(spec_log))
+    if sc["scenario"] == KV_FAILURE:  # the promised load was reported failed, with the recompute policy
+        base.update(kv_failure_facts(sched))
     if sc["scenario"] == RESET_CONNECTOR:  # the connector's recorded reset_cache() calls and the precondition
         base.update(connector_facts(ex.log, sched))
     return {**base, "status": "ran", "records": ex.records(), "ops_log": ex.log, "stalled": ex.stalled,

@@ -92,6 +92,9 @@ class Setup:
     # A consumer KV connector that moves nothing (repro/sched/null_connector.py): with D >= 2 it turns on
     # vLLM's deferred block frees (PR #45357), the precondition of vllm#49674.
     kv_consumer: bool = False
+    # The consumer connector is repro/sched/failing_connector.py (promised loads of f* requests fail) with
+    # kv_load_failure_policy="recompute" (vllm#45138, repro/sched/kv_failure.py); needs kv_consumer.
+    kv_load_failure: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -110,6 +113,9 @@ class Setup:
                      "max_steps"):
             if getattr(self, name) < 1:
                 raise ScriptError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.kv_load_failure and (not self.kv_consumer or self.spec_tokens):
+            raise ScriptError("kv_load_failure needs kv_consumer and no spec_tokens (the worker follows the "
+                              "scheduler's num_computed_tokens)")
         if self.policy not in POLICIES or self.long_prefill_token_threshold < 0:
             raise ScriptError(f"policy={self.policy!r} (valid: {list(POLICIES)}), long_prefill_token_threshold="
                               f"{self.long_prefill_token_threshold} (>= 0)")

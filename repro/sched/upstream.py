@@ -35,8 +35,12 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from repro.sched.admission import NAME as ADMISSION
+from repro.sched.admission import max_seqs_admission
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import inflight_add_abort
+from repro.sched.kv_failure import NAME as KV_FAILURE
+from repro.sched.kv_failure import kv_load_recompute
 from repro.sched.reset_connector import NAME as RESET_CONNECTOR
 from repro.sched.reset_connector import reset_connector
 from repro.sched.script import (
@@ -51,6 +55,8 @@ from repro.sched.script import (
     _setup_from,
     build_script,
 )
+from repro.sched.spec_gap import NAME as SPEC_GAP
+from repro.sched.spec_gap import spec_gap
 
 
 def _varied_requests(prefix: str, n: int, lo: int, hi: int, max_tokens: int, vocab_size: int,
@@ -135,6 +141,12 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     "deferred_free_pressure": deferred_free_pressure,
     "session_reset": session_reset,
     "session_spec": session_spec,
+    # vllm#45257 (open, PR #45366): max_num_seqs counts requests whose last token is in flight (admission.py).
+    ADMISSION: max_seqs_admission,
+    # vllm#45138 / #49250 part 2 (open PRs #45146, #49252): a failed sync KV load recomputed (kv_failure.py).
+    KV_FAILURE: kv_load_recompute,
+    # vllm#37159 (closed PRs #40768, #46899): stale -1 drafts after a scheduling gap (spec_gap.py).
+    SPEC_GAP: spec_gap,
     # Not an upstream bug: 0.34.0's adds and aborts while a step is in flight (repro/sched/inflight.py).
     INFLIGHT: inflight_add_abort,
     # Not an upstream bug: 0.34.0's reset_connector, a drained reset with and without it (reset_connector.py).
