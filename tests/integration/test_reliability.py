@@ -124,7 +124,9 @@ def _sigterm_pending(pid: int) -> bool:
 def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     # --jobs 1: the engines run one after the other on any machine (the default runs two at once on 16 cores).
-    args = [*BASE, "--mode", "keep", "--async", "off,on", "--jobs", "1", "--reports", str(reports)]
+    # --request greedy: one cell per engine (the default also sends sampled groups where the pause scenario does).
+    args = [*BASE, "--mode", "keep", "--async", "off,on", "--request", "greedy", "--jobs", "1", "--reports",
+            str(reports)]
     log1, log2, log3 = (tmp_path / f"cli{i}.log" for i in (1, 2, 3))
     proc = _cli(args, log1)
     log = reports / "results.jsonl"

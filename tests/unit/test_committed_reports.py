@@ -26,8 +26,10 @@ RUN_IDS = {"cpu-2026-11-30": "a58f86ccb6751397", "gpu-h200-2026-11-30": "ebea3e6
 
 
 def _schema(path: Path) -> object:
+    """The document's ``schema``; None for JSON that is no report (a probe's list of steps, a bench file)."""
     text = read_bytes(path).decode()
-    return json.loads(text.splitlines()[0] if ".jsonl" in path.suffixes else text).get("schema")
+    doc = json.loads(text.splitlines()[0] if ".jsonl" in path.suffixes else text)
+    return doc.get("schema") if isinstance(doc, dict) else None
 
 
 def test_every_committed_report_loads_round_trips_and_renders() -> None:
