@@ -43,7 +43,7 @@ from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupport
 from repro.scenarios.runs import check_pause_api
 from repro.server.door import run_server_door
 from repro.watchdog import watch_parent
-from repro.wire import Spec, WireError, check_event, stdin_scenarios
+from repro.wire import Spec, WireError, check_event, stdin_scenarios, wait_go
 
 
 class Emitter:
@@ -299,6 +299,11 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
         eff, reason = await prove_settings(llm, spec, model, engine_kwargs(spec, model, weight_transfer), probe)
         emit("engine", **info, requested=_requested(spec), effective=eff, probe=probe, startup_s=startup,
              unsupported_reason=reason)
+        if spec.gate:
+            # Started up beside other engines; the scenarios run when the harness gives this engine its turn.
+            waited = time.monotonic()
+            await wait_go()
+            emit("turn", waited_s=round(time.monotonic() - waited, 3))
         for sc in spec.scenarios:
             await run_cell(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, emit)
         if spec.interactive:

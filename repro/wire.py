@@ -27,8 +27,11 @@ from repro.settings import problem as setting_problem
 #    (the server door's URL, argv, pid and log).
 # 4: a spec may carry ``client`` (the client door's framework client: framework, version, the side environment's
 #    python; or ``error``, why it has none) and a scenario event ``client`` (what the framework's client ran).
-SCHEMA_VERSION = 4
+# 5: a spec may carry ``gate`` (the engine waits for :data:`GO` on stdin between its ``engine`` event and its first
+#    scenario: engines start up side by side while one at a time runs its scenarios, harness.run.turns).
+SCHEMA_VERSION = 5
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
+GO: dict[str, str] = {"op": "go"}  # a gated engine: run the scenarios now
 # bigram-cycle: the built-in deterministic checkpoint (repro.models); qwen3-random: the built-in random-weight
 # Qwen3 (repro.realistic); context-cell: the built-in checkpoint pair that sees stale KV (repro.context_model);
 # path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
@@ -221,6 +224,7 @@ class Spec:
     startup_timeout: float | None = None  # the engine's start-up limit (the server door's health wait)
     # The client door (repro.client.door): {"framework", "version", "python"} of the framework's side environment.
     client: dict[str, Any] | None = None
+    gate: bool = False  # wait for GO on stdin before the first scenario (wait_go)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -238,6 +242,8 @@ class Spec:
             out["startup_timeout"] = self.startup_timeout
         if self.client is not None:
             out["client"] = dict(self.client)
+        if self.gate:
+            out["gate"] = True
         return out
 
     @classmethod
@@ -246,7 +252,7 @@ class Spec:
         if doc.get("schema_version") != SCHEMA_VERSION:
             raise WireError("spec", f"schema_version {doc.get('schema_version')!r}; this side reads {SCHEMA_VERSION}")
         _only(doc, {"schema_version", "engine_id", "engine", "model", "model_cache", "scenario_timeout",
-                    "scenarios", "interactive", "startup_timeout", "client"}, "spec")
+                    "scenarios", "interactive", "startup_timeout", "client", "gate"}, "spec")
         model = _need(doc, "model", dict, "spec")
         kind = model.get("kind", "bigram-cycle")
         if kind not in MODEL_KINDS:
@@ -262,6 +268,7 @@ class Spec:
             model_kind=kind,
             startup_timeout=None if doc.get("startup_timeout") is None else float(doc["startup_timeout"]),
             client=None if doc.get("client") is None else dict(_need(doc, "client", dict, "spec")),
+            gate=bool(doc.get("gate", False)),
         )
 
 
@@ -307,6 +314,8 @@ EVENTS: dict[str, EventKind] = {
         "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach", "phases"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
     "done": EventKind({}, frozenset({"wall_s"})),
+    # A gated engine (Spec.gate) got its turn: how long it waited, started up, for the engines before it.
+    "turn": EventKind({"waited_s": (int, float)}),
 }
 # status -> the field the harness reads besides id and status
 _STATUS_NEEDS: dict[str, tuple[str, type]] = {"ran": ("records", list), "unsupported": ("reason", str),
@@ -348,6 +357,16 @@ def check_event(ev: Mapping[str, Any], strict: bool = False) -> Mapping[str, Any
     if strict:
         _only(ev, {"event", "t", *desc.required, *desc.optional}, what)
     return ev
+
+
+async def wait_go() -> None:
+    """A gated engine (``Spec.gate``): block until the harness sends :data:`GO`, or closes stdin (it is gone, or
+    gave up on the gate; the parent watchdog ends an orphan)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line or (line.strip() and json.loads(line) == GO):
+            return
 
 
 async def stdin_scenarios() -> AsyncIterator[ScenarioSpec]:

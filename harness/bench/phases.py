@@ -6,8 +6,9 @@ one ``scenario`` per cell as it finished, with its ``duration_s``) and vLLM's ow
 says how long it spent loading the weights ("Model loading took ... and X seconds", "Loading weights took X
 seconds") and initialising the engine ("init engine (profile, create kv cache, warmup model) took X s/seconds";
 vLLM 0.21-0.34 spell it so).  From these an engine's start-up splits into model load, KV cache and warm-up, and the
-rest (interpreter, ``import vllm``, engine construction); its scenarios each have a start and an end; the gaps
-between them are the harness's own.
+rest (interpreter, ``import vllm``, engine construction); a gated engine's ``turn`` event ends its wait, ready,
+for its turn at the scenarios (harness.run.turns); its scenarios each have a start and an end; the gaps between
+them are the harness's own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _GRAPHS = re.compile(r"Graph capturing finished in ([0-9.]+) secs")
 class Span:
     """One stretch of an engine's time, in seconds since the run began."""
 
-    phase: str  # "import+construct", "model load", "kv cache+warm-up", "scenario", "harness"
+    phase: str  # "import+construct", "model load", "kv cache+warm-up", "turn wait", "scenario", "harness"
     start: float
     end: float
     label: str = ""  # the scenario's id, for scenario spans
@@ -101,6 +102,11 @@ def timeline(engine: str, events: list[dict[str, Any]], log_text: str, t0: float
         return EngineTimeline(engine, (), None, ("no start event",))
     spans = _startup(start - t0, None if ready is None else ready["t"] - t0, read_log(log_text), problems)
     last = spans[-1].end if spans else start - t0
+    turn = next((e for e in events if e.get("event") == "turn"), None)
+    if turn is not None and turn["t"] - t0 > last:
+        # A gated engine, started up beside others, waited for its turn at the scenarios (harness.run.turns).
+        spans.append(Span("turn wait", last, turn["t"] - t0))
+        last = turn["t"] - t0
     for ev in (e for e in events if e.get("event") == "scenario"):
         end = ev["t"] - t0
         begin = max(last, end - float(ev.get("duration_s") or 0.0))

@@ -16,8 +16,8 @@ from typing import Any
 from harness.bench.phases import EngineTimeline, read_events, timeline
 from harness.core.errors import BadInput
 
-PHASES = ("environments", "import+construct", "model load", "kv cache+warm-up", "start-up", "scenario", "harness",
-          "setups", "examples", "reach report", "minimise+replay")  # the last four: a fuzz run's parts
+PHASES = ("environments", "import+construct", "model load", "kv cache+warm-up", "start-up", "turn wait", "scenario",
+          "harness", "setups", "examples", "reach report", "minimise+replay")  # the last four: a fuzz run's parts
 SCHEMA = "vllm-repro/bench"
 SCHEMA_VERSION = 1
 

@@ -153,6 +153,15 @@ class DoneEvent:
 
 
 @dataclass(frozen=True)
+class TurnEvent:
+    """A gated engine got its turn at the scenarios after ``waited_s`` seconds started up (harness.run.turns)."""
+
+    waited_s: float
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    kind = "turn"
+
+
+@dataclass(frozen=True)
 class CorruptEvent:
     """A line that is not JSON, or not an event the wire format describes: shown, never judged."""
 
@@ -162,7 +171,7 @@ class CorruptEvent:
     kind = "corrupt"
 
 
-Event = (StartEvent | EngineEvent | SchedEvent | ScenarioEvent | FuzzEvent | FatalEvent | DoneEvent
+Event = (StartEvent | EngineEvent | SchedEvent | ScenarioEvent | FuzzEvent | FatalEvent | DoneEvent | TurnEvent
          | CorruptEvent)
 
 
@@ -255,4 +264,5 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Event]] = {
     "fuzz": _fuzz,
     "fatal": lambda ev: FatalEvent(ev["reason"], _str(ev.get("traceback")), ev),
     "done": lambda ev: DoneEvent(_num(ev.get("wall_s")), ev),
+    "turn": lambda ev: TurnEvent(float(ev["waited_s"]), ev),
 }

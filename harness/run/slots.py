@@ -34,11 +34,13 @@ MAX_PER_GPU = 8
 
 @dataclass(frozen=True)
 class Capacity:
-    """Engines at once (``jobs``), and on cuda the GPUs with ``per_gpu`` engines each at most."""
+    """Engines at once (``jobs``), and on cuda the GPUs with ``per_gpu`` engines each at most; ``scenarios``: of
+    those, how many run their scenarios at once (0: all; the others start up meanwhile, harness.run.turns)."""
 
     jobs: int
     gpus: tuple[str, ...] = ()
     per_gpu: int = 1
+    scenarios: int = 0
 
     @property
     def shares_gpus(self) -> bool:
@@ -65,12 +67,18 @@ def for_workers(cap: Capacity, workers: int) -> Capacity:
     return Capacity(jobs, cap.gpus, min(cap.per_gpu, jobs)) if cap.gpus else Capacity(jobs)
 
 
-def capacity(jobs: int, platform: str, gpus: Sequence[str], gpu_memory_utilization: float | None) -> Capacity:
-    """``--jobs N`` (0: automatic): N engines at once, spread over the GPUs."""
+def capacity(jobs: int, platform: str, gpus: Sequence[str], gpu_memory_utilization: float | None,
+             cores: int | None = None) -> Capacity:
+    """``--jobs N`` (0: automatic): N engines at once, spread over the GPUs.
+
+    On the CPU platform engines *pipeline* (harness.run.turns): as many run their scenarios at once as
+    :func:`auto_jobs` allows (one on a small machine, as before), and automatic capacity starts one more, whose
+    start-up overlaps the others' scenarios and teardown; ``--jobs N`` starts N, with the same scenario bound."""
+    if platform != "cuda" or not gpus:
+        decode = auto_jobs(platform, gpus, gpu_memory_utilization, cores).jobs
+        return Capacity(jobs=jobs if jobs > 0 else decode + 1, scenarios=decode)
     if jobs <= 0:
         return auto_jobs(platform, gpus, gpu_memory_utilization)
-    if platform != "cuda" or not gpus:
-        return Capacity(jobs=jobs)
     per_gpu = -(-jobs // len(gpus))  # ceil: N engines over the GPUs
     return Capacity(jobs=jobs, gpus=tuple(gpus), per_gpu=per_gpu)
 

@@ -93,7 +93,7 @@ def engine_arg_sources(cfg: RunConfig, profile_name: str, profile: dict[str, Any
 
 
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
-               extra: dict[str, Any] | None = None) -> Spec:
+               extra: dict[str, Any] | None = None, gate: bool = False) -> Spec:
     """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
 
     ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
@@ -114,6 +114,7 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
         scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
         interactive=interactive,
         client=cfg.client if engine.door == "client" else None,
+        gate=gate,
     )
 
 

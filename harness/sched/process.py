@@ -9,7 +9,6 @@ checked against ``repro.wire``, the whole group killed at the end.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,9 @@ from harness.plan.matrix import EngineKey
 from harness.run.events import Event, FatalEvent
 from harness.run.process import EngineProcess
 from harness.run.spec import RunConfig
+from harness.run.vllm_cache import vllm_cache_env
+
+__all__ = ["SchedRun", "run_sched", "vllm_cache_env"]
 
 E = TypeVar("E", bound=Event)
 
@@ -52,20 +54,6 @@ class SchedRun:
         return f"repro.sched exited with code {self.returncode}; last log lines: {self.log_tail}"
 
 
-def vllm_cache_env(env: VllmEnv, cfg: RunConfig) -> dict[str, str]:
-    """A ``VLLM_CACHE_ROOT`` of the environment's own, unless the caller's shell set one.
-
-    vLLM caches what it learns by importing a model's module in a subprocess (``_LazyRegisteredModel.
-    inspect_model_cls``, vllm/model_executor/models/registry.py in 0.32.0) as one file per model class under
-    ``$VLLM_CACHE_ROOT/modelinfos``, stamped with that release's module hash: releases sharing ``~/.cache/vllm``
-    overwrite each other's entry, so a run over several versions paid the subprocess (10-12 s on 2 cores) for each
-    version's first scheduler, every run (docs/performance.md, the fuzzer).  The scheduler tier compiles nothing,
-    so the rest of vLLM's cache is empty there."""
-    if "VLLM_CACHE_ROOT" in os.environ:
-        return {}
-    return {"VLLM_CACHE_ROOT": str((cfg.model_cache.parent / "vllm-cache" / env.path.name).resolve())}
-
-
 def run_sched(env: VllmEnv, engine: EngineKey, cfg: RunConfig, name: str, spec: dict[str, Any], timeout: float,
               distributions: Sequence[str] = (), on_event: Callable[[Event], None] | None = None,
               ) -> SchedRun:
@@ -73,8 +61,7 @@ def run_sched(env: VllmEnv, engine: EngineKey, cfg: RunConfig, name: str, spec: 
 
     Ctrl-C or SIGTERM while it runs kills its process group before the interrupt propagates.
     """
-    proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / name, spec=spec, distributions=distributions,
-                         extra_env=vllm_cache_env(env, cfg))
+    proc = EngineProcess(env, engine, cfg, cfg.work_dir / "engines" / name, spec=spec, distributions=distributions)
     events: list[Event] = []
     t0 = time.monotonic()
     timed_out = False

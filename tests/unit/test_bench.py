@@ -37,6 +37,15 @@ def test_start_up_splits_by_vllms_log_and_scenarios_leave_the_harness_gaps() -> 
     assert not tl.problems
 
 
+def test_a_gated_engines_wait_for_its_turn_is_its_own_span() -> None:
+    events = _events(1000.0)
+    events.insert(2, {"event": "turn", "t": 1012.75, "waited_s": 0.75})  # ready at 12.0, its turn at 12.75
+    tl = timeline("e", events, LOG, 1000.0)
+    assert [(s.phase, s.start, round(s.end, 3)) for s in tl.spans][3:] == [
+        ("turn wait", 12.0, 12.75), ("scenario", 12.75, 13.0), ("harness", 13.0, 13.5), ("scenario", 13.5, 15.5)]
+    assert "turn wait" in PHASES
+
+
 def test_a_log_without_vllms_lines_is_not_split_and_says_so() -> None:
     tl = timeline("e", _events(0.0), "nothing here", 0.0)
     assert tl.spans[0].phase == "start-up" and tl.spans[0].seconds == 10.0

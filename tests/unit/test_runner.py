@@ -379,3 +379,41 @@ def test_every_cell_records_what_its_engine_listens_on(tmp_path: Path) -> None:
     sockets = results[0].engine.raw["sockets"] if results[0].engine is not None else {}
     assert sockets["bind"] == "127.0.0.1" and len(sockets["listening"]) == 2
     assert len(sockets["exposed"]) == 1 and sockets["exposed"][0].startswith("tcp 0.0.0.0:")
+
+
+@pytest.mark.integration
+def test_a_gated_engine_runs_its_scenarios_only_in_its_turn_and_its_wait_is_not_timed(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from harness.run.turns import ScenarioTurns
+
+    record = {
+        "rid": "keep-clear-r00", "submit": "start", "prompt": [5, 6], "max_tokens": 4,
+        "observed": [1, 2, 3, 4], "reference": [1, 2, 3, 4], "finish_reason": "length",
+        "error": None, "pauses": [], "timings": {}, "reference_matches_model": True,
+    }
+    line = json.dumps({"event": "scenario", "id": "keep-clear", "status": "ran", "records": [record]})
+    # Ready at once, then blocked on stdin until the harness says go (repro.wire.wait_go), as repro.engine.
+    env = fake_env(tmp_path, f"""
+        grep -q '"gate": true' "$SPEC" || exit 9
+        echo '{{"event": "engine", "probe": null}}' >> "$OUT"
+        read -r go
+        echo "$go" > "$(dirname "$OUT")/go.txt"
+        cat >> "$OUT" <<'JSON'
+        {line}
+        JSON
+    """)
+    turns = ScenarioTurns(1)
+    assert turns.take(0)  # another engine is in its scenarios
+    out: list[object] = []
+    limited = cfg(tmp_path, engine_timeout=1.0)
+    run = threading.Thread(target=lambda: out.extend(run_engine(env, ENGINE, CELLS[:1], limited, turns=turns)))
+    run.start()
+    time.sleep(2.0)  # longer than the engine's time limit: waiting, ready, for the turn does not count
+    assert run.is_alive() and not (tmp_path / "work" / "engines" / ENGINE.id / "go.txt").exists()
+    turns.give()
+    run.join(timeout=30)
+    assert [r.outcome for r in out] == [Outcome.OK]  # type: ignore[attr-defined]
+    assert json.loads((tmp_path / "work" / "engines" / ENGINE.id / "go.txt").read_text()) == {"op": "go"}
+    assert turns.take(0)  # given back once its cells were judged

@@ -33,6 +33,7 @@ from harness.run.slots import (
     pick_gpus,
 )
 from harness.run.spec import RunConfig
+from harness.run.turns import ScenarioTurns, Turn
 from harness.verdicts.results import CellResult, ResultsLog, read_results
 
 pytestmark = pytest.mark.unit
@@ -90,9 +91,16 @@ def test_capacity_for_workers(workers: int, want: Capacity) -> None:
     assert for_workers(Capacity(jobs=2), 4) == Capacity(jobs=2)  # cpu: no GPUs
 
 
+@pytest.mark.parametrize(("cores", "want"), [(2, Capacity(jobs=2, scenarios=1)), (16, Capacity(jobs=3, scenarios=2))])
+def test_cpu_engines_pipeline(cores: int, want: Capacity) -> None:
+    """On CPU the automatic capacity starts one engine more than may decode at once: its start-up overlaps."""
+    assert capacity(0, "cpu", [], None, cores=cores) == want
+    assert capacity(0, "cuda", [], None, cores=cores) == want  # cuda asked for, no GPU visible
+
+
 def test_jobs_given_spread_over_the_gpus() -> None:
     assert capacity(4, "cuda", ["0", "1"], 0.05) == Capacity(jobs=4, gpus=("0", "1"), per_gpu=2)
-    assert capacity(3, "cpu", [], None) == Capacity(jobs=3)
+    assert capacity(3, "cpu", [], None, cores=2) == Capacity(jobs=3, scenarios=1)
     assert not capacity(2, "cuda", ["0", "1"], 0.05).shares_gpus
 
 
@@ -132,11 +140,11 @@ class FakeEngines:
 
     def __init__(self, gate: threading.Barrier | None = None, after: threading.Barrier | None = None) -> None:
         self.gate, self.after, self.calls, self.lock = gate, after, [], threading.Lock()
-        self.now = self.most = self.starting = self.most_starting = 0
+        self.now = self.most = self.starting = self.most_starting = self.deciding = self.most_deciding = 0
 
     def __call__(self, env: VllmEnv, key: Any, cells: tuple[Cell, ...], cfg: RunConfig, on_event: Any = None,
                  on_result: Any = None, extra_env: Any = None, engine_extra: Any = None,
-                 cancel: Any = None) -> list[CellResult]:
+                 cancel: Any = None, turns: ScenarioTurns | None = None) -> list[CellResult]:
         with self.lock:
             self.calls.append((key.id, extra_env, engine_extra))
             self.now += 1
@@ -148,9 +156,21 @@ class FakeEngines:
         with self.lock:
             self.starting -= 1
         on_event(key, EngineEvent(EngineInfo({})))  # ready
+        turn = Turn(turns, lambda: None) if turns is not None else None
+        if turn is not None:  # as runner._follow: ask for the turn once ready, until it comes
+            turn.ready()
+            while not turn.poll(0.05):
+                pass
+        with self.lock:
+            self.deciding += 1
+            self.most_deciding = max(self.most_deciding, self.deciding)
         if self.after is not None:  # during the scenarios
             self.after.wait(timeout=30)
         out = [CellResult(c, Outcome.ERROR if key.version == "9.9.9" else Outcome.OK, "x") for c in cells]
+        with self.lock:
+            self.deciding -= 1
+        if turn is not None:
+            turn.end()
         with self.lock:
             self.now -= 1
         for r in out:
@@ -196,6 +216,26 @@ def test_jobs_bound_the_engines_at_once(tmp_path: Path, monkeypatch: pytest.Monk
     assert fake.most == 1  # TP=2 on two GPUs with one slot each: one engine at a time
     assert {env["CUDA_VISIBLE_DEVICES"] for _, env, _ in fake.calls} == {"0,1"}
     assert not any(extra for _, _, extra in fake.calls)  # no GPU shared: vLLM's own memory profiling
+
+
+def test_cpu_engines_start_up_side_by_side_but_decode_one_at_a_time(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two engines must be in start-up at once (the barrier during start-up), yet only one in its scenarios.
+    fake = FakeEngines(threading.Barrier(2))
+    monkeypatch.setattr(local, "run_engine", fake)
+    envs = {v: _env(tmp_path, v, fixed_kv=True) for v in ("0.21.0", "0.22.0")}
+    res = _run(tmp_path, _plan(("0.21.0", "0.22.0")), Capacity(jobs=2, scenarios=1), envs)
+    assert fake.most == 2 and fake.most_starting == 2 and fake.most_deciding == 1
+    assert len(fake.calls) == 4 and all(r.outcome == Outcome.OK for r in res.cells if r.cell.executor == "mp")
+
+
+def test_without_a_pipeline_engines_decode_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The unit test above fails without the turns: here both engines decode at once (the barrier after ready).
+    fake = FakeEngines(after=threading.Barrier(2))
+    monkeypatch.setattr(local, "run_engine", fake)
+    envs = {v: _env(tmp_path, v, fixed_kv=True) for v in ("0.21.0", "0.22.0")}
+    _run(tmp_path, _plan(("0.21.0", "0.22.0")), Capacity(jobs=2), envs)
+    assert fake.most_deciding == 2
 
 
 def test_without_a_fixed_kv_cache_start_ups_on_one_gpu_take_turns(tmp_path: Path,

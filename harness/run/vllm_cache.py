@@ -1,0 +1,27 @@
+"""vLLM's cache directory per environment, for every process the harness starts in one (engines, the scheduler
+tier, the fuzzer)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.envbuild.envs import VllmEnv
+    from harness.run.spec import RunConfig
+
+
+def vllm_cache_env(env: VllmEnv, cfg: RunConfig) -> dict[str, str]:
+    """A ``VLLM_CACHE_ROOT`` of the environment's own, unless the caller's shell (or ``cfg.extra_env``) set one.
+
+    vLLM caches what it learns by importing a model's module in a subprocess (``_LazyRegisteredModel.
+    inspect_model_cls``, vllm/model_executor/models/registry.py in 0.21.0 and 0.32.0) as one file per model class
+    under ``$VLLM_CACHE_ROOT/modelinfos``, stamped with that release's module hash: releases sharing
+    ``~/.cache/vllm`` overwrite each other's entry, so a run over several versions paid the subprocess for each
+    version's first process, every run: 10-12 s for a fuzz run's setups, 7 s (0.21.0) and 13 s (0.32.0) before the
+    first engine of each version of the default CPU matrix (docs/performance.md).  vLLM writes the entry with its
+    ``atomic_writer`` (weight_utils.py), so engines of one version starting side by side may share the directory.
+    Engines that compile (torch.compile on a GPU) keep that cache here too, per environment."""
+    if "VLLM_CACHE_ROOT" in os.environ or "VLLM_CACHE_ROOT" in cfg.extra_env:
+        return {}
+    return {"VLLM_CACHE_ROOT": str((cfg.model_cache.parent / "vllm-cache" / env.path.name).resolve())}
