@@ -8,6 +8,7 @@ failed engine never holds up the others.  With one job this is the sequential ru
 
 from __future__ import annotations
 
+import queue as queues
 import threading
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -23,7 +24,7 @@ from harness.run.runner import run_engine
 from harness.run.slots import Capacity, Slots, engine_start, runs_alone
 from harness.run.spec import weight_transfer
 from harness.run.turns import ScenarioTurns
-from harness.verdicts.results import infra_result
+from harness.verdicts.results import CellResult, infra_result
 
 
 class LocalBackend:
@@ -62,10 +63,16 @@ class _LocalRun:
         self.cancel = threading.Event()
         # Fewer engines in their scenarios than engines started (the CPU platform's pipeline).
         self.turns = ScenarioTurns(self.cap.scenarios) if 0 < self.cap.scenarios < self.cap.jobs else None
+        # Pipelined, an engine whose cells are all judged gives its job back before its teardown (vLLM's shutdown,
+        # 4-7 s on 2 idle cores, 20-40 s loaded: docs/performance.md), so the next engine starts meanwhile.
+        self.futures: dict[str, Future[None]] = {}
+        self.judged: queues.SimpleQueue[str] = queues.SimpleQueue()
+        self.tearing: set[Future[None]] = set()
 
     def all(self, queue: list[EngineWork]) -> None:
         running: dict[Future[None], tuple[tuple[str, ...], bool]] = {}
-        with ThreadPoolExecutor(max_workers=max(1, self.cap.jobs), thread_name_prefix="engine") as pool:
+        threads = self.cap.jobs * (2 if self.turns is not None else 1)  # a thread per engine tearing down too
+        with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="engine") as pool:
             try:
                 self._loop(queue, running, pool)
             except BaseException:
@@ -74,18 +81,30 @@ class _LocalRun:
 
     def _loop(self, queue: list[EngineWork], running: dict[Future[None], tuple[tuple[str, ...], bool]],
               pool: ThreadPoolExecutor) -> None:
-        while queue or running:
+        while queue or running or self.tearing:
+            self._judged(running)
             started = self._start(queue, running, pool, block=False)
             if not started and not running and queue:
                 # Nothing runs and nothing could start: wait for the first engine's env to be built.
                 self._start(queue, running, pool, block=True)
                 continue
             building = [f for v, f in self.builds.items() if v not in self.envs and not f.done()]
-            waiting: list[Future[Any]] = [*running, *building]
+            waiting: list[Future[Any]] = [*running, *self.tearing, *building]
             done, _ = wait(waiting, timeout=1.0, return_when=FIRST_COMPLETED)
             for f in done & running.keys():
                 self.slots.give(*running.pop(f))
                 f.result()  # a harness bug in an engine thread surfaces here
+            for f in done & self.tearing:
+                self.tearing.discard(f)
+                f.result()
+
+    def _judged(self, running: dict[Future[None], tuple[tuple[str, ...], bool]]) -> None:
+        """The engines whose every cell has its result and that now tear down: their jobs are free again."""
+        while not self.judged.empty():
+            f = self.futures[self.judged.get()]
+            if f in running:
+                self.slots.give(*running.pop(f))
+                self.tearing.add(f)
 
     def _start(self, queue: list[EngineWork], running: dict[Future[None], tuple[tuple[str, ...], bool]],
                pool: ThreadPoolExecutor, block: bool) -> int:
@@ -103,7 +122,8 @@ class _LocalRun:
             if gpus is None:
                 continue
             queue.remove(work)
-            running[pool.submit(self._engine, work, gpus, alone)] = (gpus, alone)
+            f = pool.submit(self._engine, work, gpus, alone)
+            running[f], self.futures[work[0].id] = (gpus, alone), f
             started += 1
             block = False  # only the first engine's env is waited for
         return started
@@ -156,8 +176,16 @@ class _LocalRun:
 
         where = f" on GPU {','.join(gpus)}{' (alone)' if alone else ''}" if gpus else ""
         self.ctx.say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s){where}", key))
+        left = {c.id for c in cells}
+
+        def on_result(res: CellResult) -> None:
+            self.record(res)
+            left.discard(res.id)
+            if not left and self.turns is not None:  # every cell final: the rest is the engine's teardown
+                self.judged.put(key.id)
+
         try:
-            run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=self.record,
+            run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=on_result,
                        extra_env={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None,
                        engine_extra=start.engine_extra, cancel=self.cancel, turns=self.turns)
         finally:

@@ -21,6 +21,7 @@ from harness.run.context import RunContext
 from harness.run.events import Event
 from harness.run.execute import execute_plan
 from harness.run.process import group_alive
+from harness.run.slots import capacity
 from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 
@@ -35,8 +36,9 @@ def _run(tmp_path: Path, plans: list[MatrixPlan], on_event: Any = None, **params
     cache = default_cache_dir()
     cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=cache / "models",
                     scenario_params=params, engine_timeout=600)
+    # The matrix's own capacity: on a small CPU machine the next engine starts up while one runs its scenarios.
     return execute_plan(plan, RunContext(cfg, index_config_from_env(), cache, ResultsLog(tmp_path / "results.jsonl"),
-                                         on_event=on_event))
+                                         on_event=on_event, capacity=capacity(0, "cpu", [], None)))
 
 
 def _cell(results: Results, cid: str) -> CellResult:

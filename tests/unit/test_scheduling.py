@@ -138,8 +138,10 @@ def test_engine_start_fixed_kv_else_startup_locks(tmp_path: Path) -> None:
 class FakeEngines:
     """``run_engine`` stand-in: records what each engine got; ``gate`` lets a test hold engines running."""
 
-    def __init__(self, gate: threading.Barrier | None = None, after: threading.Barrier | None = None) -> None:
+    def __init__(self, gate: threading.Barrier | None = None, after: threading.Barrier | None = None,
+                 teardown_until: int = 0) -> None:
         self.gate, self.after, self.calls, self.lock = gate, after, [], threading.Lock()
+        self.teardown_until, self.teardowns_waited_out = teardown_until, 0
         self.now = self.most = self.starting = self.most_starting = self.deciding = self.most_deciding = 0
 
     def __call__(self, env: VllmEnv, key: Any, cells: tuple[Cell, ...], cfg: RunConfig, on_event: Any = None,
@@ -171,10 +173,18 @@ class FakeEngines:
             self.deciding -= 1
         if turn is not None:
             turn.end()
-        with self.lock:
-            self.now -= 1
         for r in out:
             on_result(r)
+        if self.teardown_until:  # tearing down until that many engines were started (at most 3 s)
+            for _ in range(60):
+                if len(self.calls) >= self.teardown_until:
+                    break
+                threading.Event().wait(0.05)
+            else:
+                with self.lock:
+                    self.teardowns_waited_out += 1
+        with self.lock:
+            self.now -= 1
         return out
 
 
@@ -227,6 +237,16 @@ def test_cpu_engines_start_up_side_by_side_but_decode_one_at_a_time(tmp_path: Pa
     res = _run(tmp_path, _plan(("0.21.0", "0.22.0")), Capacity(jobs=2, scenarios=1), envs)
     assert fake.most == 2 and fake.most_starting == 2 and fake.most_deciding == 1
     assert len(fake.calls) == 4 and all(r.outcome == Outcome.OK for r in res.cells if r.cell.executor == "mp")
+
+
+def test_a_pipelined_engine_tearing_down_frees_its_job_for_the_next(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two jobs, four engines: the third must start while the first two, judged, are still tearing down.
+    fake = FakeEngines(teardown_until=3)
+    monkeypatch.setattr(local, "run_engine", fake)
+    envs = {v: _env(tmp_path, v, fixed_kv=True) for v in ("0.21.0", "0.22.0")}
+    _run(tmp_path, _plan(("0.21.0", "0.22.0")), Capacity(jobs=2, scenarios=1), envs)
+    assert fake.teardowns_waited_out == 0 and len(fake.calls) == 4
 
 
 def test_without_a_pipeline_engines_decode_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
