@@ -352,8 +352,9 @@ def _add_axis_options(m: argparse.ArgumentParser) -> None:
 
 def _add_run_mode_options(m: argparse.ArgumentParser) -> None:
     m.add_argument("--jobs", default="auto", metavar="N",
-                   help="engines at a time on this machine: a number, or auto (default): 1 on machines with fewer "
-                        "than 16 CPU cores; on cuda, several per GPU as GPU memory (--gpu-memory-utilization) and "
+                   help="engines at a time on this machine: a number, or auto (default): on CPU, one engine in "
+                        "its scenarios per 8 cores (at least one) and one more starting up meanwhile (its scenarios "
+                        "wait for their turn); on cuda, several per GPU as GPU memory (--gpu-memory-utilization) and "
                         "CPU cores allow. Engines sharing a GPU get a fixed KV cache where vLLM has "
                         "kv_cache_memory_bytes, else their start-ups take turns")
     m.add_argument("--cluster", metavar="ray[:ADDRESS]", default=None,
