@@ -28,7 +28,7 @@ _GRAPHS = re.compile(r"Graph capturing finished in ([0-9.]+) secs")
 class Span:
     """One stretch of an engine's time, in seconds since the run began."""
 
-    phase: str  # "import+construct", "model load", "kv cache+warm-up", "turn wait", "scenario", "harness"
+    phase: str  # "spawn+import", "import+construct", "model load", "kv cache+warm-up", "turn wait", "scenario", ...
     start: float
     end: float
     label: str = ""  # the scenario's id, for scenario spans
@@ -93,14 +93,17 @@ def read_events(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def timeline(engine: str, events: list[dict[str, Any]], log_text: str, t0: float) -> EngineTimeline:
-    """``engine``'s spans from its events and log, in seconds since ``t0`` (the run's start)."""
+def timeline(engine: str, events: list[dict[str, Any]], log_text: str, t0: float,
+             spawned: float | None = None) -> EngineTimeline:
+    """``engine``'s spans from its events and log, in seconds since ``t0`` (the run's start); ``spawned``: when the
+    harness started the engine's process (its ``spawned.json``), before the interpreter and ``import vllm``."""
     problems: list[str] = []
     start = next((e["t"] for e in events if e.get("event") == "start"), None)
     ready = next((e for e in events if e.get("event") == "engine"), None)
     if start is None:
         return EngineTimeline(engine, (), None, ("no start event",))
-    spans = _startup(start - t0, None if ready is None else ready["t"] - t0, read_log(log_text), problems)
+    spans = [Span("spawn+import", spawned - t0, start - t0)] if spawned is not None and spawned < start else []
+    spans += _startup(start - t0, None if ready is None else ready["t"] - t0, read_log(log_text), problems)
     last = spans[-1].end if spans else start - t0
     turn = next((e for e in events if e.get("event") == "turn"), None)
     if turn is not None and turn["t"] - t0 > last:

@@ -7,8 +7,8 @@ from pathlib import Path
 from harness.bench.run import BenchRun
 from harness.core.errors import BadInput
 
-COLOURS = {"import+construct": "#9e9e9e", "model load": "#8e24aa", "kv cache+warm-up": "#fb8c00",
-           "start-up": "#bdbdbd", "turn wait": "#fff59d",
+COLOURS = {"spawn+import": "#616161", "import+construct": "#9e9e9e", "model load": "#8e24aa",
+           "kv cache+warm-up": "#fb8c00", "start-up": "#bdbdbd", "turn wait": "#fff59d",
            "scenario": "#43a047", "harness": "#1e88e5", "setups": "#6d4c41",
            "examples": "#00897b", "reach report": "#c0ca33", "minimise+replay": "#e53935"}
 

