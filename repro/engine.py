@@ -209,6 +209,25 @@ async def prove_settings(llm: Any, spec: Spec, model: LoadedModel, kwargs: dict[
                               view_error)
 
 
+def dead_processes(probe: dict[str, Any] | None) -> list[str]:
+    """The engine core and worker processes the probe names (``pid``) that are no longer alive (gone or zombie)."""
+    probe = probe or {}
+    workers = probe.get("workers") or []
+    named = [("engine core", probe.get("core")), *((f"worker {i}", w) for i, w in enumerate(workers))]
+    gone = []
+    for name, facts in named:
+        pid = facts.get("pid") if isinstance(facts, dict) else None
+        if not isinstance(pid, int):
+            continue
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "X"
+        if state in ("Z", "X"):
+            gone.append(f"{name} (pid {pid})")
+    return gone
+
+
 def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str) -> None:
     """The engine cannot run this spec as labelled: say why once, and for every scenario."""
     emit("engine", **info, requested=_requested(spec), effective=None, probe=None, startup_s=None,
@@ -304,6 +323,11 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
             waited = time.monotonic()
             await wait_go()
             emit("turn", waited_s=round(time.monotonic() - waited, 3))
+            gone = dead_processes(probe)
+            if gone:
+                # Died idle (seen: a SIGKILLed engine core): vLLM then left the first request hanging until the
+                # scenario's time limit (TIMEOUT after 120 s) instead of raising EngineDeadError as it does mid-run.
+                raise RuntimeError(f"the engine died while it waited for its turn: {', '.join(gone)} gone")
         for sc in spec.scenarios:
             await run_cell(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, emit)
         if spec.interactive:

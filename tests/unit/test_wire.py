@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,20 @@ def test_fuzz_events_are_checked_by_status() -> None:
         check_event({"event": "fuzz", "status": "found"})
     with pytest.raises(WireError, match="unknown field"):
         check_event({"event": "fuzz", "status": "error", "reason": "x", "why": "y"}, strict=True)
+
+
+@pytest.mark.unit
+def test_a_gated_engine_finds_its_dead_processes_by_the_probes_pids() -> None:
+    import subprocess
+    import sys
+
+    from repro.engine import dead_processes
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie, as a killed core is
+    try:
+        probe = {"core": {"pid": os.getpid()}, "workers": [{"pid": child.pid}, {"no": "pid"}]}
+        assert dead_processes(probe) == [f"worker 0 (pid {child.pid})"]
+        assert dead_processes({"core": {"pid": os.getpid()}}) == [] and dead_processes(None) == []
+    finally:
+        child.wait()
