@@ -6,7 +6,7 @@ core, then the worker each import vLLM and torch: spawned, vllm/platforms/cpu.py
 this project's 2-core machine (docs/performance.md): of a 349 s one-at-a-time run of the default matrix,
 start-ups took 216 s and the time between two engines (the teardown, the next interpreter and ``import vllm``)
 another 78 s, the scenarios 46 s.  So the next engine starts while the current one runs, but its scenarios
-wait for their *turn*: a gated engine (``repro.wire.Spec.gate``) stops after its ``engine`` event until the
+wait for their *turn*: a gated engine (``repro.core.wire.Spec.gate``) stops after its ``engine`` event until the
 harness sends ``GO``, so at most ``n`` engines decode at once, as in the run of before, and their verdicts do not
 depend on how many engines start up beside them.
 """
