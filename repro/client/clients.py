@@ -9,7 +9,9 @@ and the framework lines that still run unchanged (cited in the released wheel th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,20 @@ class Client:
     requires_python: str = ">=3.11"
     probes: tuple[str, ...] = ()  # client methods called once at start-up, their outcome recorded (not judged)
     swap: str = ""  # how a weight-sync cell swaps weights on this door, and why not the framework's own way
+    # The constructor's keyword arguments as JSON, "$URL" standing for the server's URL; empty: ``cls(url)``.
+    init: str = ""
+    # Keyword arguments the door passes with an engine call the client makes (its own defaults otherwise).
+    call_kwargs: tuple[tuple[str, str], ...] = ()  # engine call -> JSON object
 
     def method(self, call: str) -> str | None:
         return dict(self.calls).get(call)
+
+    def kwargs(self, call: str) -> dict[str, Any]:
+        return dict(json.loads(dict(self.call_kwargs).get(call, "{}")))
+
+    def construct(self, cls: Any, url: str) -> Any:
+        """The client object for the server at ``url``, built as the framework's own code builds it."""
+        return cls(**json.loads(self.init.replace("$URL", url))) if self.init else cls(url)
 
 
 # trl 1.16.0, trl/experimental/async_grpo/vllm_client.py: VLLMClient.pause (:133-137) posts /pause with
@@ -67,11 +80,36 @@ CLIENTS: dict[str, Client] = {
              "vllm_client.py:153-173) needs CUDA"),
 }
 
+# skyrl 0.4.0, skyrl/backends/skyrl_train/weight_sync/control_plane.py: SkyrlWeightSyncClient, the blocking HTTP
+# client its checkpoint-delta engine drives one weight sync with (weight_sync/delta/trainer.py:177-192:
+# pause_generation(), reset_prefix_cache(reset_running_requests=True) when the prefix cache is on and the trainer
+# is synchronous or clears the KV cache on sync (workers/worker.py:593-603), start_weight_update(),
+# update_weights(), finish_weight_update(), resume_generation() in a finally).  pause_generation (:150-154) posts
+# /pause?mode=keep&clear_cache=false; reset_prefix_cache (:147-148) posts a JSON body {reset_running_requests:
+# true}, which vLLM's own route reads as no parameters (Query() only: 0.21.0 and 0.22.0
+# vllm/entrypoints/serve/cache/api_router.py:21-26; trap T1); resume_generation (:156-157) posts /resume.  Its
+# /start_weight_update, /update_weights, /finish_weight_update (:102-112) exist in vLLM 0.21.0, 0.22.0
+# (entrypoints/serve/rlhf/api_router.py:131-166) and 0.32.0 (entrypoints/rl/online/api_router.py:178-204) but move
+# the weights over a transport engine set up by /init_weight_transfer_engine (NCCL or CUDA IPC), and its delta
+# path's /fetch_weights is SkyRL's own route (vllm_server_actor.py), absent from vLLM's server.
+CLIENTS["skyrl"] = Client(
+    framework="skyrl", package="skyrl", module="skyrl.backends.skyrl_train.weight_sync.control_plane",
+    cls="SkyrlWeightSyncClient",
+    requirements=("requests", "urllib3", "idna", "certifi", "charset-normalizer"),
+    calls=(("pause_generation", "pause_generation"), ("resume_generation", "resume_generation"),
+           ("reset_prefix_cache", "reset_prefix_cache")),
+    pause_mode="keep", pause_clear_cache=False,
+    pause_sent='"POST /pause?mode=keep&clear_cache=false HTTP/1.1" 200', resume_sent='"POST /resume HTTP/1.1" 200',
+    requires_python=">=3.12",  # skyrl 0.4.0's Requires-Python: <3.15,>=3.12
+    swap="the harness's reload (POST /collective_rpc reload_weights, from disk): SkyRL's own swap "
+         "(start_weight_update, update_weights, finish_weight_update, control_plane.py:102-112) moves the weights "
+         "over an NCCL or CUDA-IPC transport set up by /init_weight_transfer_engine (CUDA only), and its delta "
+         "path's /fetch_weights is a route of SkyRL's own server, not vLLM's",
+    init='{"server_urls": ["$URL"], "data_parallel_size": 1}',
+    call_kwargs=(("reset_prefix_cache", '{"reset_running_requests": true}'),))
+
 # The frameworks whose own client does not run on the client door yet, and why: they stay on their recipes.
 NO_CLIENT: dict[str, str] = {
-    "skyrl": "skyrl 0.4.0 needs Python >= 3.12 (its weight-sync client needs a side environment of its own Python; "
-             "the harness's envs are 3.11) and syncs weights with /start_weight_update, /update_weights, "
-             "/finish_weight_update over NCCL",
     "areal": "AReaL's entry point is a patched vLLM server (areal_vllm_server.py wraps build_app): it installs into "
              "the vLLM environment, not beside it; not built yet",
     "openrlhf": "its rollout actor is a Ray actor around AsyncLLMEngine: stand-ins for ray are not built yet",
@@ -92,6 +130,12 @@ STANDINS: tuple[StandIn, ...] = (
             "logger.info in wait_for_server_ready; the stand-in returns logging.getLogger(name)",
             "VLLMClient.__init__, get_server_info, pause, resume (vllm_client.py:45-50,93-97,133-143): every line "
             "the door calls"),
+    StandIn("skyrl", "skyrl.backends", "package-init", (),
+            "skyrl/backends/__init__.py imports AbstractBackend (backends/backend.py: cloudpathlib, and through it "
+            "the training stack); the door needs only weight_sync/control_plane.py below it",
+            "skyrl/__init__.py, skyrl/backends/skyrl_train/__init__.py, skyrl/backends/skyrl_train/weight_sync/"
+            "__init__.py and base.py, and control_plane.py whole (SkyrlWeightSyncClient.__init__, pause_generation, "
+            "reset_prefix_cache, resume_generation, _fanout, _post), imported from the installed wheel's files"),
 )
 
 

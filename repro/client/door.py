@@ -69,10 +69,10 @@ class SideProcess:
             raise ClientUnavailable(f"the framework's client did not import: {doc.get('error')}")
         return doc
 
-    def call(self, method: str) -> dict[str, Any]:
+    def call(self, method: str, kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
         assert self.proc.stdin is not None
         with self._lock:
-            self.proc.stdin.write((json.dumps({"method": method}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"method": method, "kwargs": dict(kwargs or {})}) + "\n").encode())
             self.proc.stdin.flush()
             return self._line()
 
@@ -102,7 +102,8 @@ class ClientLLM:
     async def _call(self, engine_call: str) -> None:
         method = self.client.method(engine_call)
         assert method is not None
-        answer = await asyncio.get_running_loop().run_in_executor(None, self.side.call, method)
+        kwargs = self.client.kwargs(engine_call)
+        answer = await asyncio.get_running_loop().run_in_executor(None, self.side.call, method, kwargs)
         self.calls.append(answer)
         if not answer.get("ok"):
             raise RuntimeError(f"{self.client.cls}.{method}() raised: {answer.get('error')}")
@@ -120,6 +121,17 @@ class ClientLLM:
     async def resume_generation(self) -> None:
         self.http.require("resume")
         await self._call("resume_generation")
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """The framework's own reset where its client makes one (SkyRL: a JSON body, trap T1), else the harness's."""
+        if self.client.method("reset_prefix_cache") is None:
+            return bool(await self.http.reset_prefix_cache(reset_running_requests=reset_running_requests))
+        want = self.client.kwargs("reset_prefix_cache").get("reset_running_requests", False)
+        if want != reset_running_requests:
+            raise ScenarioUnsupported(f"door=client: {self.client.cls}.reset_prefix_cache() sends "
+                                      f"reset_running_requests={want}; this cell asks {reset_running_requests}")
+        await self._call("reset_prefix_cache")
+        return True  # as the harness's own reset: the route answered 200 (a refusal is not an HTTP error)
 
     async def close(self) -> None:
         self.side.close()
@@ -199,7 +211,7 @@ def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, 
         raise ClientUnavailable("door=client needs a framework's client (vllm-repro frameworks check --door client "
                                 "--framework NAME builds its side environment)", unsupported=True)
     if spec_client.get("error"):
-        raise ClientUnavailable(str(spec_client["error"]))
+        raise ClientUnavailable(str(spec_client["error"]), unsupported=bool(spec_client.get("unsupported")))
     client = CLIENTS.get(str(spec_client.get("framework")))
     if client is None:
         raise ClientUnavailable(f"no client door for {spec_client.get('framework')!r} (known: {sorted(CLIENTS)})")

@@ -4,8 +4,8 @@ with ``--no-deps``; no vLLM, no torch), imports the framework's own client with 
 
 ``python -m repro.client.side FRAMEWORK URL``: one JSON line first (``ready``: the framework's version, the module
 and the file imported, or the import's error), then one JSON line of answer per JSON line of request
-(``{"method": "pause"}`` -> ``{"ok": true, "method": "pause", "t0": ..., "t1": ...}`` or ``{"ok": false,
-"error": ...}``).  Standard library only besides the framework.
+(``{"method": "pause"}``, with ``"kwargs"`` where the call takes any -> ``{"ok": true, "method": "pause", "t0":
+..., "t1": ...}`` or ``{"ok": false, "error": ...}``).  Standard library only besides the framework.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def _say(doc: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     framework, url = argv
     try:
-        cls, facts = load(CLIENTS[framework])
-        client = cls(url)
+        c = CLIENTS[framework]
+        cls, facts = load(c)
+        client = c.construct(cls, url)
     except Exception as exc:
         _say({"ready": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return 1
@@ -78,10 +79,11 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
-        method = json.loads(line)["method"]
+        request = json.loads(line)
+        method, kwargs = request["method"], request.get("kwargs") or {}
         t0 = time.time()
         try:
-            getattr(client, method)()
+            getattr(client, method)(**kwargs)
         except Exception as exc:
             _say({"ok": False, "method": method, "error": f"{type(exc).__name__}: {exc}", "t0": t0,
                   "t1": time.time()})

@@ -56,7 +56,8 @@ def test_doors_and_pins_follow_the_research() -> None:
         "openrlhf": "engine", "verl": "engine", "pipelinerl": "engine", "nemo-rl": "engine"}
     # trl 1.16.0's METADATA pins vllm >=0.22.0,<=0.31.0 (the first release with vllm#42043's fix).
     assert by("trl").floor == "0.22.0" and by("trl").allows("0.31.0") and not by("trl").allows("0.21.0")
-    assert by("skyrl").floor == "0.26.0" and not by("skyrl").allows("0.22.0")
+    # skyrl 0.4.0's METADATA pins vllm ==0.30.0 (its fsdp and megatron extras).
+    assert by("skyrl").floor == "0.30.0" and not by("skyrl").allows("0.22.0")
     assert by("verl").floor == "0.8.5"
 
 
