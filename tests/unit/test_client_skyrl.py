@@ -16,7 +16,7 @@ from harness.core.oracle import Outcome
 from harness.envbuild import client_python as cp
 from repro.client.clients import CLIENTS, Client
 from repro.client.door import ClientLLM, precondition
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 
 pytestmark = pytest.mark.unit
 
