@@ -36,9 +36,10 @@ from repro import bind, crash
 from repro.cell import effective_settings, probe_engine, read_view, refused_setting, run_cell
 from repro.engine_axes import IMPLICIT, engine_args, unrealised
 from repro.model_kinds import LoadedModel, load_model
+from repro.probes import file_transfer
 from repro.probes.settings import plain_kwargs
 from repro.rootcause import root_causes
-from repro.scenarios import pauses
+from repro.scenarios import native_update, pauses
 from repro.scenarios.base import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
 from repro.scenarios.runs import check_pause_api
 from repro.server.door import run_server_door
@@ -83,6 +84,11 @@ def needs_nccl_weight_transfer(spec: Spec) -> bool:
     return any(sc.scenario == "weight_sync" and sc.params.get("weight_transfer") == "nccl" for sc in spec.scenarios)
 
 
+def needs_native_update(spec: Spec) -> bool:
+    """Whether a scenario of ``spec`` updates weights through the native door with the file backend."""
+    return any(sc.scenario.startswith(native_update.SCENARIO_PREFIX) for sc in spec.scenarios)
+
+
 def _weight_transfer_config(spec: Spec) -> Any:
     """WeightTransferConfig(backend="nccl") where a scenario needs it and this vLLM/platform has it, else None.
 
@@ -90,6 +96,11 @@ def _weight_transfer_config(spec: Spec) -> Any:
     worker builds its NCCL transfer engine from it at start-up.  Where it is
     missing the scenario itself reports UNSUPPORTED with the reason.
     """
+    if needs_native_update(spec):
+        # The native update door's stale-KV cells: the CPU-runnable backend where this release takes it, else none
+        # (those cells say why: repro.scenarios.native_update).
+        config, native_update.CONFIG_PROBLEM[0] = file_transfer.config_or_problem()
+        return config
     if not needs_nccl_weight_transfer(spec):
         return None
     try:

@@ -322,6 +322,21 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("stale-kv-clear", "keep pause with clear_cache=True (the pause resets the cache, kept requests "
              "included), reload B in place, resume", modes=("keep",), clear_caches=(True,), profile="prefix-cache",
              model="context-cell", fault_records="-shared", refs=("vllm#42043",)),
+    # The same four shapes through vLLM's native weight-update door (start_weight_update / update_weights /
+    # finish_weight_update, vLLM 0.21.0+) instead of reload_weights: repro/scenarios/native_update.py.  Its CUDA
+    # transports (nccl, ipc) do not run on CPU; there the engine takes the harness's file backend (0.22.0+).
+    Scenario("native-update-keep", "stale-kv-keep with the update through start_weight_update / update_weights / "
+             "finish_weight_update: no reset", modes=("keep",), clear_caches=(False,), profile="prefix-cache",
+             model="context-cell", fault_records="-shared"),
+    Scenario("native-update-reset", "stale-kv-reset through the native door: wait pause, update, "
+             "reset_prefix_cache() on the idle engine", modes=("wait",), clear_caches=(False,),
+             profile="prefix-cache", model="context-cell", fault_records="-shared"),
+    Scenario("native-update-refused", "stale-kv-refused through the native door: keep pause, update, "
+             "reset_prefix_cache() refused while kept requests hold blocks", modes=("keep",), clear_caches=(False,),
+             profile="prefix-cache", model="context-cell", fault_records="-shared", refs=("NeMo-RL #3839",)),
+    Scenario("native-update-running", "stale-kv-running through the native door: keep pause, update, "
+             "reset_prefix_cache(reset_running_requests=True)", modes=("keep",), clear_caches=(False,),
+             profile="prefix-cache", model="context-cell", fault_records="-shared", refs=("SkyRL #1824",)),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
@@ -329,6 +344,8 @@ SCENARIOS: tuple[str, ...] = tuple(BY_SCENARIO)
 # Words --scenario takes for several scenarios at once (issue 37's must-show names "stale_kv"); each also with "_".
 SCENARIO_GROUPS: dict[str, tuple[str, ...]] = {
     "stale-kv": tuple(s.name for s in SCENARIO_TABLE if s.name.startswith("stale-kv-")),
+    # Issue 37 item 3: the stale-kv shapes through the other weight-update doors.
+    "update-doors": tuple(s.name for s in SCENARIO_TABLE if s.name.startswith("native-update-")),
 }
 # The scenarios of the default engine profile: they share the engine of their engine config (each costs
 # seconds, not an engine start).  The pytest suite's default, and the matrix's on a GPU.

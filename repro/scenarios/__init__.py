@@ -55,6 +55,7 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "checkpoint": checkpoint.build,
     "kv_loan": rlhf_weight_sync.build,
     **{f"stale_kv_{v}": stale_kv.builder(v) for v in stale_kv.VARIANTS},
+    **{f"native_update_{v}": stale_kv.builder(v) for v in stale_kv.NATIVE_VARIANTS},
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
@@ -71,6 +72,7 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "checkpoint": checkpoint.run,
     "kv_loan": kv_loan.run,
     **{f"stale_kv_{v}": stale_kv.runner(v) for v in stale_kv.VARIANTS},
+    **{f"native_update_{v}": stale_kv.runner(v, door="native") for v in stale_kv.NATIVE_VARIANTS},
 }
 
 

@@ -59,6 +59,7 @@ from repro.scenarios.base import (
     ScenarioUnsupported,
     params_from_dict,
 )
+from repro.scenarios.native_update import NativeTransfer, native_transfer
 from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
 from repro.scenarios.weight_transfer import ReloadTransfer, reload_transfer
 
@@ -69,6 +70,10 @@ BLOCK = 32  # the prefix-cache profile's block_size
 SHARED = 2 * BLOCK  # tokens every prompt shares: two whole blocks, the marker at position 0
 WARM_TOKENS = 4
 SHARED_SUFFIX = "-shared"
+# The weight-update doors a variant is played through (issue 37 item 3): the in-place reload, and vLLM 0.21.0+'s
+# native start/update/finish_weight_update (repro.scenarios.native_update; scenarios native-update-<variant>).
+DOORS = {"reload": "in-place reload", "native": "native weight update (start/update/finish_weight_update)"}
+NATIVE_VARIANTS = ("keep", "reset", "refused", "running")
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,8 @@ def annotate(records: list[dict[str, Any]], spec: cm.ContextCellSpec, shared: li
                            "num_cached_tokens": rec.get("num_cached_tokens")}
 
 
-def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any]) -> dict[str, Any]:
+def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any], door: str = "reload",
+            ) -> dict[str, Any]:
     """The precondition: prefix caching served K from W's blocks (else nothing could go stale), and the facts."""
     kinds = {k: [r for r in records if r["stale_kv"]["kind"] == k] for k in ("before", "kept", "new")}
     started = kinds["before"] + kinds["kept"]
@@ -196,7 +202,7 @@ def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any])
         why = (f"precondition not met: reset_prefix_cache() with {len(kinds['kept'])} kept requests holding blocks "
                f"returned {update.get('reset_returned')!r}, not False: the refused door was not reached")
         return precondition(False, "", why, evidence)
-    what = (f"{len(kinds['new'])} requests started after the in-place reload to B (cached tokens {new_hits}), "
+    what = (f"{len(kinds['new'])} requests started after the {DOORS[door]} to B (cached tokens {new_hits}), "
             f"{len(kinds['kept'])} kept across the pause, {len(kinds['before'])} finished under A")
     if "reset_returned" in update:
         what += f"; reset_prefix_cache() returned {update['reset_returned']}"
@@ -206,10 +212,10 @@ def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any])
 # --------------------------------------------------------------------------- the scenario
 
 
-def runner(variant: str) -> Any:
-    """The RUNNERS entry of ``stale_kv_<variant>``."""
+def runner(variant: str, door: str = "reload") -> Any:
+    """The RUNNERS entry of ``stale_kv_<variant>`` (``native_update_<variant>`` with ``door="native"``)."""
     async def run_variant(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
-        return await run(llm, sc, ctx, timeout, variant)
+        return await run(llm, sc, ctx, timeout, variant, door)
 
     return run_variant
 
@@ -222,7 +228,8 @@ def builder(variant: str) -> Any:
     return build_variant
 
 
-async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, variant: str) -> dict[str, Any]:
+async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, variant: str,
+              door: str = "reload") -> dict[str, Any]:
     """Play ``sc`` (see the module's docstring); the scenario event's data."""
     t0 = time.monotonic()
     params = {"variant": variant, **sc.get("params", {})}
@@ -236,7 +243,7 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, 
                                   f"loaded {spec}")
     plan = build(sc["id"], params, spec.vocab_size, int(sc.get("seed", 0)))
     check_pause_api(llm)
-    transfer = await reload_transfer(llm)
+    transfer = await (native_transfer(llm) if door == "native" else reload_transfer(llm))
     await _empty_cache(llm, "before the scenario")
     warm = prompts(spec, p, int(sc.get("seed", 0)))["w"]
     (first,) = await run_unpaused(llm, [RequestSpec(f"{sc['id']}-w", warm, WARM_TOKENS)], timeout, "warm request")
@@ -249,18 +256,19 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, 
     finally:
         update["restored_a"] = await transfer.load(ctx.model_dir)
         await _empty_cache(llm, "after restoring weights A")
-    if "reload" not in update:
-        raise ScenarioFailed("the weights were never reloaded (the pause did not happen)")
+    if transfer.name not in update:
+        raise ScenarioFailed("the weights were never updated (the pause did not happen)")
     annotate(records, spec, warm[:SHARED], p.mode, model_ok)
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3),
-            "precondition": summary(records, variant, update)}
+            "precondition": summary(records, variant, update, door)}
 
 
-def _update(llm: Any, transfer: ReloadTransfer, dir_b: Path, variant: str, facts: dict[str, Any]) -> PauseAction:
-    """The pause action: reload B in place, then the variant's reset (none, on the idle engine, refused, or
-    preempting the kept requests)."""
+def _update(llm: Any, transfer: ReloadTransfer | NativeTransfer, dir_b: Path, variant: str,
+            facts: dict[str, Any]) -> PauseAction:
+    """The pause action: update to B through the door (reload in place, or the native door), then the variant's
+    reset (none, on the idle engine, refused, or preempting the kept requests)."""
     async def act() -> dict[str, Any]:
-        facts["reload"] = await transfer.load(dir_b)
+        facts[transfer.name] = await transfer.load(dir_b)
         if variant in ("reset", "refused"):
             facts["reset_returned"] = await llm.reset_prefix_cache()
         elif variant == "running":

