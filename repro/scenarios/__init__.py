@@ -32,6 +32,7 @@ from repro.scenarios import (
     sleep,
     spec_ngram,
     stale_kv,
+    stale_kv_lora,
     wait,
 )
 from repro.scenarios.base import EngineContext, Plan
@@ -56,6 +57,8 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "kv_loan": rlhf_weight_sync.build,
     **{f"stale_kv_{v}": stale_kv.builder(v) for v in stale_kv.VARIANTS},
     **{f"native_update_{v}": stale_kv.builder(v) for v in stale_kv.NATIVE_VARIANTS},
+    **{name: stale_kv.builder(variant) for name, (variant, _) in stale_kv.SLEEP_SCENARIOS.items()},
+    **dict.fromkeys(stale_kv_lora.VARIANTS, stale_kv_lora.build),
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
@@ -73,6 +76,8 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "kv_loan": kv_loan.run,
     **{f"stale_kv_{v}": stale_kv.runner(v) for v in stale_kv.VARIANTS},
     **{f"native_update_{v}": stale_kv.runner(v, door="native") for v in stale_kv.NATIVE_VARIANTS},
+    **{name: stale_kv.runner(variant, door) for name, (variant, door) in stale_kv.SLEEP_SCENARIOS.items()},
+    **{name: stale_kv_lora.runner(name) for name in stale_kv_lora.VARIANTS},
 }
 
 

@@ -99,6 +99,8 @@ class RequestSpec:
     # SamplingParams fields beyond greedy's (repro.scenarios.sampling.sampling_kwargs); "n" > 1: a group of
     # children, each recorded as a stream of its own.
     sampling: dict[str, Any] = field(default_factory=dict)
+    # (name, int id, path): sent as LoRARequest(name, id, path) (the stale-kv LoRA door: repro.scenarios.stale_kv_lora)
+    lora: tuple[str, int, str] | None = None
 
     @property
     def n(self) -> int:

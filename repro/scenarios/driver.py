@@ -133,8 +133,13 @@ class Driver:
         refusal is recorded; any other error, or one after tokens came, ends the request.
         """
         spec = group[0].spec
+        extra: dict[str, Any] = {}
+        if spec.lora is not None:
+            from vllm.lora.request import LoRARequest
+
+            extra["lora_request"] = LoRARequest(*spec.lora)
         try:
-            async for out in self.llm.generate({"prompt_token_ids": spec.prompt}, sp, request_id=spec.rid):
+            async for out in self.llm.generate({"prompt_token_ids": spec.prompt}, sp, request_id=spec.rid, **extra):
                 cached = getattr(out, "num_cached_tokens", None)
                 for st in group if isinstance(cached, int) and not isinstance(cached, bool) else ():
                     st.cached = max(st.cached or 0, cached)

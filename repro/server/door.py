@@ -79,6 +79,13 @@ def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
         start_engine=_no_second_engine, model_kind=model.kind, vocab_size=vocab)
 
 
+def prompt_tokens_details(spec: Spec) -> list[str]:
+    """``--enable-prompt-tokens-details`` when a scenario judges requests by their prefix-cache hit (stale-kv):
+    the usage chunk then says it (``repro.server.http_llm.chunk_cached_tokens``); a front-end flag, no engine one."""
+    return ["--enable-prompt-tokens-details"] if any(sc.scenario.startswith("stale_kv_") for sc in spec.scenarios) \
+        else []
+
+
 async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any], info: dict[str, Any],
                           requested: dict[str, Any], emit: Emit, refuse_all: Callable[[str], None],
                           log_dir: Path, sources: dict[str, str] | None = None) -> None:
@@ -92,7 +99,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
     port = server_port()
     try:
         module = server_main()
-        flags = serve_argv(kwargs, host(), port)
+        flags = serve_argv(kwargs, host(), port) + prompt_tokens_details(spec)
     except (ArgMappingError, LayoutError) as exc:
         refuse_all(f"door=server: {exc}")
         return

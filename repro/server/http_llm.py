@@ -104,7 +104,17 @@ def chunk_outputs(chunk: dict[str, Any]) -> Any:
         ids, finish = chunk_delta({"choices": [choice]})
         comps.append(SimpleNamespace(index=int(choice.get("index") or 0), token_ids=ids, finish_reason=finish,
                                      logprobs=choice_logprobs(choice, ids)))
-    return SimpleNamespace(outputs=comps)
+    return SimpleNamespace(outputs=comps, num_cached_tokens=chunk_cached_tokens(chunk))
+
+
+def chunk_cached_tokens(chunk: dict[str, Any]) -> int | None:
+    """The prompt tokens served from the prefix cache, as the usage chunk says (``usage.prompt_tokens_details.
+    cached_tokens``: the server must run with ``--enable-prompt-tokens-details`` and the request ask for usage);
+    None where the chunk does not say.  AsyncLLM's ``RequestOutput.num_cached_tokens`` over HTTP (the stale-kv
+    scenarios' evidence of a prefix-cache hit)."""
+    details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return int(cached) if isinstance(cached, int) and not isinstance(cached, bool) else None
 
 
 async def stream_outputs(lines: AsyncIterator[str]) -> AsyncIterator[Any]:
@@ -194,7 +204,9 @@ class HttpLLM:
     def _body(self, prompt: dict[str, Any], sp: Any, request_id: str) -> dict[str, Any]:
         body = {"model": self.model, "prompt": list(prompt["prompt_token_ids"]), "max_tokens": sp.max_tokens,
                 "temperature": sp.temperature, "ignore_eos": bool(sp.ignore_eos), "stream": True,
-                "return_token_ids": True, "request_id": request_id}
+                "return_token_ids": True, "request_id": request_id,
+                # The final usage chunk: with --enable-prompt-tokens-details it says the prefix-cache hit.
+                "stream_options": {"include_usage": True}}
         # A sampled request (repro.scenarios.sampling): its group size, seed and logprobs, as the OpenAI
         # completions API names them (vLLM passes seed and n through to SamplingParams).
         for name in ("n", "seed", "logprobs"):
@@ -244,10 +256,15 @@ class HttpLLM:
         self.require("resume")
         await self.post("/resume")
 
-    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool | None:
         self.require("reset_prefix_cache", "reset_running_requests")
-        await self.post("/reset_prefix_cache", {"reset_running_requests": _flag(reset_running_requests)})
-        return True  # the endpoint answers 200 with no body when the reset was done (it raises otherwise)
+        got = await self.post("/reset_prefix_cache", {"reset_running_requests": _flag(reset_running_requests)})
+        # vLLM's answer: {"success": bool} from 0.26.0 (vllm/entrypoints/serve/dev/cache/api_router.py:41-44); 0.21.0-
+        # 0.23.0 drop the engine's return value and answer 200 with no body (serve/cache/api_router.py:41-44 in
+        # 0.21.0 and 0.22.0, serve/dev/cache/api_router.py:43 in 0.23.0): a refused reset cannot be told there (None).
+        if isinstance(got, dict) and isinstance(got.get("success"), bool):
+            return bool(got["success"])
+        return None
 
     async def checkpoint_prepare(self, mode: str = "wait") -> str | None:
         """``POST /checkpoint/prepare?mode=``: None once started, the engine's refusal (HTTP 400) as AsyncLLM
