@@ -76,9 +76,9 @@ WARM_TOKENS = 4
 SHARED_SUFFIX = "-shared"
 # The weight-update doors a variant is played through (issue 37 item 3): the in-place reload, and vLLM 0.21.0+'s
 # native start/update/finish_weight_update (repro.scenarios.native_update; scenarios native-update-<variant>).
-DOORS = {"reload": "in-place reload", "native": "native weight update (start/update/finish_weight_update)",
-         "sleep1": "sleep(level=1), wake, in-place reload", "sleep2": "sleep(level=2), wake, in-place reload",
-         "lora": "LoRA adapter swap"}
+DOORS = {"reload": "in-place reload to B", "native": "native weight update (start/update/finish_weight_update) to B",
+         "sleep1": "sleep(level=1), wake, in-place reload to B", "sleep2": "sleep(level=2), wake, in-place reload to B",
+         "lora": "LoRA adapter swap (v1 out, v2 in)"}
 NATIVE_VARIANTS = ("keep", "reset", "refused", "running")
 # The sleep door's scenarios (harness.core.scenarios: sleep-update-l<level>[-reset]) -> (variant, door).
 SLEEP_SCENARIOS = {f"sleep_update_l{level}{suffix}": (variant, f"sleep{level}")
@@ -212,7 +212,7 @@ def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any],
         why = (f"precondition not met: reset_prefix_cache() with {len(kinds['kept'])} kept requests holding blocks "
                f"returned {update.get('reset_returned')!r}, not False: the refused door was not reached")
         return precondition(False, "", why, evidence)
-    what = (f"{len(kinds['new'])} requests started after the {DOORS[door]} to B (cached tokens {new_hits}), "
+    what = (f"{len(kinds['new'])} requests started after the {DOORS[door]} (cached tokens {new_hits}), "
             f"{len(kinds['kept'])} kept across the pause, {len(kinds['before'])} finished under A")
     if "reset_returned" in update:
         what += f"; reset_prefix_cache() returned {update['reset_returned']}"
