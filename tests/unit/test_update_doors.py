@@ -184,3 +184,20 @@ def test_the_reset_endpoints_answer_is_returned_and_a_bodyless_200_says_nothing(
     llm.post = post  # type: ignore[method-assign]
     llm.require = lambda *a: None  # type: ignore[method-assign]
     assert asyncio.run(llm.reset_prefix_cache()) is want
+
+
+# --------------------------------------------------------------------------- the known-bug check of a pausing cell
+
+
+def test_vllm_42043s_loss_is_expected_in_the_kept_requests_not_in_the_named_shared_ones() -> None:
+    """stale-kv-running on 0.21.0 async on (docs/results/stalekv-scenario-2026-12-04/): LOSS(1) in the 8 requests
+    kept across the pause, the 4 "-shared" ones OK.  The scenario's fault_records ("-shared") names where its
+    STALE-KV shows; vllm#42043's shift must still be looked for in the requests running at the pause."""
+    from harness.verdicts.known_bugs import annotate, load_known_bugs
+    from harness.verdicts.results import read_results
+
+    (cell,) = read_results(Path(__file__).resolve().parents[1] / "fixtures" / "results" /
+                           "schema3-stalekv-running-loss.json").cells
+    assert cell.outcome is Outcome.LOSS
+    judged = annotate(cell, load_known_bugs()).expectation
+    assert (judged.status, judged.bug) == ("as expected", "vllm#42043"), judged.message
