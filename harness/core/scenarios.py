@@ -365,6 +365,10 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("lora-new-name", "lora-same-name with v2 loaded under a new name ('policy-v2', TRL's fix)",
              modes=("wait",), clear_caches=(False,), profile="prefix-cache-lora", model="context-cell",
              fault_records="-shared", refs=("TRL #7017",)),
+    Scenario("lora-same-path", "lora-same-name with v2 written over v1's files and loaded from the same path (a "
+             "trainer saving each version to one folder)", modes=("wait",), clear_caches=(False,),
+             profile="prefix-cache-lora", model="context-cell", fault_records="-shared",
+             refs=("TRL #7017", "vllm#42125")),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}

@@ -16,13 +16,16 @@ SHARED, "B")`` and ``expected_continuation(spec, "A", prompt, n)``.
 Played on the ``prefix-cache-lora`` engine profile: W and K run under ``LoRARequest(NAME, 1, v1)``; a wait pause
 (K finish under v1); ``remove_lora(1)``, ``add_lora(LoRARequest(name, 2, v2))`` with ``name`` the same (``lora-same-
 name``, and ``lora-same-name-reset`` with ``reset_prefix_cache()`` after it) or a new one (``lora-new-name``,
-TRL's fix); the new requests N (shared prefix) and C (another marker) run under it.
+TRL's fix); the new requests N (shared prefix) and C (another marker) run under it.  ``lora-same-path``: the
+same name with v2 written over v1's files in one folder and loaded from that path (0.31.0+'s key cannot tell).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,7 +49,10 @@ NAME = "policy"
 RANK = 8  # the adapter's rank: the contexts of the default spec (one column per marker)
 # scenario (repro name) -> (the new adapter's name, whether reset_prefix_cache() follows the swap)
 VARIANTS = {"lora_same_name": (NAME, False), "lora_same_name_reset": (NAME, True),
-            "lora_new_name": (NAME + "-v2", False)}
+            "lora_new_name": (NAME + "-v2", False), "lora_same_path": (NAME, False)}
+# Variants whose v2 is written over v1's files in one folder, loaded from the same path (a trainer that saves each
+# version to one directory): 0.31.0+'s key, ("lora", name, path), is the same for both.
+SAME_PATH = ("lora_same_path",)
 
 
 def lora_adapter(spec: cm.ContextCellSpec, version: str, cache_dir: Path) -> Path:
@@ -135,6 +141,10 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, 
     check(llm)
     check_pause_api(llm)
     v1, v2 = (lora_adapter(spec, v, ctx.model_cache) for v in ("v1", "v2"))
+    if variant in SAME_PATH:
+        slot = Path(tempfile.mkdtemp(prefix="lora-slot-", dir=ctx.model_cache))
+        shutil.copytree(v1, slot, dirs_exist_ok=True)
+        v1 = v2 = slot
     old, new = (NAME, 1, str(v1)), (name, 2, str(v2))
     plan = build(sc["id"], params, spec.vocab_size, int(sc.get("seed", 0)))
     reqs = [replace(r, lora=old if r.submit == "start" else new) for r in plan.requests]
@@ -145,6 +155,8 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, 
     update: dict[str, Any] = {}
 
     async def act() -> dict[str, Any]:
+        if variant in SAME_PATH:  # the new version's files over the old ones, in the folder v1 was loaded from
+            shutil.copytree(lora_adapter(spec, "v2", ctx.model_cache), v2, dirs_exist_ok=True)
         update["lora_swap"] = await swap(llm, name, v2, reset, {})
         if reset:
             update["reset_returned"] = update["lora_swap"]["reset_returned"]
@@ -156,6 +168,8 @@ async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, 
     finally:
         with contextlib.suppress(Exception):
             await llm.remove_lora(2)
+        if variant in SAME_PATH:
+            shutil.rmtree(v2, ignore_errors=True)
         await sk.empty_cache(llm, "after removing the adapters")
     if "lora_swap" not in update:
         raise ScenarioFailed("the adapter was never swapped (the pause did not happen)")

@@ -114,7 +114,7 @@ SCENARIOS: dict[str, NEEDS | str] = {
                                          "prefix-cache hit, which the server door's completions stream does not "
                                          "carry, and the sleep runners are not wired to /sleep and /wake_up yet"
        for level in (1, 2) for suffix in ("", "_reset")},
-    **dict.fromkeys(("lora_same_name", "lora_same_name_reset", "lora_new_name"),
+    **dict.fromkeys(("lora_same_name", "lora_same_name_reset", "lora_new_name", "lora_same_path"),
                     "the LoRA stale-kv scenarios (issue 37) judge each request by its prefix-cache hit, which the "
                     "server door's completions stream does not carry, and send LoRA requests, which its client does "
                     "not yet"),
