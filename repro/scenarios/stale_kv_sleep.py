@@ -12,7 +12,7 @@ vllm/v1/engine/core.py:691-692 in 0.21.0, :973-974 in 0.32.0), so without the ex
 read A's KV, and the kept requests (preempted by that clear) are recomputed under B.  vLLM's CPU platform refuses
 ``enable_sleep_mode`` at start-up (vllm/config/model.py:507-508 in 0.21.0, :537-539 in 0.22.0, :655-657 in 0.32.0:
 ``is_sleep_mode_available``, CUDA/ROCm (0.32.0: and XPU) only), which makes every such cell UNSUPPORTED with
-vLLM's message there (``repro.cell.refused_setting``).
+vLLM's message there (``repro.settings.effective.refused_setting``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from repro.scenarios.base import PauseAction, ScenarioFailed, ScenarioUnsupported
 from repro.scenarios.sleep import sleep_api_problem
+from repro.scenarios.vocab import PauseAction, ScenarioFailed, ScenarioUnsupported
 
 SLEEP_DOORS = {"sleep1": 1, "sleep2": 2}
 

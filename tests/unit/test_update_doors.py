@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 
 from harness.core.oracle import Outcome, classify_request
+from harness.core.recorded_streams import StreamRecord
 from harness.core.scenarios import BY_SCENARIO, PROFILES, scenario_words
-from harness.core.streams import StreamRecord
-from repro import context_model as cm
-from repro.models import read_safetensors
+from repro.models import context_cell as cm
+from repro.models.deterministic import read_safetensors
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios import native_update as nu
 from repro.scenarios import stale_kv as sk
 from repro.scenarios import stale_kv_lora as sl
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 from repro.server.endpoints import SCENARIOS as SERVER_SCENARIOS
 
 pytestmark = pytest.mark.unit
