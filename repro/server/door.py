@@ -55,6 +55,13 @@ def _refused_client(spec: Spec, refuse_all: Callable[[str], None]) -> bool:
     return True
 
 
+def _client_server_main(spec: Spec) -> str | None:
+    """The client door of a framework whose own server drives vLLM (AReaL): its entry point's file, else None."""
+    if spec.engine.axes.get("door") != "client" or not spec.client:
+        return None
+    return spec.client.get("server_main") or None
+
+
 def _with_client(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> Any:
     """The adapter the scenarios drive: the HTTP one, or on the client door the framework's client around it
     (``repro.client.door``); None when the framework's client cannot run (each scenario then ERROR, its reason)."""
@@ -97,7 +104,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
         refuse_all(f"door=server: {exc}")
         return
     t0 = time.monotonic()
-    server = Server.start(module, flags, port, log_dir / "server.log")
+    server = Server.start(module, flags, port, log_dir / "server.log", script=_client_server_main(spec))
     facts = {"url": server.url, "pid": server.proc.pid, "log": str(server.log), "argv": server.argv}
     try:
         # No proxy from the environment: the server is on loopback, and a proxy would see the dev endpoints.
