@@ -121,8 +121,15 @@ NO_CLIENT: dict[str, str] = {
     "skyrl": "skyrl 0.4.0 needs Python >= 3.12 (its weight-sync client needs a side environment of its own Python; "
              "the harness's envs are 3.11) and syncs weights with /start_weight_update, /update_weights, "
              "/finish_weight_update over NCCL",
-    "openrlhf": "its rollout actor is a Ray actor around AsyncLLMEngine: stand-ins for ray are not built yet",
-    "verl": "its vLLM HTTP server needs ray and tensordict stand-ins, not built yet",
+    # Read in the released wheels (2026-12-04), not built: OpenRLHF's is the lighter one.
+    "openrlhf": "openrlhf 0.11.2's RolloutRayActor (openrlhf/trainer/ray/vllm_engine.py:33-134) is a @ray.remote "
+                "class that builds its own AsyncLLMEngine in its __init__ (:64) and pauses it in-process "
+                "(pause_generation(mode='keep'), :130-131): its door is the engine door, not the server's; it needs a "
+                "ray stand-in (ray.remote, placement_group, PlacementGroupSchedulingStrategy) and the engine process "
+                "to let the actor build the engine from the cell's arguments: not built yet",
+    "verl": "verl 0.9.1's vLLMHttpServer (verl/workers/rollout/vllm_rollout/vllm_async_server.py:87) imports ray, "
+            "omegaconf-backed verl.utils.config, verl.workers.config, verl.utils.profiler and verl.utils.tracking "
+            "(:26-66) besides vllm, and builds AsyncLLM inside a Ray actor: stand-ins not built yet",
     "prime-rl": "no usable release on the package index (the framework ships from its repository)",
     "pipelinerl": "no usable release on the package index (the framework ships from its repository)",
     "nemo-rl": "no usable release on the package index (the framework ships from its repository)",
