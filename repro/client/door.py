@@ -29,7 +29,7 @@ from typing import Any
 
 import repro
 from repro.client.clients import CLIENTS, Client, standins
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 from repro.server.http_llm import HttpLLM, ServerError
 
 Emit = Callable[..., None]

@@ -14,7 +14,7 @@ import pytest
 from harness.envbuild import client_env as ce
 from repro.client.clients import CLIENTS, standins
 from repro.client.door import ClientLLM, ClientUnavailable, open_client, precondition
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 from repro.server.http_llm import ServerError
 
 pytestmark = pytest.mark.unit
@@ -96,7 +96,7 @@ def test_a_server_without_areals_routes_is_no_areal_door(tmp_path: Path) -> None
 
 
 def test_the_server_runs_the_frameworks_file_by_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import repro.server.process as sp
+    import repro.server.serve_process as sp
 
     argv: list[list[str]] = []
 
