@@ -165,6 +165,28 @@ FUZZ_MAX_SPEC_TOKENS = 4
 
 
 @dataclass(frozen=True)
+class FuzzKnown:
+    """A known-bug row covering the release a fuzz run is on (harness/verdicts/known_bugs.toml, scheduler tier): a
+    failing example that fits its scenario's shape is reported as KNOWN with ``bug``, not as new
+    (repro.sched.known)."""
+
+    scenario: str
+    async_on: bool
+    bug: str
+    expect: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "async": self.async_on, "bug": self.bug, "expect": self.expect}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> FuzzKnown:
+        what = "fuzz spec known row"
+        _only(doc, {"scenario", "async", "bug", "expect"}, what)
+        return cls(_need(doc, "scenario", str, what), _need(doc, "async", bool, what), _need(doc, "bug", str, what),
+                   _need(doc, "expect", str, what))
+
+
+@dataclass(frozen=True)
 class FuzzSpec:
     """A scheduler-tier fuzz run: ``"fuzz"`` in a ``python -m repro.sched`` spec (whose schema_version is
     ``repro.sched.script.SCHEMA_VERSION``, 2 since this field exists); answered by one ``fuzz`` event.
@@ -181,6 +203,7 @@ class FuzzSpec:
     spec_tokens: tuple[int, ...] = (0,)
     max_requests: int = 8  # bursts of adds and long prompts prefilled in chunks side by side
     reach: bool = False  # measure coverage of vLLM's scheduler files (repro.sched.reach; coverage.py staged)
+    known: tuple[FuzzKnown, ...] = ()  # the known-bug rows covering this release (reported KNOWN, not new)
 
     def __post_init__(self) -> None:
         what = "fuzz spec"
@@ -195,15 +218,17 @@ class FuzzSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"examples": self.examples, "steps": self.steps, "seed": self.seed, "depths": list(self.depths),
-                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests, "reach": self.reach}
+                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests, "reach": self.reach,
+                **({"known": [k.to_json() for k in self.known]} if self.known else {})}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> FuzzSpec:
         what = "fuzz spec"
-        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests", "reach"}, what)
+        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests", "reach", "known"}, what)
         return cls(_need(doc, "examples", int, what), _need(doc, "steps", int, what), _need(doc, "seed", int, what),
                    tuple(_need(doc, "depths", list, what)), tuple(_need(doc, "spec_tokens", list, what)),
-                   int(doc.get("max_requests", 8)), bool(doc.get("reach", False)))
+                   int(doc.get("max_requests", 8)), bool(doc.get("reach", False)),
+                   tuple(FuzzKnown.from_json(k) for k in doc.get("known", [])))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from harness.sched.fuzz import (
     FuzzResult,
     fuzz_spec,
     fuzz_versions,
+    op_text,
     plan_document,
     summary_document,
     write_plan,
@@ -122,6 +123,11 @@ def show(r: FuzzResult, plan: Path | None) -> None:
             print(f"  {line}")
     for what, why in r.dropped.items():
         print(f"  not drawn: {what}: {why}")
+    for k in r.known:
+        ops = "; ".join(op_text(o) for o in k.script.get("ops", []))
+        print(f"  KNOWN {k.bug} (scenario {k.scenario}, {k.expect} there): {k.examples} example(s), first at "
+              f"example {k.first_example}, dropped and the run went on; minimised to {k.ops} ops: {ops}")
+        print(f"    state machine: {k.failure}")
     if r.log is not None and (r.failed or r.found):
         print(f"  log: {r.log}")
     if r.falsifying is None or plan is None:
@@ -136,9 +142,11 @@ def show(r: FuzzResult, plan: Path | None) -> None:
 
 def headline(r: FuzzResult) -> str:
     if r.falsifying is not None:
-        return f"FALSIFIED after {r.examples_to_failure} examples: {r.falsifying.verdict.summary}"
+        known = f" (and {len(r.known)} known before it, below)" if r.known else ""
+        return f"FALSIFIED (new) after {r.examples_to_failure} examples: {r.falsifying.verdict.summary}{known}"
     if r.status == "ran":
-        return f"nothing found in {r.examples} examples"
+        known = f" ({len(r.known)} known, below)" if r.known else ""
+        return f"nothing new found in {r.examples} examples{known}"
     return f"{r.outcome.value}: {r.reason}"
 
 
