@@ -326,10 +326,12 @@ EVENTS: dict[str, EventKind] = {
         "request_init_params", "import_s", "python", "version_label", "model_dir", "load_s",
         "unsupported_reason"})),
     # The answer to a spec's ``fuzz`` (FuzzSpec): what the state machine ran, and its falsifying example (the
-    # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario).
+    # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario);
+    # ``known``: the known-bug rows its examples met, each once (repro.sched.known).
     "fuzz": EventKind({"status": str}, frozenset({
         "examples", "examples_to_failure", "wall_s", "examples_per_s", "cpu_s", "seed", "settings",
-        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach", "phases"})),
+        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach", "phases",
+        "known"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
     "done": EventKind({}, frozenset({"wall_s"})),
 }

@@ -17,7 +17,7 @@ from repro.sched.fuzz import run_fuzz
 from repro.sched.known import SCENARIOS, Match, Row, classify
 from repro.sched.opmodel import setup_for
 from repro.sched.script import Op, RequestSpec, Script
-from repro.wire import FuzzKnown, FuzzSpec
+from repro.wire import FuzzKnown, FuzzSpec, check_event
 
 PERM = cycle_permutation(64, 0)
 RESET_FAILED = ("RuntimeError: Failed to reset KV cache even when all the running requests are preempted "
@@ -50,7 +50,7 @@ def test_a_session_reset_crash_on_a_covered_release_is_the_known_row() -> None:
 
 
 @pytest.mark.unit
-def test_the_control_is_the_script_without_the_resets_at_an_open_session() -> None:
+def test_the_control_of_a_session_reset_is_the_script_without_sessions() -> None:
     seen: list[Script] = []
 
     def control(s: Script) -> bool:
@@ -58,7 +58,26 @@ def test_the_control_is_the_script_without_the_resets_at_an_open_session() -> No
         return False
 
     classify(_session_reset(), "crash at x", RESET_FAILED, [SESSION_ROW], control)
-    assert [o.op for o in seen[0].ops] == ["add", "add", "step", "close", "run"]
+    assert [o.op for o in seen[0].ops] == ["add", "add", "step", "reset", "run"]
+    assert not any(r.session or r.chunks for r in seen[0].requests)
+
+
+@pytest.mark.unit
+def test_a_deferred_frees_crash_beside_a_running_session_is_reset_kv_not_reset_session() -> None:
+    """Measured on vLLM 0.34.0 (seed 1): a session mid-turn, a consumer KV connector, a reset with a frame in flight.
+    The crash stays without the session, so it is the deferred frees' row; filed under reset-session it was before
+    the control took the sessions away."""
+    script = Script(replace(setup_for(2, 11), kv_consumer=True), (RequestSpec("r6", (2, 3, 4), 5, session=True),),
+                    (Op("add", rid="r6"), Op("reset", in_flight=1, connector=True), Op("close", rid="r6"),
+                     Op("run")))
+    kv_row = Row("reset-kv", True, "reset with deferred frees", "CRASH")
+
+    def deferred_frees(s: Script) -> bool:  # the stand-in replay: it fails while a connector and the reset remain
+        return s.setup.kv_consumer and any(o.op == "reset" and o.in_flight for o in s.ops)
+
+    assert classify(script, "crash at x", RESET_FAILED, [SESSION_ROW, kv_row], deferred_frees) == Match(
+        "reset with deferred frees", "reset-kv", "CRASH")
+    assert classify(script, "crash at x", RESET_FAILED, [SESSION_ROW], deferred_frees) is None, "no row explains it"
 
 
 @pytest.mark.unit
@@ -119,6 +138,7 @@ def test_a_known_finding_is_not_reported_as_new_and_the_run_goes_on() -> None:
     spec = FuzzSpec(examples=40, steps=10, seed=1, depths=(2,), known=(FuzzKnown("pause", True, "vllm#42043",
                                                                                    "LOSS(1)"),))
     out = run_fuzz(toys, Path("."), PERM, spec)
+    check_event({"event": "fuzz", **out}, strict=True)
     assert out["falsifying"] is None and out["examples_to_failure"] is None, "a known finding reported as new"
     assert out["status"] == "ran" and out["examples"] >= 40
     [known] = out["known"]

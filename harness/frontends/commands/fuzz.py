@@ -31,9 +31,11 @@ from repro.wire import FUZZ_DEPTHS
 
 DESCRIPTION = (
     "Fuzz vLLM's real Scheduler/AsyncScheduler in-process (the scheduler tier) with a Hypothesis state machine: "
-    "requests added, steps with D = 1..3 frames in flight, drains, prefix-cache resets with frames in flight, "
-    "keep-mode pauses, aborts, and KV-cache pressure, checking after every rule that each delivered stream is the "
-    "tokens of its positions and at the end that every request finished. A falsifying example is shrunk, printed "
+    "requests added (n > 1 ones as their children), steps with D = 1..3 frames in flight, drains, prefix-cache "
+    "resets with frames in flight, keep-mode pauses, aborts, and KV-cache pressure, checking after every rule that "
+    "each delivered stream is the tokens of its positions and at the end that every request finished. A failure "
+    "that is a known bug of the release (its known-bug table row) is reported once as KNOWN and the run goes on; "
+    "a new falsifying example is shrunk, printed "
     "as JSON and written to the reports folder; `vllm-repro plan FILE` replays it. Exit 0 when every version was "
     "fuzzed (a finding is not a failure unless --strict), 1 when one could not be, 2 on bad input."
 )
