@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from toy_sched import ToyAdapter, ToyScheduler
 
+from harness.core.oracle import Outcome
+from harness.run.events import as_scenario_event
+from harness.sched.cells import sched_verdict
 from harness.sched.fuzz import FuzzResult, summary_document
 from harness.sched.fuzz_known import known_findings, known_rows
 from repro.models import cycle_permutation
@@ -135,12 +138,12 @@ def test_a_known_finding_is_not_reported_as_new_and_the_run_goes_on() -> None:
     as KNOWN, never as the falsifying example, and the run does all its examples.  Without the row the same run is
     falsified (test_sched_fuzz.test_the_machine_falsifies_a_one_frame_discard_flag_and_shrinks_it)."""
     toys = ToyAdapter(lambda setup: ToyScheduler(flag=True, async_=setup.is_async))
-    spec = FuzzSpec(examples=40, steps=10, seed=1, depths=(2,), known=(FuzzKnown("pause", True, "vllm#42043",
-                                                                                   "LOSS(1)"),))
+    spec = FuzzSpec(examples=150, steps=10, seed=1, depths=(2,), known=(FuzzKnown("pause", True, "vllm#42043",
+                                                                                    "LOSS(1)"),))
     out = run_fuzz(toys, Path("."), PERM, spec)
     check_event({"event": "fuzz", **out}, strict=True)
     assert out["falsifying"] is None and out["examples_to_failure"] is None, "a known finding reported as new"
-    assert out["status"] == "ran" and out["examples"] >= 40
+    assert out["status"] == "ran" and out["examples"] >= 150
     [known] = out["known"]
     assert known["bug"] == "vllm#42043" and known["examples"] >= 1 and known["first_example"] >= 1
     kinds = [o["op"] for o in known["script"]["ops"]]
@@ -159,3 +162,18 @@ def test_the_known_rows_travel_in_the_fuzz_spec() -> None:
                                                                   "CRASH"),))
     assert FuzzSpec.from_json(spec.to_json()) == spec
     assert "known" not in FuzzSpec(examples=1, steps=1, seed=0).to_json(), "an old spec reads the same"
+
+
+@pytest.mark.unit
+def test_a_replay_that_delivers_past_max_tokens_is_diverged_not_ok() -> None:
+    """The 0.21.0 finding (seed 1): a session of two turns (2 + 1 tokens) delivered 4, its second turn run to the first
+    turn's max_tokens.  The stream oracle saw a prefix of a reference that runs past max_tokens and said OK; the
+    plan must replay to the finding the fuzzer saw."""
+    record = {"rid": "r2", "submit": "start", "prompt": [2], "max_tokens": 3, "reference": [387, 420, 387, 420, 53],
+              "observed": [387, 420, 387, 420], "finish_reason": "length", "error": None, "pauses": []}
+    v = sched_verdict(as_scenario_event({"status": "ran", "stalled": None, "records": [record]}))
+    assert v.outcome is Outcome.DIVERGED and v.label == "DIVERGED(at 3)"
+    assert "r2: 4 tokens delivered, max_tokens=3" in v.summary
+    ok = sched_verdict(as_scenario_event({"status": "ran", "stalled": None, "records": [
+        {**record, "observed": [387, 420, 387]}]}))
+    assert ok.outcome is Outcome.OK, "a stream of exactly max_tokens stays OK"

@@ -144,7 +144,7 @@ def show(r: FuzzResult, plan: Path | None) -> None:
 
 def headline(r: FuzzResult) -> str:
     if r.falsifying is not None:
-        known = f" (and {len(r.known)} known before it, below)" if r.known else ""
+        known = f" (and {len(r.known)} known, below)" if r.known else ""
         return f"FALSIFIED (new) after {r.examples_to_failure} examples: {r.falsifying.verdict.summary}{known}"
     if r.status == "ran":
         known = f" ({len(r.known)} known, below)" if r.known else ""
