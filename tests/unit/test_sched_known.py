@@ -4,6 +4,7 @@ script holds the trigger and the control (trigger taken out) passes; anything el
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 from toy_sched import ToyAdapter, ToyScheduler
 
 from harness.core.oracle import Outcome
+from harness.frontends.commands.fuzz import replay_options
+from harness.frontends.commands.plan import PlanCommand
 from harness.run.events import as_scenario_event
 from harness.sched.cells import sched_verdict
 from harness.sched.fuzz import FuzzResult, summary_document
@@ -177,3 +180,14 @@ def test_a_replay_that_delivers_past_max_tokens_is_diverged_not_ok() -> None:
     ok = sched_verdict(as_scenario_event({"status": "ran", "stalled": None, "records": [
         {**record, "observed": [387, 420, 387]}]}))
     assert ok.outcome is Outcome.OK, "a stream of exactly max_tokens stays OK"
+
+
+@pytest.mark.unit
+def test_the_replay_command_keeps_the_build_the_fuzzer_ran_on() -> None:
+    """A finding on the CUDA wheel (on a CPU machine) replays there: ``plan`` takes --wheels, and the printed command
+    carries it."""
+    assert replay_options(argparse.Namespace(wheels="cuda", platform="cpu")) == " --wheels cuda --platform cpu"
+    assert replay_options(argparse.Namespace(wheels=None, platform=None)) == ""
+    parser = argparse.ArgumentParser()
+    PlanCommand().setup_arguments(parser)
+    assert parser.parse_args(["p.json", "--wheels", "cuda"]).wheels == "cuda"

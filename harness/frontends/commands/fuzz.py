@@ -102,7 +102,7 @@ class FuzzCommand(Command):
         with interruptible(console, f"partial results are in {args.reports}"):
             for r in fuzz_versions(versions, spec, run_context(ctx, cfg), args.timeout):
                 results.append(r)
-                show(r, write_plan(r, args.reports) if r.found else None)
+                show(r, write_plan(r, args.reports) if r.found else None, replay_options(args))
         args.reports.mkdir(parents=True, exist_ok=True)  # no engine may have run (every env build failed)
         (args.reports / "fuzz.json").write_text(json.dumps(summary_document(results, spec, args.profile),
                                                            indent=2) + "\n")
@@ -115,7 +115,12 @@ def exit_code(results: Sequence[FuzzResult], strict: bool) -> int:
     return 1 if any(r.failed or (strict and r.found) for r in results) else 0
 
 
-def show(r: FuzzResult, plan: Path | None) -> None:
+def replay_options(args: argparse.Namespace) -> str:
+    """The options a replay needs to run on the same build: ``--wheels`` and ``--platform`` as given."""
+    return "".join(f" --{k} {getattr(args, k)}" for k in ("wheels", "platform") if getattr(args, k, None))
+
+
+def show(r: FuzzResult, plan: Path | None, options: str = "") -> None:
     """One version's result on stdout; a falsifying example with its replay command and its plan as JSON."""
     print(f"{r.version}: {headline(r)}")
     if r.status == "ran":
@@ -138,7 +143,7 @@ def show(r: FuzzResult, plan: Path | None) -> None:
     by = f" (Hypothesis: {f.hypothesis_ops})" if f.hypothesis_ops not in (None, f.ops) else ""
     print(f"  shrunk to {f.ops} ops{by}: {f.ops_text()}" + ("" if f.shrunk else " (not Hypothesis' final replay)"))
     print(f"  state machine: {f.failure}")
-    print(f"  replay: vllm-repro plan {plan} --versions {r.version}")
+    print(f"  replay: vllm-repro plan {plan} --versions {r.version}{options}")
     print(json.dumps(plan_document(r), indent=2))
 
 
