@@ -154,6 +154,13 @@ def _no_accepted(s: Script) -> Script:
     return replace(s, setup=replace(s.setup, spec_accepted=0))
 
 
+def _no_drafts(s: Script) -> Script:
+    """The same script without speculative decoding: the control of the rows whose bug is the drafts' (a failure that
+    stays without them is not theirs; measured: a session's STALL after a reset with a frame in flight on 0.21.0,
+    with and without drafts, was filed under the spec-reset row while the resets were the control)."""
+    return replace(s, setup=replace(s.setup, spec_tokens=0, spec_accepted=0))
+
+
 def _deep_spec(s: Script) -> bool:
     return s.setup.is_async and s.setup.depth == 3 and s.setup.spec_tokens > 0
 
@@ -166,9 +173,9 @@ def _plenty_of_blocks(s: Script) -> Script:
 def _signatures() -> tuple[Signature, ...]:
     session = (_has_session_reset, _plain_sessions)
     kv = (_kv_in_flight_reset, _no_connector)
-    twice = _resets(_any_reset, need=2, when=_async_spec)
+    twice = (_resets(_any_reset, need=2, when=_async_spec)[0], _no_drafts)
     drained = _resets(_drained_reset, when=_is_async)
-    spec = _resets(_any_reset, when=_async_spec)
+    spec = (_resets(_any_reset, when=_async_spec)[0], _no_drafts)
     deep = _resets(_deep_reset, when=_is_async)
     return (
         Signature("reset-session", ("crash",), _RESET_FAILED, *session,

@@ -191,3 +191,20 @@ def test_the_replay_command_keeps_the_build_the_fuzzer_ran_on() -> None:
     parser = argparse.ArgumentParser()
     PlanCommand().setup_arguments(parser)
     assert parser.parse_args(["p.json", "--wheels", "cuda"]).wheels == "cuda"
+
+
+@pytest.mark.unit
+def test_a_failure_that_stays_without_drafts_is_not_the_spec_reset_row() -> None:
+    """Measured on 0.21.0 (seed 2, drafts 0,2): a session, a reset with a frame in flight, STALL, with drafts and
+    without; filed under "PR #46066 (flag era)" while the control only took the resets away."""
+    reqs = (RequestSpec("r1", (2, 3, 4), 1, session=True),)
+    ops = (Op("add", rid="r1"), Op("reset", in_flight=1), Op("close", rid="r1"), Op("run"))
+    spec_row = Row("spec-reset", True, "vllm PR #46066 (flag era)", "CRASH")
+    with_drafts = Script(setup_for(2, 64, spec_tokens=2), reqs, ops)
+
+    def stalls_without_resets_too(s: Script) -> bool:  # stand-in: fails whenever the reset stays
+        return any(o.op == "reset" for o in s.ops)
+
+    assert classify(with_drafts, "stall", "stalled: ...", [spec_row], stalls_without_resets_too) is None
+    assert classify(with_drafts, "stall", "stalled: ...", [spec_row], lambda s: s.setup.spec_tokens > 0) == Match(
+        "vllm PR #46066 (flag era)", "spec-reset", "CRASH"), "a failure that needs the drafts is the row's"
