@@ -4,7 +4,7 @@ The fuzzer (``repro/sched/fuzz.py``) is told, per version, the scheduler-tier ro
 (``harness/verdicts/known_bugs.toml``) that cover that release, for each scenario whose shape it can meet
 (:data:`repro.sched.known.SCENARIOS`), so the window is the table's, the one place windows are kept.  A
 failing example that fits one of them (and whose control, the trigger taken out, passes) comes back as a
-known finding, once per row, and the run goes on; anything else is new (``harness.sched.fuzz.Falsifying``).
+known finding, once per row, and the run goes on; anything else is new (``harness.run.sched_fuzz.Falsifying``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from harness.core.cell import Cell
 from harness.verdicts.known_bugs import KnownBug, expectation, load_known_bugs
+from repro.core.wire import FuzzKnown
 from repro.sched.known import SCENARIOS
-from repro.wire import FuzzKnown
 
 
 def known_rows(version: str, bugs: tuple[KnownBug, ...] | None = None) -> tuple[FuzzKnown, ...]:

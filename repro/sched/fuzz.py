@@ -57,6 +57,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from repro.core.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
 from repro.sched.adapter import Unsupported
 from repro.sched.executor import Executor
 from repro.sched.fuzzrun import (
@@ -88,7 +89,6 @@ from repro.sched.opmodel import (
 )
 from repro.sched.reach import Reach
 from repro.sched.script import PAUSE_STATES, POLICIES, Op, Script
-from repro.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
 
 MAX_TOKENS = 16
 FIRST_REQUESTS = 4  # requests the initialize rule adds, at most

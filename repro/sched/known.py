@@ -5,7 +5,7 @@ was already known (a reset while a streaming-input session waits, a reset with a
 a frame in flight, a short session chunk after accepted drafts): otherwise it would find them again and
 again and look no further.  Now it draws them, and a failing example is first matched here against the
 known-bug table's scheduler-tier rows that cover the release under test (the harness passes them:
-:class:`repro.wire.FuzzKnown`, from ``harness/verdicts/known_bugs.toml``).  A match is reported as KNOWN with
+:class:`repro.core.wire.FuzzKnown`, from ``harness/verdicts/known_bugs.toml``).  A match is reported as KNOWN with
 the row's bug id and the example is dropped (``hypothesis.reject``), so the run goes on looking; anything
 else is a new finding, shrunk and replayed as before.
 
@@ -33,7 +33,7 @@ _RESET_FAILED = "Failed to reset KV cache"  # Scheduler.reset_prefix_cache's Run
 class Signature:
     """How one scheduler-tier scenario of the known-bug table shows in a fuzzer example."""
 
-    scenario: str  # the known-bug table's scheduler-tier scenario (harness.sched.cells.SHAPES)
+    scenario: str  # the known-bug table's scheduler-tier scenario (harness.sched.tier.SHAPES)
     kinds: tuple[str, ...]  # failure kinds it produces: "crash" (with ``needle``), "stream", "finish", "stall"
     needle: str  # text a crash's failure carries ("" for any)
     trigger: Callable[[Script], bool]
@@ -206,7 +206,7 @@ SCENARIOS: tuple[str, ...] = tuple(dict.fromkeys(s.scenario for s in SIGNATURES)
 
 @dataclass(frozen=True)
 class Row:
-    """A known-bug row that covers the release under test (``repro.wire.FuzzKnown`` without the wire)."""
+    """A known-bug row that covers the release under test (``repro.core.wire.FuzzKnown`` without the wire)."""
 
     scenario: str
     async_on: bool

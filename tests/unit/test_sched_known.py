@@ -11,19 +11,19 @@ from pathlib import Path
 import pytest
 from toy_sched import ToyAdapter, ToyScheduler
 
+from harness.core.events import as_scenario_event
 from harness.core.oracle import Outcome
 from harness.frontends.commands.fuzz import replay_options
 from harness.frontends.commands.plan import PlanCommand
-from harness.run.events import as_scenario_event
-from harness.sched.cells import sched_verdict
-from harness.sched.fuzz import FuzzResult, summary_document
+from harness.run.sched_fuzz import FuzzResult, summary_document
 from harness.sched.fuzz_known import known_findings, known_rows
-from repro.models import cycle_permutation
+from harness.sched.tier import sched_verdict
+from repro.core.wire import FuzzKnown, FuzzSpec, check_event
+from repro.models.deterministic import cycle_permutation
 from repro.sched.fuzz import run_fuzz
 from repro.sched.known import SCENARIOS, Match, Row, classify
 from repro.sched.opmodel import setup_for
 from repro.sched.script import Op, RequestSpec, Script
-from repro.wire import FuzzKnown, FuzzSpec, check_event
 
 PERM = cycle_permutation(64, 0)
 RESET_FAILED = ("RuntimeError: Failed to reset KV cache even when all the running requests are preempted "
