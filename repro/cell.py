@@ -116,8 +116,9 @@ async def _run_sampled(llm: Any, sc: dict[str, Any], plan: Plan, request: str, c
         raise ScenarioUnsupported(
             f"{request} requests are realised by the keep, wait and abort pause scenarios on the bigram-cycle model "
             f"only so far (this is {sc['scenario']} on {ctx.model_kind})")
-    if request == "structured":
-        raise ScenarioUnsupported(await structured_refusal(llm, plan.requests[0].prompt, f"{sc['id']}-probe"))
+    if request == "structured" and (why := await structured_refusal(llm, plan.requests[0].prompt,
+                                                                      f"{sc['id']}-probe")) is not None:
+        raise ScenarioUnsupported(why)
     # Penalties show in the returned logprobs only as processed ones (repro.scenarios.sampling); the engine profile
     # of a penalties cell sets it, and an engine that returns raw ones cannot judge it.
     mode = str(getattr(llm.vllm_config.model_config, "logprobs_mode", "raw_logprobs"))

@@ -27,6 +27,7 @@ from repro.scenarios.base import (
     submit_kind,
 )
 from repro.scenarios.sampling import child_key, engine_ids_match, token_logprob
+from repro.scenarios.structured import vllm_sampling
 
 
 @dataclass
@@ -91,8 +92,8 @@ class Driver:
 
     async def _consume(self, group: list[_Stream]) -> None:
         spec = group[0].spec
-        sp = self.sp_cls(**{"temperature": 0.0, **spec.sampling}, max_tokens=spec.max_tokens, ignore_eos=True,
-                         output_kind=self.output_kind, detokenize=False)
+        sp = self.sp_cls(**{"temperature": 0.0, **vllm_sampling(spec.sampling)}, max_tokens=spec.max_tokens,
+                         ignore_eos=True, output_kind=self.output_kind, detokenize=False)
         for st in group:
             st.t_submit = self._now()
         try:
