@@ -351,3 +351,27 @@ def test_the_stale_kv_column_shows_each_release_and_is_not_the_safety_verdict() 
     (bare,) = check_frameworks(rs[:1], ["0.21.0"], [r for r, c in zip(results, compiled, strict=True)
                                                      if c.role != STALE_KV])
     assert bare.releases[0].stale_kv == ()
+
+
+def test_every_framework_read_says_what_its_rollouts_send() -> None:
+    """Issue 34 item 5: temperature, n, seed, logprobs, logprobs mode, penalties and structured output, each cited;
+    every recipe with a pause the pause scenario plays sends sampled requests in a request cell on its door."""
+    from harness.verdicts.file_schemas import SAMPLING_PARAMS
+
+    for name in ("trl", "verl", "openrlhf", "skyrl", "areal", "prime-rl", "nemo-rl"):
+        r = by(name)
+        assert sorted(s.param for s in r.sampling) == sorted(SAMPLING_PARAMS), name
+        assert all(s.quote and ":" in s.at for s in r.sampling), name
+    for name in ("trl", "verl", "openrlhf", "skyrl", "areal", "prime-rl"):
+        (rc,) = by(name).request_cells
+        assert dict(rc.values)["request"] == "sampled" and dict(rc.values)["scenario"] == "pause"
+    assert not by("nemo-rl").request_cells  # it never pauses
+
+
+def test_a_request_cell_must_name_a_request_kind(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "harness/verdicts/frameworks.toml").read_text()
+    bad = text.replace('request = "sampled"\n', "", 1)
+    path = tmp_path / "f.toml"
+    path.write_text(bad)
+    with pytest.raises(BadInput, match="request_cell #1.*request kind"):
+        load_recipes(path)

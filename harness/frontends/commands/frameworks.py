@@ -45,7 +45,8 @@ def render_recipe(r: Recipe) -> list[str]:
              f"  door: {r.door_detail}" if r.door_detail else "",
              *(f"  call: {c.call}  [{r.source(c.at)}]" for c in r.calls),
              *(f"  sends {s.param}: {s.value}  [{r.source(s.at, s.source)}]" for s in r.sampling),
-             *(f"  cell ({c.match}): {c.at('X', r.door).config_id}: {c.why}" for c in r.cells)]
+             *(f"  cell ({c.match}): {c.at('X', r.door).config_id}: {c.why}" for c in r.cells),
+             *(f"  request cell ({c.match}): {c.at('X', r.door).config_id}: {c.why}" for c in r.request_cells)]
     if r.engine_kwargs:
         lines.append("  engine kwargs it passes (recorded, not applied): "
                      + ", ".join(f"{k}={v}" for k, v in r.engine_kwargs))
