@@ -373,5 +373,5 @@ def test_a_request_cell_must_name_a_request_kind(tmp_path: Path) -> None:
     bad = text.replace('request = "sampled"\n', "", 1)
     path = tmp_path / "f.toml"
     path.write_text(bad)
-    with pytest.raises(BadInput, match="request_cell #1.*request kind"):
+    with pytest.raises(BadInput, match=r"request_cell #1.*request kind"):
         load_recipes(path)
