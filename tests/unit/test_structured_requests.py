@@ -14,7 +14,7 @@ import pytest
 from test_sampled_oracle import LEN, _child, _verdict
 
 from harness.core.oracle import Outcome
-from repro.model_kinds import load_model
+from repro.models.kinds import load_model
 from repro.scenarios.sampling import (
     STRUCTURED_REGEX,
     TableModel,
