@@ -224,7 +224,7 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     if cell.scenario in _SLEEP_CONNECTOR:
         params.update(mode=cell.mode, via="sleep", reset_connector=_SLEEP_CONNECTOR[cell.scenario])
         return "connector_stale", params
-    if shape is not None and shape.pauses and shape.profile != DEFAULT_PROFILE:
+    if shape is not None and shape.pauses and (shape.profile != DEFAULT_PROFILE or shape.takes_mode):
         params["mode"] = cell.mode  # the profile scenarios that pause (sleep, spec-ngram-pause) take their mode
     return cell.scenario.replace("-", "_"), params
 

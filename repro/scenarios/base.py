@@ -59,6 +59,9 @@ class PauseSpec:
     # (the sleep scenario: sleep(level, mode) / wake_up()); each returns facts for the event log.
     enter: PauseAction | None = field(default=None, compare=False)
     leave: PauseAction | None = field(default=None, compare=False)
+    # The requests submitted during the pause reach the paused engine *before* ``action`` runs (vllm#51476: they
+    # arrive under the weights the action replaces); by default they are submitted after it.
+    admit_before_action: bool = False
 
 
 INFLIGHT_OPS = ("reset", "abort")
