@@ -94,6 +94,9 @@ SCENARIOS: dict[str, NEEDS | str] = {
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
                         "server door's probe does not carry yet",
+    "paused_admission": "the paused-admission scenario (vllm#51476) is not wired to the server door yet: a paused "
+                        "engine's refusal of a late request reaches that door as an error chunk of the completions "
+                        "stream, not as RetryableRequestError, and the driver would have to tell the two apart",
     "logitsproc": "the logitsproc scenario (vllm#52461) is judged on the logits-processor plugin's log, which it "
                   "reads from the engine door's work dir; not wired to the server door yet",
     "connector_stale": "the connector-stale scenario (PR #57970) reads the engine's kv_transfer_config and its "
