@@ -263,12 +263,14 @@ class Driver:
             engine = await self._engine_progress()
             if engine is None:  # no progress utility: order not checked (recorded as progress_unavailable)
                 return
-            missing = [s.key for rid in rids for s in self.groups[rid]
-                       if s.key not in engine and not s.done and not s.rejected]
+            absent = [s for rid in rids for s in self.groups[rid]
+                      if s.key not in engine and not s.done and not s.rejected]
+            missing = [s.key for s in absent]
             if not missing:
                 self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds})
                 return
-            if self._held_at_door() >= len(missing):
+            # One generate() call waits at the gate per request, an n > 1 group's children included.
+            if self._held_at_door() >= len({s.spec.rid for s in absent}):
                 self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds,
                                     "held_at_front_end": missing})
                 return

