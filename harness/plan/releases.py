@@ -83,7 +83,7 @@ def fetch_releases(package: str, index_url: str | None) -> list[Release]:
 def wheelhouse_fetch(folder: Path) -> Fetch:
     """A :data:`Fetch` that lists the releases a wheelhouse holds (its ``wheelhouse.json``), for ranges and
     ``latest`` on a node without network.  BadInput when the folder is no wheelhouse or holds another package."""
-    from harness.bundle.manifest import WheelhouseError, load_manifest
+    from harness.envbuild.wheelhouse_manifest import WheelhouseError, load_manifest
 
     def fetch(package: str, _index_url: str | None) -> list[Release]:
         try:

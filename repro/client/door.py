@@ -28,7 +28,7 @@ from typing import Any
 
 import repro
 from repro.client.clients import CLIENTS, Client
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 from repro.server.http_llm import HttpLLM
 
 Emit = Callable[..., None]

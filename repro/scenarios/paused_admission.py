@@ -13,14 +13,14 @@ The flow: weights A, ``num_requests`` requests at start, ``pause_generation(mode
 ``pause_after`` tokens, then ``late_requests`` more submitted and **held by the paused engine before the swap**
 (the driver waits until the engine core reports them, or they wait at the 0.16.0 front-end gate, or vLLM refused
 them), then weights B reloaded in place, resume.  A and B are bigram-cycle checkpoints whose cycles differ at every
-token (``repro.models.swap_partner``), so a stream says which weights served it.
+token (``repro.models.deterministic.swap_partner``), so a stream says which weights served it.
 
 Judged per request:
 
 * a request admitted while paused (no refusal) must be served as it was admitted, under A: its reference is the
   engine's own no-pause stream under A, and a stream that follows B instead is ``DIVERGED(at 0)`` (the bug);
 * a request vLLM refused while paused is retried by the driver after the resume (as vLLM asks), so it is admitted
-  under B: its reference is B's stream (``repro.models.expected_continuation`` on B's cycle);
+  under B: its reference is B's stream (``repro.models.deterministic.expected_continuation`` on B's cycle);
 * a request running at the pause ran under A only (wait: finished; abort: an aborted prefix).
 
 Each late record also says which weights served it (``paused_admission``), and the scenario's precondition is that
@@ -33,9 +33,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from repro.models import build_checkpoint, expected_continuation, load_perm, swap_partner
+from repro.models.deterministic import build_checkpoint, expected_continuation, load_perm, swap_partner
 from repro.scenarios._profile import precondition
-from repro.scenarios.base import (
+from repro.scenarios.rlhf_weight_sync import _restore_a
+from repro.scenarios.runs import check_pause_api, run_plan, run_reference
+from repro.scenarios.vocab import (
     REFERENCE_MARGIN,
     EngineContext,
     PauseSpec,
@@ -46,8 +48,6 @@ from repro.scenarios.base import (
     make_prompts,
     params_from_dict,
 )
-from repro.scenarios.rlhf_weight_sync import _restore_a
-from repro.scenarios.runs import check_pause_api, run_plan, run_reference
 from repro.scenarios.weight_transfer import reload_transfer
 
 MODES = ("wait", "abort")

@@ -1,10 +1,10 @@
 """The server door of an engine process: the cells of one engine config played over ``vllm serve``'s HTTP API.
 
-``repro.engine`` calls :func:`run_server_door` for a spec whose ``door`` axis is ``server``: it starts one
-server (``repro.server.process``; its module per release: ``repro.server.layout``) with the engine door's own
-engine arguments (``repro.engine.engine_kwargs``, as flags checked by vLLM's parser: ``repro.server.args``), waits
+``repro.engine.main`` calls :func:`run_server_door` for a spec whose ``door`` axis is ``server``: it starts one
+server (``repro.server.serve_process``; its module per release: ``repro.core.server_layout``) with the engine door's own
+engine arguments (``repro.engine.main.engine_kwargs``, as flags checked by vLLM's parser: ``repro.server.args``), waits
 for it, proves its *effective* settings through
-the harness's probe route exactly as the engine door proves its own (``repro.cell.effective_settings``), and
+the harness's probe route exactly as the engine door proves its own (``repro.settings.effective.effective_settings``), and
 plays every scenario the server door can play (``repro.server.endpoints.SCENARIOS``; the others are UNSUPPORTED
 with the reason) with the same drivers and ``run_cell`` as the engine door, on the HTTP adapter
 (``repro.server.http_llm``).  The server is ended with the engine process.
@@ -17,16 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from repro.cell import effective_settings, read_view, refused_setting, run_cell
-from repro.model_kinds import LoadedModel
-from repro.probes.settings import plain_kwargs
-from repro.rootcause import read_tail, tracebacks
-from repro.scenarios.base import EngineContext
+from repro.core.rootcause import read_tail, tracebacks
+from repro.core.server_layout import LayoutError, server_main
+from repro.core.wire import Spec, stdin_scenarios
+from repro.models.kinds import LoadedModel
+from repro.scenarios.cell_run import run_cell
+from repro.scenarios.vocab import EngineContext
 from repro.server.args import ArgMappingError, serve_argv
 from repro.server.endpoints import scenario_problem
-from repro.server.layout import LayoutError, server_main
-from repro.server.process import Server, ServerDied, host, server_port
-from repro.wire import Spec, stdin_scenarios
+from repro.server.serve_process import Server, ServerDied, host, server_port
+from repro.settings.core_view import plain_kwargs
+from repro.settings.effective import effective_settings, read_view, refused_setting
 
 Emit = Callable[..., None]
 DEFAULT_STARTUP_TIMEOUT = 900.0  # harness.run.spec's engine_timeout default, for a spec that carries none
@@ -142,7 +143,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
 
 async def _serve_stdin(llm: Any, ctx: EngineContext, timeout: float, unsupported: str | None, version: str,
                        emit: Emit) -> None:
-    """Session mode, as ``repro.engine._serve_stdin``: scenarios as JSON lines on stdin until EOF or STOP."""
+    """Session mode, as ``repro.engine.main._serve_stdin``: scenarios as JSON lines on stdin until EOF or STOP."""
     async for sc in stdin_scenarios():
         await _play(llm, sc.to_json(), ctx, sc.timeout if sc.timeout is not None else timeout, unsupported,
                     version, emit)

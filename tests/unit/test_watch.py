@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from harness.envbuild.index_releases import Release
 
 from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.frontends.cli import main
 from harness.plan.matrix import MatrixPlan
-from harness.plan.releases import Release
 from harness.verdicts.history.store import add_run
 from harness.verdicts.results import CellResult, Results, infra_result
 from harness.watch.judged import Judged, judged_from, newer_releases, newest_judged
