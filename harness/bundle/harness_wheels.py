@@ -19,10 +19,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.bundle.manifest import sha256_file
 from harness.bundle.wheelhouse import check_python, pip_download_args
 from harness.core.errors import BadInput, EnvBuildError
 from harness.envbuild.tools import Log, last_lines
+from harness.envbuild.wheelhouse_manifest import sha256_file
 
 FOLDER = "harness-wheels"
 LISTING = "harness-wheels.json"

@@ -43,11 +43,11 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION, Manifest, load_manifest, sha256_file
 from harness.core.errors import BadInput, EnvBuildError, ResolutionFailed
 from harness.envbuild.index import IndexConfig, dependency_cutoff
 from harness.envbuild.tools import Log, last_lines, uv_bin
 from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, lazy_for, leave_out
+from harness.envbuild.wheelhouse_manifest import MANIFEST, SCHEMA_VERSION, Manifest, load_manifest, sha256_file
 
 # flashinfer-python pulls flashinfer-cubin (and -jit-cache on some versions):
 # ~300 MB of kernels that vLLM only imports lazily (#42043 needs none of them).

@@ -9,7 +9,7 @@ pairing, the scheduler-tier check, the wire spec, options, run-id hashing) deriv
 the cell class it is given, so a test can add an axis to a subclass of ``Cell`` and check them all.
 
 Adding an axis is one field of ``Cell`` (with a default that spells as "" in ids, so existing ids stay valid)
-plus the engine side that honours it (``repro.engine_axes``).
+plus the engine side that honours it (``repro.settings.engine_axes``).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Axis:
     platform_defaults: tuple[tuple[str, tuple[Any, ...]], ...] = ()  # the option's default per platform, if any
     help: str = ""  # the option's help text
     pause_only: bool = False  # applies only to scenarios that pause (else left out of ids, at its default)
-    # The scheduler tier (harness.sched.cells: vLLM's scheduler in-process, no executor or model) honours this
+    # The scheduler tier (harness.sched.tier: vLLM's scheduler in-process, no executor or model) honours this
     # engine axis; any other engine axis labels a scheduler-tier cell only at its default.
     sched_tier: bool = False
     # The results schema (harness.core.records) that first carried this axis; None: added since the last one.

@@ -144,7 +144,7 @@ class Cell:
     def engine(self) -> Any:
         """The engine config this cell runs on: its engine axes and its scenario's engine profile (cells that
         differ only in scenario axes share it when their scenarios share a profile)."""
-        # The scheduler tier builds each scenario's scheduler itself (harness.sched.cells): no engine profile.
+        # The scheduler tier builds each scenario's scheduler itself (harness.sched.tier): no engine profile.
         request = getattr(self, "request", "greedy")
         profile = profile_of(self.scenario, request) if self.tier == "engine" else DEFAULT_PROFILE
         values = {a.attr: getattr(self, a.attr) for a in self.table().engine}

@@ -1,7 +1,8 @@
 """Typed records of the harness<->repro contract, their one schema check and the migration of old files.
 
 A cell result is a :class:`CellResult`: the cell, the oracle's outcome and short ``label`` (``LOSS(1)``), its
-summary, its requests (:class:`RequestRecord`: what ``repro.cell`` recorded, with the oracle's verdict merged
+summary, its requests (:class:`RequestRecord`: what ``repro.scenarios.cell_run`` recorded, with the oracle's
+verdict merged
 in, fault events and all), the engine's self-report (:class:`EngineInfo`), the known-bug comparison
 (:class:`ExpectationRecord`), for ``--repeat N`` a :class:`RepeatSummary` and, for a cell ``--retry-infra``
 ran again, every :class:`Attempt`.  Objects from the engine side are kept whole, so a file
@@ -23,7 +24,7 @@ from typing import Any
 from harness.core.cell import Cell, cell_from_dict
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import FaultEvent, Outcome, events_label
-from harness.core.streams import PauseRecord, pauses_of
+from harness.core.recorded_streams import PauseRecord, pauses_of
 
 # Version 2: cells carry the ``tier`` axis and the oracle's ``label``.
 # Version 3: request verdicts carry their fault ``events`` (several per request: one per pause that lost or
@@ -212,7 +213,7 @@ class _RawRecord(Mapping[str, Any]):
 
 @dataclass(frozen=True, eq=False)
 class EngineInfo(_RawRecord):
-    """An engine's self-report (``repro.engine``'s ``engine`` event), typed where the harness reads it.
+    """An engine's self-report (``repro.engine.main``'s ``engine`` event), typed where the harness reads it.
 
     The report is open-ended (its ``probe`` varies with the vLLM version), so the whole of it is kept in
     ``raw`` and written back unchanged; it also reads as that mapping.
@@ -242,7 +243,7 @@ class EngineInfo(_RawRecord):
     @property
     def settings(self) -> tuple[Mapping[str, Any], ...]:
         """Every setting the engine relied on: requested (and by whom), effective, where it was read back, and its
-        status (``effective``, ``differs``, ``unverifiable``, ``default``; repro.settings)."""
+        status (``effective``, ``differs``, ``unverifiable``, ``default``; repro.settings.declared)."""
         rows = self.effective.get("settings")
         return tuple(r for r in rows if isinstance(r, Mapping)) if isinstance(rows, list) else ()
 
@@ -299,7 +300,8 @@ class RequestVerdictRecord:
 
 @dataclass(frozen=True, eq=False)
 class RequestRecord(_RawRecord):
-    """One request as ``repro.cell`` recorded it (prompt, reference and observed tokens, pauses, timings), with
+    """One request as ``repro.scenarios.cell_run`` recorded it (prompt, reference and observed tokens, pauses,
+    timings), with
     the oracle's verdict merged in under ``"verdict"``; kept whole, typed where the harness reads it."""
 
     @property

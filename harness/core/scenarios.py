@@ -12,7 +12,7 @@ of the engine key: scenarios with the same profile share one engine, so the defa
 (pause, weight sync, resets, aborts) still cost one engine start per engine config.
 
 Adding a scenario is one entry here plus its implementation on each tier it lists
-(``repro/scenarios/`` for the engine tier, ``repro/sched/`` through ``harness.sched.cells`` for the
+(``repro/scenarios/`` for the engine tier, ``repro/sched/`` through ``harness.sched.tier`` for the
 scheduler tier).  A tier not listed makes the cell UNSUPPORTED with the reason, never OK.
 """
 
@@ -40,7 +40,8 @@ class EngineProfile:
     # "Memory usage increased after sleeping" (2 of 8 sleep cells ERROR on one shared H200, 2026-12-01).
     gpu_alone: bool = False
 
-    # The model kind (repro.wire.MODEL_KINDS) its engines load when the user names no --model: the scenarios of the
+    # The model kind (repro.core.wire.MODEL_KINDS) its engines load when the user names no --model: the scenarios
+    # of the
     # profile need it to show what they check (stale-kv: a model that reads its context).  "" = the run's model.
     model: str = ""
 
@@ -76,7 +77,8 @@ class Scenario:
     # sends.  A kind the user did not name runs only where a scenario realises it (harness.plan.matrix); one the
     # user named elsewhere is UNSUPPORTED with the reason.
     requests: tuple[str, ...] = ("greedy",)
-    # The model kind (repro.wire.MODEL_KINDS) whose streams can show what it checks; "" = any.  Naming the scenario
+    # The model kind (repro.core.wire.MODEL_KINDS) whose streams can show what it checks; "" = any.  Naming the
+    # scenario
     # with another model is bad input (model_mismatch): stale-kv needs a model that reads its context.
     model: str = ""
 
@@ -95,7 +97,7 @@ class Scenario:
         return mode in self.modes and clear_cache in self.clear_caches
 
 
-# The engine tier's own settings (repro/engine.py) hold underneath: float32, enforce_eager, max_num_seqs=32,
+# The engine tier's own settings (repro/engine/main.py) hold underneath: float32, enforce_eager, max_num_seqs=32,
 # max_num_batched_tokens=256, max_model_len=256, a 1 GiB CPU KV cache, or on a GPU shared with other engines a
 # fixed 256 MiB one (kv_cache_memory_bytes).  A profile's arguments win over both (harness.run.runner.build_spec):
 # num_gpu_blocks_override caps the block count whatever memory the cache was sized from.
@@ -228,7 +230,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              profile="spec-ngram", refs=("PR #46066", "PR #48245"), trigger=False),
     Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
              modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
-    # The scheduler tier's family beyond the shared names (harness.sched.cells.SHAPES says what each plays).
+    # The scheduler tier's family beyond the shared names (harness.sched.tier.SHAPES says what each plays).
     # Refs name merged PRs that shaped the windows (docs/citations.md); #49860 and #49620 never merged.
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",
              tiers=("scheduler",), refs=("PR #42117",)),
@@ -269,7 +271,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("kv-load-recompute", "a request's promised synchronous KV load fails and is recomputed "
              "(kv_load_failure_policy='recompute'): its stream must be its solo reference", tiers=("scheduler",),
              refs=("vllm#45138", "vllm#49250", "PR #45146", "PR #49252"), trigger=False, fault_records="f0"),
-    # harness.sched.cells.SHAPES: reset_prefix_cache(reset_running_requests=True) in two states the fuzzer found
+    # harness.sched.tier.SHAPES: reset_prefix_cache(reset_running_requests=True) in two states the fuzzer found
     # where vLLM raises "Failed to reset KV cache even when all the running requests are preempted"
     # (docs/results/fuzz-judge-2026-12-02/: both reached through AsyncLLM as well).
     Scenario("reset-kv", "reset with a frame in flight and a consumer KV connector (block frees deferred "
@@ -299,7 +301,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("sleep-connector-keep", "the same with sleep(level=1, reset_connector=False): the connector is never "
              "asked to reset", modes=("keep", "wait"), clear_caches=(True,), profile="kv-example-sleep",
              refs=("PR #57970", "PR #27170"), fault_records="-kv"),
-    # repro/scenarios/stale_kv.py (issue 37): the context-cell model (repro.context_model), whose next token reads
+    # repro/scenarios/stale_kv.py (issue 37): the context-cell model (repro.models.context_cell), whose next token reads
     # the prompt's marker through attention, so KV written by the weights before an in-place reload shows as a
     # specific wrong token.  Shared-prefix requests run under A, the weights are reloaded to B in a pause, and new
     # requests sharing the prefix start after it; every request is judged per kind (new / kept / before).

@@ -13,5 +13,5 @@
 ``harness.envbuild.envs`` is the entry point (``ensure_env``) and picks the backend for a recipe.  Nothing here
 imports ``harness.envbuild.envs``; the wheelhouse *download* side (``harness.bundle.wheelhouse``) imports only
 ``tools`` and ``index`` from here, and the wheelhouse *install* backend imports only its manifest
-(``harness.bundle.manifest``), never the reverse.
+(``harness.envbuild.wheelhouse_manifest``), never the reverse.
 """

@@ -22,8 +22,8 @@ from harness.core.errors import BadInput, EnvBuildError
 from harness.core.versions import version_key
 from harness.envbuild.cache import STATUS_FILE, build_log, env_dir, env_lock, env_status, touch
 from harness.envbuild.index import IndexConfig
+from harness.envbuild.index_releases import Fetch, fetch_releases
 from harness.envbuild.tools import last_lines, uv_bin
-from harness.plan.releases import Fetch, fetch_releases
 from repro.client.clients import Client
 
 INSTALL_TIMEOUT = 600.0
@@ -42,7 +42,7 @@ class ClientEnv:
     path: Path
 
     def to_spec(self) -> dict[str, str]:
-        """What ``repro.wire.Spec.client`` carries."""
+        """What ``repro.core.wire.Spec.client`` carries."""
         return {"framework": self.framework, "version": self.version, "python": self.python}
 
 

@@ -31,7 +31,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from harness.core.errors import EnvBuildError
-from harness.envbuild.base import BuildStep
+from harness.envbuild.backend import BuildStep
 from harness.envbuild.index import IndexConfig
 from harness.envbuild.tools import last_lines
 from harness.envbuild.unresolvable import CPU_TORCH_REASON, ROUNDS, LeftOut, leave_out

@@ -16,8 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from harness.bundle.manifest import load_manifest
-from harness.envbuild.base import EnvBackend, build_env
+from harness.envbuild.backend import EnvBackend, build_env
 from harness.envbuild.cache import (
     STATUS_FILE,
     default_cache_dir,
@@ -47,6 +46,7 @@ from harness.envbuild.recipe import (
 )
 from harness.envbuild.tools import Log, uv_bin
 from harness.envbuild.uv import UvBackend
+from harness.envbuild.wheelhouse_manifest import load_manifest
 
 __all__ = [
     "DEFAULT_INDEX", "RECIPE_VERSION", "STATUS_FILE", "WHEELS", "EnvBackend", "EnvRecipe", "IndexConfig", "Log",

@@ -7,7 +7,7 @@ the wheelhouse's versions shadow installed ones and everything else (torch,
 CUDA libraries) comes from the base.  ``pip install --no-index --no-deps``
 installs exactly the manifest's wheels for the version.  The wheelhouse itself
 is made by ``harness.bundle.wheelhouse`` (the download side); this module reads its
-manifest (``harness.bundle.manifest``).
+manifest (``harness.envbuild.wheelhouse_manifest``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.bundle.manifest import Manifest, WheelhouseError, load_manifest, wheels_for
 from harness.core.errors import BadInput, EnvBuildError
-from harness.envbuild.base import BuildResult, BuildStep
+from harness.envbuild.backend import BuildResult, BuildStep
 from harness.envbuild.recipe import EnvRecipe, WheelhouseSource
 from harness.envbuild.tools import last_lines
+from harness.envbuild.wheelhouse_manifest import Manifest, WheelhouseError, load_manifest, wheels_for
 
 # The variable naming the interpreter that holds torch, once, for every command (tox passes VLLM_REPRO_*).
 BASE_PYTHON_ENV = "VLLM_REPRO_BASE_PYTHON"

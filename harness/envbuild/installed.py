@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from harness.core.errors import BadInput
-from harness.envbuild.base import SMOKE, smoke_versions
+from harness.envbuild.backend import SMOKE, smoke_versions
 from harness.envbuild.recipe import VllmEnv, default_recipe
 from harness.envbuild.tools import last_lines
 

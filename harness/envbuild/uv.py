@@ -24,7 +24,7 @@ import re
 from typing import Any
 
 from harness.core.errors import EnvBuildError
-from harness.envbuild.base import BuildResult, BuildStep
+from harness.envbuild.backend import BuildResult, BuildStep
 from harness.envbuild.cputorch import plan_cpu_torch
 from harness.envbuild.index import dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe

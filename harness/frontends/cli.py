@@ -11,9 +11,9 @@ import sys
 from harness import __version__
 from harness.core.errors import ReproError
 from harness.frontends.commands import COMMANDS
-from harness.frontends.commands.base import HANDLER, Command, register
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import HANDLER, Command, register
 from harness.frontends.commands.face import Interrupted
+from harness.frontends.commands.invocation import Context
 
 
 def build_parser() -> argparse.ArgumentParser:

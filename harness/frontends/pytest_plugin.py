@@ -45,8 +45,9 @@ from typing import Any
 import pytest
 
 from harness.core.axes import Axis
-from harness.core.cell import find_cell_id
+from harness.core.cell import Cell, EngineKey, find_cell_id
 from harness.core.errors import BadInput, EnvBuildError, ReproError
+from harness.core.events import engine_facts
 from harness.core.oracle import Outcome
 from harness.core.records import Attempt
 from harness.envbuild.envs import (
@@ -59,19 +60,10 @@ from harness.envbuild.envs import (
 )
 from harness.frontends.pytest_summary import terminal_summary
 from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, EngineSetup, engine_setup
-from harness.plan.matrix import (
-    Cell,
-    EngineKey,
-    explicit_axes,
-    parse_versions,
-    selection_axes,
-    selection_type,
-    unsupported_reason,
-)
+from harness.plan.matrix import explicit_axes, parse_versions, selection_axes, selection_type, unsupported_reason
 from harness.plan.platforms import detect_platform
 from harness.plan.releases import wheelhouse_fetch
 from harness.run.context import RunContext, this_python
-from harness.run.events import engine_facts
 from harness.run.gpus import GpuLease, GpuLeaseError, hold_startup, lease_slots, visible_gpus
 from harness.run.runner import retryable
 from harness.run.scenario_results import scenario_result

@@ -9,8 +9,8 @@ engine arguments in the cells.  This module turns the options into one
   Face folder, or a hub id (only where the machine has network);
 * engine arguments, later ones winning: the preset's, each ``--engine-args``
   file's, each ``--engine-arg``.  They override the engine's own defaults
-  (``repro.engine.engine_kwargs``); the ones a cell's axes decide
-  (``repro.wire.OWNED_ENGINE_ARGS``) are refused, naming the option to use;
+  (``repro.engine.main.engine_kwargs``); the ones a cell's axes decide
+  (``repro.core.wire.OWNED_ENGINE_ARGS``) are refused, naming the option to use;
 * a preset: the engine settings of a configuration people copy, with its
   source.  What the preset sets that is a cell axis or a harness option maps
   onto it (Ray -> ``--executor ray-v2``, ``VLLM_BATCH_INVARIANT=1`` ->
@@ -19,7 +19,7 @@ engine arguments in the cells.  This module turns the options into one
 
 A malformed value is :class:`BadInput` (exit 2); whether vLLM accepts an
 argument is for vLLM to say: the engine reports a rejected one as UNSUPPORTED
-with vLLM's message (``repro.engine``).
+with vLLM's message (``repro.engine.main``).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any
 
 from harness.core.errors import BadInput
 from harness.core.schema import Anything, MapOf, Str, validate
-from repro.context_model import KIND as CONTEXT_CELL
-from repro.realistic import KIND as QWEN3_RANDOM
-from repro.realistic import spec_for
-from repro.settings import problem as setting_problem
-from repro.wire import OWNED_ENGINE_ARGS
+from repro.core.wire import OWNED_ENGINE_ARGS
+from repro.models.context_cell import KIND as CONTEXT_CELL
+from repro.models.realistic import KIND as QWEN3_RANDOM
+from repro.models.realistic import spec_for
+from repro.settings.declared import problem as setting_problem
 
 BIGRAM = "bigram-cycle"
 BUILTIN_MODELS: dict[str, str] = {
@@ -171,7 +171,8 @@ def read_engine_args_file(path: Path) -> dict[str, Any]:
 
 def check_owned(args: Mapping[str, Any], where: str) -> None:
     """BadInput when ``args`` names an engine argument a cell axis or a harness option decides, or gives a declared
-    setting a value outside its declaration (repro.settings: ``max_num_seqs=0``, ``enable_prefix_caching=2``)."""
+    setting a value outside its declaration (repro.settings.declared: ``max_num_seqs=0``,
+    ``enable_prefix_caching=2``)."""
     for key, value in args.items():
         if key in OWNED_ENGINE_ARGS:
             raise BadInput(f"{where}: {key} is decided by the cell, not by an engine argument; use "
@@ -187,7 +188,7 @@ def parse_model(raw: str | None, platform: str) -> ModelChoice:
         return ModelChoice(BIGRAM, {}, BIGRAM)
     if raw == QWEN3_RANDOM:
         return ModelChoice(QWEN3_RANDOM, asdict(spec_for(platform)), QWEN3_RANDOM)
-    if raw == CONTEXT_CELL:  # its spec's defaults, weights A (repro.model_kinds)
+    if raw == CONTEXT_CELL:  # its spec's defaults, weights A (repro.models.kinds)
         return ModelChoice(CONTEXT_CELL, {}, CONTEXT_CELL)
     path = Path(raw).expanduser()
     if path.is_dir():

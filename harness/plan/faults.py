@@ -2,7 +2,7 @@
 
 ``vllm#42043`` re-introduces the #42043 behaviour (keep pause + clear_cache
 marks every frozen request to discard a frame that is not in flight) into a
-vLLM where PR #42117 fixed it; the engine-side patch is ``repro/inject.py``.
+vLLM where PR #42117 fixed it; the engine-side patch is ``repro/patches/inject.py``.
 A nightly runs it to prove the oracle still sees the bug after upstream code
 has moved on: every cell the injected bug covers must come out exactly as the
 known-bug table says it does on an affected release.

@@ -30,12 +30,13 @@ from harness.core.cell import Cell, EngineKey, at_release
 from harness.core.errors import BadInput, bad_choice
 from harness.core.scenarios import SCENARIO_TABLE, Scenario, model_mismatch
 from harness.core.scenarios import scenario as scenario_of
-from harness.plan.releases import Fetch, resolve_versions
-from harness.sched.cells import shape_reason
+from harness.envbuild.index_releases import Fetch
+from harness.plan.releases import resolve_versions
+from harness.sched.tier import shape_reason
 
 __all__ = [
     "EXECUTORS", "MODEL_RUNNERS", "MODES", "ON_OFF", "PLATFORMS", "SCENARIOS", "SCENARIO_MODES", "TIERS",
-    "TRUE_FALSE", "Cell", "EngineKey",
+    "TRUE_FALSE",
 ]
 
 # On GPUs the last release with vllm#42043, the fix, and the newest release (``latest``: resolved at run time from
@@ -199,7 +200,7 @@ def _not_shape(shape: Scenario) -> str:
 
 
 def _not_scheduler_tier(cell: Cell) -> str | None:
-    """Why the scheduler tier (harness.sched.cells: vLLM's scheduler in-process, on any platform's CPU) cannot
+    """Why the scheduler tier (harness.sched.tier: vLLM's scheduler in-process, on any platform's CPU) cannot
     express ``cell``, or None.  Every engine axis it does not honour (harness.core.axes.Axis.sched_tier) labels
     its cells only at its default."""
     fixed = [a for a in type(cell).table().engine if not a.sched_tier]

@@ -47,8 +47,8 @@ from harness.core.schema import (
     require,
     validate,
 )
-from repro.models import BigramCycleSpec
-from repro.scenarios.base import MAX_MODEL_LEN, PAUSE_MODES, REFERENCE_MARGIN
+from repro.models.deterministic import BigramCycleSpec
+from repro.scenarios.vocab import MAX_MODEL_LEN, PAUSE_MODES, REFERENCE_MARGIN
 from repro.sched.script import OP_KINDS, PAUSE_STATES, POLICIES, SCHEDULERS, ScriptError, Setup, build_script
 
 TIERS = ("engine", "scheduler")

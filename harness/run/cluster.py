@@ -57,10 +57,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput, ReproError
+from harness.core.events import StartEvent
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe
-from harness.plan.matrix import Cell, EngineKey
 from harness.run.context import (
     BackendReport,
     CellSink,
@@ -69,8 +70,7 @@ from harness.run.context import (
     RunContext,
 )
 from harness.run.deferred import DeferredInterrupts, call_bounded, join_bounded
-from harness.run.events import StartEvent
-from harness.run.process import kill_group
+from harness.run.engine_process import kill_group
 from harness.run.ray_task import ENGINE_FILES, EngineJob, Mailbox, run_engine_job
 from harness.verdicts.results import CellResult, infra_result
 

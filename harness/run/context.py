@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.core.cell import Cell, EngineKey
+from harness.core.events import Event
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv, default_recipe, ensure_env
-from harness.plan.matrix import Cell, EngineKey
-from harness.run.events import Event
 from harness.run.runner import EventHook
 from harness.run.slots import Capacity
 from harness.run.spec import RunConfig

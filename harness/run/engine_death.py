@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from repro.rootcause import read_tail, root_cause
+from repro.core.rootcause import read_tail, root_cause
 
 TAIL_LINES = 8
 
@@ -26,7 +26,7 @@ def log_tail(path: Path, n: int = TAIL_LINES) -> str:
 
 
 def log_cause(log: Path) -> str | None:
-    """The innermost exception line of the last failure ``log`` shows (:func:`repro.rootcause.root_cause`)."""
+    """The innermost exception line of the last failure ``log`` shows (:func:`repro.core.rootcause.root_cause`)."""
     return root_cause(read_tail(log))
 
 

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from harness.core.cell import EngineKey
 from harness.core.errors import EnvBuildError
+from harness.core.events import EngineEvent, Event
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import VllmEnv, ensure_env
-from harness.plan.matrix import EngineKey
 from harness.run.context import BackendReport, CellSink, EngineWork, Progress, RunContext, env_facts
-from harness.run.events import EngineEvent, Event
 from harness.run.runner import run_engine
 from harness.run.slots import Capacity, Slots, engine_start, runs_alone
 from harness.run.spec import weight_transfer

@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.errors import EnvBuildError
+from harness.core.events import Event, StartEvent
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, ensure_env
-from harness.plan.matrix import Cell, EngineKey
 from harness.run.context import env_facts
-from harness.run.events import Event, StartEvent
 from harness.run.runner import run_engine
 from harness.run.spec import RunConfig
 from harness.verdicts.results import infra_result

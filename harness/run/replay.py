@@ -6,7 +6,7 @@ each engine config as one :class:`harness.run.session.EngineSession` (the one en
 started, given the plan as a ``plan`` scenario, and stopped.  A scheduler-tier plan
 (``{"tier": "scheduler", "script": {...}}``, e.g. what ``vllm-repro fuzz`` writes for a falsifying example)
 runs its script as an ``ops`` scenario of ``python -m repro.sched`` in each version's env, judged by
-:func:`harness.sched.cells.sched_verdict` exactly as the fuzzer judged it.
+:func:`harness.sched.tier.sched_verdict` exactly as the fuzzer judged it.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.cell import EngineKey, at_release
+from harness.core.events import ScenarioEvent
 from harness.core.oracle import CellVerdict, Outcome, cell_verdict, fit_losses, preempted_at_keep_clear
-from harness.core.streams import StreamRecord
+from harness.core.recorded_streams import StreamRecord
 from harness.run.context import RunContext
-from harness.run.events import ScenarioEvent
+from harness.run.sched_process import run_sched
 from harness.run.session import EngineDied, EngineSession
-from harness.sched import cells as sched_tier
-from harness.sched.process import run_sched
-from repro.wire import ScenarioSpec
+from harness.sched import tier as sched_tier
+from repro.core.wire import ScenarioSpec
 
 
 @dataclass(frozen=True)

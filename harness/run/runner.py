@@ -4,13 +4,13 @@
 vLLM env, started with ``start_new_session=True`` so the engine core and
 worker processes it spawns share one process group that is killed when the
 run ends, however it ends.  The spec it writes and the events it reads are
-checked against ``repro.wire``.  :func:`run_engine` runs a whole engine
+checked against ``repro.core.wire``.  :func:`run_engine` runs a whole engine
 config (the matrix, bisect, the Ray task); ``harness.run.session.EngineSession``
 drives the same process interactively (pytest, ``plan``).  An engine process
 that dies is ERROR and a hang TIMEOUT for exactly the cells of that engine
 whose scenario had not reported yet; cells already reported keep their
 results.  A scenario under which the engine core died of an exception raised
-in vLLM's own code is CRASH (``repro.crash``).  ``--retry-infra N`` runs the
+in vLLM's own code is CRASH (``repro.core.crash``).  ``--retry-infra N`` runs the
 ERROR/TIMEOUT cells again on a fresh engine.
 """
 
@@ -24,26 +24,26 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.core.oracle import Outcome
-from harness.core.records import Attempt, EngineInfo
-from harness.envbuild.envs import VllmEnv
-from harness.plan.matrix import Cell, EngineKey
-from harness.run.engine_death import death_reason
-from harness.run.events import (
+from harness.core.cell import Cell, EngineKey
+from harness.core.events import (
     EngineEvent,
     Event,
     FatalEvent,
     ScenarioEvent,
     SchedEvent,
 )
-from harness.run.process import EngineProcess
+from harness.core.oracle import Outcome
+from harness.core.records import Attempt, EngineInfo
+from harness.envbuild.envs import VllmEnv
+from harness.run.engine_death import death_reason
+from harness.run.engine_process import EngineProcess
 from harness.run.scenario_results import injection_problem, scenario_result
 from harness.run.sockets import snapshot
 from harness.run.spec import RunConfig, repeat_id, spec_refusal
-from harness.sched import cells as sched_tier
+from harness.sched import tier as sched_tier
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult, infra_result
-from repro.bind import DEFAULT_BIND
+from repro.patches.bind import DEFAULT_BIND
 
 EventHook = Callable[[EngineKey, Event], None]
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.core.oracle import Outcome, cell_verdict
-from harness.core.records import EngineInfo
-from harness.plan.matrix import Cell
-from harness.run.events import (
+from harness.core.cell import Cell
+from harness.core.events import (
     Precondition,
     ScenarioEvent,
 )
+from harness.core.oracle import Outcome, cell_verdict
+from harness.core.records import EngineInfo
 from harness.verdicts.results import CellResult, infra_result, judged_result
 
 
@@ -49,7 +49,7 @@ def scenario_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None) -> C
     if status == "timeout":
         return infra_result(cell, Outcome.TIMEOUT, ev.reason or "timeout", info)
     if status == "crash":
-        # vLLM's own code raised in the engine core while the scenario drove it (repro.crash): a finding.
+        # vLLM's own code raised in the engine core while the scenario drove it (repro.core.crash): a finding.
         return infra_result(cell, Outcome.CRASH, crash_reason(ev), info)
     return infra_result(cell, Outcome.ERROR, ev.reason or f"scenario status {status!r}", info)
 

@@ -1,6 +1,6 @@
 """A long-lived engine process that runs scenarios on demand (pytest items, Hypothesis examples, ``plan``).
 
-The same driver as ``runner.run_engine`` (:class:`harness.run.process.EngineProcess`):
+The same driver as ``runner.run_engine`` (:class:`harness.run.engine_process.EngineProcess`):
 the engine runs ``python -m repro.engine`` in its own process group; here the
 spec is marked interactive and scenarios are sent one JSON line at a time on
 stdin, each answered by one ``scenario`` event in the event file.  ``close()``
@@ -16,15 +16,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from harness.core.cell import EngineKey
 from harness.core.errors import ReproError
+from harness.core.events import EngineEvent, Event, FatalEvent, ScenarioEvent
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import VllmEnv
-from harness.plan.matrix import EngineKey
 from harness.run.engine_death import with_cause
-from harness.run.events import EngineEvent, Event, FatalEvent, ScenarioEvent
-from harness.run.process import EngineProcess
+from harness.run.engine_process import EngineProcess
 from harness.run.spec import RunConfig
-from repro.wire import ScenarioSpec
+from repro.core.wire import ScenarioSpec
 
 ENGINE_LOG_ENV = "VLLM_REPRO_ENGINE_LOG"  # if set, one line per engine start is appended to this file
 E = TypeVar("E", bound=Event)
@@ -75,7 +75,7 @@ class EngineSession:
         return self.engine_event.unsupported_reason if self.engine_event is not None else None
 
     def run(self, scenario: ScenarioSpec | dict[str, Any], timeout: float | None = None) -> ScenarioEvent:
-        """Send one scenario (a ``repro.wire.ScenarioSpec`` or its JSON form) and return its result event."""
+        """Send one scenario (a ``repro.core.wire.ScenarioSpec`` or its JSON form) and return its result event."""
         sc = scenario if isinstance(scenario, ScenarioSpec) else ScenarioSpec.from_json(scenario)
         if sc.timeout is None:
             sc = replace(sc, timeout=self.cfg.scenario_timeout)

@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Any
 from harness.core.scenarios import PROFILES
 
 if TYPE_CHECKING:
+    from harness.core.cell import EngineKey
     from harness.envbuild.envs import VllmEnv
-    from harness.plan.matrix import EngineKey
-
-# A fixed KV cache for engines sharing a GPU: the bigram model needs well under 1 MiB per request.
 SHARED_GPU_KV_BYTES = 256 * 2**20
 MAX_PER_GPU = 8
 

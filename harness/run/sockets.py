@@ -101,7 +101,7 @@ def listeners(pids: Iterable[int], proc: Path = Path("/proc")) -> list[Listener]
 
 
 def group_pids(pgid: int, proc: Path = Path("/proc")) -> list[int]:
-    """The processes of process group ``pgid`` (an engine's group: harness.run.process)."""
+    """The processes of process group ``pgid`` (an engine's group: harness.run.engine_process)."""
     return [pid for pid in _pids(proc) if _stat_field(proc, pid, _PGRP) == pgid]
 
 

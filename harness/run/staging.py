@@ -1,5 +1,5 @@
 """What travels into a vLLM env beside the engine: the ``repro`` package, the dist-info that makes vLLM load
-its plugin (``repro.shim``), and pure-Python distributions of the harness's env the engine side needs.
+its plugin (``repro.patches.shim``), and pure-Python distributions of the harness's env the engine side needs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def stage_repro(dst: Path, distributions: Sequence[str] = ()) -> Path:
 
     ``dst`` goes on PYTHONPATH of the engine process (and so of every process
     vLLM spawns): ``importlib.metadata`` finds the dist-info there, and vLLM
-    loads ``repro.shim:register`` as a ``vllm.general_plugins`` entry point.
+    loads ``repro.patches.shim:register`` as a ``vllm.general_plugins`` entry point.
     Nothing is installed into the cached vLLM env.
     """
     if dst.exists():
@@ -29,7 +29,7 @@ def stage_repro(dst: Path, distributions: Sequence[str] = ()) -> Path:
     info = dst / "vllm_repro_plugin-0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-repro-plugin\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nrepro_shim = repro.shim:register\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nrepro_shim = repro.patches.shim:register\n")
     for name in distributions:
         stage_distribution(name, dst)
     return dst

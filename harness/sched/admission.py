@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from harness.core.events import ScenarioEvent
 from harness.core.oracle import Outcome
-from harness.run.events import ScenarioEvent
 from harness.verdicts.results import CellResult
 
 

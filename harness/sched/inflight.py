@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from harness.core.events import ScenarioEvent
 from harness.core.oracle import Outcome
-from harness.core.streams import StreamRecord
-from harness.run.events import ScenarioEvent
+from harness.core.recorded_streams import StreamRecord
 from harness.verdicts.results import CellResult
 
 

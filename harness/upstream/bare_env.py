@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.errors import EnvBuildError
-from harness.envbuild.base import BuildResult, BuildStep, build_env
+from harness.envbuild.backend import BuildResult, BuildStep, build_env
 from harness.envbuild.cache import env_lock, env_status, touch
 from harness.envbuild.recipe import EnvRecipe, VllmEnv
 from harness.envbuild.tools import Log, last_lines, uv_bin

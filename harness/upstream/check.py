@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.core.errors import BadInput
 from harness.core.versions import release_key
-from harness.plan.releases import Release
+from harness.envbuild.index_releases import Release
 from harness.upstream.findings import CONTROL_PREFIX
 
 PYTEST_TIMEOUT_S = 600

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from harness.envbuild.cache import env_dir, env_status
 from harness.envbuild.index import IndexConfig
+from harness.envbuild.index_releases import Fetch, fetch_releases
 from harness.envbuild.recipe import EnvRecipe, default_recipe
 from harness.envbuild.tools import Log, last_lines, uv_bin
-from harness.plan.releases import Fetch, fetch_releases
 from harness.upstream.bare_env import BareEnv, ensure_bare_env
 from harness.upstream.check import CheckResult, Run, check, releases_before, run_reproducer
 from harness.upstream.findings import Finding
-from harness.upstream.report import Environment, write_report
+from harness.upstream.issue_folder import Environment, write_report
 
 COLLECT_ENV_TIMEOUT_S = 300
 EnsureBare = Callable[[EnvRecipe], BareEnv]

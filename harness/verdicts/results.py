@@ -19,6 +19,7 @@ from typing import Any
 from harness.core.cell import Cell
 from harness.core.errors import ResultsFileError
 from harness.core.oracle import CellVerdict, Outcome
+from harness.core.recorded_streams import StreamRecord
 from harness.core.records import (
     LINE,
     RESULTS,
@@ -29,7 +30,6 @@ from harness.core.records import (
     migrate_cell,
 )
 from harness.core.schema import ListOf, Obj, validate
-from harness.core.streams import StreamRecord
 from harness.verdicts.file_schemas import CELL_RESULT
 
 SCHEMA = RESULTS.name

@@ -23,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 from harness.core.cell import cell_from_dict
 from harness.core.errors import BadInput, ResultsFileError
 from harness.core.oracle import Outcome
-from harness.core.outcomes import Category, category
+from harness.core.outcome_groups import Category, category
 from harness.core.records import CellResult
 from harness.core.versions import version_key
 from harness.verdicts.known_bugs import KnownBug, Rule

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import BadInput
-from harness.core.outcomes import COLORS, LEGEND, Category
+from harness.core.outcome_groups import COLORS, LEGEND, Category
 from harness.verdicts.history.plot import PlotUnavailable, save_png
 from harness.verdicts.windows import Box, Chart
 

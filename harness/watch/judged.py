@@ -9,10 +9,12 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from harness.core.outcomes import Category, category
-from harness.plan.releases import Fetch, candidate_versions
+from harness.core.outcome_groups import Category, category
 
 # Outcomes that are a verdict on the release: the cell ran and its streams were judged (a finding counts).
+from harness.envbuild.index_releases import Fetch
+from harness.plan.releases import candidate_versions
+
 VERDICT_CATEGORIES = frozenset({Category.OK, Category.AMBIGUOUS, Category.TOKEN_FAULT, Category.FLAKY})
 
 

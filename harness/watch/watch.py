@@ -1,5 +1,5 @@
 """The release watch: for each release newer than the newest judged, the smoke, then its default matrix; the
-harness's incompatibilities apart from vLLM's findings (its files: ``harness.watch.report``).
+harness's incompatibilities apart from vLLM's findings (its files: ``harness.watch.watch_files``).
 
 Plans are run by a :data:`RunPlan` the caller gives (the CLI's runs them through ``harness.run.execute``, the
 matrix's own loop, and writes each plan's reports; a test gives a fake).

@@ -4,7 +4,7 @@ A scenario that must act on the engine during a pause (weight sync swaps its
 weights, manual reset resets the prefix cache), or whose reference is not the
 engine's plain no-pause run (the engine-profile scenarios: preempt, chunked, sleep,
 spec_ngram, spec_ngram_pause, logitsproc, connector_stale, stale_kv_*; see ``repro/scenarios/_profile.py``), also has a
-runner in ``RUNNERS``, which ``repro.cell.run_scenario`` calls instead of the
+runner in ``RUNNERS``, which ``repro.scenarios.cell_run.run_scenario`` calls instead of the
 generic reference-then-plan run.  The harness names them by the catalogue
 (``harness.core.scenarios``) with ``-`` spelled ``_``; ``manual-reset-reload``
 runs as ``weight_sync`` with ``explicit_reset``.
@@ -34,7 +34,7 @@ from repro.scenarios import (
     stale_kv,
     wait,
 )
-from repro.scenarios.base import EngineContext, Plan
+from repro.scenarios.vocab import EngineContext, Plan
 
 SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "keep": keep.build,

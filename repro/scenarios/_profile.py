@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from repro.models import expected_continuation
-from repro.scenarios.base import (
+from repro.models.deterministic import expected_continuation
+from repro.scenarios.runs import run_plan, run_reference, run_unpaused
+from repro.scenarios.vocab import (
     REFERENCE_MARGIN,
     EngineContext,
     PauseSpec,
@@ -29,11 +30,10 @@ from repro.scenarios.base import (
     ScenarioFailed,
     ScenarioUnsupported,
 )
-from repro.scenarios.runs import run_plan, run_reference, run_unpaused
 
 
 async def engine_counters(llm: Any) -> dict[str, Any]:
-    """The engine core's counters (``repro.counters``); ScenarioUnsupported when this engine has none."""
+    """The engine core's counters (``repro.patches.counters``); ScenarioUnsupported when this engine has none."""
     try:
         got = await llm.engine_core.call_utility_async("repro_counters")
     except Exception as exc:

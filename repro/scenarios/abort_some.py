@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from repro.scenarios.base import InflightSpec, Plan, RequestSpec, make_prompts, params_from_dict
+from repro.scenarios.vocab import InflightSpec, Plan, RequestSpec, make_prompts, params_from_dict
 
 
 @dataclass(frozen=True)

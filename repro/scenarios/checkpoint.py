@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from repro.scenarios._profile import run_with_own_pauses
-from repro.scenarios.base import (
+from repro.scenarios.vocab import (
     EngineContext,
     PauseSpec,
     Plan,

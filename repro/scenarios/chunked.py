@@ -10,7 +10,7 @@ reference; vLLM's own code raising in the engine core ends the engine (the cells
 
 Reference: each request alone on the same engine (its prompt still chunked, with nothing decoding beside it:
 checked, the control run has no mixed step).  Evidence: the engine core counts, per scheduler step, prefill
-chunks and steps holding a chunk and a decode (``repro.counters``); a run without a mixed step or with an
+chunks and steps holding a chunk and a decode (``repro.patches.counters``); a run without a mixed step or with an
 unchunked prompt states a failed precondition (UNSUPPORTED, never OK).
 """
 
@@ -29,8 +29,8 @@ from repro.scenarios._profile import (
     solo_control,
     step_delta,
 )
-from repro.scenarios.base import EngineContext, Plan, RequestSpec, ScenarioFailed, make_prompts, params_from_dict
 from repro.scenarios.runs import run_plan
+from repro.scenarios.vocab import EngineContext, Plan, RequestSpec, ScenarioFailed, make_prompts, params_from_dict
 
 
 @dataclass(frozen=True)

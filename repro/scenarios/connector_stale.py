@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.models import build_checkpoint, expected_continuation, load_perm, swap_partner
+from repro.models.deterministic import build_checkpoint, expected_continuation, load_perm, swap_partner
 from repro.probes import kv_example as kx
 from repro.scenarios._profile import precondition
-from repro.scenarios.base import (
+from repro.scenarios.connector_stale_judge import kv_records, stale_summary, token_records
+from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
+from repro.scenarios.vocab import (
     EngineContext,
     PauseSpec,
     Plan,
@@ -46,8 +48,6 @@ from repro.scenarios.base import (
     make_prompts,
     params_from_dict,
 )
-from repro.scenarios.connector_stale_judge import kv_records, stale_summary, token_records
-from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
 from repro.scenarios.weight_transfer import ReloadTransfer, reload_transfer
 
 MODES = ("keep", "wait")

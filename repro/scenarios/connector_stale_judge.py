@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro.models import swapped_continuation
+from repro.models.deterministic import swapped_continuation
 from repro.probes.kv_example import entries_of
-from repro.scenarios.base import REFERENCE_MARGIN
 from repro.scenarios.rlhf_weight_sync import swap_index
+from repro.scenarios.vocab import REFERENCE_MARGIN
 
 KV_SUFFIX = "-kv"
 

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.scenarios.base import (
+from repro.scenarios.sampling import child_key, engine_ids_match, token_logprob
+from repro.scenarios.vocab import (
     STAGGER,
     InflightSpec,
     PauseAction,
@@ -26,7 +27,6 @@ from repro.scenarios.base import (
     ScenarioTimeout,
     submit_kind,
 )
-from repro.scenarios.sampling import child_key, engine_ids_match, token_logprob
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from repro.scenarios._common import SinglePauseParams, single_pause_plan
-from repro.scenarios.base import Plan
+from repro.scenarios.vocab import Plan
 
 MODE = "keep"
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from repro.scenarios._profile import precondition
-from repro.scenarios.base import EngineContext, ScenarioFailed, ScenarioUnsupported, params_from_dict
 from repro.scenarios.rlhf_weight_sync import run as weight_sync_run
+from repro.scenarios.vocab import EngineContext, ScenarioFailed, ScenarioUnsupported, params_from_dict
 
 MODES = ("keep",)
 

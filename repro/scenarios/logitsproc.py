@@ -29,8 +29,8 @@ from typing import Any
 
 from repro.probes.logitsprocs import DEFAULT_LOG, prompt_key
 from repro.scenarios._profile import attach_references, precondition
-from repro.scenarios.base import EngineContext, Plan, RequestSpec, make_prompts, params_from_dict
 from repro.scenarios.runs import run_plan
+from repro.scenarios.vocab import EngineContext, Plan, RequestSpec, make_prompts, params_from_dict
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import dataclasses
 from typing import Any
 
 from repro.scenarios._common import SinglePauseParams, single_pause_plan
-from repro.scenarios.base import EngineContext, Plan
 from repro.scenarios.runs import check_reset_api, reset_action, run_with_reference
+from repro.scenarios.vocab import EngineContext, Plan
 
 MODE = "keep"
 

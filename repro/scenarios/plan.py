@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from repro.scenarios.base import PAUSE_MODES, EngineContext, PauseSpec, Plan, RequestSpec
 from repro.scenarios.runs import check_reset_api, reset_action, run_with_reference
+from repro.scenarios.vocab import PAUSE_MODES, EngineContext, PauseSpec, Plan, RequestSpec
 
 
 def build(sid: str, params: dict[str, Any], vocab_size: int, seed: int) -> Plan:

@@ -11,7 +11,7 @@ exactly its reference stream.
 
 Reference: each request run **alone** on the same engine (one request fits the cache, so nothing is
 preempted; checked: a preemption during the control run is an ERROR), which must also follow the bigram
-cycle.  Evidence: the engine core counts every ``Scheduler._preempt_request`` (``repro.counters``); the count
+cycle.  Evidence: the engine core counts every ``Scheduler._preempt_request`` (``repro.patches.counters``); the count
 per request goes into its record (``preemptions``) and the scenario's events, and a run that provoked no
 preemption states a failed precondition (the cell is UNSUPPORTED, never OK).
 """
@@ -30,8 +30,8 @@ from repro.scenarios._profile import (
     precondition,
     solo_control,
 )
-from repro.scenarios.base import EngineContext, Plan, RequestSpec, make_prompts, params_from_dict
 from repro.scenarios.runs import run_plan
+from repro.scenarios.vocab import EngineContext, Plan, RequestSpec, make_prompts, params_from_dict
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from repro.scenarios.base import (
+from repro.scenarios.vocab import (
     MAX_MODEL_LEN,
     REFERENCE_MARGIN,
     InflightSpec,

@@ -3,9 +3,9 @@
 Generate with weights A, pause in keep mode once every running request has
 ``pause_after`` tokens, swap the engine's weights to B, resume, and check every
 token.  A and B are bigram-cycle checkpoints of the same shape whose cycles
-differ at every token (``repro.models.swap_partner``), so the stream a request
+differ at every token (``repro.models.deterministic.swap_partner``), so the stream a request
 must produce is known exactly: A's cycle up to the pause, then B's cycle from
-the last pre-pause token (``repro.models.swapped_continuation``).  The first
+the last pre-pause token (``repro.models.deterministic.swapped_continuation``).  The first
 post-resume token must be ``perm_B[last pre-pause token]``; vLLM #42043 (keep
 + clear_cache + async scheduling, fixed by PR #42117 in 0.22.0) drops it.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.models import (
+from repro.models.deterministic import (
     build_checkpoint,
     expected_continuation,
     load_perm,
@@ -37,7 +37,8 @@ from repro.models import (
     swapped_continuation,
 )
 from repro.scenarios._common import SinglePauseParams, single_pause_plan
-from repro.scenarios.base import (
+from repro.scenarios.runs import check_pause_api, check_reset_api, reset_action, run_plan, run_reference, run_unpaused
+from repro.scenarios.vocab import (
     REFERENCE_MARGIN,
     EngineContext,
     PauseAction,
@@ -48,7 +49,6 @@ from repro.scenarios.base import (
     ScenarioUnsupported,
     params_from_dict,
 )
-from repro.scenarios.runs import check_pause_api, check_reset_api, reset_action, run_plan, run_reference, run_unpaused
 from repro.scenarios.weight_transfer import NcclTransfer, nccl_unsupported, reload_transfer
 
 TRANSFERS = ("reload", "nccl")

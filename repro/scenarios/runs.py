@@ -7,8 +7,9 @@ import inspect
 import time
 from typing import Any
 
-from repro.models import expected_continuation
-from repro.scenarios.base import (
+from repro.models.deterministic import expected_continuation
+from repro.scenarios.driver import Driver, group_streams
+from repro.scenarios.vocab import (
     REFERENCE_MARGIN,
     STAGGER,
     PauseAction,
@@ -19,7 +20,6 @@ from repro.scenarios.base import (
     ScenarioUnsupported,
     submit_kind,
 )
-from repro.scenarios.driver import Driver, group_streams
 
 
 def _vllm_api() -> tuple[Any, Any]:

@@ -44,7 +44,7 @@ TEMPERATURE = 1.0
 # children of different prompts become identical within a few tokens.  A stride far above GROUP_SIZE keeps every
 # child's seed distinct.
 SEED_STRIDE = 1000
-RMS_EPS = 1e-6  # the checkpoint's rms_norm_eps (repro.models.hf_config)
+RMS_EPS = 1e-6  # the checkpoint's rms_norm_eps (repro.models.deterministic.hf_config)
 # Stronger than RL recipes usually set (repetition 1.0-1.1), so a stale history shows: with this model a history
 # short of its last token moves the next logprob by more than the oracle's 1e-4 at 81 % of positions and by more
 # than 1e-3 at 9 % (numpy over 16 simulated 48-token streams), while the distribution stays spread (24 % of the
@@ -91,11 +91,11 @@ def token_logprob(entry: Any, token: int) -> float | None:
 def logit_table(model_dir: Path) -> Any:
     """``logits[t][j]``: the model's logit of token j after token t, from the checkpoint's weights (float64).
 
-    The residual stream at the last layer is the embedding of the current token (repro.models: o_proj and
+    The residual stream at the last layer is the embedding of the current token (repro.models.deterministic: o_proj and
     down_proj are zero); the final RMSNorm scales it and lm_head maps it to the logits."""
     import numpy as np
 
-    from repro.models import read_safetensors
+    from repro.models.deterministic import read_safetensors
 
     w = read_safetensors(Path(model_dir) / "model.safetensors")
     emb = w["model.embed_tokens.weight"].astype(np.float64)

@@ -20,7 +20,7 @@ Reference: the same engine's streams with no sleep (all requests at once), which
 cycle.  ``is_sleeping()`` must be true after each sleep and false after waking, or the scenario fails (ERROR):
 a sleep that did not happen tests nothing.  Where sleep mode cannot run, vLLM refuses ``enable_sleep_mode``
 at start-up (CPU: ``Sleep mode is not supported on current platform.``) and every cell of the engine is
-UNSUPPORTED with that message (``repro.cell.refused_setting``).
+UNSUPPORTED with that message (``repro.settings.effective.refused_setting``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from repro.scenarios._profile import run_with_own_pauses
-from repro.scenarios.base import (
+from repro.scenarios.vocab import (
     EngineContext,
     PauseSpec,
     Plan,

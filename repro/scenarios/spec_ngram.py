@@ -17,7 +17,7 @@ path of PR #46066); ``False`` is a plain freeze.  Requests submitted during the 
 Reference: each request alone on the same engine (still speculating, with nothing batched beside it and no
 pause), which must follow the bigram cycle; a speculative-decoding fault that shows even alone therefore
 fails that model check (ERROR, with the streams), it is not hidden.  Evidence: the engine core counts drafted
-and accepted tokens per request (``repro.counters``, from ``Scheduler.make_spec_decoding_stats``); a run with
+and accepted tokens per request (``repro.patches.counters``, from ``Scheduler.make_spec_decoding_stats``); a run with
 no accepted draft states a failed precondition (UNSUPPORTED, never OK).
 """
 
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from repro.models import expected_continuation
+from repro.models.deterministic import expected_continuation
 from repro.scenarios._profile import (
     attach_references,
     engine_counters,
@@ -37,8 +37,8 @@ from repro.scenarios._profile import (
     precondition,
     solo_control,
 )
-from repro.scenarios.base import EngineContext, PauseSpec, Plan, RequestSpec, params_from_dict
 from repro.scenarios.runs import run_plan
+from repro.scenarios.vocab import EngineContext, PauseSpec, Plan, RequestSpec, params_from_dict
 
 
 @dataclass(frozen=True)

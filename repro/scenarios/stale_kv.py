@@ -1,7 +1,7 @@
 """Issue 37: after an in-place weight update, does a request read KV that the old weights wrote?
 
 Runs on the ``prefix-cache`` engine profile (prefix caching on, 32-token blocks) with the context-cell model
-(``repro.context_model``): its next token reads the prompt's marker through attention, and the marker's KV holds a
+(``repro.models.context_cell``): its next token reads the prompt's marker through attention, and the marker's KV holds a
 code that depends on the weights that wrote it, so a prefix-cache hit on blocks computed with weights A, read by
 weights B, shows as a specific wrong token (``expected_continuation(..., stale_version="A")``).
 
@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro import context_model as cm
+from repro.models import context_cell as cm
 from repro.scenarios._profile import precondition
-from repro.scenarios.base import (
+from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
+from repro.scenarios.vocab import (
     MAX_MODEL_LEN,
     REFERENCE_MARGIN,
     EngineContext,
@@ -59,7 +60,6 @@ from repro.scenarios.base import (
     ScenarioUnsupported,
     params_from_dict,
 )
-from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
 from repro.scenarios.weight_transfer import ReloadTransfer, reload_transfer
 
 # variant -> the pause mode and clear_cache it plays (harness.core.scenarios: stale-kv-<variant>)

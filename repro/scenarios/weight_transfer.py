@@ -5,7 +5,7 @@ swap an engine's weights, and the two ways it does.
   ``collective_rpc("reload_weights", kwargs={"weights_path": B})``; runs on
   CPU and on one GPU, through either door (the server door's ``collective_rpc``
   is ``POST /collective_rpc``, ``repro.server.http_llm``).
-* ``nccl``: the example's NCCL path: a trainer process (``repro.weight_trainer``)
+* ``nccl``: the example's NCCL path: a trainer process (``repro.scenarios.weight_trainer``)
   on the next visible GPU broadcasts B's tensors while the engine receives them
   with ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``
   (the API shape of vLLM 0.21/0.22); CUDA, TP=1, two visible GPUs.
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repro import bind
-from repro.models import safetensors_manifest
-from repro.scenarios.base import ScenarioFailed, ScenarioUnsupported
+from repro.models.deterministic import safetensors_manifest
+from repro.patches import bind
+from repro.scenarios.vocab import ScenarioFailed, ScenarioUnsupported
 
 # --------------------------------------------------------------------------- transfer: detection
 
@@ -132,7 +132,7 @@ def nccl_unsupported(llm: Any, tp: int) -> str | None:
     cfg = getattr(llm.vllm_config, "weight_transfer_config", None)
     if cfg is None or getattr(cfg, "backend", None) != "nccl":
         return (f"the engine was started with weight_transfer_config={cfg!r}; the NCCL path needs "
-                "WeightTransferConfig(backend='nccl') at start (repro.engine sets it when the spec lists an nccl "
+                "WeightTransferConfig(backend='nccl') at start (repro.engine.main sets it when the spec lists an nccl "
                 "weight_sync scenario)")
     return None
 
@@ -239,12 +239,12 @@ class NcclTransfer:
         env.setdefault("NCCL_NVLS_ENABLE", "0")
         self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "repro.weight_trainer",
+            sys.executable, "-m", "repro.scenarios.weight_trainer",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=self._log, env=env,
         )
         port = _free_port()
         # The trainer is rank 0: vLLM's StatelessProcessGroup binds its store to exactly this address
-        # (vllm/distributed/utils.py 461-466 in 0.21.0), the run's bind address (repro.bind, --bind).
+        # (vllm/distributed/utils.py 461-466 in 0.21.0), the run's bind address (repro.patches.bind, --bind).
         master = bind.connect_host(bind.address())
         init = NCCLWeightTransferInitInfo(master_address=master, master_port=port, rank_offset=1, world_size=2)
         t0 = time.monotonic()

@@ -18,14 +18,15 @@ SPEC (JSON)::
 
     {"schema_version": 2,                         # 2 since a spec may carry "fuzz"
      "version_label": "0.21.0",                  # echoed in the sched event
-     "model_dir": "/path/ckpt"                    # a checkpoint built by repro.models.build_checkpoint, or
+     "model_dir": "/path/ckpt"                    # a checkpoint built by
+     repro.models.deterministic.build_checkpoint, or
      "model_cache": "/path/cache",                # where to build the bigram checkpoint
      "model": {"kind": "bigram-cycle", "params": {...}},   # optional, with model_cache
      "scenarios": [{"id": "s1", "scenario": "drained_reset", "params": {...}, "seed": 0}, ...],
      "interactive": false,                        # true: then one scenario per stdin line, until EOF
                                                   # or {"op": "stop"}, one scenario event each
      "fsync": true,                               # false: flush only (a fuzzer's many small events)
-     "fuzz": {"examples": 200, "steps": 25, "seed": 1,   # optional (repro.wire.FuzzSpec): after the scenarios,
+     "fuzz": {"examples": 200, "steps": 25, "seed": 1,   # optional (repro.core.wire.FuzzSpec): after the scenarios,
               "depths": [1, 2, 3], "spec_tokens": [0], "max_requests": 8,    # a Hypothesis run (fuzz.py);
               "reach": true}}                        # reach: coverage.py over vLLM's scheduler files (reach.py)
 

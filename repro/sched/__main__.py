@@ -2,8 +2,8 @@
 
 import sys
 
-from repro.sched.runner import main
-from repro.watchdog import watch_parent
+from repro.core.watchdog import watch_parent
+from repro.sched.spec_run import main
 
 watch_parent()  # nothing of this run outlives a harness that was killed without cleaning up
 sys.exit(main())

@@ -57,6 +57,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from repro.core.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
 from repro.sched.adapter import Unsupported
 from repro.sched.executor import Executor
 from repro.sched.fuzzrun import (
@@ -84,7 +85,6 @@ from repro.sched.opmodel import (
 )
 from repro.sched.reach import Reach
 from repro.sched.script import PAUSE_STATES, POLICIES, Op, Script
-from repro.wire import FUZZ_DEPTHS, FUZZ_MAX_SPEC_TOKENS, FuzzSpec
 
 MAX_TOKENS = 16
 FIRST_REQUESTS = 4  # requests the initialize rule adds, at most
@@ -236,7 +236,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     # reset KV cache even when all the running requests are preempted" (scheduler.py:2870 at v0.32.0).  A real
     # vLLM bug, not a harness artefact: AsyncLLM's reset_prefix_cache(reset_running_requests=True) and
     # pause_generation(mode="keep", clear_cache=True) fail so (docs/results/fuzz-judge-2026-12-02/).  The
-    # scenario reset-session (harness.sched.cells.SHAPES) measures it; left out here so the fuzzer looks further.
+    # scenario reset-session (harness.sched.tier.SHAPES) measures it; left out here so the fuzzer looks further.
     @precondition(lambda self: self.state is not None and not (self.ex is not None and self._open_sessions()))
     @rule(in_flight=st.sampled_from((None, 0, 1, 2)), connector=st.booleans())
     def reset(self, in_flight: int | None, connector: bool) -> None:

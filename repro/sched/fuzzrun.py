@@ -16,14 +16,14 @@ from typing import Any
 
 from hypothesis.control import current_build_context
 
-from repro.crash import vllm_crash_site
+from repro.core.crash import vllm_crash_site
+from repro.core.wire import FuzzSpec
 from repro.sched.adapter import Unsupported
 from repro.sched.executor import Executor
 from repro.sched.opmodel import FuzzState, failure_kind, finish_fault, minimise, setup_for, stream_fault
 from repro.sched.reach import CHECKPOINTS
 from repro.sched.scenario import run_scenario
 from repro.sched.script import Op, Script, Setup
-from repro.wire import FuzzSpec
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Runs inside the ``python -m repro.sched`` process (``runner.run`` starts it
 before vLLM is imported, so module-level lines count as they do under
 ``coverage run``); coverage.py is staged beside ``repro`` by the harness like
-Hypothesis (``harness.sched.fuzz.DISTRIBUTIONS``).  Only the files below are
+Hypothesis (``harness.run.sched_fuzz.DISTRIBUTIONS``).  Only the files below are
 traced (coverage.py's ``include``), so the rest of vLLM and torch run at
 nearly full speed.
 

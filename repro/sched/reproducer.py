@@ -2,7 +2,7 @@
 """__DOCSTRING__"""
 
 # The body below is copied verbatim into every exported reproducer (``vllm-repro plan PLAN.json
-# --export-pytest FILE``, harness/sched/export_pytest.py); the exporter appends the plan and the test.  It imports
+# --export-pytest FILE``, harness/export/sched_pytest.py); the exporter appends the plan and the test.  It imports
 # only vLLM, pytest and the standard library, so the file runs in an env that holds vLLM and pytest alone.
 #
 # What it does is what vllm-repro's scheduler tier does (repro/sched/adapter.py, executor.py): build vLLM's

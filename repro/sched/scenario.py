@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from repro.crash import raised_in_vllm
+from repro.core.crash import raised_in_vllm
 from repro.sched.adapter import Unsupported, vllm_crash_site
 from repro.sched.admission import NAME as ADMISSION
 from repro.sched.admission import precondition as admission_precondition
@@ -87,5 +87,5 @@ def run_scenario(adapter: Any, sc: dict[str, Any], model_dir: Path, perm: list[i
 
 
 def _raised_in_vllm(exc: BaseException) -> bool:
-    """The exception left vLLM's code last, rather than our own code after vLLM returned (repro.crash)."""
+    """The exception left vLLM's code last, rather than our own code after vLLM returned (repro.core.crash)."""
     return raised_in_vllm(exc, ours=(str(Path(__file__).resolve().parent),))

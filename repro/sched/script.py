@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-# The ``python -m repro.sched`` spec's version: 2 since a spec may carry ``fuzz`` (repro.wire.FuzzSpec).
+# The ``python -m repro.sched`` spec's version: 2 since a spec may carry ``fuzz`` (repro.core.wire.FuzzSpec).
 SCHEMA_VERSION = 2
 
 SCHEDULERS = ("async", "sync")

@@ -1,9 +1,9 @@
 """The engine arguments of a cell as ``vllm serve`` command-line flags, from vLLM's own argument parser.
 
 The server door must start ``vllm serve`` with exactly the ``AsyncEngineArgs`` the engine door passes
-(``repro.engine.engine_kwargs``).  Each field is spelled with the option string vLLM's parser
+(``repro.engine.main.engine_kwargs``).  Each field is spelled with the option string vLLM's parser
 (``make_arg_parser``: ``AsyncEngineArgs.add_cli_args`` plus the front end's; its module per release is
-``repro.server.layout.CLI_ARGS``) declares for it, read from the parser's actions, never from a hand-kept list;
+``repro.core.server_layout.CLI_ARGS``) declares for it, read from the parser's actions, never from a hand-kept list;
 then the flags are parsed back with the same parser and ``AsyncEngineArgs.from_cli_args`` and every field
 compared with what was asked (:func:`serve_argv`): a field the CLI cannot carry (an object, a flag that parses to
 something else) refuses the cell with the field named, instead of starting a server with other settings.
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from repro.server.layout import LayoutError, make_arg_parser
+from repro.core.server_layout import LayoutError, make_arg_parser
 
 
 class ArgMappingError(Exception):
@@ -110,7 +110,7 @@ def serve_argv(kwargs: Mapping[str, Any], host: str, port: int) -> list[str]:
 
 
 def _server_parser() -> Any:
-    """vLLM's ``make_arg_parser``, wherever this release keeps it (``repro.server.layout.CLI_ARGS``)."""
+    """vLLM's ``make_arg_parser``, wherever this release keeps it (``repro.core.server_layout.CLI_ARGS``)."""
     try:
         return make_arg_parser()
     except LayoutError as exc:

@@ -1,10 +1,11 @@
 """The server door of an engine process: the cells of one engine config played over ``vllm serve``'s HTTP API.
 
-``repro.engine`` calls :func:`run_server_door` for a spec whose ``door`` axis is ``server``: it starts one
-server (``repro.server.process``; its module per release: ``repro.server.layout``) with the engine door's own
-engine arguments (``repro.engine.engine_kwargs``, as flags checked by vLLM's parser: ``repro.server.args``), waits
+``repro.engine.main`` calls :func:`run_server_door` for a spec whose ``door`` axis is ``server``: it starts one
+server (``repro.server.serve_process``; its module per release: ``repro.core.server_layout``) with the engine door's own
+engine arguments (``repro.engine.main.engine_kwargs``, as flags checked by vLLM's parser: ``repro.server.args``), waits
 for it, proves its *effective* settings through
-the harness's probe route exactly as the engine door proves its own (``repro.cell.effective_settings``), and
+the harness's probe route exactly as the engine door proves its own
+(``repro.settings.effective.effective_settings``), and
 plays every scenario the server door can play (``repro.server.endpoints.SCENARIOS``; the others are UNSUPPORTED
 with the reason) with the same drivers and ``run_cell`` as the engine door, on the HTTP adapter
 (``repro.server.http_llm``).  The server is ended with the engine process.
@@ -17,16 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from repro.cell import effective_settings, read_view, refused_setting, run_cell
-from repro.model_kinds import LoadedModel
-from repro.probes.settings import plain_kwargs
-from repro.rootcause import read_tail, tracebacks
-from repro.scenarios.base import EngineContext
+from repro.core.rootcause import read_tail, tracebacks
+from repro.core.server_layout import LayoutError, server_main
+from repro.core.wire import Spec, stdin_scenarios
+from repro.models.kinds import LoadedModel
+from repro.scenarios.cell_run import run_cell
+from repro.scenarios.vocab import EngineContext
 from repro.server.args import ArgMappingError, serve_argv
 from repro.server.endpoints import scenario_problem
-from repro.server.layout import LayoutError, server_main
-from repro.server.process import Server, ServerDied, host, server_port
-from repro.wire import Spec, stdin_scenarios
+from repro.server.serve_process import Server, ServerDied, host, server_port
+from repro.settings.core_view import plain_kwargs
+from repro.settings.effective import effective_settings, read_view, refused_setting
 
 Emit = Callable[..., None]
 DEFAULT_STARTUP_TIMEOUT = 900.0  # harness.run.spec's engine_timeout default, for a spec that carries none
@@ -55,21 +57,15 @@ def _refused_client(spec: Spec, refuse_all: Callable[[str], None]) -> bool:
     return True
 
 
-def _with_client(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> Any:
-    """The adapter the scenarios drive: the HTTP one, or on the client door the framework's client around it
-    (``repro.client.door``); None when the framework's client cannot run (each scenario then ERROR, its reason)."""
-    if spec.engine.axes.get("door") != "client":
-        return http
-    from repro.client.door import ClientUnavailable, open_client
+def http_adapter(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> Any:
+    """The server door's adapter: the scenarios drive the HTTP one itself.  (The client door passes
+    ``repro.client.door.client_adapter``: the framework's own client around it.)"""
+    return http
 
-    try:
-        llm = open_client(http, spec.client, url, log_dir, bool(spec.engine.axes.get("async_scheduling", True)))
-    except ClientUnavailable as exc:
-        for sc in spec.scenarios:
-            emit("scenario", id=sc.id, status="unsupported" if exc.unsupported else "error",
-                 reason=f"door=client: {exc}")
-        return None
-    return llm
+
+# What the scenarios drive, made from the HTTP adapter once the server's settings are proved; None: nothing
+# can be played (the adapter has emitted every scenario's event itself).
+Adapter = Callable[[Spec, Any, str, Path, Emit], Any]
 
 
 def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
@@ -81,7 +77,8 @@ def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
 
 async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any], info: dict[str, Any],
                           requested: dict[str, Any], emit: Emit, refuse_all: Callable[[str], None],
-                          log_dir: Path, sources: dict[str, str] | None = None) -> None:
+                          log_dir: Path, sources: dict[str, str] | None = None,
+                          adapter: Adapter = http_adapter) -> None:
     """Start the server for ``spec``, prove its settings, play the scenarios; the server ends with it."""
     import httpx
 
@@ -124,7 +121,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
             emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
                  unsupported_reason=reason, server=facts)
             if reason is None:
-                llm = _with_client(spec, http, server.url, log_dir, emit)
+                llm = adapter(spec, http, server.url, log_dir, emit)
                 if llm is None:
                     await http.close()
                     return
@@ -142,7 +139,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
 
 async def _serve_stdin(llm: Any, ctx: EngineContext, timeout: float, unsupported: str | None, version: str,
                        emit: Emit) -> None:
-    """Session mode, as ``repro.engine._serve_stdin``: scenarios as JSON lines on stdin until EOF or STOP."""
+    """Session mode, as ``repro.engine.main._serve_stdin``: scenarios as JSON lines on stdin until EOF or STOP."""
     async for sc in stdin_scenarios():
         await _play(llm, sc.to_json(), ctx, sc.timeout if sc.timeout is not None else timeout, unsupported,
                     version, emit)

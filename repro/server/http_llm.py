@@ -1,7 +1,7 @@
 """The server door's client: what ``repro.scenarios`` drives (AsyncLLM's methods) over ``vllm serve``'s HTTP API.
 
 Built on httpx (in every vLLM environment: the ``openai`` client depends on it).  Every call is a real request
-to the server the engine process started (``repro.server.process``), on loopback:
+to the server the engine process started (``repro.server.serve_process``), on loopback:
 
 * ``generate``: a streaming ``POST /v1/completions`` from the prompt's token ids, greedy (temperature 0,
   ignore_eos, max_tokens), ``return_token_ids`` so each chunk carries the token ids of its delta, and the
@@ -12,7 +12,8 @@ to the server the engine process started (``repro.server.process``), on loopback
   ``docs/frameworks-endpoints.toml``), refused with ScenarioUnsupported where the release lacks the endpoint or
   parameter (``repro.server.endpoints``); ``collective_rpc`` is how the weight-sync scenario swaps weights
   (``POST /collective_rpc`` with ``reload_weights``, the worker method the engine door calls);
-* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes (``repro.server.probe``).
+* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes
+(``repro.patches.server_probe``).
 
 The parsing of the stream is pure (:func:`parse_sse`, :func:`strip_ids`), unit-tested with httpx's MockTransport.
 """
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # httpx is in every vLLM env (openai's dependency), not in the harness's
     import httpx
 
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 from repro.server.endpoints import endpoint_problem
 
 ENGINE_PREFIX = "cmpl-"  # serving_completion.py: request_id = f"cmpl-{request.request_id}", then f"{id}-{i}"
@@ -186,7 +187,8 @@ class HttpLLM:
         return resp.json()
 
     async def probe(self) -> dict[str, Any]:
-        """The server engine's probe (``repro.cell.probe_engine``) and config sections; keeps the config."""
+        """The server engine's probe (``repro.settings.effective.probe_engine``) and config sections; keeps the
+        config."""
         doc = await self.get("/repro/probe")
         self.vllm_config = namespace(doc["config"])
         return dict(doc["probe"])

@@ -35,10 +35,11 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import Outcome
-from harness.plan.matrix import Cell, EngineKey, MatrixPlan, Selection, plan_matrix
+from harness.plan.matrix import MatrixPlan, Selection, plan_matrix
 from harness.run.cluster import CANCEL_GRACE_S
-from harness.run.process import group_alive
+from harness.run.engine_process import group_alive
 from harness.verdicts.results import CellResult, Results, read_results
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -60,7 +61,7 @@ def _tagged(tag: str, engines_only: bool = False) -> list[tuple[int, str]]:
                 environ = f.read().split(b"\0")
             if needle not in environ:
                 continue
-            # harness.run.process.engine_env sets it for every engine, and vLLM's processes inherit it.
+            # harness.run.engine_process.engine_env sets it for every engine, and vLLM's processes inherit it.
             if engines_only and not any(v.startswith(b"VLLM_REPRO_CPU_ASYNC=") for v in environ):
                 continue
             with open(f"/proc/{entry}/stat") as f:
@@ -182,7 +183,7 @@ def _scenario_line(sid: str) -> str:
 def _fake_engine(root: Path, body: str) -> Path:
     """A 'vLLM env' whose python is a shell script run as ``python -m repro.engine SPEC OUT``.
 
-    It first reports its pid and process group like ``repro.engine``'s start event, then runs ``body``.
+    It first reports its pid and process group like ``repro.engine.main``'s start event, then runs ``body``.
     """
     (root / "bin").mkdir(parents=True)
     py = root / "bin" / "python"
@@ -336,10 +337,10 @@ def _record_cancels(forced: list[bool]) -> None:
 
 
 def _driver_main(spec: dict[str, Any], out: Path) -> None:
+    from harness.core.events import Event
     from harness.envbuild.envs import EnvRecipe, VllmEnv, default_cache_dir, index_config_from_env
     from harness.run.cluster import RayBackend
     from harness.run.context import RunContext
-    from harness.run.events import Event
     from harness.run.execute import Progress, execute_plan
     from harness.run.spec import RunConfig
     from harness.verdicts.results import ResultsLog

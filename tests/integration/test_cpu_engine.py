@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from loss_checks import assert_first_post_resume_token_lost
 
+from harness.core.cell import EngineKey
+from harness.core.events import Event
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import default_cache_dir, index_config_from_env
-from harness.plan.matrix import EngineKey, MatrixPlan, Selection, plan_matrix
+from harness.plan.matrix import MatrixPlan, Selection, plan_matrix
 from harness.run.context import RunContext
-from harness.run.events import Event
+from harness.run.engine_process import group_alive
 from harness.run.execute import execute_plan
-from harness.run.process import group_alive
 from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 

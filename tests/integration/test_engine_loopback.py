@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.frontends.pytest_plugin import EnginePool
-from harness.plan.matrix import Cell
 from harness.run.session import EngineSession
 from harness.run.sockets import exposed, group_pids, listeners
 

@@ -1,6 +1,7 @@
 """Engines started side by side never pick the same port (issue 21): eight stand-ins at once, through the harness.
 
-Each stand-in (``port_standin.py``) is started by ``harness.run.process.EngineProcess``, from eight threads at once,
+Each stand-in (``port_standin.py``) is started by ``harness.run.engine_process.EngineProcess``, from eight threads
+at once,
 and picks its rendezvous port as vLLM does under the environment the harness gives it; every stand-in has
 picked before any binds (a barrier on their stdin), so two that picked the same port must collide.  The second
 test shows that they do when the harness's per-engine ranges are overridden by one shared ``VLLM_PORT``.
@@ -20,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import EngineKey
 from harness.envbuild.envs import EnvRecipe, VllmEnv
-from harness.plan.matrix import EngineKey
+from harness.run.engine_process import EngineProcess
 from harness.run.ports import RANGE_ENV, lease_ports
-from harness.run.process import EngineProcess
 from harness.run.spec import RunConfig
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv
-from harness.plan.matrix import Cell, EngineKey
-from harness.run.process import group_alive
+from harness.run.engine_process import group_alive
 from harness.run.runner import run_engine
 from harness.run.spec import RunConfig
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.envbuild.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
-from harness.plan.export_engine import export_engine
+from harness.export.engine_script import export_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.nightly]
 

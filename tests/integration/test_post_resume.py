@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
 from harness.core.records import ExpectationRecord
 from harness.frontends.pytest_summary import first_post_resume_tokens
-from harness.plan.matrix import Cell
 from harness.verdicts.report.junit import request_lines
 from harness.verdicts.results import CellResult
 

@@ -173,7 +173,7 @@ def test_sigint_keeps_finished_cells_kills_engines_and_resume_finishes(tmp_path:
 @pytest.mark.nightly  # CI time: tests/unit/test_runner.py keeps hang -> TIMEOUT on a stand-in engine
 def test_a_pause_that_never_returns_is_a_timeout_and_leaves_nothing(tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    # hang#pause: the engine core pauses but never acknowledges it (repro/inject.py).
+    # hang#pause: the engine core pauses but never acknowledges it (repro/patches/inject.py).
     log = tmp_path / "cli.log"
     proc = _cli([*BASE[:-2], "--engine-timeout", "400", "--async", "on", "--mode", "keep,wait",
                  "--inject", "hang#pause", "--scenario-timeout", "15", "--reports", str(reports)], log)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 from loss_checks import assert_first_post_resume_token_lost
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
 from harness.frontends.pytest_plugin import EnginePool
-from harness.plan.matrix import Cell
 from harness.run.spec import scenario_entry
 from harness.verdicts.results import CellResult
 

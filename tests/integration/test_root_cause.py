@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from failed_start_engine import CAUSE, POINTER
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv
-from harness.plan.matrix import Cell, EngineKey
 from harness.run.runner import run_engine
 from harness.run.session import EngineDied, EngineSession
 from harness.run.spec import RunConfig

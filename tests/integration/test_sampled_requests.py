@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
 from harness.frontends.pytest_plugin import EnginePool
-from harness.plan.matrix import Cell
 from harness.run.spec import scenario_entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow, pytest.mark.nightly]

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 from harness.envbuild.envs import default_cache_dir, default_recipe, ensure_env, index_config_from_env
 from harness.run.staging import stage_repro
 from repro.sched.script import SCHEMA_VERSION

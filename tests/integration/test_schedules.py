@@ -30,12 +30,11 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, note, reject, settings
 from hypothesis import strategies as st
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, fit_losses, predicted_stream, preempted_at_keep_clear
 from harness.core.records import RequestRecord
 from harness.frontends.pytest_plugin import EnginePool
-from harness.plan.matrix import Cell
 
-# Random schedules over real engines, minutes each: nightly (tox -e nightly-tests, nightly profile).
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow, pytest.mark.nightly]
 
 VOCAB = 512  # the default bigram-cycle model

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
 from harness.frontends.pytest_plugin import EnginePool
-from harness.plan.matrix import Cell
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
-"""An engine process group ends with a harness that was killed without cleaning up (repro/watchdog.py).
+"""An engine process group ends with a harness that was killed without cleaning up (repro/core/watchdog.py).
 
 Real processes, no vLLM: a stand-in "harness" starts a stand-in "engine" in its own session, as
-harness/run/process.py does; the engine arms the watchdog and starts a child of its own (vLLM's engine core
+harness/run/engine_process.py does; the engine arms the watchdog and starts a child of its own (vLLM's engine core
 stands in its process group the same way). The harness is then SIGKILLed: no cleanup runs, and both must end.
 """
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # on an event nobody sets, as an engine busy in vLLM would never notice its parent's death.
 ENGINE = """
 import subprocess, sys, threading
-from repro.watchdog import watch_parent
+from repro.core.watchdog import watch_parent
 watch_parent()
 core = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"],
                         stdin=subprocess.DEVNULL)

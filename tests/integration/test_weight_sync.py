@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, default_cache_dir, ensure_env, index_config_from_env, package_for
-from harness.plan.matrix import Cell
 from harness.run.runner import run_engine
 from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult

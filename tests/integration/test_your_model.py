@@ -21,7 +21,7 @@ from harness.run.context import RunContext
 from harness.run.execute import execute_plan
 from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog
-from repro.realistic import SIZES
+from repro.models.realistic import SIZES
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engine, pytest.mark.slow]
 

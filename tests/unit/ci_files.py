@@ -34,14 +34,13 @@ from typing import Any
 import yaml
 
 from harness.core.errors import BadInput, ReproError
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import build_parser
 from harness.frontends.commands.matrix import matrix_axes
 from harness.plan.faults import parse_inject
 from harness.plan.matrix import PLATFORMS, parse_versions
 from harness.plan.platforms import choose_wheels
-from harness.plan.releases import Release
 
-# Programs the CI files may call besides tox and vllm-repro; anything else is reported, so that a typo
 # ("vlm-repro", "toxx") cannot pass as "some other tool".
 KNOWN_PROGRAMS = frozenset({"[", "test", "echo", "cat", "cp", "mkdir", "exit", "shopt", "true", "date",
                             "nvidia-smi", "pip", "uv", "buildkite-agent"})

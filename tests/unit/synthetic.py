@@ -1,4 +1,4 @@
-"""Synthetic request records, shaped like the ones ``repro.cell`` writes, for unit tests."""
+"""Synthetic request records, shaped like the ones ``repro.scenarios.cell_run`` writes, for unit tests."""
 
 from __future__ import annotations
 

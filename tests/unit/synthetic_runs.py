@@ -8,9 +8,9 @@ from typing import Any
 
 from synthetic import request_record
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell
+from harness.core.recorded_streams import stream_records
 from harness.verdicts.results import CellResult, Results, infra_result, judged_result
 
 MAX_TOKENS = 32

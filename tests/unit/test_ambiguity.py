@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from synthetic import request_record
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict, classify_request, explanations
-from harness.core.streams import StreamRecord, stream_records
-from harness.plan.matrix import Cell
+from harness.core.recorded_streams import StreamRecord, stream_records
 from harness.verdicts.known_bugs import check, load_known_bugs
 from harness.verdicts.results import judged_result
 from harness.verdicts.workarounds import WorkaroundStatus, judge_pair

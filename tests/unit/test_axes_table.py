@@ -26,14 +26,14 @@ from harness.frontends.commands.matrix import add_axis_options, matrix_axes
 from harness.frontends.pytest_plugin import add_axis_options as add_pytest_options
 from harness.frontends.pytest_plugin import matrix_cells, plugin_axes
 from harness.plan.matrix import plan_cells, unsupported_reason
-from harness.run.process import engine_env
+from harness.run.engine_process import engine_env
 from harness.run.spec import RunConfig, build_spec
 from harness.verdicts.history.store import run_id_of
 from harness.verdicts.known_bugs import expectation, load_known_bugs
 from harness.verdicts.results import Results, read_results
 from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
-from repro.engine_axes import unrealised
-from repro.wire import Spec
+from repro.core.wire import Spec
+from repro.settings.engine_axes import unrealised
 
 pytestmark = pytest.mark.unit
 
@@ -151,7 +151,7 @@ def test_the_wire_spec_carries_the_axis_and_the_engine_side_refuses_one_it_canno
     spec = build_spec(OFF.engine, (OFF,), cfg)
     read = Spec.from_json(spec.to_json())
     assert read.engine.axes["prefix_caching"] is False and read == spec
-    # repro.engine_axes has no mapping for the dummy axis: the engine refuses the cells rather than run them
+    # repro.settings.engine_axes has no mapping for the dummy axis: the engine refuses the cells rather than run them
     # unlabelled (adding the real axis adds its mapping there).
     assert unrealised(read.engine.axes) == ["prefix_caching"]
     assert unrealised(build_spec(BASE.engine, (BASE,), cfg).engine.axes) == []

@@ -21,12 +21,13 @@ from synthetic import request_record
 
 from harness.bisect.probe import BISECT_SCHEMA, BisectRun, run_bisect, verdict_of
 from harness.bisect.search import ProbeRecord, Verdict
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import CellVerdict, Outcome, cell_verdict
 from harness.core.pattern import DEFAULT_TEMPLATE, CellTemplate, parse_pattern
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 from harness.envbuild.envs import IndexConfig
-from harness.plan.matrix import EXECUTORS, MODES, Cell
+from harness.plan.matrix import EXECUTORS, MODES
 from harness.run.context import BackendReport, CellSink, EngineWork, RunContext
 from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, infra_result, judged_result

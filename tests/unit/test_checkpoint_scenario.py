@@ -10,12 +10,12 @@ import pytest
 from fake_engine import FakeLLM
 from test_profile_scenarios import _play, model  # noqa: F401 -- the module-scoped checkpoint fixture
 
-from harness.core.cell import at_release
+from harness.core.cell import Cell, at_release
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.recorded_streams import stream_records
 from harness.core.scenarios import BY_SCENARIO
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell, plan_cells
-from repro.scenarios.base import ScenarioFailed, ScenarioUnsupported
+from harness.plan.matrix import plan_cells
+from repro.scenarios.vocab import ScenarioFailed, ScenarioUnsupported
 
 pytestmark = pytest.mark.unit
 

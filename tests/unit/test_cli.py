@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from harness.core.streams import StreamRecord
+from harness.core.recorded_streams import StreamRecord
 from harness.frontends.cli import main
 
 typed = StreamRecord.from_json  # the oracle judges typed request records
@@ -146,8 +146,8 @@ def test_bad_history_files_are_one_clear_error(content: str, tmp_path, capsys) -
 def test_report_merges_partial_runs_later_file_wins(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import json
 
+    from harness.core.cell import Cell
     from harness.core.oracle import Outcome
-    from harness.plan.matrix import Cell
     from harness.verdicts.results import CellResult, Results, ResultsLog, read_results
 
     a, b = Cell("0.21.0", "mp", True, "keep", True), Cell("0.21.0", "mp", False, "keep", True)

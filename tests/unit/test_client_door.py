@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from harness.core.errors import BadInput
+from harness.core.events import Precondition
 from harness.core.oracle import Outcome
 from harness.envbuild import client_env as ce
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import main
-from harness.plan.releases import Release
-from harness.run.events import Precondition
 from harness.run.scenario_results import with_precondition
 from harness.verdicts.results import CellResult
 from repro.client.clients import CLIENTS, STANDINS, Client, StandIn
 from repro.client.door import ClientLLM, precondition
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 
 pytestmark = pytest.mark.unit
 

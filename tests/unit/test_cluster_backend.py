@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
-from harness.plan.matrix import Cell, EngineKey
 from harness.run.cluster import (
     INSTALL_HINT,
     ClusterTarget,
@@ -34,7 +34,7 @@ from harness.run.cluster import (
     unplaceable_reason,
 )
 from harness.run.context import RunContext
-from harness.run.process import group_alive
+from harness.run.engine_process import group_alive
 from harness.run.ray_task import EngineJob, engine_environ_changes, run_engine_job
 from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog

@@ -10,15 +10,16 @@ from types import SimpleNamespace
 import pytest
 
 import harness.plan.platforms
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.frontends.cli import build_parser
 from harness.frontends.commands import COMMANDS
-from harness.frontends.commands.base import HANDLER, CommandGroup
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import HANDLER, CommandGroup
+from harness.frontends.commands.invocation import Context
 from harness.frontends.commands.matrix import MatrixExit, matrix_exit, merge_kept, prepare_log
 from harness.frontends.commands.report import parse_meta
-from harness.plan.matrix import Cell, Selection
+from harness.plan.matrix import Selection
 from harness.plan.platforms import choose_platform
 from harness.run.resume import RUN_FILE, run_record
 from harness.run.spec import RunConfig
@@ -150,7 +151,7 @@ def test_context_validates_in_order_and_computes_each_part_once(tmp_path: Path, 
     with pytest.raises(BadInput, match="'tpu'"):
         Context(_run_args(tmp_path, platform="tpu", max_tokens=0)).run_config  # noqa: B018
     calls: list[str | None] = []
-    monkeypatch.setattr("harness.frontends.commands.context.choose_platform", lambda raw: calls.append(raw) or "cpu")
+    monkeypatch.setattr("harness.frontends.commands.invocation.choose_platform", lambda raw: calls.append(raw) or "cpu")
     ctx = Context(_run_args(tmp_path, max_tokens=20, pause_after=4))
     cfg = ctx.run_config
     assert ctx.platform == "cpu" and calls == [None]

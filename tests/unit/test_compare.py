@@ -8,10 +8,10 @@ import pytest
 from rich.console import Console
 from synthetic_runs import RUNNING, infra, ran, records, report
 
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell
+from harness.core.recorded_streams import stream_records
 from harness.verdicts.compare.pairs import compare, verdict_of
 from harness.verdicts.compare.render import ACROSS_TIERS_NOTE, markdown, render_terminal
 from harness.verdicts.known_bugs import annotate, load_known_bugs
@@ -149,7 +149,7 @@ def test_compare_does_not_depend_on_history() -> None:
     imported = {n.module for m in (harness.verdicts.compare.pairs, harness.verdicts.compare.render)
                 for n in ast.walk(ast.parse(inspect.getsource(m))) if isinstance(n, ast.ImportFrom)}
     assert not any(m and m.startswith("harness.verdicts.history") for m in imported)
-    assert "harness.core.outcomes" in imported
+    assert "harness.core.outcome_groups" in imported
 
 
 # --------------------------------------------------------------------------- across tiers

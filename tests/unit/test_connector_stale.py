@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.recorded_streams import stream_records
 from harness.core.scenarios import BY_SCENARIO, PROFILES
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell
 from harness.verdicts.known_bugs import check, load_known_bugs
 from harness.verdicts.results import judged_result
-from repro.models import cycle_permutation, expected_continuation
+from repro.models.deterministic import cycle_permutation, expected_continuation
 from repro.probes import kv_example as kx
 from repro.scenarios import RUNNERS, SCENARIOS, connector_stale
 from repro.scenarios.connector_stale_judge import kv_records, stale_summary, token_records

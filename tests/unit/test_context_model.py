@@ -1,4 +1,4 @@
-"""The context-cell checkpoint pair (repro.context_model), checked numerically without vLLM.
+"""The context-cell checkpoint pair (repro.models.context_cell), checked numerically without vLLM.
 
 A numpy decoder runs the written checkpoints the way vLLM does with a KV cache (RMSNorm, q/k/v with RoPE,
 causal softmax over the cached keys, o_proj, the MLP, final norm, lm_head), and can plant KV written by
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from repro import context_model as cm
-from repro.context_model import ContextCellSpec, expected_continuation, marker, plain
-from repro.models import read_safetensors
+from repro.models import context_cell as cm
+from repro.models.context_cell import ContextCellSpec, expected_continuation, marker, plain
+from repro.models.deterministic import read_safetensors
 
 pytestmark = pytest.mark.unit
 
@@ -274,7 +274,7 @@ def test_oracle_fails_when_one_cached_block_from_the_old_version_is_reused(
 
 
 def test_the_engine_side_resolves_the_kind(tmp_path: Path) -> None:
-    from repro.model_kinds import load_model
+    from repro.models.kinds import load_model
 
     loaded = load_model(cm.KIND, {"rows": 32, "version": "B"}, tmp_path)
     assert cm.load_info(Path(loaded.source)) == (ContextCellSpec(rows=32), "B")

@@ -16,7 +16,7 @@ import harness.envbuild.cputorch as cputorch
 import harness.envbuild.index as index_mod
 import harness.envbuild.uv as uv_mod
 from harness.core.errors import BadInput, EnvBuildError
-from harness.envbuild.base import BuildStep
+from harness.envbuild.backend import BuildStep
 from harness.envbuild.cputorch import cpu_torch_builds, cuda_only, pick_cpu_torch, resolved
 from harness.envbuild.envs import recipe_factory
 from harness.envbuild.index import IndexConfig
@@ -24,7 +24,7 @@ from harness.envbuild.recipe import EnvRecipe, default_recipe
 from harness.envbuild.uv import UvBackend
 from harness.frontends.cli import build_parser, main
 from harness.frontends.commands.bisect import commit_candidates
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.invocation import Context
 from harness.plan.matrix import Selection
 from harness.plan.platforms import choose_wheels, require_scheduler_tier
 from harness.run.resume import run_record
@@ -220,7 +220,7 @@ def test_context_resolves_ranges_of_the_chosen_package(monkeypatch: pytest.Monke
         asked.append(package)
         return ("0.32.0", "0.33.0")
 
-    monkeypatch.setattr("harness.frontends.commands.context.parse_versions", fake)
+    monkeypatch.setattr("harness.frontends.commands.invocation.parse_versions", fake)
     ctx = _ctx("matrix", "--platform", "cpu", "--wheels", "cuda", "--versions", "0.32.0..0.33.0", "--python", "3.11")
     assert ctx.versions == ("0.32.0", "0.33.0") and asked == ["vllm"]
     recipe = ctx.recipe("0.33.0")

@@ -1,5 +1,7 @@
-"""CRASH on the engine tier: where vLLM raised (repro.crash), the engine core's crash report, the scenario event it
-becomes (repro.cell.run_cell) and the cell result the harness makes of it; synthetic tracebacks, no vLLM."""
+"""CRASH on the engine tier: where vLLM raised (repro.core.crash), the engine core's crash report, the scenario
+event it
+becomes (repro.scenarios.cell_run.run_cell) and the cell result the harness makes of it; synthetic tracebacks, no
+vLLM."""
 
 from __future__ import annotations
 
@@ -13,13 +15,13 @@ from typing import Any, ClassVar
 
 import pytest
 
+from harness.core.cell import Cell
+from harness.core.events import as_scenario_event
 from harness.core.oracle import Outcome
-from harness.plan.matrix import Cell
-from harness.run.events import as_scenario_event
 from harness.run.scenario_results import scenario_result
-from repro import cell as repro_cell
-from repro import crash
-from repro.wire import check_event
+from repro.core import crash
+from repro.core.wire import check_event
+from repro.scenarios import cell_run as repro_cell
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +51,7 @@ def test_the_innermost_vllm_frame_is_the_crash_site() -> None:
 
 
 def test_our_own_frame_inside_vllm_is_not_vllm_raising(tmp_path: Path) -> None:
-    ours = str(tmp_path / "repro" / "shim.py")
+    ours = str(tmp_path / "repro" / "patches" / "shim.py")
     exc = _raise_through([(CORE, ""), (ours, "")], RuntimeError("a harness bug"))
     assert crash.vllm_crash_site(exc) is not None, "vLLM called us"
     assert not crash.raised_in_vllm(exc, ours=(str(tmp_path / "repro"),))
@@ -145,7 +147,7 @@ def test_the_engine_core_hook_reports_the_fatal_exception(tmp_path: Path, monkey
         "AssertionError", "vllm/v1/core/sched/async_scheduler.py:2:f0", True)
 
 
-# --------------------------------------------------------------------------- repro.cell.run_cell
+# --------------------------------------------------------------------------- repro.scenarios.cell_run.run_cell
 
 
 class _DeadLLM:
@@ -232,11 +234,11 @@ def test_a_scenario_that_ran_on_a_live_engine_is_judged(monkeypatch: pytest.Monk
     assert [e["status"] for e in events] == ["ran"] and events[0]["probe_after"] == {"core": {}} and raised is None
 
 
-# --------------------------------------------------------------------------- crash#reset (repro/inject.py)
+# --------------------------------------------------------------------------- crash#reset (repro/patches/inject.py)
 
 
 def test_injected_crash_makes_vllms_own_assert_fail(monkeypatch: pytest.MonkeyPatch) -> None:
-    from repro import inject
+    from repro.patches import inject
 
     for key, value in list(inject.STATE.items()):
         monkeypatch.setitem(inject.STATE, key, type(value)() if isinstance(value, (list, dict, int)) else value)

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import IndexConfig
-from harness.plan.matrix import Cell, EngineKey
 from harness.run.cluster import _collect, _RayRun, _shutdown
 from harness.run.context import RunContext
 from harness.run.deferred import DeferredInterrupts, call_bounded

@@ -15,7 +15,7 @@ import pytest
 from synthetic import request_record
 
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 from repro.scenarios._common import SinglePauseParams, single_pause_plan
 from repro.scenarios.driver import Driver
 
@@ -127,7 +127,7 @@ def test_a_cell_counts_its_refused_requests_in_the_summary_and_its_outcome_stays
 def test_an_engine_core_that_dies_in_a_pause_fails_the_scenario_instead_of_waiting_forever(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import repro.scenarios.driver as driver_mod
-    from repro.scenarios.base import ScenarioFailed
+    from repro.scenarios.vocab import ScenarioFailed
 
     class DeadAtPause(FakeEngine):
         errored = False

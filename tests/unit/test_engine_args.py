@@ -1,6 +1,6 @@
 """Your model and engine settings: parsing and validation (harness.plan.engine_args), the one merge point into the
 spec (harness.run.spec.merge_engine_args), and that the engine is started with exactly the arguments given
-(repro.engine.engine_kwargs) or says which ones vLLM rejected (repro.engine.rejected_engine_args)."""
+(repro.engine.main.engine_kwargs) or says which ones vLLM rejected (repro.engine.main.rejected_engine_args)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput
 from harness.frontends.cli import main
-from harness.frontends.commands.context import run_config
+from harness.frontends.commands.invocation import run_config
 from harness.frontends.commands.matrix import add_axis_options, matrix_axes
 from harness.plan.engine_args import (
     PRESETS,
@@ -24,12 +25,11 @@ from harness.plan.engine_args import (
     parse_model,
     read_engine_args_file,
 )
-from harness.plan.matrix import Cell, EngineKey
 from harness.run.spec import RunConfig, build_spec, merge_engine_args
-from repro import engine as repro_engine
-from repro.model_kinds import LoadedModel, load_model
-from repro.realistic import SIZES
-from repro.wire import OWNED_ENGINE_ARGS, EngineSpec, Spec, WireError
+from repro.core.wire import OWNED_ENGINE_ARGS, EngineSpec, Spec, WireError
+from repro.engine import main as repro_engine
+from repro.models.kinds import LoadedModel, load_model
+from repro.models.realistic import SIZES
 
 pytestmark = pytest.mark.unit
 
@@ -151,7 +151,7 @@ def test_a_folder_without_config_json_is_bad_input(tmp_path: Path) -> None:
     (["matrix", "--model", "no-such-model"], ["built-in", "qwen3-random"]),
     (["matrix", "--engine-args", "/no/such.json"], ["cannot read"]),
     (["matrix", "--platform", "cuda", "--gpu-memory-utilization", "1.5"], ["(0, 1]"]),
-    # A declared setting's value outside its declaration (repro.settings), before anything starts.
+    # A declared setting's value outside its declaration (repro.settings.declared), before anything starts.
     (["matrix", "--engine-arg", "max_num_seqs=0"], ["--engine-arg max_num_seqs=0", "at least 1"]),
     (["matrix", "--engine-arg", "enable_prefix_caching=maybe"], ["enable_prefix_caching", "true or false"]),
     (["matrix", "--engine-arg", "gpu_memory_utilization=0.5"], ["--gpu-memory-utilization"]),
@@ -345,8 +345,8 @@ def test_scenarios_built_on_the_bigram_cycle_are_unsupported_with_another_model(
                                                                                 tmp_path: Path) -> None:
     import asyncio
 
-    from repro.cell import run_scenario
-    from repro.scenarios.base import EngineContext, ScenarioUnsupported
+    from repro.scenarios.cell_run import run_scenario
+    from repro.scenarios.vocab import EngineContext, ScenarioUnsupported
 
     ctx = EngineContext(model_spec=None, model_dir=tmp_path, perm=None, model_cache=tmp_path, work_dir=tmp_path,
                         tensor_parallel_size=1, start_engine=lambda d: None, model_kind="qwen3-random",

@@ -18,19 +18,19 @@ from typing import Any
 import pytest
 from fake_engine import SP, Completion, Output
 
-import repro.scenarios.base as base
 import repro.scenarios.runs as runs
+import repro.scenarios.vocab as base
 from harness.core.cell import Cell, parse_cell_id
 from harness.core.oracle import Outcome, cell_verdict, classify_request
+from harness.core.recorded_streams import StreamRecord, stream_records
 from harness.core.scenarios import BY_SCENARIO
-from harness.core.streams import StreamRecord, stream_records
 from harness.plan.matrix import Selection, plan_matrix
 from harness.run.spec import RunConfig, scenario_entry
 from harness.verdicts.known_bugs import expectation, load_known_bugs
-from repro.cell import run_scenario
-from repro.models import BigramCycleSpec, cycle_permutation, expected_continuation
+from repro.models.deterministic import BigramCycleSpec, cycle_permutation, expected_continuation
 from repro.scenarios import RUNNERS, SCENARIOS, abort_some, manual_reset, pauses, reset_inflight
-from repro.scenarios.base import EngineContext, InflightSpec, ScenarioUnsupported
+from repro.scenarios.cell_run import run_scenario
+from repro.scenarios.vocab import EngineContext, InflightSpec, ScenarioUnsupported
 
 pytestmark = pytest.mark.unit
 typed = StreamRecord.from_json  # the oracle judges typed request records
@@ -40,7 +40,7 @@ FAMILY = ("reset-inflight", "manual-reset", "manual-reset-reload", "abort-some")
 
 
 def _cfg(tmp_path: Path, **kw: Any) -> RunConfig:
-    # The scenario parameters every matrix run passes (harness.frontends.commands.context.run_config).
+    # The scenario parameters every matrix run passes (harness.frontends.commands.invocation.run_config).
     return RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path / "m",
                      scenario_params={"num_requests": 8, "max_tokens": 48, "pause_after": 8}, **kw)
 

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import Outcome
-from harness.plan.matrix import Cell, EngineKey, Selection, plan_matrix, unsupported_reason
-from harness.run.process import engine_env
+from harness.plan.matrix import Selection, plan_matrix, unsupported_reason
+from harness.run.engine_process import engine_env
 from harness.run.spec import RunConfig, engine_spec
 from harness.verdicts.history.store import HistoryCell
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import workaround_verdicts
-from repro.cell import effective_settings, refused_setting, runner_generation
+from repro.settings.effective import effective_settings, refused_setting
+from repro.settings.read_back import runner_generation
 
 pytestmark = pytest.mark.unit
 
@@ -186,7 +188,7 @@ def test_worker_probe_reads_batch_invariant_mode(module: str, monkeypatch: pytes
     import sys
     import types
 
-    from repro.shim import BATCH_INVARIANT_MODULES, _batch_invariant_mode
+    from repro.patches.shim import BATCH_INVARIANT_MODULES, _batch_invariant_mode
 
     for name in BATCH_INVARIANT_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)

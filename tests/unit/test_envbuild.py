@@ -18,14 +18,14 @@ import harness.envbuild.envs as envs
 import harness.envbuild.index as index_mod
 import harness.envbuild.uv as uv_mod
 from harness.bisect.commits import Commit, commit_recipe
-from harness.bundle.manifest import WheelhouseError
 from harness.core.errors import EnvBuildError
-from harness.envbuild.base import BuildResult, BuildStep, build_env
+from harness.envbuild.backend import BuildResult, BuildStep, build_env
 from harness.envbuild.cache import STATUS_FILE, build_log, env_dir
 from harness.envbuild.from_wheelhouse import WheelhouseBackend
 from harness.envbuild.index import IndexConfig, as_of_after, dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe, default_recipe
 from harness.envbuild.uv import UvBackend
+from harness.envbuild.wheelhouse_manifest import WheelhouseError
 
 pytestmark = pytest.mark.unit
 

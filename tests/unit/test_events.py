@@ -8,9 +8,7 @@ import json
 import pytest
 
 from harness.core.errors import MalformedEvent, ReproError
-from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import PauseRecord, StreamRecord
-from harness.run.events import (
+from harness.core.events import (
     CorruptEvent,
     EngineEvent,
     FuzzEvent,
@@ -19,6 +17,8 @@ from harness.run.events import (
     parse_event,
     parse_line,
 )
+from harness.core.oracle import Outcome, cell_verdict
+from harness.core.recorded_streams import PauseRecord, StreamRecord
 
 pytestmark = pytest.mark.unit
 

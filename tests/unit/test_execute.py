@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import IndexConfig
-from harness.plan.matrix import Cell, plan_cells
+from harness.plan.matrix import plan_cells
 from harness.run.context import BackendReport, CellSink, EngineWork, Progress, RunContext
 from harness.run.execute import execute_plan
 from harness.run.spec import RunConfig

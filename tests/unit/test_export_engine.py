@@ -1,5 +1,5 @@
-"""``vllm-repro plan PLAN.json --export-pytest FILE`` for an engine-tier plan (harness.plan.export_engine, the
-template repro/engine_reproducer.py).  The file's run against vLLM is measured in
+"""``vllm-repro plan PLAN.json --export-pytest FILE`` for an engine-tier plan (harness.export.engine_script, the
+template repro/engine/reproducer_template.py).  The file's run against vLLM is measured in
 docs/results/export-engine-2026-12-02/ (and by the nightly tests/integration/test_exported_engine_reproducer.py);
 here: what the file holds, that it imports only vLLM, pytest and the standard library, that its engine, model and
 plan are the harness's, that its replay and oracle catch a lost first post-resume token on a fake AsyncLLM, and
@@ -25,25 +25,25 @@ from typing import Any
 import numpy as np
 import pytest
 
-import repro.engine_reproducer as template
+import repro.engine.reproducer_template as template
 import repro.scenarios.runs as runs
+from harness.core.cell import EngineKey
 from harness.core.errors import BadInput
 from harness.core.oracle import cell_verdict
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
+from harness.export.engine_script import cell_plan, export_engine, plan_json
 from harness.frontends.cli import main
 from harness.frontends.commands.export import export_text
-from harness.plan.export_engine import cell_plan, export_engine, plan_json
-from harness.plan.matrix import EngineKey
 from harness.plan.plan_file import check_plan
-from harness.run.process import engine_env
+from harness.run.engine_process import engine_env
 from harness.run.spec import RunConfig, build_spec
-from repro import engine as repro_engine
-from repro.cell import run_scenario
-from repro.model_kinds import load_model
-from repro.models import BigramCycleSpec, build_checkpoint, cycle_permutation, hf_config, read_safetensors
+from repro.engine import main as repro_engine
+from repro.models.deterministic import BigramCycleSpec, build_checkpoint, cycle_permutation, hf_config, read_safetensors
+from repro.models.kinds import load_model
 from repro.scenarios import keep, manual_reset
 from repro.scenarios import plan as plan_scenario
-from repro.scenarios.base import REFERENCE_MARGIN, EngineContext
+from repro.scenarios.cell_run import run_scenario
+from repro.scenarios.vocab import REFERENCE_MARGIN, EngineContext
 
 pytestmark = pytest.mark.unit
 
@@ -245,7 +245,7 @@ class FakeAsyncLLM:
         self.running.set()
 
     async def call_utility_async(self, name: str) -> dict[str, Any]:
-        if name == "repro_request_progress":  # the harness's probe (repro/shim.py)
+        if name == "repro_request_progress":  # the harness's probe (repro/patches/shim.py)
             return {rid: {"num_output_tokens": st["n"], "status": "RUNNING", "num_preemptions": 0}
                     for rid, st in self.reqs.items()}
         assert name == "reproducer_progress"

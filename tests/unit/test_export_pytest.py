@@ -1,5 +1,5 @@
 """``vllm-repro plan PLAN.json --export-pytest FILE``: a scheduler-tier plan as one self-contained pytest file
-(harness.sched.export_pytest).  The file's run against vLLM is measured in docs/results/export-pytest-2026-12-01/;
+(harness.export.sched_pytest).  The file's run against vLLM is measured in docs/results/export-pytest-2026-12-01/;
 here: what it holds, that it parses, that it imports only vLLM, pytest and the standard library, and that the
 plan's ops, requests and setup reach it unchanged."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import BadInput
+from harness.export.sched_pytest import export_pytest, reproducer_name
 from harness.frontends.cli import main
-from harness.sched.export_pytest import export_pytest, reproducer_name
 
 pytestmark = pytest.mark.unit
 

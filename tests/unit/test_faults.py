@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from synthetic import request_record
 
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
-from harness.core.streams import StreamRecord
+from harness.core.recorded_streams import StreamRecord
 from harness.plan.faults import annotate_injected, bugs_with_injection, parse_inject, sensitivity_failures
-from harness.plan.matrix import Cell
 from harness.verdicts.known_bugs import load_known_bugs
 from harness.verdicts.results import CellResult, Results
 

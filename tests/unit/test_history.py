@@ -14,12 +14,12 @@ import pytest
 from rich.console import Console
 from synthetic_runs import RUNNING, infra, ran, report, write
 
+from harness.core.cell import Cell
 from harness.core.errors import BadInput, ReproError, ResultsFileError
 from harness.core.oracle import Outcome
-from harness.core.outcomes import COLORS, Category, category
+from harness.core.outcome_groups import COLORS, Category, category
 from harness.core.records import legacy_label as cell_label
 from harness.core.versions import version_order
-from harness.plan.matrix import Cell
 from harness.verdicts.history.plot import PlotUnavailable, plot
 from harness.verdicts.history.store import SCHEMA, HistoryCell, Run, add_run, read_history
 from harness.verdicts.history.table import render_history

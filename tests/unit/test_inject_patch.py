@@ -1,4 +1,4 @@
-"""repro.inject without vLLM: fault-id parsing, code-shape recognition, and the patches on fake schedulers.
+"""repro.patches.inject without vLLM: fault-id parsing, code-shape recognition, and the patches on fake schedulers.
 
 The fake schedulers below copy, line for line where it matters, the code of vLLM 0.21.0 (native bug),
 0.22.0 (PR #42117's async_tokens_to_discard counter) and 0.32.0 (PR #48245's stale-output
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from repro import inject, shim
-from repro.inject import (
+from repro.patches import inject, shim
+from repro.patches.inject import (
     ASYNC_SCHED_MODULE,
     FAULT_42043,
     SCHED_MODULE,
@@ -441,7 +441,7 @@ def test_hang_pause_returns_a_future_nobody_completes(monkeypatch: pytest.Monkey
     import types
     from concurrent.futures import Future
 
-    from repro import inject
+    from repro.patches import inject
 
     calls: list[tuple] = []
 

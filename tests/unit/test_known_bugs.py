@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 from packaging.specifiers import SpecifierSet
 from synthetic import request_record
 
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.pattern import parse_pattern
-from harness.core.streams import stream_records
-from harness.plan.matrix import EXECUTORS, MODES, Cell
+from harness.core.recorded_streams import stream_records
+from harness.plan.matrix import EXECUTORS, MODES
 from harness.verdicts.known_bugs import Expectation, KnownBug, Rule, check, expectation, load_known_bugs
 from harness.verdicts.results import CellResult, infra_result, judged_result
 

@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 from test_weight_sync_scenario import _SP, FakeLLM, _ctx, checkpoints  # noqa: F401 -- module-scoped fixture
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.recorded_streams import stream_records
 from harness.core.scenarios import BY_SCENARIO, PROFILES
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell, plan_cells
+from harness.plan.matrix import plan_cells
+from repro.core.wire import check_event
 from repro.probes import kv_loan as probe
 from repro.scenarios import kv_loan, runs
-from repro.scenarios.base import ScenarioFailed, ScenarioUnsupported
-from repro.wire import check_event
+from repro.scenarios.vocab import ScenarioFailed, ScenarioUnsupported
 
 pytestmark = pytest.mark.unit
 

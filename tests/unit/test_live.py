@@ -7,12 +7,13 @@ import io
 import pytest
 from rich.console import Console
 
+from harness.core.cell import Cell
+from harness.core.events import EngineEvent
 from harness.core.oracle import Outcome
 from harness.core.records import EngineInfo
 from harness.frontends.commands.live import LiveBoard
-from harness.plan.matrix import Cell, Selection, plan_matrix
+from harness.plan.matrix import Selection, plan_matrix
 from harness.run.context import Progress
-from harness.run.events import EngineEvent
 from harness.verdicts.results import CellResult, infra_result
 
 pytestmark = pytest.mark.unit

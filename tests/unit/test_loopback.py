@@ -1,4 +1,4 @@
-"""Loopback only (issue 35): the socket checker sees a listener on every interface, and repro.bind narrows a
+"""Loopback only (issue 35): the socket checker sees a listener on every interface, and repro.patches.bind narrows a
 master TCPStore to the bind address."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from harness.run.sockets import Listener, exposed, group_pids, listeners, tree_pids
-from repro import bind
+from repro.patches import bind
 
 pytestmark = pytest.mark.unit
 
@@ -134,7 +134,7 @@ def test_bind_env_points_vllm_gloo_and_nccl_at_loopback_and_keeps_the_users_choi
 
 def test_a_ray_executor_keeps_its_own_node_address(monkeypatch: pytest.MonkeyPatch) -> None:
     # vLLM's Ray executors find the driver's node by comparing get_ip() (VLLM_HOST_IP) with Ray's node IP.
-    from repro import bind
+    from repro.patches import bind
 
     for var in bind.BIND_VARS:
         monkeypatch.delenv(var, raising=False)

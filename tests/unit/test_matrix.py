@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput, ReproError
+from harness.envbuild.index_releases import Release
 from harness.plan.matrix import (
     DEFAULT_VERSIONS,
     EXECUTORS,
     MODES,
     ON_OFF,
     TRUE_FALSE,
-    Cell,
-    EngineKey,
     Selection,
     parse_bools,
     parse_choices,
@@ -22,7 +22,6 @@ from harness.plan.matrix import (
     plan_matrix,
     unsupported_reason,
 )
-from harness.plan.releases import Release
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The bigram-cycle checkpoint (repro.models), checked numerically without vLLM.
+"""The bigram-cycle checkpoint (repro.models.deterministic), checked numerically without vLLM.
 
 The central test reads the written safetensors back and runs a numpy forward
 pass of the Llama architecture (RMSNorm, q/k/v with RoPE and GQA, causal
@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import repro.models as models
-from repro.models import (
+import repro.models.deterministic as models
+from repro.models.deterministic import (
     BigramCycleSpec,
     build_checkpoint,
     cycle_permutation,
@@ -35,7 +35,7 @@ from repro.models import (
     swapped_continuation,
     write_safetensors,
 )
-from repro.scenarios.base import make_prompts
+from repro.scenarios.vocab import make_prompts
 
 pytestmark = pytest.mark.unit
 

@@ -29,8 +29,8 @@ from harness.core.oracle import (
     fit_losses,
     preempted_at_keep_clear,
 )
-from harness.core.streams import StreamRecord, stream_records
-from repro.models import cycle_permutation, expected_continuation
+from harness.core.recorded_streams import StreamRecord, stream_records
+from repro.models.deterministic import cycle_permutation, expected_continuation
 
 pytestmark = pytest.mark.unit
 typed = StreamRecord.from_json  # the oracle judges typed request records

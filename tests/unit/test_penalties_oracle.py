@@ -12,9 +12,9 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.oracle.sampled import LOGPROB_TOL
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 from harness.plan.matrix import plan_cells
-from repro.models import BigramCycleSpec, build_checkpoint
+from repro.models.deterministic import BigramCycleSpec, build_checkpoint
 from repro.scenarios.sampling import PENALTIES, TableModel, logit_table, penalised, sampling_kwargs
 
 pytestmark = pytest.mark.unit

@@ -17,16 +17,16 @@ import pytest
 from fake_engine import SP, FakeLLM
 
 import repro.scenarios.runs as runs
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.recorded_streams import stream_records
 from harness.core.scenarios import BY_SCENARIO, PROFILES
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell
 from harness.run.spec import RunConfig, build_spec, scenario_spec
 from harness.run.staging import stage_entry_points
-from repro.models import BigramCycleSpec, build_checkpoint, load_perm
+from repro.models.deterministic import BigramCycleSpec, build_checkpoint, load_perm
 from repro.probes import logitsprocs as lp
 from repro.scenarios import RUNNERS, SCENARIOS, logitsproc
-from repro.scenarios.base import EngineContext
+from repro.scenarios.vocab import EngineContext
 
 pytestmark = pytest.mark.unit
 

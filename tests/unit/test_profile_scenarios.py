@@ -17,20 +17,27 @@ import pytest
 from fake_engine import SP, FakeLLM
 
 import repro.scenarios.runs as runs
+from harness.core.cell import Cell
+from harness.core.events import Precondition
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.recorded_streams import stream_records
 from harness.core.scenarios import BY_SCENARIO, PROFILES
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell, plan_cells
-from harness.run.events import Precondition
+from harness.plan.matrix import plan_cells
 from harness.run.scenario_results import with_precondition
 from harness.run.spec import RunConfig, build_spec, scenario_spec
 from harness.verdicts.results import judged_result
-from repro import counters
-from repro.cell import refused_setting
-from repro.models import BigramCycleSpec, build_checkpoint, cycle_permutation, expected_continuation, load_perm
+from repro.models.deterministic import (
+    BigramCycleSpec,
+    build_checkpoint,
+    cycle_permutation,
+    expected_continuation,
+    load_perm,
+)
+from repro.patches import counters
 from repro.scenarios import RUNNERS, SCENARIOS, chunked, preempt, sleep, spec_ngram
 from repro.scenarios._profile import per_request
-from repro.scenarios.base import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
+from repro.scenarios.vocab import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
+from repro.settings.effective import refused_setting
 
 pytestmark = pytest.mark.unit
 
@@ -471,7 +478,7 @@ line 555, in __init__
 
 
 def test_a_workers_startup_failure_in_the_log_is_the_root_cause_of_a_refusal(tmp_path: Path) -> None:
-    from repro.rootcause import root_causes
+    from repro.core.rootcause import root_causes
 
     log = tmp_path / "engine.log"
     log.write_text(NGRAM_GPU_LOG)
@@ -497,8 +504,8 @@ def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, t
     import sys
     import types
 
-    from repro import engine
-    from repro.wire import EngineSpec, Spec
+    from repro.core.wire import EngineSpec, Spec
+    from repro.engine import main as engine
 
     class AsyncEngineArgs:
         def __init__(self, **kw: Any) -> None:
@@ -510,7 +517,7 @@ def test_vllm_gets_a_copy_of_the_profile_args(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", mod)
     extra = {"speculative_config": {"method": "ngram_gpu"}}
     spec = Spec("e", EngineSpec({"executor": "mp", "async_scheduling": True}, extra=extra), {}, str(tmp_path), 60.0, ())
-    from repro.model_kinds import LoadedModel
+    from repro.models.kinds import LoadedModel
 
     args = engine._engine_args(spec, LoadedModel("bigram-cycle", str(tmp_path)))
     assert "target_model_config" in args.kw["speculative_config"]
@@ -523,9 +530,9 @@ def test_progress_says_a_refused_engine_did_not_start() -> None:
 
     from rich.console import Console
 
+    from harness.core.events import parse_event
     from harness.frontends.commands.matrix import MatrixProgress
     from harness.run.context import Progress
-    from harness.run.events import parse_event
 
     out = io.StringIO()
     show = MatrixProgress(Console(file=out, width=200), 1, 0)

@@ -17,13 +17,14 @@ from hypothesis import strategies as st
 
 import harness.envbuild.from_wheelhouse as whb
 import harness.frontends.pytest_plugin as plugin
-from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
 from harness.core.scenarios import DEFAULT_SCENARIOS, SCENARIOS
 from harness.envbuild.envs import WHEELHOUSE_ENV, EnvRecipe, VllmEnv, recipe_factory
+from harness.envbuild.wheelhouse_manifest import MANIFEST, SCHEMA_VERSION
 from harness.frontends.commands.options import add_wheelhouse_options
 from harness.frontends.pytest_plugin import RECIPES, engine_scope, plugin_axes
-from harness.plan.matrix import EXECUTORS, MODES, Cell
+from harness.plan.matrix import EXECUTORS, MODES
 from harness.run.gpus import GpuLeaseError, hold_startup
 from harness.run.session import EngineSession
 from harness.run.slots import SHARED_GPU_KV_BYTES

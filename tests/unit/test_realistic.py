@@ -1,4 +1,4 @@
-"""The random-weight Qwen3 checkpoint (repro.realistic), checked without vLLM: its spec, its files, and (slow)
+"""The random-weight Qwen3 checkpoint (repro.models.realistic), checked without vLLM: its spec, its files, and (slow)
 that a numpy forward pass of its weights decodes varied streams a lost token would show in."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from harness.core.oracle import explanations
-from repro.realistic import (
+from repro.models.realistic import (
     SIZES,
     Qwen3RandomSpec,
     build_checkpoint,
@@ -23,7 +23,7 @@ from repro.realistic import (
     tensor_std,
     to_bf16_bytes,
 )
-from repro.scenarios.base import make_prompts
+from repro.scenarios.vocab import make_prompts
 
 TINY = Qwen3RandomSpec(vocab_size=256, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                        intermediate_size=96, num_hidden_layers=2)

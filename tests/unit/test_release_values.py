@@ -9,7 +9,7 @@ import pytest
 from harness.core.cell import BY_NAME, Cell, at_release
 from harness.core.pattern import parse_pattern
 from harness.plan.matrix import Selection, plan_cells
-from repro.engine_axes import engine_env
+from repro.settings.engine_axes import engine_env
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +56,7 @@ def test_no_release_gets_a_variable_it_rejects() -> None:
 
 
 def test_engine_keys_made_without_a_cell_follow_too() -> None:
-    # The fuzzer and plan replays make their scheduler-tier keys directly (harness.sched.fuzz, harness.run.replay).
+    # The fuzzer and plan replays make their scheduler-tier keys directly (harness.run.sched_fuzz, harness.run.replay).
     from harness.core.cell import EngineKey
 
     assert at_release(EngineKey("0.34.0", "mp", True, tier="scheduler")).model_runner == "v2"

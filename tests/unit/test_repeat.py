@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome
-from harness.plan.matrix import Cell
 from harness.verdicts.repeat import aggregate
 from harness.verdicts.results import CellResult
 

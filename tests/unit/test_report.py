@@ -10,10 +10,10 @@ import pytest
 from rich.console import Console
 from synthetic import request_record
 
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 from harness.core.versions import version_key
-from harness.plan.matrix import Cell
 from harness.verdicts.report import ReportPaths, write_reports
 from harness.verdicts.report.junit import junit_xml
 from harness.verdicts.report.markdown import markdown
@@ -443,8 +443,8 @@ def test_write_reports_replaces_existing(results: Results, tmp_path: Path) -> No
 
 
 def test_every_report_of_an_injected_run_says_so() -> None:
+    from harness.core.cell import Cell
     from harness.core.oracle import Outcome
-    from harness.plan.matrix import Cell
     from harness.verdicts.results import CellResult, Results
 
     cells = (CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.LOSS, "LOSS(1) in 8/10"),)
@@ -456,8 +456,8 @@ def test_every_report_of_an_injected_run_says_so() -> None:
 
 
 def test_flaky_cells_fail_in_junit() -> None:
+    from harness.core.cell import Cell
     from harness.core.oracle import Outcome
-    from harness.plan.matrix import Cell
     from harness.verdicts.results import CellResult, Results
 
     res = Results((CellResult(Cell("0.32.0", "mp", True, "keep", True), Outcome.FLAKY, "FLAKY: OK 4/5, LOSS 1/5"),),
@@ -466,8 +466,8 @@ def test_flaky_cells_fail_in_junit() -> None:
 
 
 def test_flaky_cells_in_the_workaround_verdict() -> None:
+    from harness.core.cell import Cell
     from harness.core.oracle import Outcome
-    from harness.plan.matrix import Cell
     from harness.verdicts.results import CellResult
     from harness.verdicts.workarounds import WorkaroundStatus, judge_pair
 
@@ -488,9 +488,9 @@ def test_flaky_cells_in_the_workaround_verdict() -> None:
 def test_injection_banner_survives_merging_and_jsonl_logs() -> None:
     from pathlib import Path
 
+    from harness.core.cell import Cell
     from harness.core.oracle import Outcome
-    from harness.plan.matrix import Cell
-    from harness.verdicts.report.cells import injection_banner
+    from harness.verdicts.report.cell_text import injection_banner
     from harness.verdicts.results import CellResult, Results, merge_results
 
     cell = Cell("0.32.0", "mp", True, "keep", True)

@@ -15,7 +15,7 @@ from harness.plan.matrix import MatrixPlan, Selection, parse_option, plan_cells,
 from harness.run.spec import RunConfig, scenario_spec
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
-from repro.models import BigramCycleSpec, build_checkpoint, cycle_permutation
+from repro.models.deterministic import BigramCycleSpec, build_checkpoint, cycle_permutation
 from repro.scenarios.sampling import (
     GROUP_SIZE,
     SEED_STRIDE,
@@ -201,8 +201,8 @@ class _GroupEngine:
 def test_the_driver_records_each_child_with_its_logprobs_and_maps_the_engine_ids() -> None:
     import asyncio
 
-    from repro.scenarios.base import Plan, RequestSpec
     from repro.scenarios.driver import Driver
+    from repro.scenarios.vocab import Plan, RequestSpec
 
     engine = _GroupEngine()
     spec = RequestSpec("g-r00", [1, 2], 3, sampling=sampling_kwargs("sampled", 0, 7))

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.cell import Cell
 from harness.core.errors import BadInput, ResultsFileError
 from harness.core.oracle import Outcome
-from harness.plan.matrix import Cell, Selection
+from harness.plan.matrix import Selection
 from harness.run.resume import RUN_FILE, resume_state, rewrite_log, run_record
 from harness.run.spec import RunConfig
 from harness.verdicts.results import CellResult, ResultsLog, read_results

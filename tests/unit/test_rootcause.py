@@ -1,4 +1,4 @@
-"""vLLM's root cause read from an engine log (repro.rootcause.root_cause), and the ERROR reason built on it."""
+"""vLLM's root cause read from an engine log (repro.core.rootcause.root_cause), and the ERROR reason built on it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.run.engine_death import death_reason
-from repro.rootcause import chains, root_cause
+from repro.core.rootcause import chains, root_cause
 
 pytestmark = pytest.mark.unit
 

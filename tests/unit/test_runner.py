@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.cell import Cell, EngineKey
+from harness.core.events import CorruptEvent, Event, StartEvent
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, VllmEnv
-from harness.plan.matrix import Cell, EngineKey
-from harness.run.events import CorruptEvent, Event, StartEvent
-from harness.run.process import group_alive
+from harness.run.engine_process import group_alive
 from harness.run.runner import run_engine
 from harness.run.spec import RunConfig, engine_spec
 from harness.run.staging import stage_repro
@@ -108,13 +108,13 @@ def test_staged_plugin_is_discoverable_as_a_vllm_entry_point(tmp_path: Path) -> 
     import sys
 
     stage = stage_repro(tmp_path / "pkg")
-    assert (stage / "repro" / "shim.py").is_file()
+    assert (stage / "repro" / "patches" / "shim.py").is_file()
     sys.path.insert(0, str(stage))
     try:
         eps = [ep for ep in md.entry_points(group="vllm.general_plugins") if ep.name == "repro_shim"]
     finally:
         sys.path.remove(str(stage))
-    assert [ep.value for ep in eps] == ["repro.shim:register"]
+    assert [ep.value for ep in eps] == ["repro.patches.shim:register"]
     assert not os.path.exists(stage / "repro" / "__pycache__")
 
 
@@ -181,7 +181,7 @@ def test_injection_problem_needs_every_requested_fault_applied() -> None:
 
 @pytest.mark.unit
 def test_inject_env_is_set_only_on_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.run.process import engine_env
+    from harness.run.engine_process import engine_env
 
     monkeypatch.setenv("VLLM_REPRO_INJECT", "vllm#42043")  # leaked from a caller's shell: must not count
     assert engine_env(ENGINE, cfg(tmp_path), tmp_path)["VLLM_REPRO_INJECT"] == ""
@@ -336,9 +336,9 @@ def test_a_profile_the_engine_spec_cannot_carry_errors_its_cells_and_starts_noth
     """Issue 35: a profile setting an argument the wire format refuses (here kv-example's enable_prefix_caching,
     made a harness-owned argument as the issue measured) is that engine's cells' ERROR with the reason, once,
     with no engine started -- not a WireError traceback that ends the whole matrix."""
-    import repro.wire
+    import repro.core.wire
 
-    monkeypatch.setitem(repro.wire.OWNED_ENGINE_ARGS, "enable_prefix_caching", "--prefix-caching")
+    monkeypatch.setitem(repro.core.wire.OWNED_ENGINE_ARGS, "enable_prefix_caching", "--prefix-caching")
     cells = (Cell("0.21.0", "mp", True, "keep", True, scenario="connector-stale"),)
     env = fake_env(tmp_path, "echo started > $SPEC.ran\nexit 1\n")
     streamed: list[object] = []
@@ -351,7 +351,7 @@ def test_a_profile_the_engine_spec_cannot_carry_errors_its_cells_and_starts_noth
 @pytest.mark.unit
 def test_no_engine_profile_sets_an_argument_the_cell_or_the_harness_decides() -> None:
     from harness.core.scenarios import PROFILES
-    from repro.wire import OWNED_ENGINE_ARGS
+    from repro.core.wire import OWNED_ENGINE_ARGS
 
     clash = {p.name: sorted(k for k in dict(p.args) if k in OWNED_ENGINE_ARGS) for p in PROFILES.values()}
     assert {k: v for k, v in clash.items() if v} == {}

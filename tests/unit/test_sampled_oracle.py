@@ -9,7 +9,7 @@ import pytest
 
 from harness.core.oracle import Outcome, cell_verdict
 from harness.core.oracle.sampled import LOGPROB_TOL
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 
 pytestmark = pytest.mark.unit
 

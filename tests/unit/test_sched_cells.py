@@ -1,4 +1,4 @@
-"""Scheduler-tier cells on the harness side (harness.sched.cells, the tier axis in planning and verdicts)."""
+"""Scheduler-tier cells on the harness side (harness.sched.tier, the tier axis in planning and verdicts)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from typing import Any
 import pytest
 from synthetic import request_record
 
+from harness.core.cell import Cell
+from harness.core.events import as_scenario_event
 from harness.core.oracle import Outcome
 from harness.core.scenarios import SCENARIO_TABLE
-from harness.plan.matrix import Cell, unsupported_reason
-from harness.run.events import as_scenario_event
+from harness.plan.matrix import unsupported_reason
 from harness.run.scenario_results import scenario_result
-from harness.sched.cells import SHAPES, sched_result, sched_scenario, sched_spec
+from harness.sched.tier import SHAPES, sched_result, sched_scenario, sched_spec
 from harness.verdicts.workarounds import workaround_verdicts
 from repro.sched.script import SCHEMA_VERSION, build_script
 from repro.sched.upstream import build_any_script
@@ -100,7 +101,7 @@ def test_streams_are_judged_by_the_oracle_with_the_scheduler_as_effective_settin
     assert res.outcome is Outcome.LOSS and res.label == "LOSS(1)"
     assert res.engine is not None and res.engine["effective"] == {
         "async_scheduling": True, "executor_class": "AsyncScheduler",
-        # The tier's one engine setting in the engine tier's settings table (repro.settings).
+        # The tier's one engine setting in the engine tier's settings table (repro.settings.declared).
         "settings": [{"name": "async_scheduling", "requested": True, "source": "axis async_scheduling",
                       "effective": True, "read": "the scheduler class repro.sched built", "why": "",
                       "status": "effective"}]}
@@ -152,7 +153,7 @@ def test_a_preemption_cell_in_which_nothing_was_preempted_is_unsupported_not_ok(
 
 
 def test_one_scenario_event_judged_on_its_own_as_plan_and_fuzz_judge_it() -> None:
-    from harness.sched.cells import sched_verdict
+    from harness.sched.tier import sched_verdict
 
     assert sched_verdict(as_scenario_event(_ran())).label == "LOSS(1)"
     crash = sched_verdict(as_scenario_event({"status": "crash", "reason": "AssertionError:  at vllm/x.py:1:f",

@@ -19,13 +19,13 @@ import pytest
 from toy_sched import ToyAdapter, ToyBuilder, ToyRequest, ToyScheduler
 
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
-from repro.models import cycle_permutation
+from harness.core.recorded_streams import stream_records
+from repro.models.deterministic import cycle_permutation
 from repro.sched.adapter import innermost_vllm_frame
 from repro.sched.executor import Executor, OpUnsupported
-from repro.sched.runner import Emitter
 from repro.sched.scenario import run_scenario
 from repro.sched.script import SCHEMA_VERSION, Op, build_script
+from repro.sched.spec_run import Emitter
 
 pytestmark = pytest.mark.unit
 
@@ -236,7 +236,7 @@ def test_a_ran_event_carries_what_the_oracle_and_a_replay_need(tmp_path: Path) -
 def test_session_mode_reads_scenarios_from_stdin_until_stop(tmp_path: Path) -> None:
     import io
 
-    from repro.sched.runner import run
+    from repro.sched.spec_run import run
 
     model = tmp_path / "model"
     model.mkdir()

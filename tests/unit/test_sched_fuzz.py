@@ -1,5 +1,5 @@
 """The scheduler fuzzer's state machine (repro.sched.fuzz) against the toy scheduler, and its harness side
-(harness.sched.fuzz, ``vllm-repro fuzz``) against fake vLLM envs: no vLLM anywhere.
+(harness.run.sched_fuzz, ``vllm-repro fuzz``) against fake vLLM envs: no vLLM anywhere.
 
 The toy with 0.21's one-frame discard flag (vllm#42043) must be falsified and shrunk to a few ops whose
 replay the harness judges as a finding; the toy with a discard counter (the fix) must survive.
@@ -16,24 +16,24 @@ from typing import Any
 import pytest
 from toy_sched import ToyAdapter, ToyScheduler
 
+from harness.core.events import FuzzEvent, as_scenario_event, parse_event
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
 from harness.frontends.cli import main
 from harness.frontends.commands.fuzz import exit_code
 from harness.frontends.commands.plan import read_plan
 from harness.run.context import RunContext
-from harness.run.events import FuzzEvent, as_scenario_event, parse_event
-from harness.run.process import EventTail
+from harness.run.engine_process import EventTail
 from harness.run.replay import replay_sched_plan
+from harness.run.sched_fuzz import FuzzResult, fuzz_spec, fuzz_version, plan_document, write_plan
 from harness.run.spec import RunConfig
-from harness.sched.cells import sched_verdict
-from harness.sched.fuzz import FuzzResult, fuzz_spec, fuzz_version, plan_document, write_plan
-from repro.models import cycle_permutation
+from harness.sched.tier import sched_verdict
+from repro.core.wire import FuzzSpec, check_event
+from repro.models.deterministic import cycle_permutation
 from repro.sched.adapter import Unsupported
 from repro.sched.fuzz import run_fuzz
-from repro.sched.runner import Emitter, run
 from repro.sched.script import SCHEMA_VERSION, build_script
-from repro.wire import FuzzSpec, check_event
+from repro.sched.spec_run import Emitter, run
 
 VOCAB = 64
 PERM = cycle_permutation(VOCAB, 0)
@@ -177,7 +177,7 @@ def test_a_run_that_never_answers_is_an_error_and_exit_codes_follow_the_matrix(t
 
 
 def _found() -> Any:
-    from harness.sched.fuzz import falsifying
+    from harness.run.sched_fuzz import falsifying
 
     event = parse_event({"event": "fuzz", "status": "ran", "examples": 1, "falsifying": FALSIFYING})
     assert isinstance(event, FuzzEvent)

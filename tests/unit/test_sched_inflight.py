@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from toy_sched import ToyAdapter, ToyScheduler
 
+from harness.core.cell import Cell
+from harness.core.events import as_scenario_event
 from harness.core.oracle import Outcome
 from harness.core.records import CellResult, EngineInfo
-from harness.plan.matrix import Cell
-from harness.run.events import as_scenario_event
 from harness.run.scenario_results import scenario_result
-from harness.sched.cells import sched_result, sched_scenario
 from harness.sched.inflight import leaks
-from repro.models import cycle_permutation
+from harness.sched.tier import sched_result, sched_scenario
+from repro.models.deterministic import cycle_permutation
 from repro.sched.inflight import precondition
 from repro.sched.scenario import run_scenario
 from repro.sched.upstream import build_any_script

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from harness.core.cell import Cell
+from harness.core.events import as_scenario_event
 from harness.core.oracle import Outcome
 from harness.core.records import CellResult, EngineInfo
-from harness.plan.matrix import Cell
-from harness.run.events import as_scenario_event
 from harness.run.scenario_results import scenario_result
-from harness.sched.cells import SHAPES, sched_result
+from harness.sched.tier import SHAPES, sched_result
 from repro.sched.kv_failure import fail_loads, scenario_facts
 from repro.sched.script import ScriptError, reference_stream
 from repro.sched.upstream import build_any_script

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from repro.models import cycle_permutation
+from repro.models.deterministic import cycle_permutation
 from repro.sched.opmodel import (
     BLOCK_SIZE,
     MAX_MODEL_LEN,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.models import cycle_permutation, expected_continuation
+from repro.models.deterministic import cycle_permutation, expected_continuation
 from repro.sched.script import (
     OP_KINDS,
     REFERENCE_SLACK,

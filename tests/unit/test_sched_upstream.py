@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.core.scenarios import BY_SCENARIO
-from harness.sched.cells import SHAPES
+from harness.sched.tier import SHAPES
 from repro.sched.script import SCENARIOS, ScriptError, Setup, build_script
 from repro.sched.upstream import (
     UPSTREAM_SCENARIOS,

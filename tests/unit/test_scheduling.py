@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 import harness.run.local as local
+from harness.core.cell import Cell
+from harness.core.events import EngineEvent
 from harness.core.oracle import Outcome
 from harness.core.records import EngineInfo
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
-from harness.plan.matrix import Cell, MatrixPlan
+from harness.plan.matrix import MatrixPlan
 from harness.run.context import RunContext
-from harness.run.events import EngineEvent
 from harness.run.execute import execute_plan
 from harness.run.runner import Cancelled
 from harness.run.slots import (
@@ -257,7 +258,7 @@ def test_an_engine_that_runs_alone_takes_a_whole_unused_gpu() -> None:
 
 
 def test_the_sleep_profile_runs_alone_and_starts_as_if_alone(tmp_path: Path) -> None:
-    from harness.plan.matrix import EngineKey
+    from harness.core.cell import EngineKey
     from harness.run.slots import runs_alone
 
     sleep = EngineKey("0.21.0", "mp", True, profile="sleep")
@@ -271,7 +272,7 @@ def test_the_sleep_profile_runs_alone_and_starts_as_if_alone(tmp_path: Path) -> 
 
 
 def test_ray_engines_keep_their_own_shutdown() -> None:
-    from harness.plan.matrix import EngineKey
+    from harness.core.cell import EngineKey
     from harness.run.runner import stops_when_judged
 
     # Ray's shutdown also stops the Ray cluster the engine process started; its daemons leave the process group.

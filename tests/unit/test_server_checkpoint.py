@@ -21,7 +21,7 @@ from test_server_weight_sync import URL, FakeServer, _Resp
 
 import repro.scenarios.runs as runs
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 from repro.scenarios import RUNNERS
 from repro.server import endpoints as ep
 from repro.server.http_llm import HttpLLM

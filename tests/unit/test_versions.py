@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness.core.errors import BadInput
+from harness.envbuild.index_releases import Release
 from harness.plan.matrix import parse_versions
-from harness.plan.releases import INSTALLED, Release, candidate_versions, resolve_versions, wheelhouse_fetch
+from harness.plan.releases import INSTALLED, candidate_versions, resolve_versions, wheelhouse_fetch
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +87,7 @@ def test_matrix_parse_versions_uses_the_package_of_the_platform() -> None:
 def _wheelhouse(folder: Path, package: str, versions: list[str], platform: str) -> Path:
     import json
 
-    from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION
+    from harness.envbuild.wheelhouse_manifest import MANIFEST, SCHEMA_VERSION
 
     folder.mkdir()
     entries = {v: {"requirements": [f"{package}=={v}"], "wheels": []} for v in versions}

@@ -24,12 +24,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import repro.scenarios.runs as runs
+from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict, classify_request
-from harness.core.streams import StreamRecord, stream_records
-from harness.plan.matrix import Cell
+from harness.core.recorded_streams import StreamRecord, stream_records
 from harness.verdicts.known_bugs import check, load_known_bugs
 from harness.verdicts.results import judged_result
-from repro.models import (
+from repro.models.deterministic import (
     BigramCycleSpec,
     build_checkpoint,
     cycle_permutation,
@@ -38,7 +38,6 @@ from repro.models import (
     swap_partner,
 )
 from repro.scenarios import RUNNERS, SCENARIOS, rlhf_weight_sync, weight_transfer
-from repro.scenarios.base import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
 from repro.scenarios.rlhf_weight_sync import (
     WeightSyncParams,
     computed_reference,
@@ -46,6 +45,7 @@ from repro.scenarios.rlhf_weight_sync import (
     disagreements,
     swap_index,
 )
+from repro.scenarios.vocab import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
 from repro.scenarios.weight_transfer import reload_unsupported
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones start the trainer process.
@@ -506,8 +506,9 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
     import json
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-m", "repro.weight_trainer"], input="".join(x + "\n" for x in lines),
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-m", "repro.scenarios.weight_trainer"],
+                          input="".join(x + "\n" for x in lines), capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
     replies = [json.loads(x[len(weight_transfer.TRAINER_TAG):]) for x in proc.stdout.splitlines()
                if x.startswith(weight_transfer.TRAINER_TAG)]
     return proc.returncode, replies, proc.stderr
@@ -515,7 +516,7 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
 
 @pytest.mark.integration
 def test_trainer_replies_with_the_tag_the_scenario_reads_and_stops_on_request() -> None:
-    from repro import weight_trainer
+    from repro.scenarios import weight_trainer
 
     assert weight_trainer.TAG == weight_transfer.TRAINER_TAG
     rc, replies, err = _trainer(['{"op": "stop"}', '{"op": "never-read"}'])

@@ -24,7 +24,6 @@ import harness.bundle.wheelhouse as wh
 import harness.envbuild.envs as envs
 import harness.envbuild.index as index_mod
 import harness.envbuild.uv as envbuild_uv
-from harness.bundle.manifest import MANIFEST, SCHEMA_VERSION, WheelhouseError, load_manifest, wheels_for
 from harness.bundle.wheelhouse import (
     Installed,
     Pin,
@@ -38,6 +37,7 @@ from harness.bundle.wheelhouse import (
     uv_python_platform,
 )
 from harness.core.errors import BadInput, EnvBuildError, ReproError
+from harness.envbuild.wheelhouse_manifest import MANIFEST, SCHEMA_VERSION, WheelhouseError, load_manifest, wheels_for
 
 # Marked per test: `unit` ones are pure and fast, `integration` ones build real venvs and run pip.
 

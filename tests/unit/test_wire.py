@@ -1,6 +1,6 @@
-"""The harness <-> engine wire format (repro/wire.py) from both sides, without vLLM.
+"""The harness <-> engine wire format (repro/core/wire.py) from both sides, without vLLM.
 
-The harness writes specs and reads events; the engine (repro.engine, repro.cell)
+The harness writes specs and reads events; the engine (repro.engine.main, repro.scenarios.cell_run)
 reads specs and writes events.  A spec the harness writes must be one the
 engine accepts; every event the engine writes, at every place it writes one,
 must be one the harness reads; another schema version is refused.
@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-import repro.cell as cell_mod
-import repro.engine as engine_mod
-from harness.plan.matrix import Cell, EngineKey
-from harness.run.events import CorruptEvent, Event, FatalEvent, ScenarioEvent
-from harness.run.process import EventTail
+import repro.engine.main as engine_mod
+import repro.scenarios.cell_run as cell_mod
+from harness.core.cell import Cell, EngineKey
+from harness.core.events import CorruptEvent, Event, FatalEvent, ScenarioEvent
+from harness.run.engine_process import EventTail
 from harness.run.spec import RunConfig, build_spec, engine_spec
-from repro.scenarios.base import ScenarioTimeout, ScenarioUnsupported
-from repro.wire import EVENTS, SCHEMA_VERSION, STOP, FuzzSpec, ScenarioSpec, Spec, WireError, check_event
+from repro.core.wire import EVENTS, SCHEMA_VERSION, STOP, FuzzSpec, ScenarioSpec, Spec, WireError, check_event
+from repro.scenarios.vocab import ScenarioTimeout, ScenarioUnsupported
 
 pytestmark = pytest.mark.unit
 
@@ -126,7 +126,7 @@ def test_scenario_results_carry_only_described_fields() -> None:
 
 
 class _Llm:
-    """Just what repro.cell.run_cell touches besides the scenario: resume, the engine flag, the probe."""
+    """Just what repro.scenarios.cell_run.run_cell touches besides the scenario: resume, the engine flag, the probe."""
 
     errored = False
 

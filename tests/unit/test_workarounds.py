@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from synthetic import request_record
 
+from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome, cell_verdict
-from harness.core.streams import stream_records
-from harness.plan.matrix import Cell
+from harness.core.recorded_streams import stream_records
 from harness.verdicts.results import CellResult, infra_result, judged_result
 from harness.verdicts.workarounds import (
     LedgerCheck,

@@ -1,4 +1,5 @@
-"""The oracle: pure functions that judge observed token streams (typed :class:`harness.core.streams.StreamRecord`)
+"""The oracle: pure functions that judge observed token streams (typed
+:class:`harness.core.recorded_streams.StreamRecord`)
 against references.  One concern a module: ``outcome`` (the outcome words, fault events), ``streams`` (one stream
 decomposed into fault events), ``ambiguity`` (what the streams can prove), ``requests`` (a request's verdict),
 ``cells`` (a cell's verdict and label), ``pauses`` (faults at pauses: what the known-bug table predicts).
@@ -55,7 +56,7 @@ from harness.core.oracle.ambiguity import (
     reference_split,
     shift_ambiguity,
 )
-from harness.core.oracle.cells import CellVerdict, cell_verdict
+from harness.core.oracle.cell_verdict import CellVerdict, cell_verdict
 from harness.core.oracle.outcome import SHIFTS, FaultEvent, Outcome, events_label
 from harness.core.oracle.pauses import fit_losses, predicted_stream, preempted_at_keep_clear, running_pauses
 from harness.core.oracle.requests import RequestVerdict, classify_request, critical_points

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from harness.core.oracle.outcome import SHIFTS, FaultEvent, Outcome, events_label
 from harness.core.oracle.streams import StreamVerdict
-from harness.core.streams import StreamRecord
+from harness.core.recorded_streams import StreamRecord
 
 
 def _apply(reference: Sequence[int], events: Sequence[FaultEvent], n: int) -> list[int] | None:

@@ -7,7 +7,7 @@ import itertools
 from collections import Counter
 from collections.abc import Sequence
 
-from harness.core.streams import PauseRecord
+from harness.core.recorded_streams import PauseRecord
 
 
 def predicted_stream(reference: Sequence[int], loss_points: Sequence[int], n: int) -> list[int]:

@@ -12,7 +12,7 @@ from harness.core.oracle.outcome import Outcome
 from harness.core.oracle.sampled import is_sampled, logprob_only_verdict, logprob_verdict, with_logprob_evidence
 from harness.core.oracle.stale_kv import stale_kv_verdict
 from harness.core.oracle.streams import StreamVerdict, classify_stream
-from harness.core.streams import StreamRecord
+from harness.core.recorded_streams import StreamRecord
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def _judge_sampled(record: StreamRecord, points: Sequence[int], split: int | Non
 
 
 def classify_request(record: StreamRecord) -> RequestVerdict:
-    """Judge one request record written by ``repro.cell``."""
+    """Judge one request record written by ``repro.scenarios.cell_run``."""
     ref, obs = record.reference, record.observed
     # In-flight operations (a reset or an abort with no pause) count as the pause does: the request ran
     # through one (and, aborted by one, may end early: _aborted).

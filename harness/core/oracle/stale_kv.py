@@ -1,8 +1,9 @@
 """Stale KV across a weight update (issue 37): a request judged by what its kind promises.
 
 The stale-kv scenarios (``repro.scenarios.stale_kv``) give every request ``stale_kv`` facts
-(:class:`harness.core.streams.StaleKvRecord`): its kind and the stream that reading KV the old weights wrote gives
-(the context-cell model's oracle, ``repro.context_model.expected_continuation``).  Its ``reference`` is what fresh
+(:class:`harness.core.recorded_streams.StaleKvRecord`): its kind and the stream that reading KV the old weights
+wrote gives
+(the context-cell model's oracle, ``repro.models.context_cell.expected_continuation``).  Its ``reference`` is what fresh
 KV gives.  A stream that is not its reference but is, token for token, the stale stream, is
 
 * STALE-KV for a request started after the update (``new``): it must never read the old weights' KV;
@@ -19,7 +20,7 @@ from dataclasses import replace
 
 from harness.core.oracle.outcome import Outcome
 from harness.core.oracle.streams import StreamVerdict, classify_stream
-from harness.core.streams import StreamRecord
+from harness.core.recorded_streams import StreamRecord
 
 KIND_TEXT = {
     "new": "started after the weight update (must read fresh KV)",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness.frontends.commands.base import Command
 from harness.frontends.commands.bench import BenchCommand
 from harness.frontends.commands.bisect import BisectCommand
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.compare import CompareCommand
 from harness.frontends.commands.envs import EnvsCommand
 from harness.frontends.commands.frameworks import FrameworksCommand

@@ -15,8 +15,8 @@ from rich.table import Table
 from harness.bench.fuzz import load_fuzz
 from harness.bench.run import BenchRun, load_run
 from harness.core.errors import BadInput, bad_choice
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command
+from harness.frontends.commands.invocation import Context
 
 # The workloads, as the commands a user runs (the README's and tox's); extra arguments after -- are appended.
 WORKLOADS: dict[str, tuple[str, ...]] = {
@@ -53,7 +53,7 @@ class BenchCommand(Command):
         return args
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.bench.plot import draw
+        from harness.bench.timeline import draw
 
         args = self._own_options(args)
         if args.workload not in WORKLOADS:

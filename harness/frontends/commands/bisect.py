@@ -12,9 +12,9 @@ from pathlib import Path
 from harness.core.errors import BadInput
 from harness.core.pattern import parse_pattern
 from harness.envbuild.envs import EnvRecipe, VllmEnv, needs_cpu_torch, package_for
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context, fresh_log
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.face import interruptible, probe_printer, stderr_console
+from harness.frontends.commands.invocation import Context, fresh_log
 from harness.frontends.commands.options import (
     add_index_options,
     add_retry_option,

@@ -9,8 +9,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
-from harness.frontends.commands.context import Context, fresh_log, run_context
 from harness.frontends.commands.face import interruptible, stderr_console
+from harness.frontends.commands.invocation import Context, fresh_log, run_context
 from harness.frontends.commands.options import (
     add_index_options,
     add_retry_option,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.face import stdout_console
+from harness.frontends.commands.invocation import Context
 from harness.verdicts.results import read_results
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from harness.core.errors import EnvBuildError
 from harness.envbuild.envs import ensure_env, env_size, last_used, list_envs, prune_envs
-from harness.frontends.commands.base import Command, CommandGroup
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command, CommandGroup
+from harness.frontends.commands.invocation import Context
 from harness.frontends.commands.options import (
     add_index_options,
     add_version_options,

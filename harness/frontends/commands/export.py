@@ -1,5 +1,5 @@
 """``vllm-repro plan PLAN.json --export-pytest FILE``: the plan as one self-contained test file, by tier
-(harness.sched.export_pytest for a scheduler-tier plan, harness.plan.export_engine for an engine-tier one)."""
+(harness.export.sched_pytest for a scheduler-tier plan, harness.export.engine_script for an engine-tier one)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import BadInput
-from harness.plan.export_engine import export_engine
+from harness.export.engine_script import export_engine
+from harness.export.sched_pytest import export_pytest, reproducer_name
 from harness.plan.matrix import ON_OFF, parse_bools
-from harness.sched.export_pytest import export_pytest, reproducer_name
 
 # Run options whose engine the exported file does not build: it builds the harness's default model and
 # engine arguments only.

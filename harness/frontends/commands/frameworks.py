@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
-from harness.frontends.commands.base import Command, CommandGroup
 from harness.frontends.commands.cellrun import add_check_options, checked_versions, checked_versions_options, run_cells
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command, CommandGroup
 from harness.frontends.commands.fwbisect import FrameworksBisect
 from harness.frontends.commands.fwclient import CLIENT, add_client_options
 from harness.frontends.commands.fwdrift import FrameworksDrift
+from harness.frontends.commands.invocation import Context
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
 from harness.verdicts.mdtable import md_table
@@ -152,7 +152,8 @@ def _versions_by_recipe(ctx: Context, args: argparse.Namespace,
                         recipes: tuple[Recipe, ...]) -> dict[str, tuple[str, ...]]:
     """``--versions`` per recipe: the releases given for every recipe, and with the word ``pins`` each recipe
     also at the oldest release its pin allows (from the index, or the wheelhouse's releases)."""
-    from harness.plan.releases import candidate_versions, fetch_releases
+    from harness.envbuild.index_releases import fetch_releases
+    from harness.plan.releases import candidate_versions
     from harness.verdicts.frameworks import PINS, versions_by_recipe
 
     items = [v.strip() for v in (args.versions or "").split(",") if v.strip()]

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import BadInput, bad_choice
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context, check_reports, run_context
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.face import interruptible, stderr_console
+from harness.frontends.commands.invocation import Context, check_reports, run_context
 from harness.frontends.commands.options import add_index_options, add_version_options, add_wheels_option
 from harness.plan.matrix import PLATFORMS
-from harness.run.spec import RunConfig
-from harness.sched.fuzz import (
+from harness.run.sched_fuzz import (
     PROFILES,
     TIERS,
     FuzzResult,
@@ -25,8 +24,9 @@ from harness.sched.fuzz import (
     summary_document,
     write_plan,
 )
+from harness.run.spec import RunConfig
+from repro.core.wire import FUZZ_DEPTHS
 from repro.sched.reach import HEADLINE as REACH_HEADLINE  # pure: coverage.py is imported only to measure
-from repro.wire import FUZZ_DEPTHS
 
 DESCRIPTION = (
     "Fuzz vLLM's real Scheduler/AsyncScheduler in-process (the scheduler tier) with a Hypothesis state machine: "

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
-from harness.frontends.commands.base import Command
 from harness.frontends.commands.cellrun import add_check_options, checked_versions
-from harness.frontends.commands.context import Context, fresh_log, run_context
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.face import interruptible, probe_printer, stderr_console
+from harness.frontends.commands.invocation import Context, fresh_log, run_context
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
 from harness.verdicts.results import ResultsLog

@@ -10,11 +10,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput, bad_choice
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.invocation import Context
 
 if TYPE_CHECKING:
+    from harness.core.cell import Cell
     from harness.envbuild.client_env import ClientEnv
-    from harness.plan.matrix import Cell
     from harness.run.spec import RunConfig
     from harness.verdicts.frameworks import Recipe
     from harness.verdicts.results import CellResult

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command
+from harness.frontends.commands.invocation import Context
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
 

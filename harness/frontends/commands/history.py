@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harness.frontends.commands.base import Command, CommandGroup
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command, CommandGroup
 from harness.frontends.commands.face import stdout_console
+from harness.frontends.commands.invocation import Context
 from harness.plan.matrix import PLATFORMS, split_list
 
 DEFAULT_HISTORY = Path("reports/history.jsonl")

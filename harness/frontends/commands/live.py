@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from harness.core.events import EngineEvent, SchedEvent
 from harness.core.oracle import Outcome
 from harness.plan.matrix import MatrixPlan
 from harness.run.context import Progress
-from harness.run.events import EngineEvent, SchedEvent
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 from harness.core.axes import Axis
 from harness.core.cell import Cell
 from harness.core.errors import BadInput
+from harness.core.events import EngineEvent
 from harness.core.oracle import Outcome
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context, fresh_log, run_context, setup_of
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.face import colour, interruptible, stderr_console, stdout_console
 from harness.frontends.commands.fwclient import add_matrix_client_option, matrix_client
+from harness.frontends.commands.invocation import Context, fresh_log, run_context, setup_of
 from harness.frontends.commands.options import (
     add_index_options,
     add_retry_option,
@@ -31,7 +32,6 @@ from harness.plan.matrix import MatrixPlan, Selection, explicit_axes, plan_cells
 from harness.plan.platforms import require_scheduler_tier
 from harness.run import execute
 from harness.run.context import Progress
-from harness.run.events import EngineEvent
 from harness.run.gpus import visible_gpus
 from harness.run.resume import RUN_FILE, keep_engine_logs, resume_state, rewrite_log, run_record
 from harness.run.slots import Capacity, capacity

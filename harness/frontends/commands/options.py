@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.envbuild.envs import source_options
 from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, presets_help
 from harness.plan.matrix import PLATFORMS
-from repro.bind import DEFAULT_BIND
+from repro.patches.bind import DEFAULT_BIND
 
 
 def add_index_options(p: argparse.ArgumentParser) -> None:

@@ -8,11 +8,11 @@ from typing import Any
 
 from harness.core.cell import parse_cell_id
 from harness.core.errors import BadInput
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context, run_context
+from harness.export.engine_script import cell_plan, plan_json
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.export import export_file
+from harness.frontends.commands.invocation import Context, run_context
 from harness.frontends.commands.options import add_index_options, add_run_options, add_version_options
-from harness.plan.export_engine import cell_plan, plan_json
 from harness.plan.matrix import EXECUTORS, ON_OFF, parse_bools
 from harness.plan.plan_file import check_plan, check_plan_fits, model_limits, read_plan
 from harness.run.replay import PlanReplay, replay_plan, replay_sched_plan

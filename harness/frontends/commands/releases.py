@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
-from harness.frontends.commands.base import Command, CommandGroup
-from harness.frontends.commands.context import Context, fresh_log, run_context
+from harness.frontends.commands.command import Command, CommandGroup
 from harness.frontends.commands.face import interruptible, stderr_console, stdout_console
 from harness.frontends.commands.history import DEFAULT_HISTORY
+from harness.frontends.commands.invocation import Context, fresh_log, run_context
 from harness.frontends.commands.options import add_index_options, add_retry_option, add_run_options, add_wheels_option
 
 if TYPE_CHECKING:
@@ -57,10 +57,10 @@ class ReleasesWatch(Command):
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.plan import releases
+        from harness.envbuild.index_releases import fetch_releases
         from harness.watch.judged import judged_from, newer_releases
-        from harness.watch.report import write_watch
         from harness.watch.watch import watch
+        from harness.watch.watch_files import write_watch
 
         setup, cfg, capacity = watch_setup(ctx, args)
         judged = judged_from(args.history, tuple(args.results))
@@ -68,7 +68,7 @@ class ReleasesWatch(Command):
             raise BadInput(f"no release has a verdict in {'; '.join(judged.sources)}: the watch has no mark to start "
                            "from; give --history (the committed one: docs/results/history/history.jsonl) or --results")
         newest, newer = newer_releases(judged.version, setup.package, ctx.index.index_url,
-                                       ctx.version_fetch or releases.fetch_releases, args.pre)
+                                       ctx.version_fetch or fetch_releases, args.pre)
         console = stderr_console()
         console.print(f"[bold]releases watch[/] {setup.package}: newest judged {judged.version}, newest on the index "
                       f"{newest or 'none'}; {len(newer)} newer: {', '.join(newer) or 'none'}")
@@ -125,7 +125,7 @@ def render_release(r: ReleaseWatch, console: Console) -> None:
     """One release's verdict as it finishes: incompatibilities with their cause, findings apart."""
     from rich.markup import escape
 
-    from harness.watch.report import counted
+    from harness.watch.watch_files import counted
 
     tint = "red" if r.incompatibilities else "green"
     console.print(f"[bold {tint}]{r.version}: {r.status.value.upper()}[/] ({counted(r)})")
@@ -140,8 +140,8 @@ def render_watch(result: WatchResult, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from harness.watch.report import HEADER, rows, summary
     from harness.watch.smoke import Status
+    from harness.watch.watch_files import HEADER, rows, summary
 
     styles = {Status.COMPATIBLE.value: "green", Status.FINDING.value: "bold red", Status.INCONCLUSIVE.value: "yellow",
               Status.INCOMPATIBLE.value: "bold magenta", Status.UNSUPPORTED.value: "dim"}

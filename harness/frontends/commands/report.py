@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from harness.core.errors import BadInput
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command
 from harness.frontends.commands.face import stdout_console
+from harness.frontends.commands.invocation import Context
 from harness.verdicts.results import Results, read_results
 
 

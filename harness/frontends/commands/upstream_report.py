@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command
+from harness.frontends.commands.invocation import Context
 from harness.frontends.commands.options import add_index_options
 
 DEFAULT_OUT = Path("reports/upstream")

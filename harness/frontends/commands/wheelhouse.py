@@ -7,8 +7,8 @@ from pathlib import Path
 
 from harness.bundle.wheelhouse import LAZY_KERNELS
 from harness.core.errors import BadInput
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command
+from harness.frontends.commands.invocation import Context
 from harness.frontends.commands.options import add_index_options
 from harness.plan.matrix import split_list
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.frontends.commands.base import Command
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command
+from harness.frontends.commands.invocation import Context
 
 DEFAULT_RESULTS = Path("docs/results")
 

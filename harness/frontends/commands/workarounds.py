@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
-from harness.frontends.commands.base import Command, CommandGroup
 from harness.frontends.commands.cellrun import add_check_options, checked_versions, run_cells
-from harness.frontends.commands.context import Context
+from harness.frontends.commands.command import Command, CommandGroup
+from harness.frontends.commands.invocation import Context
 
 if TYPE_CHECKING:
     from harness.verdicts.results import Results

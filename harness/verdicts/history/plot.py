@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.errors import BadInput, ReproError
-from harness.core.outcomes import COLORS, LEGEND, Category, category
+from harness.core.outcome_groups import COLORS, LEGEND, Category, category
 from harness.verdicts.history.store import History
 from harness.verdicts.history.table import history_caption
 from harness.verdicts.history.view import HistoryView, show

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.core.outcomes import style
+from harness.core.outcome_groups import style
 from harness.verdicts.history.view import HistoryView, Observation
 
 

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from harness.core.oracle import Outcome
-from harness.verdicts.report.cells import (
+from harness.verdicts.report.cell_text import (
     detail,
     first_post_resume,
     injection_banner,

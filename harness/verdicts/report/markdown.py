@@ -9,7 +9,7 @@ from harness.core.oracle import Outcome
 from harness.core.scenarios import pauses
 from harness.core.versions import version_key
 from harness.verdicts.mdtable import md_table
-from harness.verdicts.report.cells import (
+from harness.verdicts.report.cell_text import (
     attempt_rows,
     detail,
     effective,
@@ -158,8 +158,8 @@ def markdown(results: Results) -> str:
     settings = settings_rows(cells)
     if settings:
         lines += ["", "## Engine settings", "",
-                  "Every setting the engines relied on, read back after start (repro.settings); an engine whose "
-                  "setting differs from what it was asked ran its cells UNSUPPORTED.", ""]
+                  "Every setting the engines relied on, read back after start (repro.settings.declared); an engine "
+                  "whose setting differs from what it was asked ran its cells UNSUPPORTED.", ""]
         lines += md_table(["setting", "requested (by)", "effective", "read back at", "engines", "why"], settings)
     retried = [c for c in cells if c.attempts]
     if retried:

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.core.oracle import Outcome
-from harness.verdicts.report.cells import (
+from harness.verdicts.report.cell_text import (
     CellsLike,
     cells_of,
     detail,

@@ -3,7 +3,7 @@ with the evidence (judged by ``harness.verdicts.workarounds``)."""
 
 from __future__ import annotations
 
-from harness.verdicts.report.cells import CellsLike, cells_of
+from harness.verdicts.report.cell_text import CellsLike, cells_of
 from harness.verdicts.workarounds import STATUS_STYLES, workaround_verdicts
 
 ISSUE = "vllm#42043"

@@ -1,0 +1,238 @@
+"""One engine process: ``python -m repro.engine SPEC OUT`` in its own process group, with its own port block
+(``harness.run.ports``), its events tailed as they come, and the whole group killed however the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.core.cell import Cell, EngineKey
+from harness.core.events import (
+    Event,
+    parse_line,
+)
+from harness.core.scenarios import PROFILES
+from harness.envbuild.envs import VllmEnv
+from harness.envbuild.preload import preload_env
+from harness.run.engine_death import log_tail
+from harness.run.ports import lease_ports
+from harness.run.spec import RunConfig, _sched_spec, build_spec, engine_axes
+from harness.run.staging import stage_entry_points, stage_repro
+from harness.sched import tier as sched_tier
+from repro.core.wire import STOP
+from repro.patches.bind import ENV_BIND
+from repro.settings.engine_axes import engine_env as axes_env
+
+ENGINE_MODULE = "repro.engine"  # python -m ENGINE_MODULE SPEC OUT
+
+
+def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path,
+               ports: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment; ``ports`` (its :class:`harness.run.ports.PortLease`'s) replaces a ``VLLM_PORT``
+    of the caller's shell, which every engine would share, but not one the run's own ``extra_env`` sets."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(ports or {})
+    env.update(
+        PYTHONPATH=str(pythonpath),
+        PYTHONUNBUFFERED="1",
+        VLLM_REPRO_CPU_ASYNC="1" if (cfg.platform == "cpu" and engine.async_on) else "0",
+        # No flashinfer wheel in our envs; its sampler is not needed for greedy.
+        VLLM_USE_FLASHINFER_SAMPLER="0",
+    )
+    if cfg.platform == "cpu":
+        # Without it vLLM's CPU backend reserves most of the machine's RAM.
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+    # The variables the cell's engine axes decide (Ray v2, model runner, batch invariance): repro.settings.engine_axes.
+    env.update(axes_env(engine_axes(engine)))
+    # Where its listeners bind (--bind): repro.engine.main points vLLM, gloo and NCCL there before vLLM starts.
+    env[ENV_BIND] = cfg.bind
+    # Never inherited: a fault is injected only when this run asked for it.
+    env["VLLM_REPRO_INJECT"] = ",".join(cfg.inject)
+    env.update(cfg.extra_env)
+    return env
+
+
+def kill_group(pgid: int, grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    _wait_for_exits(_pids_in_group(pgid), grace)
+
+
+def _wait_for_exits(pids: list[int], timeout: float) -> None:
+    """Wait until each of ``pids`` has exited (a pidfd turns readable), at most ``timeout`` seconds in all.
+
+    SIGKILL is delivered at once but a process with much memory (a vLLM worker under load) takes a while to be
+    torn down; without this wait, "stopped" could be said of a group whose processes are still exiting (seen
+    2026-12-02: test_cpu_engine found one right after the run).
+    """
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except OSError:  # already gone, or not ours to open
+            continue
+    try:
+        deadline = time.monotonic() + timeout
+        pending = list(fds)
+        while pending and (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select(pending, [], [], left)
+            pending = [fd for fd in pending if fd not in ready]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is still in ``pgid``."""
+    for pid in _pids_in_group(pgid):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            return True
+    return False
+
+
+def _pids_in_group(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                pids.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
+
+
+class EventTail:
+    """Reads complete new lines from the engine's event file, each parsed into its typed event
+    (:func:`harness.core.events.parse_line`: checked against ``repro.core.wire``).
+
+    A line that is not JSON, or not an event the wire format describes, comes
+    back as a :class:`~harness.core.events.CorruptEvent` carrying the line and, for the latter, the mismatch.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos = 0
+        self.buf = ""
+
+    def read(self) -> list[Event]:
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self.pos)
+            chunk = f.read()
+            self.pos = f.tell()
+        self.buf += chunk
+        *lines, self.buf = self.buf.split("\n")
+        return [parse_line(line) for line in lines if line.strip()]
+
+
+class EngineProcess:
+    """One engine process: its work dir (staged package, spec, event file, log), process group and events.
+
+    ``interactive`` keeps its stdin open for scenario lines (``send``);
+    ``stop`` asks it to end, then kills its whole process group.
+    """
+
+    def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
+                 interactive: bool = False, extra_env: dict[str, str] | None = None,
+                 engine_extra: dict[str, Any] | None = None, spec: dict[str, Any] | None = None,
+                 distributions: Sequence[str] = ()) -> None:
+        """``spec``: the spec document itself (a scheduler-tier ``plan`` or ``fuzz``) instead of the one ``cells``
+        make; ``distributions``: staged beside ``repro`` (:func:`stage_repro`)."""
+        # Absolute: the engine runs with cwd=wd and PYTHONPATH pointing into it.
+        self.wd = wd.resolve()
+        if self.wd.exists():
+            shutil.rmtree(self.wd)
+        self.wd.mkdir(parents=True)
+        stage = stage_repro(self.wd / "pkg", distributions)
+        profile = PROFILES.get(engine.profile)
+        if engine.tier == "engine" and profile is not None:
+            stage_entry_points(stage, profile.entry_points)  # a plugin only its own engines load (vllm#52461)
+        self.spec_path, self.events_path, self.log_path = (self.wd / "spec.json", self.wd / "events.jsonl",
+                                                           self.wd / "engine.log")
+        doc = spec if spec is not None else (
+            _sched_spec(engine, cells, cfg) if engine.tier == "scheduler"
+            else build_spec(engine, cells, cfg, interactive, engine_extra).to_json())
+        self.spec_path.write_text(json.dumps(doc, indent=2))
+        module = sched_tier.MODULE if engine.tier == "scheduler" else ENGINE_MODULE
+        self.tail = EventTail(self.events_path)
+        # Its own ports until it is stopped: engines started side by side never pick the same one (issue 21).
+        self.ports = lease_ports()
+        environ = engine_env(engine, cfg, stage, self.ports.env)
+        environ.update(preload_env(env, environ))  # vllm-cpu 0.18.x will not start without it
+        try:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    [str(env.python), "-m", module, str(self.spec_path), str(self.events_path)],
+                    cwd=self.wd, env={**environ, **(extra_env or {})},
+                    stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.PIPE if interactive else subprocess.DEVNULL, start_new_session=True,
+                )
+        except BaseException:
+            self.ports.release()
+            raise
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid
+
+    def events(self) -> list[Event]:
+        return self.tail.read()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the process has exited, waiting up to ``timeout`` seconds for it."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """One JSON line on the engine's stdin (OSError when the engine is gone)."""
+        if self.proc.stdin is None:
+            raise BrokenPipeError("the engine was not started interactive")
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def stop(self, polite_s: float = 0.0) -> None:
+        """Ask an interactive engine to stop (up to ``polite_s``), then kill its process group."""
+        if polite_s and self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.send(STOP)
+                self.proc.stdin.close()
+                self.proc.wait(timeout=polite_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        # Whatever happened, nothing of this engine outlives the run.
+        kill_group(self.proc.pid)
+        self.proc.wait()
+        self.ports.release()  # only now: a process of its group could still hold one of its ports
+
+    def log_tail(self) -> str:
+        return log_tail(self.log_path)
