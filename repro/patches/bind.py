@@ -55,8 +55,6 @@ _STORE_PARAMS = ("host_name", "port", "world_size", "is_master", "timeout", "wai
                  "master_listen_fd", "use_libuv")
 _IFF_LOOPBACK = 0x8  # linux/if.h
 BIND_VARS = ("VLLM_HOST_IP", "VLLM_LOOPBACK_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-RAY_SERVICES = "ray._private.services"
-ENV_RAY_NODE_IP = "VLLM_REPRO_RAY_NODE_IP"  # set by apply_env for a Ray executor on a loopback bind
 
 STATE: dict[str, Any] = {"address": None, "env": {}, "kept": {}, "prebound": [], "left": [], "problems": []}
 
@@ -113,47 +111,18 @@ def bind_env(addr: str, environ: Mapping[str, str] | None = None) -> tuple[dict[
 def apply_env(executor: str = "mp") -> None:
     """Set :func:`bind_env`'s variables in this process (before vLLM starts: every process it starts inherits).
 
-    Under a Ray executor vLLM matches ``get_ip()`` (``VLLM_HOST_IP``) against the IP of the Ray node its workers
-    run on to find the driver's node (the Ray executors' worker placement), so the two must agree: on a loopback
-    bind Ray's node IP is pinned to it too (:data:`ENV_RAY_NODE_IP`, :func:`patch_ray_services`); on another
-    address, or where the user's shell keeps its own ``VLLM_HOST_IP``, Ray keeps its own choice and nothing of
-    the environment is changed (docs/security.md)."""
+    Not under a Ray executor: vLLM matches ``get_ip()`` (``VLLM_HOST_IP``) against the IP of the Ray node its
+    workers run on to find the driver's node (the Ray executors' worker placement), and Ray picks its node IP itself,
+    so a loopback ``VLLM_HOST_IP`` could leave the driver without a worker; Ray's own sockets are Ray's anyway
+    (docs/security.md).  Its master TCPStores are still narrowed where their clients connect to the bind address."""
     addr = address()
-    env, kept = bind_env(addr)
     if str(executor).startswith("ray"):
-        if not is_loopback(addr) or "VLLM_HOST_IP" in kept:
-            STATE.update(address=addr, kept={}, env_skipped="a Ray executor: VLLM_HOST_IP and the gloo/NCCL "
-                         "interfaces are left to Ray's node address")
-            return
-        env[ENV_RAY_NODE_IP] = addr
+        STATE.update(address=addr, kept={}, env_skipped="a Ray executor: VLLM_HOST_IP and the gloo/NCCL "
+                     "interfaces are left to Ray's node address")
+        return
+    env, kept = bind_env(addr)
     os.environ.update(env)
     STATE.update(address=addr, kept=kept)
-
-
-def patch_ray_services(services: Any) -> None:
-    """Pin Ray's node IP to the loopback bind address in this process (``ray._private.services``).
-
-    Ray (2.60: ``ray/_private/worker.py`` 1843-1844, ``services.resolve_ip_for_localhost`` 786-803) turns a
-    loopback ``_node_ip_address`` into the machine's reachable IP on purpose, and its servers listen on the node
-    IP (ray-project/ray PR #59852: GCS, raylet, core workers and object manager moved from 0.0.0.0 to the node IP)
-    -- on every interface the machine has, measured on one H200 (docs/security.md).  vLLM's ``ray.init`` runs in
-    the engine core process, where the shim has loaded this; Ray passes the node IP it chose to every daemon
-    and worker it starts."""
-    addr = os.environ.get(ENV_RAY_NODE_IP)
-    if not addr or getattr(services, "repro_bind_wrapped", False):
-        return
-    real_resolve = services.resolve_ip_for_localhost
-
-    def resolve_ip_for_localhost(host: str) -> str:
-        return addr if is_loopback(host) else str(real_resolve(host))
-
-    def get_node_ip_address(address: str | None = None) -> str:
-        return addr
-
-    services.resolve_ip_for_localhost = resolve_ip_for_localhost
-    services.get_node_ip_address = get_node_ip_address
-    services.repro_bind_wrapped = True
-    STATE["ray_node_ip"] = addr
 
 
 def _listener(addr: str, port: int) -> socket.socket:
@@ -222,5 +191,3 @@ def install(after_import: Callable[[str, Callable[[Any], None]], None]) -> None:
     STATE["env"] = {k: os.environ.get(k) for k in BIND_VARS}
     for name in STORE_MODULES:
         after_import(name, patch_module)
-    if os.environ.get(ENV_RAY_NODE_IP):
-        after_import(RAY_SERVICES, patch_ray_services)

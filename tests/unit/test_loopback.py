@@ -132,49 +132,13 @@ def test_bind_env_points_vllm_gloo_and_nccl_at_loopback_and_keeps_the_users_choi
     assert bind.loopback_interface(tmp_path) == "lo9"
 
 
-def test_a_ray_executor_on_loopback_pins_rays_node_ip_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # vLLM's Ray executors find the driver's node by comparing get_ip() (VLLM_HOST_IP) with Ray's node IP: both
-    # are pinned to the bind address, or neither is.
+def test_a_ray_executor_keeps_its_own_node_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's Ray executors find the driver's node by comparing get_ip() (VLLM_HOST_IP) with Ray's node IP.
     from repro.patches import bind
 
-    for var in (*bind.BIND_VARS, bind.ENV_RAY_NODE_IP, bind.ENV_BIND):
+    for var in bind.BIND_VARS:
         monkeypatch.delenv(var, raising=False)
     bind.apply_env("ray-v2")
-    assert os.environ.get("VLLM_HOST_IP") == "127.0.0.1" and os.environ.get(bind.ENV_RAY_NODE_IP) == "127.0.0.1"
-    for var in (*bind.BIND_VARS, bind.ENV_RAY_NODE_IP):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv(bind.ENV_BIND, "10.0.0.5")
-    bind.apply_env("ray")
-    assert all(var not in os.environ for var in (*bind.BIND_VARS, bind.ENV_RAY_NODE_IP))
-    assert "Ray" in bind.STATE["env_skipped"]
-    monkeypatch.delenv(bind.ENV_BIND)
-    monkeypatch.setenv("VLLM_HOST_IP", "10.0.0.7")  # the user's own: kept, and Ray keeps its own node IP too
-    bind.apply_env("ray")
-    assert bind.ENV_RAY_NODE_IP not in os.environ
-    monkeypatch.delenv("VLLM_HOST_IP")
+    assert all(var not in os.environ for var in bind.BIND_VARS) and "Ray" in bind.STATE["env_skipped"]
     bind.apply_env("mp")
-    assert os.environ.get("VLLM_HOST_IP") == bind.address() and bind.ENV_RAY_NODE_IP not in os.environ
-
-
-def test_rays_node_ip_is_pinned_only_where_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-
-    from repro.patches import bind
-
-    def fake_services() -> types.SimpleNamespace:
-        return types.SimpleNamespace(resolve_ip_for_localhost=lambda host: "10.1.2.3" if host == "127.0.0.1" else host,
-                                     get_node_ip_address=lambda address=None: "10.1.2.3")
-
-    monkeypatch.delenv(bind.ENV_RAY_NODE_IP, raising=False)
-    untouched = fake_services()
-    bind.patch_ray_services(untouched)
-    assert untouched.get_node_ip_address() == "10.1.2.3", "not asked: Ray keeps its own choice"
-    monkeypatch.setenv(bind.ENV_RAY_NODE_IP, "127.0.0.1")
-    services = fake_services()
-    bind.patch_ray_services(services)
-    assert services.get_node_ip_address() == "127.0.0.1"
-    assert services.resolve_ip_for_localhost("localhost") == "127.0.0.1"
-    assert services.resolve_ip_for_localhost("10.9.9.9") == "10.9.9.9"
-    hooks: list[str] = []
-    bind.install(lambda name, patch: hooks.append(name))
-    assert bind.RAY_SERVICES in hooks
+    assert os.environ.get("VLLM_HOST_IP") == bind.address()
