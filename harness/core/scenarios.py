@@ -40,7 +40,8 @@ class EngineProfile:
     # "Memory usage increased after sleeping" (2 of 8 sleep cells ERROR on one shared H200, 2026-12-01).
     gpu_alone: bool = False
 
-    # The model kind (repro.core.wire.MODEL_KINDS) its engines load when the user names no --model: the scenarios of the
+    # The model kind (repro.core.wire.MODEL_KINDS) its engines load when the user names no --model: the scenarios
+    # of the
     # profile need it to show what they check (stale-kv: a model that reads its context).  "" = the run's model.
     model: str = ""
 
@@ -76,7 +77,8 @@ class Scenario:
     # sends.  A kind the user did not name runs only where a scenario realises it (harness.plan.matrix); one the
     # user named elsewhere is UNSUPPORTED with the reason.
     requests: tuple[str, ...] = ("greedy",)
-    # The model kind (repro.core.wire.MODEL_KINDS) whose streams can show what it checks; "" = any.  Naming the scenario
+    # The model kind (repro.core.wire.MODEL_KINDS) whose streams can show what it checks; "" = any.  Naming the
+    # scenario
     # with another model is bad input (model_mismatch): stale-kv needs a model that reads its context.
     model: str = ""
     # Left out of every default --scenario (the CPU and GPU matrix, the pytest items): run with --scenario all or by

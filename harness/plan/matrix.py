@@ -36,7 +36,7 @@ from harness.sched.tier import shape_reason
 
 __all__ = [
     "EXECUTORS", "MODEL_RUNNERS", "MODES", "ON_OFF", "PLATFORMS", "SCENARIOS", "SCENARIO_MODES", "TIERS",
-    "TRUE_FALSE", "Cell", "EngineKey",
+    "TRUE_FALSE",
 ]
 
 # On GPUs the last release with vllm#42043, the fix, and the newest release (``latest``: resolved at run time from

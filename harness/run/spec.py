@@ -210,7 +210,7 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     if pauses(cell.scenario):
         params["clear_cache"] = cell.clear_cache
     if cell.request != "greedy":
-        params["request"] = cell.request  # repro.scenarios.cell_run takes it out before the scenario reads its parameters
+        params["request"] = cell.request  # repro.scenarios.cell_run takes it out before the scenario reads them
         params.update(SAMPLED_SHAPE)
     if cell.scenario == "pause":
         return cell.mode, params
