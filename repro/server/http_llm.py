@@ -12,7 +12,8 @@ to the server the engine process started (``repro.server.serve_process``), on lo
   ``docs/frameworks-endpoints.toml``), refused with ScenarioUnsupported where the release lacks the endpoint or
   parameter (``repro.server.endpoints``); ``collective_rpc`` is how the weight-sync scenario swaps weights
   (``POST /collective_rpc`` with ``reload_weights``, the worker method the engine door calls);
-* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes (``repro.patches.server_probe``).
+* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes
+(``repro.patches.server_probe``).
 
 The parsing of the stream is pure (:func:`parse_sse`, :func:`strip_ids`), unit-tested with httpx's MockTransport.
 """
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # httpx is in every vLLM env (openai's dependency), not in the harness's
     import httpx
 
-from repro.scenarios.vocab import ScenarioUnsupported
+from repro.scenarios.vocab import DoorError, ScenarioUnsupported
 from repro.server.endpoints import endpoint_problem
 
 ENGINE_PREFIX = "cmpl-"  # serving_completion.py: request_id = f"cmpl-{request.request_id}", then f"{id}-{i}"
@@ -39,7 +40,7 @@ SAMPLING_FIELDS: dict[str, Any] = {"n": 1, "seed": None, "logprobs": None, "repe
                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-class ServerError(Exception):
+class ServerError(DoorError):
     """The server answered an error (HTTP status or an error object in the stream)."""
 
 
@@ -202,7 +203,8 @@ class HttpLLM:
         return resp.json()
 
     async def probe(self) -> dict[str, Any]:
-        """The server engine's probe (``repro.settings.effective.probe_engine``) and config sections; keeps the config."""
+        """The server engine's probe (``repro.settings.effective.probe_engine``) and config sections; keeps the
+        config."""
         doc = await self.get("/repro/probe")
         self.vllm_config = namespace(doc["config"])
         return dict(doc["probe"])

