@@ -29,8 +29,10 @@ from repro.settings.engine_axes import engine_args, owned_engine_args
 #    python; or ``error``, why it has none) and a scenario event ``client`` (what the framework's client ran).
 SCHEMA_VERSION = 4
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
-# bigram-cycle: the built-in deterministic checkpoint (repro.models.deterministic); qwen3-random: the built-in random-weight
-# Qwen3 (repro.models.realistic); context-cell: the built-in checkpoint pair that sees stale KV (repro.models.context_cell);
+# bigram-cycle: the built-in deterministic checkpoint (repro.models.deterministic); qwen3-random: the built-in
+# random-weight
+# Qwen3 (repro.models.realistic); context-cell: the built-in checkpoint pair that sees stale KV
+# (repro.models.context_cell);
 # path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
 MODEL_KINDS = ("bigram-cycle", "qwen3-random", "context-cell", "path")
 # Engine arguments that a cell's axes or a harness option decide, and the option to use instead: an
