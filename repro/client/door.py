@@ -29,6 +29,7 @@ from typing import Any
 
 import repro
 from repro.client.clients import CLIENTS, Client, standins
+from repro.core.wire import Spec
 from repro.scenarios.vocab import ScenarioUnsupported
 from repro.server.http_llm import HttpLLM, ServerError
 
@@ -268,3 +269,15 @@ def _route_client(http: HttpLLM, client: Client, spec_client: Mapping[str, Any],
     llm = ClientLLM(http, client, None, facts, log)
     llm.want_async = want_async
     return llm
+
+
+def client_adapter(spec: Spec, http: HttpLLM, url: str, log_dir: Path, emit: Callable[..., None]) -> Any:
+    """The client door's adapter (``repro.server.door.Adapter``): the framework's client around the HTTP one;
+    None when the framework's client cannot run (each scenario then UNSUPPORTED or ERROR, with its reason)."""
+    try:
+        return open_client(http, spec.client, url, log_dir, bool(spec.engine.axes.get("async_scheduling", True)))
+    except ClientUnavailable as exc:
+        for sc in spec.scenarios:
+            emit("scenario", id=sc.id, status="unsupported" if exc.unsupported else "error",
+                 reason=f"door=client: {exc}")
+        return None

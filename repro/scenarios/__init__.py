@@ -25,6 +25,7 @@ from repro.scenarios import (
     kv_loan,
     logitsproc,
     manual_reset,
+    paused_admission,
     plan,
     preempt,
     reset_inflight,
@@ -54,6 +55,7 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "connector_stale": connector_stale.build,
     "checkpoint": checkpoint.build,
     "kv_loan": rlhf_weight_sync.build,
+    "paused_admission": paused_admission.build,
     **{f"stale_kv_{v}": stale_kv.builder(v) for v in stale_kv.VARIANTS},
 }
 
@@ -70,6 +72,7 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "connector_stale": connector_stale.run,
     "checkpoint": checkpoint.run,
     "kv_loan": kv_loan.run,
+    "paused_admission": paused_admission.run,
     **{f"stale_kv_{v}": stale_kv.runner(v) for v in stale_kv.VARIANTS},
 }
 

@@ -18,6 +18,7 @@ from harness.core.errors import BadInput
 from harness.core.events import Precondition
 from harness.core.oracle import Outcome
 from harness.envbuild import client_env as ce
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import main
 from harness.run.scenario_results import with_precondition
 from harness.verdicts.results import CellResult
