@@ -94,6 +94,9 @@ SCENARIOS: dict[str, NEEDS | str] = {
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
                         "server door's probe does not carry yet",
+    "paused_admission": "the paused-admission scenario (vllm#51476) is not wired to the server door yet: a paused "
+                        "engine's refusal of a late request reaches that door as an error chunk of the completions "
+                        "stream, not as RetryableRequestError, and the driver would have to tell the two apart",
     "logitsproc": "the logitsproc scenario (vllm#52461) is judged on the logits-processor plugin's log, which it "
                   "reads from the engine door's work dir; not wired to the server door yet",
     "connector_stale": "the connector-stale scenario (PR #57970) reads the engine's kv_transfer_config and its "
@@ -137,7 +140,7 @@ PARAM_NEEDS: dict[tuple[str, str, object], NEEDS | str] = {
 _NUM = re.compile(r"\d+")
 
 
-def release_key(version: str) -> tuple[int, ...]:
+def version_tuple(version: str) -> tuple[int, ...]:
     """``0.22.0+cpu`` / ``0.22.1rc1.dev3`` -> (0, 22, 0) / (0, 22, 1): the release a build belongs to."""
     base = re.split(r"[+]", version, maxsplit=1)[0]
     parts = []
@@ -151,9 +154,9 @@ def release_key(version: str) -> tuple[int, ...]:
 
 def span_for(endpoint: str, version: str) -> Span | None:
     """The span of ``endpoint`` that holds ``version``, None when the release has no such endpoint."""
-    key = release_key(version)
+    key = version_tuple(version)
     for span in ENDPOINTS[endpoint][1]:
-        if release_key(span.first) <= key and (span.last is None or key <= release_key(span.last)):
+        if version_tuple(span.first) <= key and (span.last is None or key <= version_tuple(span.last)):
             return span
     return None
 

@@ -18,6 +18,7 @@ from harness.core.errors import BadInput
 from harness.core.events import Precondition
 from harness.core.oracle import Outcome
 from harness.envbuild import client_env as ce
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import main
 from harness.run.scenario_results import with_precondition
 from harness.verdicts.results import CellResult
@@ -240,7 +241,7 @@ def test_bad_client_door_input_exits_2(argv: list[str], says: str, monkeypatch: 
 
 def test_the_docs_list_every_standin_in_one_table() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "frameworks.md").read_text()
-    rows = [ln for ln in docs.splitlines() if ln.startswith("| TRL | `")]
+    rows = [ln for ln in docs.splitlines() if ln.startswith(("| TRL | `", "| AReaL | `"))]
     assert sorted(ln.split("`")[1] for ln in rows) == sorted(s.module for s in STANDINS)
 
 
