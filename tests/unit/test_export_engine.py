@@ -112,7 +112,7 @@ def test_the_engine_is_the_harness_s(async_on: bool, tmp_path: Path) -> None:
     model = load_model("bigram-cycle", {}, tmp_path)
     want = repro_engine.engine_kwargs(build_spec(engine, (), cfg), model)
     # One difference, on purpose: the harness's built-in checkpoint carries a word-level tokenizer
-    # (repro.models.vocab: logprobs over HTTP, structured outputs), the exported file builds its own checkpoint
+    # (repro.models.tokenizer: logprobs over HTTP, structured outputs), the exported file builds its own checkpoint
     # without one and sends greedy token-id requests, so vLLM skips the tokenizer there (repro.engine.main's default).
     assert want.pop("skip_tokenizer_init") is False and _literal(tree, "ENGINE_ARGS")["skip_tokenizer_init"] is True
     assert {**_literal(tree, "ENGINE_ARGS"), "model": model.source, "skip_tokenizer_init": True} == {

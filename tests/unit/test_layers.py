@@ -102,3 +102,35 @@ def test_an_import_beside_a_loose_module_and_an_unplaced_package_fail(tmp_path: 
                                                        "h/x/a.py (floor 1) imports h.y (floor 1)",
                                                        "h/x/a.py (floor 1) imports h.y.b (floor 1)",
                                                        "h/z: a package the table does not place"]
+
+
+# Module names used more than once, each for one concept seen from two places (issue 35: one name, one concept).
+# A new duplicate must either get a name that says what it holds or a line here saying why it is the same thing.
+SAME_CONCEPT = {
+    "__main__.py": "a package's `python -m` entry (repro.engine, repro.sched)",
+    "admission.py": "the max-seqs-admission scenario: harness oracle (sched/) and engine-side play (repro/sched/)",
+    "inflight.py": "the inflight-add-abort scenario: harness oracle and engine-side play",
+    "reset_connector.py": "the reset-connector scenario: harness oracle and engine-side play",
+    "kv_loan.py": "vLLM 0.34's KV loan: its scenario and the worker-side evidence it reads",
+    "stale_kv.py": "stale KV after a weight update: its oracle and its scenario",
+    "door.py": "a door of the engine process: the server door and the client door",
+    "fuzz.py": "the scheduler-tier fuzzer: its command, its benchmark and its state machine",
+    "plan.py": "a pause schedule replayed: its command and its scenario",
+    "matrix.py": "the matrix: its command and its planning",
+    "releases.py": "vLLM releases: the `releases watch` command and the releases a run covers",
+    "envs.py": "cached vLLM environments: the `envs` command and the library",
+    "frameworks.py": "RL framework recipes: the `frameworks` command and the library",
+    "wheelhouse.py": "wheelhouses: the `wheelhouse` command and the library",
+    "windows.py": "bug windows: the `windows` command and the library",
+    "workarounds.py": "workarounds: the `workarounds` command and the library",
+}
+
+
+def test_a_module_name_names_one_concept() -> None:
+    names: dict[str, list[str]] = {}
+    for tree in ("harness", "repro"):
+        for path in (ROOT / tree).rglob("*.py"):
+            names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twice = {n: sorted(p) for n, p in names.items() if len(p) > 1 and n != "__init__.py"}
+    assert {n: p for n, p in twice.items() if n not in SAME_CONCEPT} == {}
+    assert sorted(n for n in SAME_CONCEPT if n not in twice) == [], "a line for a name no longer used twice"

@@ -59,7 +59,7 @@ def test_where_sampled_cannot_run_it_is_unsupported_with_the_reason(cell: Cell, 
     reason = unsupported_reason(cell, "cpu")
     assert reason is not None and words in reason
     assert unsupported_reason(SAMPLED, "cpu") is None
-    # The built-in checkpoints carry a tokenizer (repro.models.vocab): the server door returns logprobs.
+    # The built-in checkpoints carry a tokenizer (repro.models.tokenizer): the server door returns logprobs.
     assert unsupported_reason(SAMPLED.replace(door="server"), "cpu") is None
 
 

@@ -15,7 +15,7 @@ from test_sampled_oracle import LEN, _child, _verdict
 
 from harness.core.oracle import Outcome
 from repro.models.kinds import load_model
-from repro.models.vocab import EOS_ID, ensure_tokenizer, has_tokenizer, token_string, tokenizer_json
+from repro.models.tokenizer import EOS_ID, ensure_tokenizer, has_tokenizer, token_string, tokenizer_json
 from repro.scenarios.sampling import (
     STRUCTURED_REGEX,
     TableModel,
