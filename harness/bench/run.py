@@ -16,8 +16,9 @@ from typing import Any
 from harness.bench.phases import EngineTimeline, read_events, timeline
 from harness.core.errors import BadInput
 
+# The last five: a fuzz run's parts.
 PHASES = ("environments", "import+construct", "model load", "kv cache+warm-up", "start-up", "scenario", "harness",
-          "setups", "examples", "reach report", "minimise+replay")  # the last four: a fuzz run's parts
+          "setups", "examples", "reach report", "known minimise", "minimise+replay")
 SCHEMA = "vllm-repro/bench"
 SCHEMA_VERSION = 1
 

@@ -54,7 +54,10 @@ def _module(s: StandIn) -> None:
 def load(c: Client) -> tuple[Any, dict[str, Any]]:
     """The framework's client class, with the stand-ins in place, and what was imported."""
     for s in standins(c.framework):
-        (_package_init if s.kind == "package-init" else _module)(s)
+        if s.kind == "package-init":
+            _package_init(s)
+        elif s.kind == "module":
+            _module(s)
     module = importlib.import_module(c.module)
     return getattr(module, c.cls), {"framework": c.framework, "version": importlib.metadata.version(c.package),
                                     "module": c.module, "cls": c.cls, "file": module.__file__,

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.envbuild.index_releases import Release
 
 from harness.core.errors import BadInput
 from harness.core.events import Precondition
 from harness.core.oracle import Outcome
 from harness.envbuild import client_env as ce
 from harness.envbuild.client_python import FoundPython
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import main
 from harness.run.scenario_results import with_precondition
 from harness.verdicts.results import CellResult
@@ -224,7 +224,7 @@ def test_error_results_only_for_client_cells() -> None:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--door", "client", "--framework", "verl"], "verl has no client door yet (its vLLM HTTP server needs ray"),
+    (["--door", "client", "--framework", "verl"], "verl has no client door yet (verl 0.9.1's vLLMHttpServer"),
     (["--door", "client"], "one framework at a time"),
     (["--framework", "trl", "--framework-version", "1.16.0"], "--framework-version and --no-recipe-door need"),
     (["--door", "client", "--framework", "trl", "--framework-version", "2.0"], "the index has: 1.0.0, 1.0.1"),
@@ -241,7 +241,7 @@ def test_bad_client_door_input_exits_2(argv: list[str], says: str, monkeypatch: 
 
 def test_the_docs_list_every_standin_in_one_table() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "frameworks.md").read_text()
-    rows = [ln for ln in docs.splitlines() if ln.startswith(("| TRL | `", "| SkyRL | `"))]
+    rows = [ln for ln in docs.splitlines() if ln.startswith(("| TRL | `", "| SkyRL | `", "| AReaL | `"))]
     assert sorted(ln.split("`")[1] for ln in rows) == sorted(s.module for s in STANDINS)
 
 

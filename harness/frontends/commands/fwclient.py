@@ -55,10 +55,12 @@ class ClientSetup:
 
         c = self.client
         head = (f"client door: {c.package} {self.env.version}, {c.module}.{c.cls} "
-                f"({', '.join(f'{m}()' for _, m in c.calls)}), side environment {self.env.path}"
+                f"({', '.join(c.call_name(m) for _, m in c.calls)}), side environment {self.env.path}"
                 if self.env else f"client door: {c.package}: {'UNSUPPORTED' if self.unsupported else 'ERROR'}: "
                                  f"{self.error}")
         return [head, *(f"  not installed: {f}" for f in self.failures if self.env),
+                *([f"  the server is the framework's own entry point: {self.env.server_main}"]
+                  if self.env and self.env.server_main else []),
                 *([f"  weight swap in weight-sync cells: {c.swap}"] if c.swap else []),
                 *(f"  stand-in {s.module}: {s.reason}; unchanged: {s.unchanged}" for s in standins(c.framework))]
 
