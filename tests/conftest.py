@@ -95,7 +95,7 @@ def _unit_tests_are_offline(request: pytest.FixtureRequest, monkeypatch: pytest.
     def offline(*_a: object, **_k: object) -> None:
         raise OSError("unit tests never reach a package index")
 
-    monkeypatch.setattr("harness.plan.releases.urlopen", offline)
+    monkeypatch.setattr("harness.envbuild.index_releases.urlopen", offline)
 
 
 def pytest_report_header() -> str:

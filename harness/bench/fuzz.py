@@ -19,7 +19,7 @@ from harness.bench.run import BenchRun, text_of
 from harness.core.errors import BadInput
 
 # The parts of a fuzz process, in the order run_fuzz runs them (the names of the fuzz event's ``phases``).
-FUZZ_PARTS = ("setups", "examples", "reach report", "minimise+replay")
+FUZZ_PARTS = ("setups", "examples", "reach report", "known minimise", "minimise+replay")
 
 
 def fuzz_timeline(engine: str, events: list[dict[str, Any]], t0: float) -> EngineTimeline:

@@ -16,9 +16,9 @@ from typing import Any
 from harness.bench.phases import EngineTimeline, read_events, timeline
 from harness.core.errors import BadInput
 
-# The last four: a fuzz run's parts.
+# The last five: a fuzz run's parts.
 PHASES = ("environments", "spawn+import", "import+construct", "model load", "kv cache+warm-up", "start-up",
-          "turn wait", "scenario", "harness", "setups", "examples", "reach report", "minimise+replay")
+          "turn wait", "scenario", "harness", "setups", "examples", "reach report", "known minimise", "minimise+replay")
 SCHEMA = "vllm-repro/bench"
 SCHEMA_VERSION = 1
 

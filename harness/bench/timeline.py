@@ -10,7 +10,8 @@ from harness.core.errors import BadInput
 COLOURS = {"spawn+import": "#616161", "import+construct": "#9e9e9e", "model load": "#8e24aa",
            "kv cache+warm-up": "#fb8c00", "start-up": "#bdbdbd", "turn wait": "#fff59d",
            "scenario": "#43a047", "harness": "#1e88e5", "setups": "#6d4c41",
-           "examples": "#00897b", "reach report": "#c0ca33", "minimise+replay": "#e53935"}
+           "examples": "#00897b", "reach report": "#c0ca33", "known minimise": "#f06292",
+           "minimise+replay": "#e53935"}
 
 
 def draw(run: BenchRun, out: Path) -> None:

@@ -4,7 +4,8 @@
 describes them).  :func:`parse_line` turns a line into one :data:`Event` (a union of frozen dataclasses, one per
 event kind); :func:`parse_event` is the one schema check: ``repro.core.wire.check_event`` (the fields the harness
 relies on), then each kind's fields read into their types, a scenario's request records into
-:class:`harness.core.recorded_streams.StreamRecord`.  A line that fails it is a :class:`CorruptEvent` carrying the line and
+:class:`harness.core.recorded_streams.StreamRecord`.  A line that fails it is a :class:`CorruptEvent` carrying the
+line and
 the :class:`~harness.core.errors.MalformedEvent`'s message, never judged.  Every event keeps its JSON object in
 ``raw`` (what progress lines and logs show).
 """

@@ -1,7 +1,8 @@
 """Typed records of the harness<->repro contract, their one schema check and the migration of old files.
 
 A cell result is a :class:`CellResult`: the cell, the oracle's outcome and short ``label`` (``LOSS(1)``), its
-summary, its requests (:class:`RequestRecord`: what ``repro.scenarios.cell_run`` recorded, with the oracle's verdict merged
+summary, its requests (:class:`RequestRecord`: what ``repro.scenarios.cell_run`` recorded, with the oracle's
+verdict merged
 in, fault events and all), the engine's self-report (:class:`EngineInfo`), the known-bug comparison
 (:class:`ExpectationRecord`), for ``--repeat N`` a :class:`RepeatSummary` and, for a cell ``--retry-infra``
 ran again, every :class:`Attempt`.  Objects from the engine side are kept whole, so a file
@@ -299,7 +300,8 @@ class RequestVerdictRecord:
 
 @dataclass(frozen=True, eq=False)
 class RequestRecord(_RawRecord):
-    """One request as ``repro.scenarios.cell_run`` recorded it (prompt, reference and observed tokens, pauses, timings), with
+    """One request as ``repro.scenarios.cell_run`` recorded it (prompt, reference and observed tokens, pauses,
+    timings), with
     the oracle's verdict merged in under ``"verdict"``; kept whole, typed where the harness reads it."""
 
     @property

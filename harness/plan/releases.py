@@ -17,67 +17,18 @@ network: ``latest`` is the newest release in the bundle.
 
 from __future__ import annotations
 
-import json
 import platform as _platform
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.request import Request, urlopen
 
 from packaging.version import InvalidVersion, Version
 
 from harness.core.errors import BadInput
 from harness.core.versions import version_key
-from harness.envbuild.envs import DEFAULT_INDEX
+from harness.envbuild.index_releases import Fetch, Release, fetch_releases
 
 INSTALLED = "installed"
 _EXACT = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
-
-
-@dataclass(frozen=True)
-class Release:
-    version: str
-    wheel_tags: tuple[str, ...]  # platform tags of its wheels
-    requires_python: str | None
-    yanked: bool
-
-
-Fetch = Callable[[str, str | None], list[Release]]
-
-
-def fetch_releases(package: str, index_url: str | None) -> list[Release]:
-    """Releases of ``package`` from a PEP 691 JSON simple index."""
-    base = (index_url or DEFAULT_INDEX).rstrip("/")
-    url = f"{base}/{package}/"
-    req = Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urlopen(req, timeout=60) as resp:
-            data = json.load(resp)
-    except (OSError, ValueError) as exc:
-        raise BadInput(
-            f"cannot list versions of {package} from {url} ({exc}); give exact versions instead of a range"
-        ) from exc
-    by_version: dict[str, dict[str, object]] = {}
-    norm = package.replace("-", "_")
-    for f in data.get("files", []):
-        fn: str = f.get("filename", "")
-        if not fn.endswith(".whl") or not fn.lower().startswith(norm.lower() + "-"):
-            continue
-        parts = fn[:-4].split("-")
-        if len(parts) < 5:
-            continue
-        ver, plat = parts[1], parts[-1]
-        entry = by_version.setdefault(ver, {"tags": [], "rp": f.get("requires-python"), "yanked": True})
-        tags = entry["tags"]
-        assert isinstance(tags, list)
-        tags.append(plat)
-        # A release counts as yanked only if every file is.
-        entry["yanked"] = bool(entry["yanked"]) and bool(f.get("yanked"))
-    return [
-        Release(v, tuple(e["tags"]), e["rp"], bool(e["yanked"]))  # type: ignore[arg-type]
-        for v, e in by_version.items()
-    ]
 
 
 def wheelhouse_fetch(folder: Path) -> Fetch:

@@ -20,7 +20,7 @@ import importlib.util
 import json
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from harness.core.oracle import CellVerdict, Outcome
 from harness.run.context import RunContext
 from harness.run.sched_process import SchedRun, run_sched
 from harness.sched import tier as sched_tier
+from harness.sched.fuzz_known import KnownFinding, known_document, known_findings, known_rows
 from repro.core.wire import FuzzSpec
 
 # Staged beside repro in the vLLM env: Hypothesis and its one dependency (both pure Python).
@@ -107,6 +108,7 @@ class FuzzResult:
     log: Path | None = None
     hypothesis_version: str | None = None
     reach: dict[str, Any] = field(default_factory=dict)  # repro.sched.reach: coverage of vLLM's scheduler files
+    known: tuple[KnownFinding, ...] = ()  # known-bug rows met (each once), the examples dropped, the run went on
 
     @property
     def examples_per_s(self) -> float | None:
@@ -166,6 +168,7 @@ def fuzz_version(version: str, spec: FuzzSpec, ctx: RunContext, timeout: float,
     except EnvBuildError as exc:
         return FuzzResult(version, "build-failed", spec.seed, reason=str(exc))
     engine = at_release(EngineKey(version, "mp", True, tier="scheduler"))
+    spec = replace(spec, known=known_rows(version))  # a failure fitting one is KNOWN, and the run goes on
     doc = sched_tier.sched_spec(engine, [], str(ctx.cfg.model_cache.resolve()), ctx.cfg.model_params, fuzz=spec)
     dists = DISTRIBUTIONS + (reach_distributions() if spec.reach else ())
     run = run_sched(env, engine, ctx.cfg, f"fuzz-{version}", doc, timeout, dists,
@@ -188,7 +191,7 @@ def fuzz_result(version: str, spec: FuzzSpec, run: SchedRun) -> FuzzResult:
     return FuzzResult(
         version, ev.status, spec.seed if ev.seed is None else ev.seed, ev.examples, ev.examples_to_failure,
         ev.wall_s, ev.cpu_s, falsifying(ev), ev.reason, dict(ev.coverage), dict(ev.dropped), run.log,
-        ev.hypothesis_version, dict(ev.reach))
+        ev.hypothesis_version, dict(ev.reach), known_findings(ev.raw.get("known")))
 
 
 def falsifying(ev: FuzzEvent) -> Falsifying | None:
@@ -232,7 +235,8 @@ def _result_doc(r: FuzzResult) -> dict[str, Any]:
            "examples": r.examples, "examples_to_failure": r.examples_to_failure, "wall_s": r.wall_s,
            "cpu_s": r.cpu_s, "examples_per_s": r.examples_per_s, "examples_per_cpu_s": r.examples_per_cpu_s,
            "reason": r.reason, "coverage": r.coverage, "reach": r.reach or None, "dropped": r.dropped,
-           "log": None if r.log is None else str(r.log), "falsifying": None}
+           "log": None if r.log is None else str(r.log), "falsifying": None,
+           "known": [known_document(k, r.version) for k in r.known]}
     if r.falsifying is not None:
         doc["falsifying"] = {**plan_document(r), "ops": r.falsifying.ops, "shrunk": r.falsifying.shrunk}
     return doc

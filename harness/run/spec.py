@@ -211,7 +211,7 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     if pauses(cell.scenario):
         params["clear_cache"] = cell.clear_cache
     if cell.request != "greedy":
-        params["request"] = cell.request  # repro.scenarios.cell_run takes it out before the scenario reads its parameters
+        params["request"] = cell.request  # repro.scenarios.cell_run takes it out before the scenario reads them
         params.update(SAMPLED_SHAPE)
     if cell.scenario == "pause":
         return cell.mode, params
@@ -225,7 +225,7 @@ def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     if cell.scenario in _SLEEP_CONNECTOR:
         params.update(mode=cell.mode, via="sleep", reset_connector=_SLEEP_CONNECTOR[cell.scenario])
         return "connector_stale", params
-    if shape is not None and shape.pauses and shape.profile != DEFAULT_PROFILE:
+    if shape is not None and shape.pauses and (shape.profile != DEFAULT_PROFILE or shape.takes_mode):
         params["mode"] = cell.mode  # the profile scenarios that pause (sleep, spec-ngram-pause) take their mode
     return cell.scenario.replace("-", "_"), params
 

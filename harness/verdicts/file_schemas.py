@@ -119,6 +119,12 @@ RECIPE_BISECT = Obj({"find": Choice(("fix", "regression")),
                      "evidence": Str(nonempty=True, what="the committed frameworks-bisect.json(.xz), repo-relative")},
                     required=("find", "range", "platform", "evidence"),
                     what="a [[framework.bisect]] table {find, range, platform, the answer or refused, evidence}")
+# What the framework's rollout requests ask vLLM for (issue 34, docs/requests.md), one cited row per parameter;
+# ``source`` names where the line was read when it is not the recipe's own release or commit ("verl==0.9.1").
+SAMPLING_PARAMS = ("temperature", "n", "seed", "logprobs", "logprobs_mode", "penalties", "structured")
+RECIPE_SAMPLING = Obj({"param": Choice(SAMPLING_PARAMS), "value": Str(nonempty=True), "at": Str(nonempty=True),
+                       "quote": Str(), "source": Str()}, required=("param", "value", "at"),
+                      what="a [[framework.sampling]] table {param, value, at, quote, source}")
 _ENGINE_KWARG = AnyOf((Str(), Bool(), Int(), Num()), what="a string, boolean or number")
 RECIPE = Obj({
     "name": Str(nonempty=True, pattern=r"[a-z0-9][a-z0-9-]*", what="a lower-case name (letters, digits, -)"),
@@ -135,6 +141,9 @@ RECIPE = Obj({
     # why no stale-kv cell applies (e.g. the framework turns prefix caching off).
     "stale_kv": ListOf(RECIPE_CELL, what="a list of [[framework.stale_kv]] tables"),
     "stale_kv_none": Str(),
+    "sampling": ListOf(RECIPE_SAMPLING, what="a list of [[framework.sampling]] tables"),
+    # Issue 34: its pause played with the request kind nearest its rollout requests (a cell naming ``request``).
+    "request_cell": ListOf(RECIPE_CELL, what="a list of [[framework.request_cell]] tables"),
 }, required=("name", "title", "repo", "commit", "pin", "door", "call", "cell"), what="a [[framework]] table")
 RECIPES = Obj({"framework": ListOf(RECIPE, min_len=1, what="a non-empty list of [[framework]] tables")},
               required=("framework",), what="a recipe file of [[framework]] entries")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from harness.core.oracle import Outcome
 from harness.core.versions import version_key
-from harness.verdicts.frameworks import SEQUENCE, STALE_KV, STAND_IN, CompiledCell, Recipe, recipe_cells
+from harness.verdicts.frameworks import REQUESTS, SEQUENCE, STALE_KV, STAND_IN, CompiledCell, Recipe, recipe_cells
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import LedgerCheck, judge
 
@@ -68,6 +68,9 @@ class ReleaseVerdict:
     # Issue 37: the stale-kv cells of its update sequence that a result names (outcome STALE-KV, OK, ...); not part
     # of ``safety``, which is about tokens lost, repeated or shifted around the pause.
     stale_kv: tuple[CellOutcome, ...] = ()
+    # Issue 34: its cells sending the framework's kind of requests (sampled, logprobs judged) that a result names;
+    # beside ``safety`` as the stale-kv cells are.
+    requests: tuple[CellOutcome, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,11 +136,12 @@ def release_verdict(recipe: Recipe, version: str, by_id: dict[str, CellResult],
     seq = [c for c in compiled if c.role == SEQUENCE]
     sub = [c for c in compiled if c.role == STAND_IN]
     stale = [c for c in compiled if c.role == STALE_KV and c.cell.id in by_id]
+    req = [c for c in compiled if c.role == REQUESTS and c.cell.id in by_id]
     return ReleaseVerdict(
         version, recipe.allows(version), safety_of(by_id.get(c.cell.id) for c in seq),
         tuple(_outcome(c, by_id) for c in seq),
         safety_of(by_id.get(c.cell.id) for c in sub) if sub else None, tuple(_outcome(c, by_id) for c in sub),
-        tuple(_outcome(c, by_id) for c in stale))
+        tuple(_outcome(c, by_id) for c in stale), tuple(_outcome(c, by_id) for c in req))
 
 
 def check_frameworks(recipes: Iterable[Recipe], versions: Iterable[str] | Mapping[str, Iterable[str]],

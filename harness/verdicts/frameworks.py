@@ -29,8 +29,11 @@ from harness.verdicts.workarounds import Workaround, load_ledger
 # two agreeing is the server door's check); the ledger's pair for the framework's workaround.
 # STALE_KV: the stale-kv scenario (issue 37) nearest the framework's update sequence, through the engine door (the
 # stale-kv scenarios are not wired to the server door) on the context-cell model its engine profile brings.
-SEQUENCE, STAND_IN, WORKAROUND, STALE_KV = "sequence", "stand-in", "workaround", "stale-kv"
-ROLES = (SEQUENCE, STAND_IN, WORKAROUND, STALE_KV)
+# REQUESTS (issue 34): a recipe cell that names the request kind nearest the framework's own rollout requests
+# ([[framework.sampling]]: sampled, logprobs read back), on the framework's door; judged beside the sequence, not
+# part of its safety (the bisect windows and the client door were measured with greedy requests).
+SEQUENCE, STAND_IN, WORKAROUND, STALE_KV, REQUESTS = "sequence", "stand-in", "workaround", "stale-kv", "requests"
+ROLES = (SEQUENCE, STAND_IN, WORKAROUND, STALE_KV, REQUESTS)
 _CELL_META = ("match", "why")
 
 
@@ -41,6 +44,17 @@ class RecipeCall:
     call: str
     at: str
     quote: str = ""  # the cited line's text (``frameworks drift`` looks for it in a newer release)
+
+
+@dataclass(frozen=True)
+class RecipeSampling:
+    """One sampling parameter the framework's rollout requests send (issue 34), and where it was read."""
+
+    param: str  # harness.verdicts.file_schemas.SAMPLING_PARAMS
+    value: str
+    at: str
+    quote: str = ""
+    source: str = ""  # where ``at`` was read when not the recipe's own release or commit ("verl==0.9.1")
 
 
 @dataclass(frozen=True)
@@ -100,9 +114,14 @@ class Recipe:
     release: str = ""  # the package release the citations were re-read at (``frameworks drift``); "" = commit
     stale_kv: tuple[RecipeCell, ...] = ()  # its update sequence as a stale-kv scenario (issue 37)
     stale_kv_none: str = ""  # why no stale-kv cell applies to it
+    sampling: tuple[RecipeSampling, ...] = ()  # what its rollout requests send (issue 34)
+    request_cells: tuple[RecipeCell, ...] = ()  # its pause with the request kind nearest its own (issue 34)
 
-    def source(self, at: str) -> str:
-        """``owner/name@abc1234:path:line``, or ``package==1.0:path:line`` when re-read at a release."""
+    def source(self, at: str, where: str = "") -> str:
+        """``owner/name@abc1234:path:line``, or ``package==1.0:path:line`` when re-read at a release; ``where``: a
+        source of its own (a row read elsewhere), ``where:path:line``."""
+        if where:
+            return f"{where}:{at}"
         if self.release:
             return f"{self.package}=={self.release}:{at}"
         return f"{self.repo}@{self.commit[:7]}:{at}"
@@ -148,6 +167,15 @@ def _recipe_cell(raw: Mapping[str, Any], where: str) -> RecipeCell:
     return RecipeCell(tuple(values.items()), raw["match"], raw["why"])
 
 
+def _request_cell(raw: Mapping[str, Any], where: str) -> RecipeCell:
+    """A [[framework.request_cell]]: a recipe cell that names a request kind other than greedy."""
+    rc = _recipe_cell(raw, where)
+    if dict(rc.values).get("request", "greedy") == "greedy":
+        raise BadInput(f"{where}: a request cell names the request kind nearest the framework's (e.g. request = "
+                       "\"sampled\"); greedy cells are [[framework.cell]] tables")
+    return rc
+
+
 def _recipe_bisect(raw: Mapping[str, Any], where: str) -> RecipeBisect:
     b = RecipeBisect(raw["find"], raw["range"], raw["platform"], raw.get("last_old", ""), raw.get("first_new", ""),
                      raw.get("refused", ""), raw["evidence"])
@@ -178,7 +206,11 @@ def _recipe(raw: Mapping[str, Any], where: str, ledger: Mapping[str, Workaround]
                   tuple(_recipe_bisect(b, f"{where} bisect #{i + 1}") for i, b in enumerate(raw.get("bisect", ()))),
                   raw.get("package", ""), raw.get("no_release", ""), raw.get("release", ""),
                   tuple(_recipe_cell(c, f"{where} stale_kv #{i + 1}") for i, c in enumerate(raw.get("stale_kv", ()))),
-                  raw.get("stale_kv_none", ""))
+                  raw.get("stale_kv_none", ""),
+                  tuple(RecipeSampling(r["param"], r["value"], r["at"], r.get("quote", ""), r.get("source", ""))
+                        for r in raw.get("sampling", ())),
+                  tuple(_request_cell(c, f"{where} request_cell #{i + 1}")
+                        for i, c in enumerate(raw.get("request_cell", ()))))
 
 
 def load_recipes(path: Path | None = None, ledger_path: Path | None = None) -> tuple[Recipe, ...]:
@@ -209,8 +241,9 @@ def select(recipes: Sequence[Recipe], names: Iterable[str]) -> tuple[Recipe, ...
 def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True,
                  stale_kv: bool = False) -> tuple[CompiledCell, ...]:
     """The cells ``recipe`` runs on ``version``: its sequence on its door; with ``stand_ins``, the same through
-    the engine door when its door is the server; its workaround's pair (without it, with it); with ``stale_kv``,
-    its stale-kv cells (issue 37) through the engine door."""
+    the engine door when its door is the server; its cells sending the framework's kind of requests (issue 34) on
+    its door; its workaround's pair (without it, with it); with ``stale_kv``, its stale-kv cells (issue 37) through
+    the engine door."""
     out: list[CompiledCell] = [CompiledCell(recipe.name, STALE_KV, rc.at(version, "engine"), rc.match, rc.why)
                                for rc in (recipe.stale_kv if stale_kv else ())]
     for rc in recipe.cells:
@@ -218,6 +251,8 @@ def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True,
         if stand_ins and recipe.door != "engine":
             out.append(CompiledCell(recipe.name, STAND_IN, rc.at(version, "engine"), rc.match,
                                     f"through the engine door instead of the {recipe.door} door: {rc.why}"))
+    out += [CompiledCell(recipe.name, REQUESTS, rc.at(version, recipe.door), rc.match, rc.why)
+            for rc in recipe.request_cells]
     if recipe.workaround is not None:
         w = recipe.workaround
         for cell, label in zip(w.cells(version), w.labels, strict=True):

@@ -9,7 +9,9 @@ and the framework lines that still run unchanged (cited in the released wheel th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,8 @@ class StandIn:
 
     framework: str
     module: str
-    kind: str  # "package-init": the package's real folder, its __init__ not run; "module": a small replacement
+    kind: str  # "package-init": the package's real folder, its __init__ not run; "module": a small replacement;
+    # "not-imported": the package is never imported (its file runs by path)
     provides: tuple[str, ...]  # the names the replacement defines (kind "module")
     reason: str
     unchanged: str  # the framework's lines that still run as released
@@ -37,15 +40,45 @@ class Client:
     calls: tuple[tuple[str, str], ...]  # engine call (AsyncLLM's name) -> the client's method
     # The pause the client sends, as the cell axes spell it: the door plays only cells that ask for it.
     pause_mode: str
-    pause_clear_cache: bool  # None in the request: the route's default (true on 0.12-0.33, read)
+    pause_clear_cache: bool  # TRL: None in the request, the route's default (true on 0.12-0.33, read)
     pause_sent: str  # the request as the server's access log shows it
     resume_sent: str
     requires_python: str = ">=3.11"
     probes: tuple[str, ...] = ()  # client methods called once at start-up, their outcome recorded (not judged)
     swap: str = ""  # how a weight-sync cell swaps weights on this door, and why not the framework's own way
+    # The constructor's keyword arguments as JSON, "$URL" standing for the server's URL; empty: ``cls(url)``.
+    init: str = ""
+    # Keyword arguments the door passes with an engine call the client makes (its own defaults otherwise).
+    call_kwargs: tuple[tuple[str, str], ...] = ()  # engine call -> JSON object
+    # A framework whose own code driving vLLM is its server (AReaL): ``server_main`` is that entry point's file in
+    # the released package, run by the vLLM environment's interpreter as the server (``python FILE flags``);
+    # ``calls`` then name the routes it adds (POSTed with ``route_body``, as the framework's client builds them),
+    # and ``marks`` a line the server's log shows once per call when the handler reached the engine.
+    server_main: str = ""
+    route_body: tuple[tuple[str, str], ...] = ()
+    marks: tuple[tuple[str, str], ...] = ()  # client method (a route) -> a line its handler leaves in the log
 
     def method(self, call: str) -> str | None:
         return dict(self.calls).get(call)
+
+    def kwargs(self, call: str) -> dict[str, Any]:
+        return dict(json.loads(dict(self.call_kwargs).get(call, "{}")))
+
+    def construct(self, cls: Any, url: str) -> Any:
+        """The client object for the server at ``url``, built as the framework's own code builds it."""
+        return cls(**json.loads(self.init.replace("$URL", url))) if self.init else cls(url)
+
+    @property
+    def routes(self) -> bool:
+        """The calls are routes of the framework's own server, not methods of a client class in a side process."""
+        return bool(self.server_main)
+
+    def call_name(self, method: str) -> str:
+        """How a call reads in a reason: ``VLLMClient.pause()``, or ``POST /areal_pause_generation``."""
+        return f"POST {method}" if self.routes else f"{self.cls}.{method}()"
+
+    def mark(self, method: str) -> str:
+        return dict(self.marks).get(method, "")
 
 
 # trl 1.16.0, trl/experimental/async_grpo/vllm_client.py: VLLMClient.pause (:133-137) posts /pause with
@@ -67,15 +100,74 @@ CLIENTS: dict[str, Client] = {
              "vllm_client.py:153-173) needs CUDA"),
 }
 
+# skyrl 0.4.0, skyrl/backends/skyrl_train/weight_sync/control_plane.py: SkyrlWeightSyncClient, the blocking HTTP
+# client its checkpoint-delta engine drives one weight sync with (weight_sync/delta/trainer.py:177-192:
+# pause_generation(), reset_prefix_cache(reset_running_requests=True) when the prefix cache is on and the trainer
+# is synchronous or clears the KV cache on sync (workers/worker.py:593-603), start_weight_update(),
+# update_weights(), finish_weight_update(), resume_generation() in a finally).  pause_generation (:150-154) posts
+# /pause?mode=keep&clear_cache=false; reset_prefix_cache (:147-148) posts a JSON body {reset_running_requests:
+# true}, which vLLM's own route reads as no parameters (Query() only: 0.21.0 and 0.22.0
+# vllm/entrypoints/serve/cache/api_router.py:21-26; trap T1); resume_generation (:156-157) posts /resume.  Its
+# /start_weight_update, /update_weights, /finish_weight_update (:102-112) exist in vLLM 0.21.0, 0.22.0
+# (entrypoints/serve/rlhf/api_router.py:131-166) and 0.32.0 (entrypoints/rl/online/api_router.py:178-204) but move
+# the weights over a transport engine set up by /init_weight_transfer_engine (NCCL or CUDA IPC), and its delta
+# path's /fetch_weights is SkyRL's own route (vllm_server_actor.py), absent from vLLM's server.
+CLIENTS["skyrl"] = Client(
+    framework="skyrl", package="skyrl", module="skyrl.backends.skyrl_train.weight_sync.control_plane",
+    cls="SkyrlWeightSyncClient",
+    requirements=("requests", "urllib3", "idna", "certifi", "charset-normalizer"),
+    calls=(("pause_generation", "pause_generation"), ("resume_generation", "resume_generation"),
+           ("reset_prefix_cache", "reset_prefix_cache")),
+    pause_mode="keep", pause_clear_cache=False,
+    pause_sent='"POST /pause?mode=keep&clear_cache=false HTTP/1.1" 200', resume_sent='"POST /resume HTTP/1.1" 200',
+    requires_python=">=3.12",  # skyrl 0.4.0's Requires-Python: <3.15,>=3.12
+    swap="the harness's reload (POST /collective_rpc reload_weights, from disk): SkyRL's own swap "
+         "(start_weight_update, update_weights, finish_weight_update, control_plane.py:102-112) moves the weights "
+         "over an NCCL or CUDA-IPC transport set up by /init_weight_transfer_engine (CUDA only), and its delta "
+         "path's /fetch_weights is a route of SkyRL's own server, not vLLM's",
+    init='{"server_urls": ["$URL"], "data_parallel_size": 1}',
+    call_kwargs=(("reset_prefix_cache", '{"reset_running_requests": true}'),))
+
+# areal 1.0.4: AReaL drives vLLM from its own server, areal/engine/vllm_ext/areal_vllm_server.py (vLLM's run_server
+# with build_app wrapped: its /v1/completions waits while paused, :339-359; /areal_pause_generation calls
+# pause_generation(wait_for_inflight_requests=False, clear_cache=True) -- the deprecated spelling of mode="abort"
+# (0.21.0 vllm/v1/engine/async_llm.py:750-756) -- and reset_mm_cache(), :309-321; /areal_continue_generation calls
+# resume_generation(), :324-330).  Its client, RemoteInfEngine.pause_generation/continue_generation
+# (areal/infra/remote_inf_engine.py:1267-1280), POSTs VLLMBackend.get_pause_request()/get_resume_request()
+# (areal/engine/vllm_remote.py:257-263: those endpoints, payload {}) to every server; that module imports torch,
+# ray and torchdata, so the door POSTs the same requests itself.  Its launcher runs the file as
+# ``python3 -m areal.engine.vllm_ext.areal_vllm_server`` (areal/api/cli_args.py:1672,1784), which imports
+# areal/__init__.py (ray, torch.distributed); the file itself imports only vllm, fastapi and uvloop, so the door runs
+# it by path with the vLLM environment's interpreter, nothing replaced.
+CLIENTS["areal"] = Client(
+    framework="areal", package="areal", module="areal.engine.vllm_ext.areal_vllm_server", cls="router",
+    requirements=(),
+    calls=(("pause_generation", "/areal_pause_generation"), ("resume_generation", "/areal_continue_generation")),
+    pause_mode="abort", pause_clear_cache=True,
+    pause_sent='"POST /areal_pause_generation HTTP/1.1" 200',
+    resume_sent='"POST /areal_continue_generation HTTP/1.1" 200',
+    swap="none: its cell is the abort pause with no swap (no harness scenario swaps weights in abort mode); its disk "
+         "path, /areal_update_weights, calls collective_rpc('areal_update_weights') in its worker extension "
+         "(vllm_worker_extension.py:39-56), which imports areal's package (areal.engine.core.distributed, "
+         "areal.infra.platforms) inside vLLM's workers: not run",
+    server_main="areal/engine/vllm_ext/areal_vllm_server.py",
+    # AReaL's own logger lines ("API server starts areal_pause_generation ...", :311) never reach the log: vLLM's
+    # init_logger configures the "vllm" logger only, and "areal_vllm_server" has no handler (measured on 0.21.0).
+    # EngineCore's line for its clear_cache=True is the engine's own record of the call (0.21.0
+    # vllm/v1/core/block_pool.py:471, 0.22.0 :482; nothing else in the scenario resets the cache).
+    marks=(("/areal_pause_generation", "Successfully reset prefix cache"),))
+
 # The frameworks whose own client does not run on the client door yet, and why: they stay on their recipes.
 NO_CLIENT: dict[str, str] = {
-    "skyrl": "skyrl 0.4.0 needs Python >= 3.12 (its weight-sync client needs a side environment of its own Python; "
-             "the harness's envs are 3.11) and syncs weights with /start_weight_update, /update_weights, "
-             "/finish_weight_update over NCCL",
-    "areal": "AReaL's entry point is a patched vLLM server (areal_vllm_server.py wraps build_app): it installs into "
-             "the vLLM environment, not beside it; not built yet",
-    "openrlhf": "its rollout actor is a Ray actor around AsyncLLMEngine: stand-ins for ray are not built yet",
-    "verl": "its vLLM HTTP server needs ray and tensordict stand-ins, not built yet",
+    # Read in the released wheels (2026-12-04), not built: OpenRLHF's is the lighter one.
+    "openrlhf": "openrlhf 0.11.2's RolloutRayActor (openrlhf/trainer/ray/vllm_engine.py:33-134) is a @ray.remote "
+                "class that builds its own AsyncLLMEngine in its __init__ (:64) and pauses it in-process "
+                "(pause_generation(mode='keep'), :130-131): its door is the engine door, not the server's; it needs a "
+                "ray stand-in (ray.remote, placement_group, PlacementGroupSchedulingStrategy) and the engine process "
+                "to let the actor build the engine from the cell's arguments: not built yet",
+    "verl": "verl 0.9.1's vLLMHttpServer (verl/workers/rollout/vllm_rollout/vllm_async_server.py:87) imports ray, "
+            "omegaconf-backed verl.utils.config, verl.workers.config, verl.utils.profiler and verl.utils.tracking "
+            "(:26-66) besides vllm, and builds AsyncLLM inside a Ray actor: stand-ins not built yet",
     "prime-rl": "no usable release on the package index (the framework ships from its repository)",
     "pipelinerl": "no usable release on the package index (the framework ships from its repository)",
     "nemo-rl": "no usable release on the package index (the framework ships from its repository)",
@@ -92,6 +184,21 @@ STANDINS: tuple[StandIn, ...] = (
             "logger.info in wait_for_server_ready; the stand-in returns logging.getLogger(name)",
             "VLLMClient.__init__, get_server_info, pause, resume (vllm_client.py:45-50,93-97,133-143): every line "
             "the door calls"),
+    StandIn("skyrl", "skyrl.backends", "package-init", (),
+            "skyrl/backends/__init__.py imports AbstractBackend (backends/backend.py: cloudpathlib, and through it "
+            "the training stack); the door needs only weight_sync/control_plane.py below it",
+            "skyrl/__init__.py, skyrl/backends/skyrl_train/__init__.py, skyrl/backends/skyrl_train/weight_sync/"
+            "__init__.py and base.py, and control_plane.py whole (SkyrlWeightSyncClient.__init__, pause_generation, "
+            "reset_prefix_cache, resume_generation, _fanout, _post), imported from the installed wheel's files"),
+    StandIn("areal", "areal", "not-imported", (),
+            "AReaL's launcher runs its server as python3 -m areal.engine.vllm_ext.areal_vllm_server "
+            "(areal/api/cli_args.py:1672,1784), which runs areal/__init__.py (RolloutController, ray, "
+            "torch.distributed); the door runs the same file by path with the vLLM environment's interpreter, so "
+            "the package's __init__ is never imported; --worker-extension-cls (its VLLMWorkerExtension, which "
+            "imports the package) is not passed: only its update routes, which the door does not call, use it",
+            "areal/engine/vllm_ext/areal_vllm_server.py whole, as the server's __main__: its build_app wrapper "
+            "(:362-400), its /v1/completions (:339-359, every completion of the cell), /areal_pause_generation and "
+            "/areal_continue_generation (:309-336)"),
 )
 
 

@@ -22,14 +22,16 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import repro
-from repro.client.clients import CLIENTS, Client
+from repro.client.clients import CLIENTS, Client, standins
+from repro.core.wire import Spec
 from repro.scenarios.vocab import ScenarioUnsupported
-from repro.server.http_llm import HttpLLM
+from repro.server.http_llm import HttpLLM, ServerError
 
 Emit = Callable[..., None]
 READY_TIMEOUT = 120.0  # the side process imports the framework (seconds on a busy machine)
@@ -69,10 +71,10 @@ class SideProcess:
             raise ClientUnavailable(f"the framework's client did not import: {doc.get('error')}")
         return doc
 
-    def call(self, method: str) -> dict[str, Any]:
+    def call(self, method: str, kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
         assert self.proc.stdin is not None
         with self._lock:
-            self.proc.stdin.write((json.dumps({"method": method}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"method": method, "kwargs": dict(kwargs or {})}) + "\n").encode())
             self.proc.stdin.flush()
             return self._line()
 
@@ -89,7 +91,7 @@ class SideProcess:
 class ClientLLM:
     """The server door's adapter with the pause and resume made by the framework's client."""
 
-    def __init__(self, http: HttpLLM, client: Client, side: SideProcess, facts: dict[str, Any],
+    def __init__(self, http: HttpLLM, client: Client, side: SideProcess | None, facts: dict[str, Any],
                  server_log: Path) -> None:
         self.http, self.client, self.side, self.facts, self.server_log = http, client, side, facts, server_log
         self.calls: list[dict[str, Any]] = []
@@ -102,27 +104,55 @@ class ClientLLM:
     async def _call(self, engine_call: str) -> None:
         method = self.client.method(engine_call)
         assert method is not None
-        answer = await asyncio.get_running_loop().run_in_executor(None, self.side.call, method)
+        if self.side is None:
+            answer = await self._post_route(method)
+        else:
+            kwargs = self.client.kwargs(engine_call)
+            answer = await asyncio.get_running_loop().run_in_executor(None, self.side.call, method, kwargs)
         self.calls.append(answer)
         if not answer.get("ok"):
-            raise RuntimeError(f"{self.client.cls}.{method}() raised: {answer.get('error')}")
+            raise RuntimeError(f"{self.client.call_name(method)} raised: {answer.get('error')}")
+
+    async def _post_route(self, route: str) -> dict[str, Any]:
+        """A route of the framework's own server, POSTed with the body its client sends (AReaL: ``{}``)."""
+        t0 = time.time()
+        try:
+            await self.http.post(route, body=dict(self.client.route_body))
+        except ServerError as exc:
+            return {"ok": False, "method": route, "error": str(exc), "t0": t0, "t1": time.time()}
+        return {"ok": True, "method": route, "t0": t0, "t1": time.time()}
 
     async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
         c = self.client
         if (mode, clear_cache) != (c.pause_mode, c.pause_clear_cache):
             raise ScenarioUnsupported(
-                f"door=client: {c.framework}'s {c.cls}.{c.method('pause_generation')}() sends {c.pause_sent} "
-                f"(mode={c.pause_mode}, clear_cache left at the route's default, {str(c.pause_clear_cache).lower()})"
+                f"door=client: {c.framework}'s {c.call_name(str(c.method('pause_generation')))} sends {c.pause_sent} "
+                f"(mode={c.pause_mode}, clear_cache={str(c.pause_clear_cache).lower()}"
+                f"{'' if c.routes else ', the route default'})"
                 f"; this cell asks mode={mode} clear_cache={str(clear_cache).lower()}")
-        self.http.require("pause", "mode")
+        if not c.routes:  # the framework's own server routes are its code's, not vLLM's /pause
+            self.http.require("pause", "mode")
         await self._call("pause_generation")
 
     async def resume_generation(self) -> None:
-        self.http.require("resume")
+        if not self.client.routes:
+            self.http.require("resume")
         await self._call("resume_generation")
 
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """The framework's own reset where its client makes one (SkyRL: a JSON body, trap T1), else the harness's."""
+        if self.client.method("reset_prefix_cache") is None:
+            return bool(await self.http.reset_prefix_cache(reset_running_requests=reset_running_requests))
+        want = self.client.kwargs("reset_prefix_cache").get("reset_running_requests", False)
+        if want != reset_running_requests:
+            raise ScenarioUnsupported(f"door=client: {self.client.cls}.reset_prefix_cache() sends "
+                                      f"reset_running_requests={want}; this cell asks {reset_running_requests}")
+        await self._call("reset_prefix_cache")
+        return True  # as the harness's own reset: the route answered 200 (a refusal is not an HTTP error)
+
     async def close(self) -> None:
-        self.side.close()
+        if self.side is not None:
+            self.side.close()
         await self.http.close()
 
     def scenario_emit(self, forward: Emit) -> Emit:
@@ -145,9 +175,14 @@ class ClientLLM:
 
 
 def _in_flight(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The requests the engine still held, frozen, when the pause returned (the driver's pause records)."""
-    return [str(r.get("rid")) for r in records
-            if any(p.get("frozen") and p.get("engine_tokens") is not None for p in r.get("pauses") or [])]
+    """The requests in flight when the pause returned (the driver's pause records): a keep pause's, still held
+    frozen by the engine; an abort pause's, running when it was sent and ended by it (finish_reason "abort")."""
+    def held(r: Mapping[str, Any], p: Mapping[str, Any]) -> bool:
+        if p.get("mode") == "abort":
+            return r.get("finish_reason") == "abort"
+        return bool(p.get("frozen")) and p.get("engine_tokens") is not None
+
+    return [str(r.get("rid")) for r in records if any(held(r, p) for p in r.get("pauses") or [])]
 
 
 def _core_async(probe: Mapping[str, Any], want: bool) -> tuple[bool, str]:
@@ -170,12 +205,14 @@ def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Se
                         f"async {'on' if want_async else 'off'} ({core_text})")
     held = _in_flight(records)
     if not held:
-        problems.append("no request was in flight (held frozen by the engine) when the pause returned")
+        problems.append("no request was in flight when the pause returned (held frozen by a keep pause, or ended "
+                        "by an abort pause)")
     pause_m, resume_m = client.method("pause_generation"), client.method("resume_generation")
     made = {m: sum(1 for c in calls if c.get("ok") and c.get("method") == m) for m in (pause_m, resume_m)}
+    lines = access_log.splitlines()
     logged = {pause_m: access_log.count(client.pause_sent), resume_m: access_log.count(client.resume_sent)}
-    others = {"pause": access_log.count('"POST /pause') - logged[pause_m],
-              "resume": access_log.count('"POST /resume') - logged[resume_m]}
+    others = {kind: sum(1 for ln in lines if f'"POST /{kind}' in ln and sent not in ln)
+              for kind, sent in (("pause", client.pause_sent), ("resume", client.resume_sent))}
     if not made[pause_m] or not made[resume_m]:
         problems.append(f"the framework's client made {made[pause_m]} pause and {made[resume_m]} resume call(s)")
     if logged != made:
@@ -183,8 +220,14 @@ def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Se
                         f"{client.resume_sent}; the client made {made[pause_m]} and {made[resume_m]}")
     if any(others.values()):
         problems.append(f"the access log shows pause/resume requests the client did not make: {others}")
+    # A framework's own server (AReaL): the engine's line for what its handler asked, once per call.
+    marked = {m: access_log.count(client.mark(m)) for m in (pause_m, resume_m) if client.mark(m)}
+    if any(n != made[m] for m, n in marked.items()):
+        problems.append(f"the server log shows {', '.join(f'{n}x {client.mark(m)!r}' for m, n in marked.items())}"
+                        f"; the client made {made}")
     evidence = (f"{core_text}; {len(held)} request(s) in flight at the pause; access log: "
-                f"{logged[pause_m]}x {client.pause_sent}, {logged[resume_m]}x {client.resume_sent}")
+                f"{logged[pause_m]}x {client.pause_sent}, {logged[resume_m]}x {client.resume_sent}"
+                + "".join(f"; {n}x {client.mark(m)!r}" for m, n in marked.items()))
     if problems:
         return {"met": False, "strict": True, "what": "precondition not met: " + "; ".join(problems),
                 "evidence": evidence}
@@ -199,10 +242,12 @@ def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, 
         raise ClientUnavailable("door=client needs a framework's client (vllm-repro frameworks check --door client "
                                 "--framework NAME builds its side environment)", unsupported=True)
     if spec_client.get("error"):
-        raise ClientUnavailable(str(spec_client["error"]))
+        raise ClientUnavailable(str(spec_client["error"]), unsupported=bool(spec_client.get("unsupported")))
     client = CLIENTS.get(str(spec_client.get("framework")))
     if client is None:
         raise ClientUnavailable(f"no client door for {spec_client.get('framework')!r} (known: {sorted(CLIENTS)})")
+    if client.routes:
+        return _route_client(http, client, spec_client, log_dir, want_async)
     side = SideProcess(str(spec_client["python"]), client.framework, url, log_dir / "client.log")
     try:
         facts = side.ready()
@@ -217,3 +262,34 @@ def open_client(http: HttpLLM, spec_client: Mapping[str, Any] | None, url: str, 
     llm = ClientLLM(http, client, side, facts, log_dir / "server.log")
     llm.want_async = want_async
     return llm
+
+
+def _route_client(http: HttpLLM, client: Client, spec_client: Mapping[str, Any], log_dir: Path, want_async: bool
+                  ) -> ClientLLM:
+    """A framework whose own server is running (``repro.server.door`` started its file): no side process; its
+    routes must be in the route table the server logged at start-up (else its entry point did not build the app)."""
+    log = log_dir / "server.log"
+    text = log.read_text("utf-8", "replace") if log.exists() else ""
+    missing = [route for _, route in client.calls if f"Route: {route}, Methods: POST" not in text]
+    if missing:
+        raise ClientUnavailable(f"the server's route table has no {', '.join(missing)}: {client.framework}'s entry "
+                                f"point ({spec_client.get('server_main')}) did not build the app (server log: {log})")
+    facts: dict[str, Any] = {"framework": client.framework, "version": spec_client.get("version"),
+                             "module": client.module, "cls": client.cls, "file": spec_client.get("server_main"),
+                             "standins": [s.module for s in standins(client.framework)],
+                             "routes_registered": [route for _, route in client.calls]}
+    llm = ClientLLM(http, client, None, facts, log)
+    llm.want_async = want_async
+    return llm
+
+
+def client_adapter(spec: Spec, http: HttpLLM, url: str, log_dir: Path, emit: Callable[..., None]) -> Any:
+    """The client door's adapter (``repro.server.door.Adapter``): the framework's client around the HTTP one;
+    None when the framework's client cannot run (each scenario then UNSUPPORTED or ERROR, with its reason)."""
+    try:
+        return open_client(http, spec.client, url, log_dir, bool(spec.engine.axes.get("async_scheduling", True)))
+    except ClientUnavailable as exc:
+        for sc in spec.scenarios:
+            emit("scenario", id=sc.id, status="unsupported" if exc.unsupported else "error",
+                 reason=f"door=client: {exc}")
+        return None

@@ -4,8 +4,8 @@ with ``--no-deps``; no vLLM, no torch), imports the framework's own client with 
 
 ``python -m repro.client.side FRAMEWORK URL``: one JSON line first (``ready``: the framework's version, the module
 and the file imported, or the import's error), then one JSON line of answer per JSON line of request
-(``{"method": "pause"}`` -> ``{"ok": true, "method": "pause", "t0": ..., "t1": ...}`` or ``{"ok": false,
-"error": ...}``).  Standard library only besides the framework.
+(``{"method": "pause"}``, with ``"kwargs"`` where the call takes any -> ``{"ok": true, "method": "pause", "t0":
+..., "t1": ...}`` or ``{"ok": false, "error": ...}``).  Standard library only besides the framework.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def _module(s: StandIn) -> None:
 def load(c: Client) -> tuple[Any, dict[str, Any]]:
     """The framework's client class, with the stand-ins in place, and what was imported."""
     for s in standins(c.framework):
-        (_package_init if s.kind == "package-init" else _module)(s)
+        if s.kind == "package-init":
+            _package_init(s)
+        elif s.kind == "module":
+            _module(s)
     module = importlib.import_module(c.module)
     return getattr(module, c.cls), {"framework": c.framework, "version": importlib.metadata.version(c.package),
                                     "module": c.module, "cls": c.cls, "file": module.__file__,
@@ -69,8 +72,9 @@ def _say(doc: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     framework, url = argv
     try:
-        cls, facts = load(CLIENTS[framework])
-        client = cls(url)
+        c = CLIENTS[framework]
+        cls, facts = load(c)
+        client = c.construct(cls, url)
     except Exception as exc:
         _say({"ready": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
         return 1
@@ -78,10 +82,11 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
-        method = json.loads(line)["method"]
+        request = json.loads(line)
+        method, kwargs = request["method"], request.get("kwargs") or {}
         t0 = time.time()
         try:
-            getattr(client, method)()
+            getattr(client, method)(**kwargs)
         except Exception as exc:
             _say({"ok": False, "method": method, "error": f"{type(exc).__name__}: {exc}", "t0": t0,
                   "t1": time.time()})

@@ -32,8 +32,10 @@ from repro.settings.engine_axes import engine_args, owned_engine_args
 SCHEMA_VERSION = 5
 STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
 GO: dict[str, str] = {"op": "go"}  # a gated engine: run the scenarios now
-# bigram-cycle: the built-in deterministic checkpoint (repro.models.deterministic); qwen3-random: the built-in random-weight
-# Qwen3 (repro.models.realistic); context-cell: the built-in checkpoint pair that sees stale KV (repro.models.context_cell);
+# bigram-cycle: the built-in deterministic checkpoint (repro.models.deterministic); qwen3-random: the built-in
+# random-weight
+# Qwen3 (repro.models.realistic); context-cell: the built-in checkpoint pair that sees stale KV
+# (repro.models.context_cell);
 # path: the user's model, {"path": DIR} or {"name": HUB_ID} (--model).
 MODEL_KINDS = ("bigram-cycle", "qwen3-random", "context-cell", "path")
 # Engine arguments that a cell's axes or a harness option decide, and the option to use instead: an
@@ -168,6 +170,28 @@ FUZZ_MAX_SPEC_TOKENS = 4
 
 
 @dataclass(frozen=True)
+class FuzzKnown:
+    """A known-bug row covering the release a fuzz run is on (harness/verdicts/known_bugs.toml, scheduler tier): a
+    failing example that fits its scenario's shape is reported as KNOWN with ``bug``, not as new
+    (repro.sched.known)."""
+
+    scenario: str
+    async_on: bool
+    bug: str
+    expect: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "async": self.async_on, "bug": self.bug, "expect": self.expect}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> FuzzKnown:
+        what = "fuzz spec known row"
+        _only(doc, {"scenario", "async", "bug", "expect"}, what)
+        return cls(_need(doc, "scenario", str, what), _need(doc, "async", bool, what), _need(doc, "bug", str, what),
+                   _need(doc, "expect", str, what))
+
+
+@dataclass(frozen=True)
 class FuzzSpec:
     """A scheduler-tier fuzz run: ``"fuzz"`` in a ``python -m repro.sched`` spec (whose schema_version is
     ``repro.sched.script.SCHEMA_VERSION``, 2 since this field exists); answered by one ``fuzz`` event.
@@ -184,6 +208,7 @@ class FuzzSpec:
     spec_tokens: tuple[int, ...] = (0,)
     max_requests: int = 8  # bursts of adds and long prompts prefilled in chunks side by side
     reach: bool = False  # measure coverage of vLLM's scheduler files (repro.sched.reach; coverage.py staged)
+    known: tuple[FuzzKnown, ...] = ()  # the known-bug rows covering this release (reported KNOWN, not new)
 
     def __post_init__(self) -> None:
         what = "fuzz spec"
@@ -198,15 +223,17 @@ class FuzzSpec:
 
     def to_json(self) -> dict[str, Any]:
         return {"examples": self.examples, "steps": self.steps, "seed": self.seed, "depths": list(self.depths),
-                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests, "reach": self.reach}
+                "spec_tokens": list(self.spec_tokens), "max_requests": self.max_requests, "reach": self.reach,
+                **({"known": [k.to_json() for k in self.known]} if self.known else {})}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> FuzzSpec:
         what = "fuzz spec"
-        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests", "reach"}, what)
+        _only(doc, {"examples", "steps", "seed", "depths", "spec_tokens", "max_requests", "reach", "known"}, what)
         return cls(_need(doc, "examples", int, what), _need(doc, "steps", int, what), _need(doc, "seed", int, what),
                    tuple(_need(doc, "depths", list, what)), tuple(_need(doc, "spec_tokens", list, what)),
-                   int(doc.get("max_requests", 8)), bool(doc.get("reach", False)))
+                   int(doc.get("max_requests", 8)), bool(doc.get("reach", False)),
+                   tuple(FuzzKnown.from_json(k) for k in doc.get("known", [])))
 
 
 @dataclass(frozen=True)
@@ -308,10 +335,12 @@ EVENTS: dict[str, EventKind] = {
         "request_init_params", "import_s", "python", "version_label", "model_dir", "load_s",
         "unsupported_reason"})),
     # The answer to a spec's ``fuzz`` (FuzzSpec): what the state machine ran, and its falsifying example (the
-    # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario).
+    # shrunk op script, Hypothesis' failure, and the scenario fields of that script replayed as an ``ops`` scenario);
+    # ``known``: the known-bug rows its examples met, each once (repro.sched.known).
     "fuzz": EventKind({"status": str}, frozenset({
         "examples", "examples_to_failure", "wall_s", "examples_per_s", "cpu_s", "seed", "settings",
-        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach", "phases"})),
+        "hypothesis_version", "coverage", "dropped", "falsifying", "reason", "traceback", "reach", "phases",
+        "known"})),
     "fatal": EventKind({"reason": str}, frozenset({"traceback"})),
     "done": EventKind({}, frozenset({"wall_s"})),
     # A gated engine (Spec.gate) got its turn: how long it waited, started up, for the engines before it.

@@ -32,17 +32,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from repro.client.door import client_adapter
 from repro.core import crash
 from repro.core.rootcause import root_causes
 from repro.core.watchdog import watch_parent
 from repro.core.wire import Spec, WireError, check_event, stdin_scenarios, wait_go
 from repro.models.kinds import LoadedModel, load_model
 from repro.patches import bind
-from repro.scenarios import pauses
+from repro.probes import file_transfer
+from repro.scenarios import native_update, pauses
 from repro.scenarios.cell_run import run_cell
 from repro.scenarios.runs import check_pause_api
 from repro.scenarios.vocab import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
-from repro.server.door import run_server_door
+from repro.server.door import http_adapter, run_server_door
 from repro.settings.core_view import plain_kwargs
 from repro.settings.effective import effective_settings, probe_engine, read_view, refused_setting
 from repro.settings.engine_axes import IMPLICIT, engine_args, unrealised
@@ -85,6 +87,11 @@ def needs_nccl_weight_transfer(spec: Spec) -> bool:
     return any(sc.scenario == "weight_sync" and sc.params.get("weight_transfer") == "nccl" for sc in spec.scenarios)
 
 
+def needs_native_update(spec: Spec) -> bool:
+    """Whether a scenario of ``spec`` updates weights through the native door with the file backend."""
+    return any(sc.scenario.startswith(native_update.SCENARIO_PREFIX) for sc in spec.scenarios)
+
+
 def _weight_transfer_config(spec: Spec) -> Any:
     """WeightTransferConfig(backend="nccl") where a scenario needs it and this vLLM/platform has it, else None.
 
@@ -92,6 +99,11 @@ def _weight_transfer_config(spec: Spec) -> Any:
     worker builds its NCCL transfer engine from it at start-up.  Where it is
     missing the scenario itself reports UNSUPPORTED with the reason.
     """
+    if needs_native_update(spec):
+        # The native update door's stale-KV cells: the CPU-runnable backend where this release takes it, else none
+        # (those cells say why: repro.scenarios.native_update).
+        config, native_update.CONFIG_PROBLEM[0] = file_transfer.config_or_problem()
+        return config
     if not needs_nccl_weight_transfer(spec):
         return None
     try:
@@ -203,7 +215,8 @@ def arg_sources(spec: Spec, model: LoadedModel) -> dict[str, str]:
 
 async def prove_settings(llm: Any, spec: Spec, model: LoadedModel, kwargs: dict[str, Any],
                          probe: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """The effective settings of the started engine and the reason its cells cannot claim them (repro.settings.declared):
+    """The effective settings of the started engine and the reason its cells cannot claim them
+    (repro.settings.declared):
     every engine argument it was started with (``kwargs``), its axes, and the settings it relies on at vLLM's
     defaults, read back from the engine core's settings view and the probes."""
     view, view_error = await read_view(llm)
@@ -291,7 +304,8 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
     model = load_model(spec.model_kind, spec.model_params, Path(spec.model_cache))
     weight_transfer = _weight_transfer_config(spec)
     info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model, weight_transfer))}
-    if spec.engine.axes.get("door", "engine") in ("server", "client"):
+    door = spec.engine.axes.get("door", "engine")
+    if door in ("server", "client"):
         missing = unrealised(spec.engine.axes)
         if missing:
             _refuse_all(spec, emit, info, f"repro.settings.engine_axes cannot realise the cell axis(es) {missing}")
@@ -300,7 +314,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
         # client door the framework's own client pauses and resumes it (repro.client.door).
         await run_server_door(spec, model, engine_kwargs(spec, model), info, _requested(spec),
                               emit, lambda why: _refuse_all(spec, emit, info, why), emit.path.parent,
-                              arg_sources(spec, model))
+                              arg_sources(spec, model), client_adapter if door == "client" else http_adapter)
         return
     t0 = time.monotonic()
     llm = _start(spec, model, emit, info, weight_transfer)

@@ -323,7 +323,8 @@ class Streams:
 
 def settings_differ(vllm_config: Any, engine_args: dict[str, Any]) -> list[str]:
     """Engine arguments the started engine does not run as asked: each looked up in every config section that has
-    a field of its name (vLLM's platforms change settings after parsing them; vllm-repro's repro/settings/declared.py)."""
+    a field of its name (vLLM's platforms change settings after parsing them; vllm-repro's
+    repro/settings/declared.py)."""
     out = []
     for key, want in engine_args.items():
         for name, section in vars(vllm_config).items():

@@ -23,6 +23,7 @@ from typing import Any
 from repro.models import context_cell as context_model
 from repro.models import realistic
 from repro.models.deterministic import BigramCycleSpec, build_checkpoint, load_perm
+from repro.models.tokenizer import TOKENIZER_ENGINE_ARGS, ensure_tokenizer
 
 BIGRAM = "bigram-cycle"
 # The bigram cycle is exact in float32 only (its engine argument; harness.export.engine_script writes it too).
@@ -57,12 +58,14 @@ def load_model(kind: str, params: dict[str, Any], cache: Path) -> LoadedModel:
     """Build (or reuse) a built-in checkpoint, or point at the user's model; ValueError on bad params."""
     if kind == BIGRAM:
         spec = BigramCycleSpec.from_dict(params)
-        folder = build_checkpoint(spec, cache)
-        return LoadedModel(kind, str(folder), spec, load_perm(folder), spec.vocab_size, dict(BIGRAM_DEFAULTS))
+        folder = with_tokenizer(build_checkpoint(spec, cache), spec.vocab_size)
+        return LoadedModel(kind, str(folder), spec, load_perm(folder), spec.vocab_size,
+                           {**BIGRAM_DEFAULTS, **TOKENIZER_ENGINE_ARGS})
     if kind == realistic.KIND:
         qspec = realistic.Qwen3RandomSpec.from_dict(params)
-        folder = realistic.build_checkpoint(qspec, cache)
-        return LoadedModel(kind, str(folder), qspec, None, qspec.vocab_size, {"dtype": qspec.dtype})
+        folder = with_tokenizer(realistic.build_checkpoint(qspec, cache), qspec.vocab_size)
+        return LoadedModel(kind, str(folder), qspec, None, qspec.vocab_size,
+                           {"dtype": qspec.dtype, **TOKENIZER_ENGINE_ARGS})
     if kind == context_model.KIND:
         return _context_cell(params, cache)
     if kind == "path":
@@ -74,9 +77,16 @@ def _context_cell(params: dict[str, Any], cache: Path) -> LoadedModel:
     fields = dict(params)
     version = str(fields.pop("version", "A"))
     cspec = context_model.ContextCellSpec.from_dict(fields)
-    folder = context_model.build_checkpoint(cspec, version, cache)
+    folder = with_tokenizer(context_model.build_checkpoint(cspec, version, cache), cspec.vocab_size)
     # float32 like the bigram cycle (its margin of ~18 logits holds in bfloat16 too).
-    return LoadedModel(context_model.KIND, str(folder), cspec, None, cspec.vocab_size, {"dtype": "float32"})
+    return LoadedModel(context_model.KIND, str(folder), cspec, None, cspec.vocab_size,
+                       {"dtype": "float32", **TOKENIZER_ENGINE_ARGS})
+
+
+def with_tokenizer(folder: Path, vocab_size: int) -> Path:
+    """A built-in checkpoint with its word-level tokenizer (repro.models.tokenizer: id i <-> ``<i>``), so that vLLM
+    loads a tokenizer (the server door's logprobs and structured outputs need one) without any token id changing."""
+    return ensure_tokenizer(folder, vocab_size, config_max_len(folder / "config.json"))
 
 
 def _user_model(params: dict[str, Any]) -> LoadedModel:
@@ -87,6 +97,12 @@ def _user_model(params: dict[str, Any]) -> LoadedModel:
         return LoadedModel("path", str(params["name"]))
     folder = Path(params["path"])
     return LoadedModel("path", str(folder), vocab_size=config_vocab_size(folder / "config.json"))
+
+
+def config_max_len(config: Path) -> int:
+    """``max_position_embeddings`` of a built-in checkpoint's config (the tokenizer's ``model_max_length``)."""
+    doc = json.loads(config.read_text(encoding="utf-8"))
+    return int(doc.get("max_position_embeddings") or 4096)
 
 
 def config_vocab_size(config: Path) -> int | None:

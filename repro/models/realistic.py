@@ -3,9 +3,10 @@
 The bigram-cycle model (``repro.models.deterministic``) makes every token predictable, but
 its layers do nothing.  This one is a Qwen3 checkpoint (``Qwen3ForCausalLM``:
 q/k norms, GQA, 128-wide heads, SiLU MLP, RoPE) whose every layer does real
-work, built locally from a seed (no hub, no tokenizer), so the path a user's
-model takes through vLLM (its model class, its attention backend, its dtype,
-its numerics) is exercised without hub access.
+work, built locally from a seed (no hub; repro.models.kinds adds the word-level
+tokenizer of repro.models.tokenizer), so the path a user's model takes through vLLM
+(its model class, its attention backend, its dtype, its numerics) is exercised
+without hub access.
 
 Greedy decoding of a random transformer often falls into repetition loops,
 where a lost token cannot be seen.  The init is scaled so that the streams are

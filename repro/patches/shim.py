@@ -48,7 +48,7 @@ from typing import Any
 
 from repro.core import crash, server_layout
 from repro.patches import bind, counters, inject, server_probe
-from repro.probes import kv_loan
+from repro.probes import file_transfer, kv_loan
 from repro.settings import core_view as settings_probe
 
 ENV_CPU_ASYNC = "VLLM_REPRO_CPU_ASYNC"
@@ -83,6 +83,8 @@ def register() -> None:
     _after_import(crash.CORE_MODULE, settings_probe.install)
     # Scheduler counters (preemptions, drafts, prefill chunks): the evidence the engine-profile scenarios need.
     counters.install(_after_import)
+    # A weight-transfer backend that runs on CPU: the native update door's stale-KV cells (repro.probes.file_transfer).
+    _after_import(file_transfer.FACTORY, _install_file_transfer)
     # Deliberate fault injection (--inject, repro/patches/inject.py); raises on an unknown id so
     # the engine fails to start rather than run un-injected.
     inject.activate(os.environ.get(inject.ENV_INJECT), _after_import)
@@ -190,6 +192,13 @@ def _install_probes() -> None:
         kv_loan.install()  # vLLM 0.34.0's KV loan to a weight update (repro.scenarios.kv_loan)
     except Exception as exc:  # pragma: no cover
         STATE["problems"].append(f"worker probe: {exc!r}")
+
+
+def _install_file_transfer(factory: Any) -> None:
+    try:
+        file_transfer.install(factory)
+    except Exception as exc:  # pragma: no cover - depends on vLLM version
+        STATE["problems"].append(f"file weight transfer: {exc!r}")
 
 
 def _install_crash_hook(core: Any) -> None:

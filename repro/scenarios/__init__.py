@@ -25,6 +25,7 @@ from repro.scenarios import (
     kv_loan,
     logitsproc,
     manual_reset,
+    paused_admission,
     plan,
     preempt,
     reset_inflight,
@@ -32,6 +33,7 @@ from repro.scenarios import (
     sleep,
     spec_ngram,
     stale_kv,
+    stale_kv_lora,
     wait,
 )
 from repro.scenarios.vocab import EngineContext, Plan
@@ -54,7 +56,11 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "connector_stale": connector_stale.build,
     "checkpoint": checkpoint.build,
     "kv_loan": rlhf_weight_sync.build,
+    "paused_admission": paused_admission.build,
     **{f"stale_kv_{v}": stale_kv.builder(v) for v in stale_kv.VARIANTS},
+    **{f"native_update_{v}": stale_kv.builder(v) for v in stale_kv.NATIVE_VARIANTS},
+    **{name: stale_kv.builder(variant) for name, (variant, _) in stale_kv.SLEEP_SCENARIOS.items()},
+    **dict.fromkeys(stale_kv_lora.VARIANTS, stale_kv_lora.build),
 }
 
 RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitable[dict[str, Any]]]] = {
@@ -70,7 +76,11 @@ RUNNERS: dict[str, Callable[[Any, dict[str, Any], EngineContext, float], Awaitab
     "connector_stale": connector_stale.run,
     "checkpoint": checkpoint.run,
     "kv_loan": kv_loan.run,
+    "paused_admission": paused_admission.run,
     **{f"stale_kv_{v}": stale_kv.runner(v) for v in stale_kv.VARIANTS},
+    **{f"native_update_{v}": stale_kv.runner(v, door="native") for v in stale_kv.NATIVE_VARIANTS},
+    **{name: stale_kv.runner(variant, door) for name, (variant, door) in stale_kv.SLEEP_SCENARIOS.items()},
+    **{name: stale_kv_lora.runner(name) for name in stale_kv_lora.VARIANTS},
 }
 
 

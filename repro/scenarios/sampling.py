@@ -50,16 +50,22 @@ RMS_EPS = 1e-6  # the checkpoint's rms_norm_eps (repro.models.deterministic.hf_c
 # than 1e-3 at 9 % (numpy over 16 simulated 48-token streams), while the distribution stays spread (24 % of the
 # sampled tokens off the cycle, 22 % without penalties).
 PENALTIES = {"repetition_penalty": 1.5, "presence_penalty": 1.0, "frequency_penalty": 1.0}
+# A structured request's grammar (repro.scenarios.structured.REGEX, spelled here so that this module stays free of
+# the server package): one or more even-numbered tokens <2> <4> ..., then a character no token has, so the allowed
+# set is the same at every position and never holds the end-of-sequence token.
+STRUCTURED_TOKEN = r"<([2468]|[1-9][0-9]*[02468])>"
+STRUCTURED_REGEX = f"({STRUCTURED_TOKEN})+!"
 
 
 def sampling_kwargs(kind: str, index: int, seed: int) -> dict[str, Any]:
     """The ``SamplingParams`` fields a request of ``kind`` sets beyond the driver's own (max_tokens, ...)."""
     if kind == "greedy":
         return {"temperature": 0.0}
-    if kind in ("sampled", "penalties"):
+    if kind in ("sampled", "penalties", "structured"):
         sampled = {"temperature": TEMPERATURE, "seed": seed * 1_000_000 + SEED_STRIDE * index,
                    "n": GROUP_SIZE, "logprobs": 1}
-        return {**sampled, **PENALTIES} if kind == "penalties" else sampled
+        extra = {"penalties": PENALTIES, "structured": {"structured_outputs": {"regex": STRUCTURED_REGEX}}}
+        return {**sampled, **extra.get(kind, {})}
     raise ValueError(f"unknown request kind {kind!r}; valid: {', '.join(REQUEST_KINDS)}")
 
 
@@ -142,9 +148,12 @@ class TableModel:
         self.logits, self.processed = logits, processed
         self.raw = _log_softmax(logits)
 
-    def logprobs(self, prompt: Sequence[int], tokens: Sequence[int], sampling: dict[str, Any]) -> list[float]:
+    def logprobs(self, prompt: Sequence[int], tokens: Sequence[int],
+                 sampling: dict[str, Any]) -> list[float | None]:
+        if "structured_outputs" in sampling:
+            return constrained_logprobs(self.logits, allowed_ids(len(self.logits)), prompt, tokens)
         if not self.processed:
-            return model_logprobs(self.raw, prompt, tokens)
+            return list(model_logprobs(self.raw, prompt, tokens))
         prev = [prompt[-1], *tokens[:-1]] if tokens else []
         return [round(float(_log_softmax(penalised(self.logits[p], prompt, tokens[:i], sampling))[t]), 6)
                 for i, (p, t) in enumerate(zip(prev, tokens, strict=True))]
@@ -154,3 +163,29 @@ def model_logprobs(table: Any, prompt: Sequence[int], tokens: Sequence[int]) -> 
     """The table's logprob of every delivered token given the delivered token before it (the prompt's last first)."""
     prev = [prompt[-1], *tokens[:-1]] if tokens else []
     return [round(float(table[p][t]), 6) for p, t in zip(prev, tokens, strict=True)]
+
+
+def allowed_ids(vocab_size: int) -> list[int]:
+    """The token ids :data:`STRUCTURED_REGEX` allows at every position: those whose string ``<i>``
+    (repro.models.tokenizer.token_string) matches :data:`STRUCTURED_TOKEN`."""
+    import re
+
+    pattern = re.compile(STRUCTURED_TOKEN)
+    return [i for i in range(vocab_size) if pattern.fullmatch(f"<{i}>")]
+
+
+def constrained_logprobs(logits: Any, allowed: Sequence[int], prompt: Sequence[int],
+                         tokens: Sequence[int]) -> list[float | None]:
+    """The raw logprob of every delivered token under a grammar that allows ``allowed`` at every position: the
+    model's row (given the delivered previous token) renormalised over ``allowed``, as vLLM's sampler sees the
+    logits after the grammar's bitmask (repro.scenarios.structured cites the lines); None for a token the grammar
+    does not allow (it has no logprob: vLLM should never deliver it)."""
+    import numpy as np
+
+    ids = np.asarray(sorted(allowed), dtype=np.int64)
+    masked = np.full(logits.shape, -np.inf)
+    masked[:, ids] = logits[:, ids]
+    table = _log_softmax(masked)
+    ok = set(int(i) for i in ids)
+    prev = [prompt[-1], *tokens[:-1]] if tokens else []
+    return [round(float(table[p][t]), 6) if t in ok else None for p, t in zip(prev, tokens, strict=True)]

@@ -47,7 +47,9 @@ from typing import Any
 
 from repro.models import context_cell as cm
 from repro.scenarios._profile import precondition
+from repro.scenarios.native_update import NativeTransfer, native_transfer
 from repro.scenarios.runs import check_pause_api, run_plan, run_unpaused
+from repro.scenarios.stale_kv_sleep import SLEEP_DOORS, sleep_enter, sleep_leave, sleep_unsupported
 from repro.scenarios.vocab import (
     MAX_MODEL_LEN,
     REFERENCE_MARGIN,
@@ -64,11 +66,23 @@ from repro.scenarios.weight_transfer import ReloadTransfer, reload_transfer
 
 # variant -> the pause mode and clear_cache it plays (harness.core.scenarios: stale-kv-<variant>)
 VARIANTS = {"keep": "keep", "reset": "wait", "refused": "keep", "clear": "keep", "running": "keep"}
-CLEARS = {"clear": True}  # the one variant whose pause resets the cache itself (default False)
+# The sleep door's (repro.scenarios.stale_kv_sleep): sleep(level, "keep") stands for the pause, and it clears the
+# prefix cache itself; "slept_reset" also calls reset_prefix_cache() after the update.
+SLEEP_VARIANTS = {"slept": "keep", "slept_reset": "keep"}
+CLEARS = {"clear": True, "slept": True, "slept_reset": True}  # variants whose pause resets the cache itself
 BLOCK = 32  # the prefix-cache profile's block_size
 SHARED = 2 * BLOCK  # tokens every prompt shares: two whole blocks, the marker at position 0
 WARM_TOKENS = 4
 SHARED_SUFFIX = "-shared"
+# The weight-update doors a variant is played through (issue 37 item 3): the in-place reload, and vLLM 0.21.0+'s
+# native start/update/finish_weight_update (repro.scenarios.native_update; scenarios native-update-<variant>).
+DOORS = {"reload": "in-place reload to B", "native": "native weight update (start/update/finish_weight_update) to B",
+         "sleep1": "sleep(level=1), wake, in-place reload to B", "sleep2": "sleep(level=2), wake, in-place reload to B",
+         "lora": "LoRA adapter swap (v1 out, v2 in)"}
+NATIVE_VARIANTS = ("keep", "reset", "refused", "running")
+# The sleep door's scenarios (harness.core.scenarios: sleep-update-l<level>[-reset]) -> (variant, door).
+SLEEP_SCENARIOS = {f"sleep_update_l{level}{suffix}": (variant, f"sleep{level}")
+                   for level in (1, 2) for suffix, variant in (("", "slept"), ("_reset", "slept_reset"))}
 
 
 @dataclass(frozen=True)
@@ -85,9 +99,10 @@ class StaleKvParams:
     control_marker: int = 1  # C's marker (nothing shared)
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"stale_kv variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
-        want = (VARIANTS[self.variant], CLEARS.get(self.variant, False))
+        every = {**VARIANTS, **SLEEP_VARIANTS}
+        if self.variant not in every:
+            raise ValueError(f"stale_kv variant {self.variant!r}; valid: {', '.join(every)}")
+        want = (every[self.variant], CLEARS.get(self.variant, False))
         if (self.mode, self.clear_cache) != want:
             raise ValueError(f"stale_kv_{self.variant} pauses in {want[0]} mode with clear_cache={want[1]} "
                              f"(got mode={self.mode!r}, clear_cache={self.clear_cache})")
@@ -166,12 +181,12 @@ def expectations(spec: cm.ContextCellSpec, record: dict[str, Any], kind: str) ->
 
 
 def annotate(records: list[dict[str, Any]], spec: cm.ContextCellSpec, shared: list[int], mode: str,
-             model_ok: bool) -> None:
+             model_ok: bool, expect: Any = None) -> None:
     """Give each record its reference, its ``stale_kv`` facts and the model check; ``shared``: the prefix W cached
     under A (a request without it, C, has no stale stream: nothing of A's could be reused)."""
     for rec in records:
         kind = kind_of(rec, mode)
-        fresh, stale = expectations(spec, rec, kind)
+        fresh, stale = (expect or expectations)(spec, rec, kind)
         hit = rec["prompt"][:len(shared)] == shared
         rec["reference"] = fresh
         rec["reference_matches_model"] = model_ok
@@ -179,7 +194,8 @@ def annotate(records: list[dict[str, Any]], spec: cm.ContextCellSpec, shared: li
                            "num_cached_tokens": rec.get("num_cached_tokens")}
 
 
-def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any]) -> dict[str, Any]:
+def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any], door: str = "reload",
+            ) -> dict[str, Any]:
     """The precondition: prefix caching served K from W's blocks (else nothing could go stale), and the facts."""
     kinds = {k: [r for r in records if r["stale_kv"]["kind"] == k] for k in ("before", "kept", "new")}
     started = kinds["before"] + kinds["kept"]
@@ -196,7 +212,7 @@ def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any])
         why = (f"precondition not met: reset_prefix_cache() with {len(kinds['kept'])} kept requests holding blocks "
                f"returned {update.get('reset_returned')!r}, not False: the refused door was not reached")
         return precondition(False, "", why, evidence)
-    what = (f"{len(kinds['new'])} requests started after the in-place reload to B (cached tokens {new_hits}), "
+    what = (f"{len(kinds['new'])} requests started after the {DOORS[door]} (cached tokens {new_hits}), "
             f"{len(kinds['kept'])} kept across the pause, {len(kinds['before'])} finished under A")
     if "reset_returned" in update:
         what += f"; reset_prefix_cache() returned {update['reset_returned']}"
@@ -206,10 +222,10 @@ def summary(records: list[dict[str, Any]], variant: str, update: dict[str, Any])
 # --------------------------------------------------------------------------- the scenario
 
 
-def runner(variant: str) -> Any:
-    """The RUNNERS entry of ``stale_kv_<variant>``."""
+def runner(variant: str, door: str = "reload") -> Any:
+    """The RUNNERS entry of ``stale_kv_<variant>`` (``native_update_<variant>`` with ``door="native"``)."""
     async def run_variant(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float) -> dict[str, Any]:
-        return await run(llm, sc, ctx, timeout, variant)
+        return await run(llm, sc, ctx, timeout, variant, door)
 
     return run_variant
 
@@ -222,46 +238,64 @@ def builder(variant: str) -> Any:
     return build_variant
 
 
-async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, variant: str) -> dict[str, Any]:
+async def run(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float, variant: str,
+              door: str = "reload") -> dict[str, Any]:
     """Play ``sc`` (see the module's docstring); the scenario event's data."""
     t0 = time.monotonic()
     params = {"variant": variant, **sc.get("params", {})}
     p = StaleKvParams.from_dict(params)
-    if ctx.model_kind != cm.KIND or not isinstance(ctx.model_spec, cm.ContextCellSpec):
-        raise ScenarioUnsupported(f"stale_kv needs a model whose tokens read the context (run it with --model "
-                                  f"{cm.KIND}); the {ctx.model_kind} model cannot show KV written by other weights")
-    spec = ctx.model_spec
-    if spec != cm.ContextCellSpec():
-        raise ScenarioUnsupported(f"stale_kv's prompts are built for the default context-cell spec; this engine "
-                                  f"loaded {spec}")
+    spec = context_spec(ctx)
     plan = build(sc["id"], params, spec.vocab_size, int(sc.get("seed", 0)))
     check_pause_api(llm)
-    transfer = await reload_transfer(llm)
-    await _empty_cache(llm, "before the scenario")
+    if door in SLEEP_DOORS:
+        sleep_unsupported(llm)
+    transfer = await (native_transfer(llm) if door == "native" else reload_transfer(llm))
+    await empty_cache(llm, "before the scenario")
     warm = prompts(spec, p, int(sc.get("seed", 0)))["w"]
     (first,) = await run_unpaused(llm, [RequestSpec(f"{sc['id']}-w", warm, WARM_TOKENS)], timeout, "warm request")
     model_ok = first == cm.expected_continuation(spec, "A", warm, WARM_TOKENS)
     dir_b = cm.build_checkpoint(spec, "B", ctx.model_cache)
     update: dict[str, Any] = {}
     try:
-        pause = PauseSpec(p.mode, p.clear_cache, p.pause_after, action=_update(llm, transfer, dir_b, variant, update))
-        records, events = await run_plan(llm, Plan(plan.requests, [pause]), timeout)
+        records, events = await run_plan(llm, Plan(plan.requests, [_pause(llm, p, door, _update(
+            llm, transfer, dir_b, variant, update))]), timeout)
     finally:
         update["restored_a"] = await transfer.load(ctx.model_dir)
-        await _empty_cache(llm, "after restoring weights A")
-    if "reload" not in update:
-        raise ScenarioFailed("the weights were never reloaded (the pause did not happen)")
+        await empty_cache(llm, "after restoring weights A")
+    if transfer.name not in update:
+        raise ScenarioFailed("the weights were never updated (the pause did not happen)")
     annotate(records, spec, warm[:SHARED], p.mode, model_ok)
     return {"records": records, "events": events, "duration_s": round(time.monotonic() - t0, 3),
-            "precondition": summary(records, variant, update)}
+            "precondition": summary(records, variant, update, door)}
 
 
-def _update(llm: Any, transfer: ReloadTransfer, dir_b: Path, variant: str, facts: dict[str, Any]) -> PauseAction:
-    """The pause action: reload B in place, then the variant's reset (none, on the idle engine, refused, or
-    preempting the kept requests)."""
+def context_spec(ctx: EngineContext) -> cm.ContextCellSpec:
+    """The engine's context-cell spec; ScenarioUnsupported with another model or spec."""
+    if ctx.model_kind != cm.KIND or not isinstance(ctx.model_spec, cm.ContextCellSpec):
+        raise ScenarioUnsupported(f"stale_kv needs a model whose tokens read the context (run it with --model "
+                                  f"{cm.KIND}); the {ctx.model_kind} model cannot show KV written by other weights")
+    if ctx.model_spec != cm.ContextCellSpec():
+        raise ScenarioUnsupported(f"stale_kv's prompts are built for the default context-cell spec; this engine "
+                                  f"loaded {ctx.model_spec}")
+    return ctx.model_spec
+
+
+def _pause(llm: Any, p: StaleKvParams, door: str, update: PauseAction) -> PauseSpec:
+    """The pause with ``update`` as its action; the sleep doors sleep instead and update while waking."""
+    if door not in SLEEP_DOORS:
+        return PauseSpec(p.mode, p.clear_cache, p.pause_after, action=update)
+    level = SLEEP_DOORS[door]
+    return PauseSpec(p.mode, p.clear_cache, p.pause_after, enter=sleep_enter(llm, level, p.mode),
+                     leave=sleep_leave(llm, update))
+
+
+def _update(llm: Any, transfer: ReloadTransfer | NativeTransfer, dir_b: Path, variant: str,
+            facts: dict[str, Any]) -> PauseAction:
+    """The pause action: update to B through the door (reload in place, or the native door), then the variant's
+    reset (none, on the idle engine, refused, or preempting the kept requests)."""
     async def act() -> dict[str, Any]:
-        facts["reload"] = await transfer.load(dir_b)
-        if variant in ("reset", "refused"):
+        facts[transfer.name] = await transfer.load(dir_b)
+        if variant in ("reset", "refused", "slept_reset"):
             facts["reset_returned"] = await llm.reset_prefix_cache()
         elif variant == "running":
             facts["reset_returned"] = await llm.reset_prefix_cache(reset_running_requests=True)
@@ -270,7 +304,7 @@ def _update(llm: Any, transfer: ReloadTransfer, dir_b: Path, variant: str, facts
     return act
 
 
-async def _empty_cache(llm: Any, when: str) -> None:
+async def empty_cache(llm: Any, when: str) -> None:
     """``reset_prefix_cache()`` on the idle engine: an earlier cell's blocks (or this one's, computed with B) must
     not reach the next requests under A; vLLM refusing it on an idle engine fails the scenario."""
     if await llm.reset_prefix_cache() is False:

@@ -32,6 +32,11 @@ STAGGER = "stagger"
 REFERENCE_MARGIN = 8
 
 
+class DoorError(Exception):
+    """vLLM's answer through a door other than the engine's own API (the server door's ``ServerError``): defined
+    here so that a scenario can tell it apart without importing the door above it (docs/architecture.md)."""
+
+
 class ScenarioUnsupported(Exception):
     """The vLLM under test cannot run this scenario (e.g. no keep-mode pause)."""
 
@@ -59,6 +64,9 @@ class PauseSpec:
     # (the sleep scenario: sleep(level, mode) / wake_up()); each returns facts for the event log.
     enter: PauseAction | None = field(default=None, compare=False)
     leave: PauseAction | None = field(default=None, compare=False)
+    # The requests submitted during the pause reach the paused engine *before* ``action`` runs (vllm#51476: they
+    # arrive under the weights the action replaces); by default they are submitted after it.
+    admit_before_action: bool = False
 
 
 INFLIGHT_OPS = ("reset", "abort")
@@ -99,6 +107,8 @@ class RequestSpec:
     # SamplingParams fields beyond greedy's (repro.scenarios.sampling.sampling_kwargs); "n" > 1: a group of
     # children, each recorded as a stream of its own.
     sampling: dict[str, Any] = field(default_factory=dict)
+    # (name, int id, path): sent as LoRARequest(name, id, path) (the stale-kv LoRA door: repro.scenarios.stale_kv_lora)
+    lora: tuple[str, int, str] | None = None
 
     @property
     def n(self) -> int:

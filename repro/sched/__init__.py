@@ -18,7 +18,8 @@ SPEC (JSON)::
 
     {"schema_version": 2,                         # 2 since a spec may carry "fuzz"
      "version_label": "0.21.0",                  # echoed in the sched event
-     "model_dir": "/path/ckpt"                    # a checkpoint built by repro.models.deterministic.build_checkpoint, or
+     "model_dir": "/path/ckpt"                    # a checkpoint built by
+     repro.models.deterministic.build_checkpoint, or
      "model_cache": "/path/cache",                # where to build the bigram checkpoint
      "model": {"kind": "bigram-cycle", "params": {...}},   # optional, with model_cache
      "scenarios": [{"id": "s1", "scenario": "drained_reset", "params": {...}, "seed": 0}, ...],

@@ -34,7 +34,7 @@ from repro.core.crash import innermost_vllm_frame, vllm_crash_site
 from repro.sched.script import Setup
 
 __all__ = ["Adapter", "Unsupported", "fit_kwargs", "force_cpu_platform", "init_of", "innermost_vllm_frame",
-           "one_line", "vllm_crash_site"]  # the crash-site helpers live in repro.core.crash (shared with the engine tier)
+           "one_line", "vllm_crash_site"]  # the crash-site helpers live in repro.core.crash (shared with the engines)
 
 # The one attention layer of the bigram checkpoint (the KV-cache group names it).
 LAYER_NAME = "model.layers.0.self_attn.attn"

@@ -20,6 +20,7 @@ from repro.core.crash import vllm_crash_site
 from repro.core.wire import FuzzSpec
 from repro.sched.adapter import Unsupported
 from repro.sched.executor import Executor
+from repro.sched.known import Match, Row, classify
 from repro.sched.opmodel import FuzzState, failure_kind, finish_fault, minimise, setup_for, stream_fault
 from repro.sched.reach import CHECKPOINTS
 from repro.sched.scenario import run_scenario
@@ -35,6 +36,24 @@ class Failure:
 
 
 @dataclass
+class KnownHit:
+    """A known-bug row the run met: the first example that hit it, and how many examples did (each dropped)."""
+
+    match: Match
+    script: Script  # the first example's script (minimised once the run ends)
+    failure: str
+    kind: str
+    first_example: int
+    examples: int = 1
+
+    def to_json(self, script: Script | None = None) -> dict[str, Any]:
+        s = script or self.script
+        return {"bug": self.match.bug, "scenario": self.match.scenario, "expect": self.match.expect,
+                "failure": self.failure, "first_example": self.first_example, "examples": self.examples,
+                "script": s.to_dict(), "ops": len(s.ops)}
+
+
+@dataclass
 class FuzzStats:
     """What the run did, gathered by every example: how many, what they covered, and the last failure."""
 
@@ -47,6 +66,15 @@ class FuzzStats:
     finished_by_length: int = 0
     requests: Counter[int] = field(default_factory=Counter)  # requests per example that ran to completion
     failure: Failure | None = None
+    known: dict[str, KnownHit] = field(default_factory=dict)  # by "<bug> (<scenario>)": each reported once
+
+    def known_hit(self, match: Match, script: Script, failure: str, kind: str) -> None:
+        key = f"{match.bug} ({match.scenario})"
+        hit = self.known.get(key)
+        if hit is None:
+            self.known[key] = KnownHit(match, script, failure, kind, self.examples)
+        else:
+            hit.examples += 1
 
     def failed(self, state: FuzzState, exc: BaseException) -> None:
         if self.examples_to_failure is None:
@@ -101,6 +129,14 @@ class FuzzRun:
     kv_consumer: bool = True  # the release builds the null consumer KV connector (drawable_extras)
     sync_spec: bool = True  # ... and the sync Scheduler with drafts
     sessions: bool = True  # ... and resumable requests (streaming-input sessions)
+    rows: tuple[Row, ...] = ()  # the known-bug rows covering this release (repro.sched.known)
+
+    def known(self, script: Script, exc: BaseException) -> Match | None:
+        """The known-bug row a failure of ``script`` is (its control replayed here), or None: a new finding."""
+        if not self.rows:
+            return None
+        kind = kind_of(exc)
+        return classify(script, kind, describe(exc), self.rows, lambda control: fails_kind(self, control, kind))
 
     def traced(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` with reach measured (tracing is paused between rules: :meth:`repro.sched.reach.Reach.pause`).
@@ -198,6 +234,16 @@ def drawable_extras(adapter: Any, model_dir: Path, spec: FuzzSpec, dropped: dict
     return kv, sync, sessions
 
 
+def known_findings(run: FuzzRun, budget: int = 60) -> list[dict[str, Any]]:
+    """Every known row the run met, once, with its first example minimised (still failing alike, still that row)."""
+    out = []
+    for hit in run.stats.known.values():
+        script = minimise(hit.script, lambda smaller, h=hit: fails_alike(run, smaller, h.kind, known=h.match),
+                          budget=budget)
+        out.append(hit.to_json(script))
+    return out
+
+
 def falsifying(run: FuzzRun, failure: Failure) -> dict[str, Any]:
     """The shrunk example, minimised further (:func:`opmodel.minimise`): its op script, Hypothesis' failure, and the
     script replayed as an ``ops`` scenario."""
@@ -209,8 +255,36 @@ def falsifying(run: FuzzRun, failure: Failure) -> dict[str, Any]:
             "hypothesis_ops": len(failure.script.ops), "replay": replay}
 
 
-def fails_alike(run: FuzzRun, script: Script, kind: str) -> bool:
-    """Whether ``script``, played on a fresh scheduler with the machine's checks, fails with a failure of ``kind``."""
+def fails_alike(run: FuzzRun, script: Script, kind: str, known: Match | None = None) -> bool:
+    """Whether ``script``, played on a fresh scheduler with the machine's checks, fails with a failure of ``kind``.
+    ``known``: the failure must be that known row's too; else (minimising a new finding) it must not be a known one,
+    so a new finding is never cut down into a known bug."""
+    try:
+        fail = _replay(run, script)
+    except Unsupported:
+        return False
+    if fail is None or kind_of(fail) != kind:
+        return False
+    if known is None and not run.rows:
+        return True
+    try:
+        now = run.known(script, fail)
+    except Unsupported:
+        return False
+    return now == known
+
+
+def fails_kind(run: FuzzRun, script: Script, kind: str) -> bool:
+    """Whether ``script`` fails with a failure of ``kind``, whatever row it would be (a known signature's control)."""
+    try:
+        fail = _replay(run, script)
+    except Unsupported:
+        return False
+    return fail is not None and kind_of(fail) == kind
+
+
+def _replay(run: FuzzRun, script: Script) -> Exception | None:
+    """What ``script`` raises on a fresh scheduler with the machine's checks (None: it passes)."""
     try:
         sched = run.adapter.scheduler(run.model_dir, script.setup)
         ex = Executor(script, sched, run.adapter, run.perm, run.adapter.block_hasher(script.setup.block_size))
@@ -219,7 +293,7 @@ def fails_alike(run: FuzzRun, script: Script, kind: str) -> bool:
             check_streams(ex)
         check_finished(ex)
     except Unsupported:
-        return False
+        raise
     except Exception as exc:
-        return kind_of(exc) == kind
-    return False
+        return exc
+    return None

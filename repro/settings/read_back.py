@@ -1,4 +1,5 @@
-"""How an engine's effective settings are read back: from its probes (``repro.settings.effective.probe_engine``) and the engine
+"""How an engine's effective settings are read back: from its probes (``repro.settings.effective.probe_engine``) and
+the engine
 core's settings view (``repro.settings.core_view``), for the declarations of ``repro.settings.declared``.
 
 A :class:`Reading` is what one setting was found to be, where, or why it could not be read.  The four readers here

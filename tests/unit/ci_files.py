@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from harness.envbuild.index_releases import Release
 
 from harness.core.errors import BadInput, ReproError
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import build_parser
 from harness.frontends.commands.matrix import matrix_axes
 from harness.plan.faults import parse_inject

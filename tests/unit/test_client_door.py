@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.envbuild.index_releases import Release
 
 from harness.core.errors import BadInput
 from harness.core.events import Precondition
 from harness.core.oracle import Outcome
 from harness.envbuild import client_env as ce
+from harness.envbuild.client_python import FoundPython
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import main
 from harness.run.scenario_results import with_precondition
 from harness.verdicts.results import CellResult
@@ -94,7 +95,7 @@ class _Side:
     def __init__(self) -> None:
         self.methods: list[str] = []
 
-    def call(self, method: str) -> dict[str, Any]:
+    def call(self, method: str, kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
         self.methods.append(method)
         return {"ok": method != "resume", "method": method, "error": "HTTP 500"}
 
@@ -223,7 +224,7 @@ def test_error_results_only_for_client_cells() -> None:
 
 
 @pytest.mark.parametrize(("argv", "says"), [
-    (["--door", "client", "--framework", "skyrl"], "skyrl has no client door yet (skyrl 0.4.0 needs Python >= 3.12"),
+    (["--door", "client", "--framework", "verl"], "verl has no client door yet (verl 0.9.1's vLLMHttpServer"),
     (["--door", "client"], "one framework at a time"),
     (["--framework", "trl", "--framework-version", "1.16.0"], "--framework-version and --no-recipe-door need"),
     (["--door", "client", "--framework", "trl", "--framework-version", "2.0"], "the index has: 1.0.0, 1.0.1"),
@@ -231,7 +232,7 @@ def test_error_results_only_for_client_cells() -> None:
 def test_bad_client_door_input_exits_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     monkeypatch.setattr(ce, "fetch_releases", _fetch)
-    monkeypatch.setattr(ce, "_python_version", lambda _: "3.11.7")
+    monkeypatch.setattr("harness.envbuild.client_python.find_python", lambda *_: FoundPython("py", "3.11.7"))
     assert main(["frameworks", "check", *argv, "--versions", "0.21.0", "--reports", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
@@ -240,7 +241,7 @@ def test_bad_client_door_input_exits_2(argv: list[str], says: str, monkeypatch: 
 
 def test_the_docs_list_every_standin_in_one_table() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "frameworks.md").read_text()
-    rows = [ln for ln in docs.splitlines() if ln.startswith("| TRL | `")]
+    rows = [ln for ln in docs.splitlines() if ln.startswith(("| TRL | `", "| SkyRL | `", "| AReaL | `"))]
     assert sorted(ln.split("`")[1] for ln in rows) == sorted(s.module for s in STANDINS)
 
 
@@ -283,7 +284,7 @@ def test_matrix_door_client_without_a_framework_starts_no_server(monkeypatch: py
 def test_matrix_client_bad_input_exits_2(argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     monkeypatch.setattr(ce, "fetch_releases", _fetch)
-    monkeypatch.setattr(ce, "_python_version", lambda _: "3.11.7")
+    monkeypatch.setattr("harness.envbuild.client_python.find_python", lambda *_: FoundPython("py", "3.11.7"))
     assert main(["matrix", *argv, "--versions", "0.21.0", "--platform", "cpu",
                  "--reports", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
@@ -298,7 +299,7 @@ def test_matrix_client_carries_the_env_or_its_install_error(monkeypatch: pytest.
 
     ctx = SimpleNamespace(python="3.11", index=ce.IndexConfig(), cache=Path("/nonexistent"))
     monkeypatch.setattr(ce, "fetch_releases", _fetch)
-    monkeypatch.setattr(ce, "_python_version", lambda _: "3.11.7")
+    monkeypatch.setattr("harness.envbuild.client_python.find_python", lambda *_: FoundPython("py", "3.11.7"))
 
     def fails(*_: Any, **__: Any) -> ce.ClientEnv:
         raise ce.ClientEnvError("installing trl==1.0.0 failed: boom")

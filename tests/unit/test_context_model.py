@@ -279,7 +279,8 @@ def test_the_engine_side_resolves_the_kind(tmp_path: Path) -> None:
     loaded = load_model(cm.KIND, {"rows": 32, "version": "B"}, tmp_path)
     assert cm.load_info(Path(loaded.source)) == (ContextCellSpec(rows=32), "B")
     assert (loaded.kind, loaded.vocab_size, loaded.perm, loaded.defaults) == (cm.KIND, 2 + 8 + 32 * 8, None,
-                                                                              {"dtype": "float32"})
+                                                                              {"dtype": "float32",
+                                                                               "skip_tokenizer_init": False})
     assert load_model(cm.KIND, {}, tmp_path).source.endswith("-A")
     with pytest.raises(ValueError, match="weight version 'C'"):
         load_model(cm.KIND, {"version": "C"}, tmp_path)

@@ -1,5 +1,7 @@
-"""CRASH on the engine tier: where vLLM raised (repro.core.crash), the engine core's crash report, the scenario event it
-becomes (repro.scenarios.cell_run.run_cell) and the cell result the harness makes of it; synthetic tracebacks, no vLLM."""
+"""CRASH on the engine tier: where vLLM raised (repro.core.crash), the engine core's crash report, the scenario
+event it
+becomes (repro.scenarios.cell_run.run_cell) and the cell result the harness makes of it; synthetic tracebacks, no
+vLLM."""
 
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ def test_the_innermost_vllm_frame_is_the_crash_site() -> None:
 
 
 def test_our_own_frame_inside_vllm_is_not_vllm_raising(tmp_path: Path) -> None:
-    ours = str(tmp_path / "repro" / "shim.py")
+    ours = str(tmp_path / "repro" / "patches" / "shim.py")
     exc = _raise_through([(CORE, ""), (ours, "")], RuntimeError("a harness bug"))
     assert crash.vllm_crash_site(exc) is not None, "vLLM called us"
     assert not crash.raised_in_vllm(exc, ours=(str(tmp_path / "repro"),))

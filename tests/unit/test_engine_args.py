@@ -325,7 +325,9 @@ def test_model_kinds_resolve_in_the_engine(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="exactly one"):
         load_model("path", {"path": "a", "name": "b"}, tmp_path)
     bigram = load_model("bigram-cycle", {}, tmp_path / "cache")
-    assert bigram.defaults == {"dtype": "float32"} and bigram.perm is not None and len(bigram.perm) == 512
+    # float32, and vLLM loads the checkpoint's word-level tokenizer (repro.models.tokenizer).
+    assert bigram.defaults == {"dtype": "float32", "skip_tokenizer_init": False}
+    assert bigram.perm is not None and len(bigram.perm) == 512
 
 
 def test_compare_warns_when_the_two_reports_ran_different_set_ups() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from repro.settings.effective import effective_settings, refused_setting
 
 from harness.core.cell import Cell, EngineKey
 from harness.core.oracle import Outcome
@@ -20,6 +19,7 @@ from harness.run.spec import RunConfig, engine_spec
 from harness.verdicts.history.store import HistoryCell
 from harness.verdicts.results import CellResult
 from harness.verdicts.workarounds import workaround_verdicts
+from repro.settings.effective import effective_settings, refused_setting
 from repro.settings.read_back import runner_generation
 
 pytestmark = pytest.mark.unit

@@ -15,6 +15,7 @@ from harness.frontends.commands.frameworks import render_check, render_recipe, r
 from harness.plan.matrix import plan_cells
 from harness.verdicts.framework_verdicts import Safety, check_frameworks, safety_of, versions_with_results
 from harness.verdicts.frameworks import (
+    REQUESTS,
     SEQUENCE,
     STAND_IN,
     WORKAROUND,
@@ -56,7 +57,8 @@ def test_doors_and_pins_follow_the_research() -> None:
         "openrlhf": "engine", "verl": "engine", "pipelinerl": "engine", "nemo-rl": "engine"}
     # trl 1.16.0's METADATA pins vllm >=0.22.0,<=0.31.0 (the first release with vllm#42043's fix).
     assert by("trl").floor == "0.22.0" and by("trl").allows("0.31.0") and not by("trl").allows("0.21.0")
-    assert by("skyrl").floor == "0.26.0" and not by("skyrl").allows("0.22.0")
+    # skyrl 0.4.0's METADATA pins vllm ==0.30.0 (its fsdp and megatron extras).
+    assert by("skyrl").floor == "0.30.0" and not by("skyrl").allows("0.22.0")
     assert by("verl").floor == "0.8.5"
 
 
@@ -74,8 +76,13 @@ def test_trl_compiles_to_weight_sync_keep_clear_on_the_server_door_and_its_stand
         (STAND_IN, "vllm0.21.0-mp-async_on-keep-clear-weight_sync"),
         # Its pause and resume over HTTP without the swap (the server door has no HTTP trainer yet).
         (SEQUENCE, "vllm0.21.0-mp-async_on-keep-clear-server"),
-        (STAND_IN, "vllm0.21.0-mp-async_on-keep-clear")]
-    assert [c.role for c in recipe_cells(by("trl"), "0.21.0", stand_ins=False)] == [SEQUENCE, SEQUENCE]
+        (STAND_IN, "vllm0.21.0-mp-async_on-keep-clear"),
+        # The same pause with TRL's kind of requests (issue 34): sampled, logprobs read back, on its door only.
+        (REQUESTS, "vllm0.21.0-mp-async_on-keep-clear-server-sampled")]
+    assert [c.role for c in recipe_cells(by("trl"), "0.21.0", stand_ins=False)] == [SEQUENCE, SEQUENCE, REQUESTS]
+    assert {(s.param, s.at) for s in by("trl").sampling} >= {
+        ("seed", "trl/experimental/async_grpo/async_rollout_worker.py:1014"),
+        ("logprobs", "trl/experimental/async_grpo/async_rollout_worker.py:1010")}
 
 
 def test_pipelinerl_sequence_is_its_workarounds_without_cell() -> None:
@@ -224,8 +231,8 @@ def test_check_reads_sequence_stand_in_and_workaround() -> None:
     assert [v.status.value for v in pipe.workaround.verdicts] == ["REMOVABLE", "REMOVABLE"]
     table = "\n".join(render_table((trl, pipe)))
     assert "| trl (server; pins >=0.22.0,<=0.31.0) | UNSAFE (weight_sync-keep-clear[server] LOSS, " \
-           "keep-clear[server] LOSS); engine-door stand-in: UNSAFE (weight_sync-keep-clear LOSS, keep-clear LOSS) " \
-           "[outside its pin] |" in table
+           "keep-clear[server] LOSS); engine-door stand-in: UNSAFE (weight_sync-keep-clear LOSS, keep-clear LOSS); " \
+           "its requests: keep-clear-sampled[server] LOSS [outside its pin] |" in table
     assert "UNKNOWN (weight_sync-keep-clear[server] UNSUPPORTED, keep-clear[server] OK)" in table
     text = "\n".join(render_check(trl))
     assert "why vllm0.22.0-mp-async_on-keep-clear-weight_sync-server" in text
@@ -268,7 +275,9 @@ def test_report_reads_results_already_written(tmp_path: Path, capsys: pytest.Cap
     path.write_text(json.dumps(results.to_dict()))
     assert main(["frameworks", "report", str(path), "--framework", "openrlhf"]) == 0
     out = capsys.readouterr().out
-    assert "| openrlhf (engine; pins >=0.27.1) | UNSAFE (weight_sync-keep-clear LOSS) [outside its pin] | SAFE (" in out
+    assert ("| openrlhf (engine; pins >=0.27.1) | UNSAFE (weight_sync-keep-clear LOSS); its requests: "
+            "keep-clear-sampled LOSS [outside its pin] | SAFE (") in out
+    assert "0.21.0 with its requests: keep-clear-sampled LOSS" in out
     assert "safe on: 0.22.0" in out and "first safe release at or after its pin: none checked at or after 0.27.1" in out
 
 
@@ -343,3 +352,27 @@ def test_the_stale_kv_column_shows_each_release_and_is_not_the_safety_verdict() 
     (bare,) = check_frameworks(rs[:1], ["0.21.0"], [r for r, c in zip(results, compiled, strict=True)
                                                      if c.role != STALE_KV])
     assert bare.releases[0].stale_kv == ()
+
+
+def test_every_framework_read_says_what_its_rollouts_send() -> None:
+    """Issue 34 item 5: temperature, n, seed, logprobs, logprobs mode, penalties and structured output, each cited;
+    every recipe with a pause the pause scenario plays sends sampled requests in a request cell on its door."""
+    from harness.verdicts.file_schemas import SAMPLING_PARAMS
+
+    for name in ("trl", "verl", "openrlhf", "skyrl", "areal", "prime-rl", "nemo-rl"):
+        r = by(name)
+        assert sorted(s.param for s in r.sampling) == sorted(SAMPLING_PARAMS), name
+        assert all(s.quote and ":" in s.at for s in r.sampling), name
+    for name in ("trl", "verl", "openrlhf", "skyrl", "areal", "prime-rl"):
+        (rc,) = by(name).request_cells
+        assert dict(rc.values)["request"] == "sampled" and dict(rc.values)["scenario"] == "pause"
+    assert not by("nemo-rl").request_cells  # it never pauses
+
+
+def test_a_request_cell_must_name_a_request_kind(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "harness/verdicts/frameworks.toml").read_text()
+    bad = text.replace('request = "sampled"\n', "", 1)
+    path = tmp_path / "f.toml"
+    path.write_text(bad)
+    with pytest.raises(BadInput, match=r"request_cell #1.*request kind"):
+        load_recipes(path)

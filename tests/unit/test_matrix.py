@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from harness.envbuild.index_releases import Release
 from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput, ReproError
+from harness.envbuild.index_releases import Release
 from harness.plan.matrix import (
     DEFAULT_VERSIONS,
     EXECUTORS,

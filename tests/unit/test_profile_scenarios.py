@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from fake_engine import SP, FakeLLM
-from repro.settings.effective import refused_setting
 
 import repro.scenarios.runs as runs
 from harness.core.cell import Cell
@@ -38,6 +37,7 @@ from repro.patches import counters
 from repro.scenarios import RUNNERS, SCENARIOS, chunked, preempt, sleep, spec_ngram
 from repro.scenarios._profile import per_request
 from repro.scenarios.vocab import REFERENCE_MARGIN, EngineContext, ScenarioFailed, ScenarioUnsupported
+from repro.settings.effective import refused_setting
 
 pytestmark = pytest.mark.unit
 

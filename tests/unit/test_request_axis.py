@@ -53,12 +53,14 @@ def test_bad_request_kind_exits_2_naming_the_kinds(capsys: pytest.CaptureFixture
 @pytest.mark.parametrize(("cell", "words"), [
     (SAMPLED.replace(tier="scheduler"), "scripts the model's outputs"),
     (SAMPLED.replace(scenario="weight-sync"), "realised by the pause scenario"),
-    (SAMPLED.replace(door="server"), "engine door"),
+    (SAMPLED.replace(door="client"), "engine and server doors"),
 ])
 def test_where_sampled_cannot_run_it_is_unsupported_with_the_reason(cell: Cell, words: str) -> None:
     reason = unsupported_reason(cell, "cpu")
     assert reason is not None and words in reason
     assert unsupported_reason(SAMPLED, "cpu") is None
+    # The built-in checkpoints carry a tokenizer (repro.models.tokenizer): the server door returns logprobs.
+    assert unsupported_reason(SAMPLED.replace(door="server"), "cpu") is None
 
 
 def test_the_spec_names_the_request_kind_only_off_greedy(tmp_path: Path) -> None:
@@ -115,7 +117,7 @@ def _default_plan(*argv: str) -> MatrixPlan:
 
 def test_the_default_matrix_sends_sampled_where_a_scenario_realises_it_and_nowhere_else() -> None:
     """`tox -e repro` (issue 34 item 5): sampled cells on the pause scenario's engines, no UNSUPPORTED row for a
-    request kind nobody named (the other scenarios, the scheduler tier, the server door)."""
+    request kind nobody named (the other scenarios, the scheduler tier, the client door)."""
     plan = _default_plan()
     runnable = [c for _, cs in plan.engines for c in cs]
     sampled = [c for c in runnable if c.request == "sampled"]
@@ -125,7 +127,8 @@ def test_the_default_matrix_sends_sampled_where_a_scenario_realises_it_and_nowhe
     assert not [r for _, r in plan.unsupported if "request" in r]
     assert {c.scenario for c in runnable if c.request == "greedy"} > {"pause", "weight-sync", "preempt"}
     assert not [c for c in _default_plan("--tier", "scheduler").cells if c.request != "greedy"]
-    assert not [c for c in _default_plan("--door", "server").cells if c.request != "greedy"]
+    server = _default_plan("--door", "server", "--scenario", "pause").cells
+    assert {c.request for c in server} == {"greedy", "sampled"}
     assert {c.request for c in _default_plan("--request", "greedy").cells} == {"greedy"}
 
 

@@ -108,7 +108,7 @@ def test_staged_plugin_is_discoverable_as_a_vllm_entry_point(tmp_path: Path) -> 
     import sys
 
     stage = stage_repro(tmp_path / "pkg")
-    assert (stage / "repro" / "shim.py").is_file()
+    assert (stage / "repro" / "patches" / "shim.py").is_file()
     sys.path.insert(0, str(stage))
     try:
         eps = [ep for ep in md.entry_points(group="vllm.general_plugins") if ep.name == "repro_shim"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import stat
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def _toys(flag: bool) -> ToyAdapter:
 
 @pytest.mark.slow  # pure, but Hypothesis' shrinking takes some 5 CPU seconds
 def test_the_machine_falsifies_a_one_frame_discard_flag_and_shrinks_it() -> None:
-    out = run_fuzz(_toys(flag=True), Path("."), PERM, FuzzSpec(examples=40, steps=10, seed=3, depths=(2,)))
+    out = run_fuzz(_toys(flag=True), Path("."), PERM, FuzzSpec(examples=40, steps=10, seed=1, depths=(2,)))
     assert out["status"] == "ran" and out["examples"] >= out["examples_to_failure"] >= 1
     fals = out["falsifying"]
     assert fals is not None and fals["shrunk"], "the script is the one Hypothesis replayed last: the shrunk one"
@@ -155,7 +156,10 @@ def test_a_fuzz_run_is_judged_staged_and_written_as_a_plan_that_replays(tmp_path
     staged = (tmp_path / "work" / "engines" / "fuzz-0.21.0" / "staged.txt").read_text().split()
     assert {"repro", "hypothesis", "sortedcontainers"} <= set(staged), "Hypothesis is staged beside repro"
     sent = json.loads((tmp_path / "work" / "engines" / "fuzz-0.21.0" / "spec.json").read_text())
-    assert sent["schema_version"] == SCHEMA_VERSION and FuzzSpec.from_json(sent["fuzz"]) == spec
+    sent_spec = FuzzSpec.from_json(sent["fuzz"])
+    assert sent["schema_version"] == SCHEMA_VERSION and replace(sent_spec, known=()) == spec
+    # The known-bug rows covering 0.21.0 go with it (issue 38): its failures there are KNOWN, not new.
+    assert ("pause", True, "vllm#42043") in {(k.scenario, k.async_on, k.bug) for k in sent_spec.known}
     # The plan file is what `vllm-repro plan` reads, and replays to the outcome the fuzzer reported.
     plan = read_plan(write_plan(r, tmp_path / "reports"))
     assert plan == json.loads(json.dumps(plan_document(r))) and plan["found"]["outcome"] == "LOSS(1)"

@@ -63,7 +63,7 @@ def test_options_of_reads_the_parsers_actions() -> None:
 @pytest.mark.parametrize(("version", "key"), [("0.22.0+cpu", (0, 22, 0)), ("0.22.1rc1.dev3", (0, 22, 1)),
                                               ("1.0", (1, 0, 0))])
 def test_release_key(version: str, key: tuple[int, ...]) -> None:
-    assert ep.release_key(version) == key
+    assert ep.version_tuple(version) == key
 
 
 def test_pause_modes_exist_from_0_16_0() -> None:

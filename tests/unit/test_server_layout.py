@@ -1,4 +1,5 @@
-"""Where the server door finds vLLM's server pieces per release (repro.core.server_layout, repro.patches.server_probe.install,
+"""Where the server door finds vLLM's server pieces per release (repro.core.server_layout,
+repro.patches.server_probe.install,
 the shim's probe install): fake module trees shaped like each release's, no vLLM import."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Every engine setting declared once (repro.settings.declared) and proven in effect: the table an engine records, a forced
+"""Every engine setting declared once (repro.settings.declared) and proven in effect: the table an engine records,
+a forced
 difference judged UNSUPPORTED with both values, values checked before anything starts, and a scratch setting
 added in one place that every consumer follows (issue 35 item 1)."""
 
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from repro.settings.effective import effective_settings
 
 from harness.core.axes import ON_OFF, axis
 from harness.core.cell import Cell
@@ -28,6 +28,7 @@ from repro.core.wire import Spec
 from repro.scenarios.cell_run import run_cell
 from repro.settings import declared as settings
 from repro.settings.declared import AXIS, SETTINGS, EngineArg, Setting
+from repro.settings.effective import effective_settings
 from repro.settings.engine_axes import engine_args, unrealised
 
 pytestmark = pytest.mark.unit

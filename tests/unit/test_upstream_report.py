@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness.envbuild.index_releases import Release
 
 from harness.core.errors import BadInput
 from harness.envbuild.index import IndexConfig
+from harness.envbuild.index_releases import Release
 from harness.envbuild.recipe import EnvRecipe, VllmEnv
 from harness.frontends.cli import main
 from harness.upstream import check as chk

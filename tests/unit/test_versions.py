@@ -6,9 +6,9 @@ import platform
 from pathlib import Path
 
 import pytest
-from harness.envbuild.index_releases import Release
 
 from harness.core.errors import BadInput
+from harness.envbuild.index_releases import Release
 from harness.plan.matrix import parse_versions
 from harness.plan.releases import INSTALLED, candidate_versions, resolve_versions, wheelhouse_fetch
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness.envbuild.index_releases import Release
 
 from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
+from harness.envbuild.index_releases import Release
 from harness.frontends.cli import main
 from harness.plan.matrix import MatrixPlan
 from harness.verdicts.history.store import add_run
@@ -196,10 +196,10 @@ def test_a_matrix_infrastructure_failure_is_an_incompatibility(tmp_path: Path) -
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[Cell], tuple[Outcome, str]]], None]:
     """The index holds 0.33.0 and 0.34.0; execute_plan judges each planned cell with the outcome given."""
-    import harness.plan.releases
+    import harness.envbuild.index_releases
     import harness.run.execute
 
-    monkeypatch.setattr(harness.plan.releases, "fetch_releases", fake_index("0.32.0", "0.33.0", "0.34.0"))
+    monkeypatch.setattr(harness.envbuild.index_releases, "fetch_releases", fake_index("0.32.0", "0.33.0", "0.34.0"))
 
     def use(outcome_for: Callable[[Cell], tuple[Outcome, str]]) -> None:
         inner = fake_runner(outcome_for)
@@ -280,12 +280,12 @@ def test_a_history_with_no_verdict_is_bad_input(tmp_path: Path, offline, capsys)
 
 
 def test_an_index_that_cannot_be_listed_is_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.plan.releases
+    import harness.envbuild.index_releases
 
     def unreachable(package: str, index_url: str | None) -> list[Release]:
         raise BadInput(f"cannot list versions of {package}")
 
-    monkeypatch.setattr(harness.plan.releases, "fetch_releases", unreachable)
+    monkeypatch.setattr(harness.envbuild.index_releases, "fetch_releases", unreachable)
     hist = history(tmp_path, [("0.33.0", Outcome.OK)])
     assert main(["releases", "watch", "--platform", "cpu", "--history", str(hist),
                  "--reports", str(tmp_path / "r")]) == 2

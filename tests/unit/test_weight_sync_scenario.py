@@ -506,8 +506,9 @@ def _trainer(lines: list[str]) -> tuple[int, list[dict[str, Any]], str]:
     import json
     import subprocess
 
-    proc = subprocess.run([sys.executable, "-m", "repro.scenarios.weight_trainer"], input="".join(x + "\n" for x in lines),
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run([sys.executable, "-m", "repro.scenarios.weight_trainer"],
+                          input="".join(x + "\n" for x in lines), capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
     replies = [json.loads(x[len(weight_transfer.TRAINER_TAG):]) for x in proc.stdout.splitlines()
                if x.startswith(weight_transfer.TRAINER_TAG)]
     return proc.returncode, replies, proc.stderr

@@ -1,4 +1,5 @@
-"""The oracle: pure functions that judge observed token streams (typed :class:`harness.core.recorded_streams.StreamRecord`)
+"""The oracle: pure functions that judge observed token streams (typed
+:class:`harness.core.recorded_streams.StreamRecord`)
 against references.  One concern a module: ``outcome`` (the outcome words, fault events), ``streams`` (one stream
 decomposed into fault events), ``ambiguity`` (what the streams can prove), ``requests`` (a request's verdict),
 ``cells`` (a cell's verdict and label), ``pauses`` (faults at pauses: what the known-bug table predicts).

@@ -75,6 +75,11 @@ def mismatch_detail(record: StreamRecord, i: int, what: str = "") -> str:
     ref_lp = _floats(raw, "reference_logprobs")
     ref = record.reference
     side = (f"; reference token {ref[i]} logprob {ref_lp[i]}" if i < len(ref) and i < len(ref_lp) else "")
+    if t is None and i < len(table) and i < len(obs):
+        # A structured request's table has no value for a token its grammar does not allow (repro.scenarios.sampling:
+        # constrained_logprobs): vLLM delivered a token its own bitmask should have masked.
+        return (f"{what}position {i}: token {token} after {prev}, logprob {d}: the request's grammar does not allow "
+                f"this token (vLLM's bitmask should have masked it){side}")
     return (f"{what}position {i}: token {token} after {prev}, logprob {d}, the table gives {t}{side}"
             f"{_neighbour(delivered, table, i) if d is not None else ''}")
 

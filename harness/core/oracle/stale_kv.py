@@ -1,7 +1,8 @@
 """Stale KV across a weight update (issue 37): a request judged by what its kind promises.
 
 The stale-kv scenarios (``repro.scenarios.stale_kv``) give every request ``stale_kv`` facts
-(:class:`harness.core.recorded_streams.StaleKvRecord`): its kind and the stream that reading KV the old weights wrote gives
+(:class:`harness.core.recorded_streams.StaleKvRecord`): its kind and the stream that reading KV the old weights
+wrote gives
 (the context-cell model's oracle, ``repro.models.context_cell.expected_continuation``).  Its ``reference`` is what fresh
 KV gives.  A stream that is not its reference but is, token for token, the stale stream, is
 

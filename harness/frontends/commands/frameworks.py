@@ -44,7 +44,9 @@ def render_recipe(r: Recipe) -> list[str]:
     lines = [f"{r.name}: {r.title} ({r.repo}@{r.commit[:7]}), pins vllm {r.pin} ({r.pin_at}), door {r.door}",
              f"  door: {r.door_detail}" if r.door_detail else "",
              *(f"  call: {c.call}  [{r.source(c.at)}]" for c in r.calls),
-             *(f"  cell ({c.match}): {c.at('X', r.door).config_id}: {c.why}" for c in r.cells)]
+             *(f"  sends {s.param}: {s.value}  [{r.source(s.at, s.source)}]" for s in r.sampling),
+             *(f"  cell ({c.match}): {c.at('X', r.door).config_id}: {c.why}" for c in r.cells),
+             *(f"  request cell ({c.match}): {c.at('X', r.door).config_id}: {c.why}" for c in r.request_cells)]
     if r.engine_kwargs:
         lines.append("  engine kwargs it passes (recorded, not applied): "
                      + ", ".join(f"{k}={v}" for k, v in r.engine_kwargs))
@@ -79,6 +81,8 @@ def _entry(r: ReleaseVerdict, door: str) -> str:
         text += f"; engine-door stand-in: {r.stand_in.value} ({_cells_text(r.stand_in_cells)})"
     if r.stale_kv:
         text += f"; stale KV: {_cells_text(r.stale_kv)}"
+    if r.requests:
+        text += f"; its requests: {_cells_text(r.requests)}"
     return text + ("" if r.allowed else " [outside its pin]")
 
 
@@ -134,6 +138,8 @@ def render_check(c: FrameworkCheck) -> list[str]:
         lines.append(f"  workaround {w.setting} ({w.location}):")
         lines += [f"    {v.version}: {v.status.value}: {v.evidence}" for v in c.workaround.verdicts]
     lines += render_stale_kv(c)
+    for rv in c.releases:
+        lines += [f"  {rv.version} with its requests: {o.label} {o.outcome}: {o.detail}" for o in rv.requests]
     for rv in c.releases:
         lines.append(f"  {rv.version} {rv.safety.value}, why: "
                      + "; ".join(f"{o.label} {o.outcome}: {o.why or 'not judged'}" for o in rv.cells))

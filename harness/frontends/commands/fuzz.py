@@ -20,6 +20,7 @@ from harness.run.sched_fuzz import (
     FuzzResult,
     fuzz_spec,
     fuzz_versions,
+    op_text,
     plan_document,
     summary_document,
     write_plan,
@@ -30,9 +31,11 @@ from repro.sched.reach import HEADLINE as REACH_HEADLINE  # pure: coverage.py is
 
 DESCRIPTION = (
     "Fuzz vLLM's real Scheduler/AsyncScheduler in-process (the scheduler tier) with a Hypothesis state machine: "
-    "requests added, steps with D = 1..3 frames in flight, drains, prefix-cache resets with frames in flight, "
-    "keep-mode pauses, aborts, and KV-cache pressure, checking after every rule that each delivered stream is the "
-    "tokens of its positions and at the end that every request finished. A falsifying example is shrunk, printed "
+    "requests added (n > 1 ones as their children), steps with D = 1..3 frames in flight, drains, prefix-cache "
+    "resets with frames in flight, keep-mode pauses, aborts, and KV-cache pressure, checking after every rule that "
+    "each delivered stream is the tokens of its positions and at the end that every request finished. A failure "
+    "that is a known bug of the release (its known-bug table row) is reported once as KNOWN and the run goes on; "
+    "a new falsifying example is shrunk, printed "
     "as JSON and written to the reports folder; `vllm-repro plan FILE` replays it. Exit 0 when every version was "
     "fuzzed (a finding is not a failure unless --strict), 1 when one could not be, 2 on bad input."
 )
@@ -99,7 +102,7 @@ class FuzzCommand(Command):
         with interruptible(console, f"partial results are in {args.reports}"):
             for r in fuzz_versions(versions, spec, run_context(ctx, cfg), args.timeout):
                 results.append(r)
-                show(r, write_plan(r, args.reports) if r.found else None)
+                show(r, write_plan(r, args.reports) if r.found else None, replay_options(args))
         args.reports.mkdir(parents=True, exist_ok=True)  # no engine may have run (every env build failed)
         (args.reports / "fuzz.json").write_text(json.dumps(summary_document(results, spec, args.profile),
                                                            indent=2) + "\n")
@@ -112,7 +115,12 @@ def exit_code(results: Sequence[FuzzResult], strict: bool) -> int:
     return 1 if any(r.failed or (strict and r.found) for r in results) else 0
 
 
-def show(r: FuzzResult, plan: Path | None) -> None:
+def replay_options(args: argparse.Namespace) -> str:
+    """The options a replay needs to run on the same build: ``--wheels`` and ``--platform`` as given."""
+    return "".join(f" --{k} {getattr(args, k)}" for k in ("wheels", "platform") if getattr(args, k, None))
+
+
+def show(r: FuzzResult, plan: Path | None, options: str = "") -> None:
     """One version's result on stdout; a falsifying example with its replay command and its plan as JSON."""
     print(f"{r.version}: {headline(r)}")
     if r.status == "ran":
@@ -122,6 +130,11 @@ def show(r: FuzzResult, plan: Path | None) -> None:
             print(f"  {line}")
     for what, why in r.dropped.items():
         print(f"  not drawn: {what}: {why}")
+    for k in r.known:
+        ops = "; ".join(op_text(o) for o in k.script.get("ops", []))
+        print(f"  KNOWN {k.bug} (scenario {k.scenario}, {k.expect} there): {k.examples} example(s), first at "
+              f"example {k.first_example}, dropped and the run went on; minimised to {k.ops} ops: {ops}")
+        print(f"    state machine: {k.failure}")
     if r.log is not None and (r.failed or r.found):
         print(f"  log: {r.log}")
     if r.falsifying is None or plan is None:
@@ -130,15 +143,17 @@ def show(r: FuzzResult, plan: Path | None) -> None:
     by = f" (Hypothesis: {f.hypothesis_ops})" if f.hypothesis_ops not in (None, f.ops) else ""
     print(f"  shrunk to {f.ops} ops{by}: {f.ops_text()}" + ("" if f.shrunk else " (not Hypothesis' final replay)"))
     print(f"  state machine: {f.failure}")
-    print(f"  replay: vllm-repro plan {plan} --versions {r.version}")
+    print(f"  replay: vllm-repro plan {plan} --versions {r.version}{options}")
     print(json.dumps(plan_document(r), indent=2))
 
 
 def headline(r: FuzzResult) -> str:
     if r.falsifying is not None:
-        return f"FALSIFIED after {r.examples_to_failure} examples: {r.falsifying.verdict.summary}"
+        known = f" (and {len(r.known)} known, below)" if r.known else ""
+        return f"FALSIFIED (new) after {r.examples_to_failure} examples: {r.falsifying.verdict.summary}{known}"
     if r.status == "ran":
-        return f"nothing found in {r.examples} examples"
+        known = f" ({len(r.known)} known, below)" if r.known else ""
+        return f"nothing new found in {r.examples} examples{known}"
     return f"{r.outcome.value}: {r.reason}"
 
 

@@ -43,6 +43,7 @@ class ClientSetup:
     client: Client
     env: ClientEnv | None
     failures: tuple[str, ...]  # one line per release that did not install (the installer's last line)
+    unsupported: bool = False  # no interpreter the framework's release accepts: its cells are UNSUPPORTED
 
     @property
     def error(self) -> str:
@@ -54,9 +55,12 @@ class ClientSetup:
 
         c = self.client
         head = (f"client door: {c.package} {self.env.version}, {c.module}.{c.cls} "
-                f"({', '.join(f'{m}()' for _, m in c.calls)}), side environment {self.env.path}"
-                if self.env else f"client door: {c.package}: ERROR: {self.error}")
+                f"({', '.join(c.call_name(m) for _, m in c.calls)}), side environment {self.env.path}"
+                if self.env else f"client door: {c.package}: {'UNSUPPORTED' if self.unsupported else 'ERROR'}: "
+                                 f"{self.error}")
         return [head, *(f"  not installed: {f}" for f in self.failures if self.env),
+                *([f"  the server is the framework's own entry point: {self.env.server_main}"]
+                  if self.env and self.env.server_main else []),
                 *([f"  weight swap in weight-sync cells: {c.swap}"] if c.swap else []),
                 *(f"  stand-in {s.module}: {s.reason}; unchanged: {s.unchanged}" for s in standins(c.framework))]
 
@@ -100,17 +104,26 @@ def matrix_client(ctx: Context, raw: str) -> dict[str, str]:
     if name not in CLIENTS:
         raise bad_choice("--client framework", name, tuple(CLIENTS))
     setup = install_client(ctx, CLIENTS[name], version or None)
-    return setup.env.to_spec() if setup.env else {"framework": name, "error": setup.error}
+    if setup.env:
+        return setup.env.to_spec()
+    return {"framework": name, "error": setup.error, **({"unsupported": "true"} if setup.unsupported else {})}
 
 
 def install_client(ctx: Context, client: Client, asked: str | None) -> ClientSetup:
     """The release to run (``asked``, else the newest that installs) in its side environment."""
     from harness.envbuild import client_env as ce
+    from harness.envbuild.client_python import find_python
 
-    pv = ce._python_version(ctx.python)
+    found = find_python(client.requires_python, ctx.python)
+    if found is None:
+        return ClientSetup(client, None, (f"{client.package} needs Python {client.requires_python} "
+                                          f"(its client's Requires-Python); no such interpreter found (tried "
+                                          f"{ctx.python}, uv python find, pyenv's versions, python3.N on PATH)",),
+                           unsupported=True)
+    pv = found.version
     versions = ce.chosen_versions(client, asked, ce.releases(client, ctx.index, pv))
     env, failures = ce.newest_that_installs(
-        client, versions, lambda v: ce.ensure_client_env(client, v, ctx.cache, ctx.python, ctx.index, pv))
+        client, versions, lambda v: ce.ensure_client_env(client, v, ctx.cache, found.executable, ctx.index, pv))
     return ClientSetup(client, env, failures)
 
 
@@ -168,4 +181,5 @@ def error_results(setup: ClientSetup, cells: list[Cell]) -> list[CellResult]:
     from harness.core.oracle import Outcome
     from harness.verdicts.results import infra_result
 
-    return [infra_result(c, Outcome.ERROR, f"door=client: {setup.error}") for c in cells if c.door == CLIENT]
+    outcome = Outcome.UNSUPPORTED if setup.unsupported else Outcome.ERROR
+    return [infra_result(c, outcome, f"door=client: {setup.error}") for c in cells if c.door == CLIENT]

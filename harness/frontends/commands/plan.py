@@ -12,7 +12,12 @@ from harness.export.engine_script import cell_plan, plan_json
 from harness.frontends.commands.command import Command
 from harness.frontends.commands.export import export_file
 from harness.frontends.commands.invocation import Context, run_context
-from harness.frontends.commands.options import add_index_options, add_run_options, add_version_options
+from harness.frontends.commands.options import (
+    add_index_options,
+    add_run_options,
+    add_version_options,
+    add_wheels_option,
+)
 from harness.plan.matrix import EXECUTORS, ON_OFF, parse_bools
 from harness.plan.plan_file import check_plan, check_plan_fits, model_limits, read_plan
 from harness.run.replay import PlanReplay, replay_plan, replay_sched_plan
@@ -74,6 +79,8 @@ class PlanCommand(Command):
                                  "vllm0.21.0-mp-async_on-keep-clear; scenarios pause and manual-reset) to PLAN.json; "
                                  "its async and executor axes are then the defaults of --async and --executor")
         add_run_options(parser, reports="reports/plan")
+        # A scheduler-tier plan the fuzzer found on the CUDA wheel replays there too (--wheels cuda on a CPU machine).
+        add_wheels_option(parser)
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:

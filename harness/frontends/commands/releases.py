@@ -57,7 +57,7 @@ class ReleasesWatch(Command):
         add_index_options(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
-        from harness.plan import releases
+        from harness.envbuild.index_releases import fetch_releases
         from harness.watch.judged import judged_from, newer_releases
         from harness.watch.watch import watch
         from harness.watch.watch_files import write_watch
@@ -68,7 +68,7 @@ class ReleasesWatch(Command):
             raise BadInput(f"no release has a verdict in {'; '.join(judged.sources)}: the watch has no mark to start "
                            "from; give --history (the committed one: docs/results/history/history.jsonl) or --results")
         newest, newer = newer_releases(judged.version, setup.package, ctx.index.index_url,
-                                       ctx.version_fetch or releases.fetch_releases, args.pre)
+                                       ctx.version_fetch or fetch_releases, args.pre)
         console = stderr_console()
         console.print(f"[bold]releases watch[/] {setup.package}: newest judged {judged.version}, newest on the index "
                       f"{newest or 'none'}; {len(newer)} newer: {', '.join(newer) or 'none'}")

@@ -158,8 +158,8 @@ def markdown(results: Results) -> str:
     settings = settings_rows(cells)
     if settings:
         lines += ["", "## Engine settings", "",
-                  "Every setting the engines relied on, read back after start (repro.settings.declared); an engine whose "
-                  "setting differs from what it was asked ran its cells UNSUPPORTED.", ""]
+                  "Every setting the engines relied on, read back after start (repro.settings.declared); an engine "
+                  "whose setting differs from what it was asked ran its cells UNSUPPORTED.", ""]
         lines += md_table(["setting", "requested (by)", "effective", "read back at", "engines", "why"], settings)
     retried = [c for c in cells if c.attempts]
     if retried:

@@ -1,0 +1,232 @@
+"""Known findings of the scheduler fuzzer: which known-bug row a failing example is, pure (no vLLM, no Hypothesis).
+
+The fuzzer stops at its first failure, so before issue 38 it left out of its draws every state whose bug
+was already known (a reset while a streaming-input session waits, a reset with a consumer KV connector and
+a frame in flight, a short session chunk after accepted drafts): otherwise it would find them again and
+again and look no further.  Now it draws them, and a failing example is first matched here against the
+known-bug table's scheduler-tier rows that cover the release under test (the harness passes them:
+:class:`repro.core.wire.FuzzKnown`, from ``harness/verdicts/known_bugs.toml``).  A match is reported as KNOWN with
+the row's bug id and the example is dropped (``hypothesis.reject``), so the run goes on looking; anything
+else is a new finding, shrunk and replayed as before.
+
+A match needs all of: the row covers this release and scheduler (the harness's window, not ours), the
+failure is of a kind the row's bug produces here (:attr:`Signature.kinds`, with the text it must carry), the
+script holds the row's trigger, and the **control** — the same script with the trigger taken out — does not
+fail alike (a replay the caller injects).  So a failure is never filed under a row it does not need: a
+session-reset CRASH whose script still crashes with every reset at an open session removed is new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from repro.sched.script import Op, Script
+
+# What a failure is (repro.sched.opmodel.failure_kind): "crash at <vllm site>", "stall", "stream", "finish".
+_STREAMISH = ("stream", "finish", "stall")
+_PLACEHOLDERS = "num_output_placeholders"  # vLLM's assert request.num_output_placeholders >= 0
+_RESET_FAILED = "Failed to reset KV cache"  # Scheduler.reset_prefix_cache's RuntimeError
+
+
+@dataclass(frozen=True)
+class Signature:
+    """How one scheduler-tier scenario of the known-bug table shows in a fuzzer example."""
+
+    scenario: str  # the known-bug table's scheduler-tier scenario (harness.sched.tier.SHAPES)
+    kinds: tuple[str, ...]  # failure kinds it produces: "crash" (with ``needle``), "stream", "finish", "stall"
+    needle: str  # text a crash's failure carries ("" for any)
+    trigger: Callable[[Script], bool]
+    control: Callable[[Script], Script]  # the script without the trigger
+    why: str
+
+    def fits(self, script: Script, kind: str, failure: str) -> bool:
+        """Whether a failure of ``kind`` with text ``failure`` on ``script`` looks like this row's bug."""
+        if kind.startswith("crash"):
+            if "crash" not in self.kinds or self.needle not in failure:
+                return False
+        elif kind not in self.kinds:
+            return False
+        return self.trigger(script)
+
+
+@dataclass(frozen=True)
+class Match:
+    """A failure filed under a known-bug row."""
+
+    bug: str  # the row's id (``vllm#42043``, ``reset with a waiting session``, ...)
+    scenario: str
+    expect: str  # the row's expected outcome on its own scenario (informative)
+
+
+# --------------------------------------------------------------------------- triggers and controls
+
+
+def _resets_where(script: Script, pick: Callable[[Op, set[str]], bool]) -> list[int]:
+    """Indices of the reset ops for which ``pick(op, open sessions)`` holds (sessions added, not yet closed)."""
+    sessions = {r.rid for r in script.requests if r.session}
+    open_: set[str] = set()
+    found: list[int] = []
+    for i, op in enumerate(script.ops):
+        if op.op == "add" and op.rid in sessions:
+            open_.add(op.rid or "")
+        elif op.op == "close":
+            open_.discard(op.rid or "")
+        elif op.op == "reset" and pick(op, open_):
+            found.append(i)
+    return found
+
+
+def _without(script: Script, drop: Iterable[int]) -> Script:
+    gone = set(drop)
+    return replace(script, ops=tuple(op for i, op in enumerate(script.ops) if i not in gone))
+
+
+def _at_open_session(op: Op, open_: set[str]) -> bool:
+    return bool(open_)
+
+
+def _drained_reset(script: Script) -> Callable[[Op, set[str]], bool]:
+    # A reset asked with 0 frames in flight, or "whatever is in flight" with D=2 (one frame at most, which the
+    # one-frame flag of 0.12-0.21 handles: the reset-inflight control is OK on every release).
+    return lambda op, _: op.in_flight == 0 or (op.in_flight is None and script.setup.depth == 2)
+
+
+def _deep_reset(script: Script) -> Callable[[Op, set[str]], bool]:
+    return lambda op, _: script.setup.depth == 3 and (op.in_flight is None or op.in_flight >= 2)
+
+
+def _any_reset(script: Script) -> Callable[[Op, set[str]], bool]:
+    return lambda op, _: True
+
+
+def _resets(which: Callable[[Script], Callable[[Op, set[str]], bool]], need: int = 1,
+            when: Callable[[Script], bool] = lambda s: True) -> tuple[Callable[[Script], bool],
+                                                                      Callable[[Script], Script]]:
+    """A trigger "at least ``need`` resets of ``which`` kind (and ``when``)" and its control: those resets gone."""
+    def trigger(s: Script) -> bool:
+        return when(s) and len(_resets_where(s, which(s))) >= need
+
+    def control(s: Script) -> Script:
+        return _without(s, _resets_where(s, which(s)))
+    return trigger, control
+
+
+def _session_trigger(s: Script) -> Callable[[Op, set[str]], bool]:
+    return _at_open_session
+
+
+def _plain_sessions(s: Script) -> Script:
+    """The script with every session an ordinary request (its first turn only, no feed or close).  The trigger is a
+    session *waiting for its next chunk* at the reset, which the ops alone do not tell from a session mid-turn; so
+    the control keeps the resets and takes the sessions away: a failure that stays (e.g. the deferred frees of a
+    consumer KV connector with a frame in flight, measured so on 0.34.0) is not this row's."""
+    reqs = tuple(replace(r, session=False, chunks=()) for r in s.requests)
+    return Script(s.setup, reqs, tuple(op for op in s.ops if op.op not in ("feed", "close")))
+
+
+def _has_session_reset(s: Script) -> bool:
+    return bool(_resets_where(s, _at_open_session))
+
+
+def _kv_in_flight_reset(s: Script) -> bool:
+    return s.setup.kv_consumer and s.setup.is_async and any(op.op == "reset" and op.in_flight != 0 for op in s.ops)
+
+
+def _no_connector(s: Script) -> Script:
+    """Without the consumer KV connector nothing defers a block free (PR #45357): the control of reset-kv."""
+    return replace(s, setup=replace(s.setup, kv_consumer=False, kv_load_failure=False))
+
+
+def _is_async(s: Script) -> bool:
+    return s.setup.is_async
+
+
+def _async_spec(s: Script) -> bool:
+    return s.setup.is_async and s.setup.spec_tokens > 0
+
+
+def _session_spec(s: Script) -> bool:
+    return s.setup.spec_accepted > 0 and any(r.chunks for r in s.requests)
+
+
+def _no_accepted(s: Script) -> Script:
+    return replace(s, setup=replace(s.setup, spec_accepted=0))
+
+
+def _no_drafts(s: Script) -> Script:
+    """The same script without speculative decoding: the control of the rows whose bug is the drafts' (a failure that
+    stays without them is not theirs; measured: a session's STALL after a reset with a frame in flight on 0.21.0,
+    with and without drafts, was filed under the spec-reset row while the resets were the control)."""
+    return replace(s, setup=replace(s.setup, spec_tokens=0, spec_accepted=0))
+
+
+def _deep_spec(s: Script) -> bool:
+    return s.setup.is_async and s.setup.depth == 3 and s.setup.spec_tokens > 0
+
+
+def _plenty_of_blocks(s: Script) -> Script:
+    # The same max_model_len (so every request fits alike), a KV cache no request set can run out of.
+    return replace(s, setup=replace(s.setup, num_blocks=max(s.setup.num_blocks, 64)))
+
+
+def _signatures() -> tuple[Signature, ...]:
+    session = (_has_session_reset, _plain_sessions)
+    kv = (_kv_in_flight_reset, _no_connector)
+    twice = (_resets(_any_reset, need=2, when=_async_spec)[0], _no_drafts)
+    drained = _resets(_drained_reset, when=_is_async)
+    spec = (_resets(_any_reset, when=_async_spec)[0], _no_drafts)
+    deep = _resets(_deep_reset, when=_is_async)
+    return (
+        Signature("reset-session", ("crash",), _RESET_FAILED, *session,
+                  "reset_prefix_cache(reset_running_requests=True) while a session waits for its next chunk"),
+        Signature("reset-kv", ("crash",), _RESET_FAILED, *kv,
+                  "the same reset with a consumer KV connector and a frame in flight (deferred frees)"),
+        Signature("session-spec", ("crash",), "num_new_tokens", _session_spec, _no_accepted,
+                  "a session turn cut inside a speculative step that accepted drafts, then a short chunk"),
+        Signature("spec-reset-twice", ("crash",), _PLACEHOLDERS, *twice,
+                  "two resets with speculative frames in flight"),
+        Signature("pause", _STREAMISH, "", *drained,
+                  "a drained reset with the requests running (vllm#42043's one-frame flag)"),
+        Signature("spec-reset", ("crash", *_STREAMISH), _PLACEHOLDERS, *spec,
+                  "a reset with a speculative frame in flight"),
+        Signature("preempt-deep", ("crash",), _PLACEHOLDERS, _deep_spec, _plenty_of_blocks,
+                  "KV-pressure preemption with two speculative frames in flight"),
+        Signature("reset-deep", ("crash", *_STREAMISH), _PLACEHOLDERS, *deep,
+                  "a reset with two frames in flight (the one-frame flag discards only the first)"),
+    )
+
+
+SIGNATURES: tuple[Signature, ...] = _signatures()
+SCENARIOS: tuple[str, ...] = tuple(dict.fromkeys(s.scenario for s in SIGNATURES))
+
+
+# --------------------------------------------------------------------------- classification
+
+
+@dataclass(frozen=True)
+class Row:
+    """A known-bug row that covers the release under test (``repro.core.wire.FuzzKnown`` without the wire)."""
+
+    scenario: str
+    async_on: bool
+    bug: str
+    expect: str
+
+
+def classify(script: Script, kind: str, failure: str, rows: Sequence[Row],
+             fails_alike: Callable[[Script], bool]) -> Match | None:
+    """The known-bug row a failure of ``kind`` (``failure``: its one-line text) on ``script`` is, or None (new).
+
+    ``rows``: the rows covering this release; ``fails_alike(control)``: whether the control script fails with a
+    failure of the same kind (a replay on the same release).  The first signature (in :data:`SIGNATURES` order)
+    whose row covers the release and scheduler, which fits the failure, and whose control does not fail alike
+    names the row."""
+    covering = {(r.scenario, r.async_on): r for r in rows}
+    for sig in SIGNATURES:
+        row = covering.get((sig.scenario, script.setup.is_async))
+        if row is None or not sig.fits(script, kind, failure):
+            continue
+        if not fails_alike(sig.control(script)):
+            return Match(row.bug, row.scenario, row.expect)
+    return None
