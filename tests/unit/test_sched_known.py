@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from toy_sched import ToyAdapter, ToyScheduler
+from toy_sched import run_fuzz_fresh
 
 from harness.core.events import as_scenario_event
 from harness.core.oracle import Outcome
@@ -20,7 +19,6 @@ from harness.sched.fuzz_known import known_findings, known_rows
 from harness.sched.tier import sched_verdict
 from repro.core.wire import FuzzKnown, FuzzSpec, check_event
 from repro.models.deterministic import cycle_permutation
-from repro.sched.fuzz import run_fuzz
 from repro.sched.known import SCENARIOS, Match, Row, classify
 from repro.sched.opmodel import setup_for
 from repro.sched.script import Op, RequestSpec, Script
@@ -140,10 +138,9 @@ def test_a_known_finding_is_not_reported_as_new_and_the_run_goes_on() -> None:
     """The toy with 0.21's one-frame discard flag, told that vllm#42043's row covers it: the fault comes back once
     as KNOWN, never as the falsifying example, and the run does all its examples.  Without the row the same run is
     falsified (test_sched_fuzz.test_the_machine_falsifies_a_one_frame_discard_flag_and_shrinks_it)."""
-    toys = ToyAdapter(lambda setup: ToyScheduler(flag=True, async_=setup.is_async))
     spec = FuzzSpec(examples=150, steps=10, seed=1, depths=(2,), known=(FuzzKnown("pause", True, "vllm#42043",
                                                                                     "LOSS(1)"),))
-    out = run_fuzz(toys, Path("."), PERM, spec)
+    out = run_fuzz_fresh(True, spec)
     check_event({"event": "fuzz", **out}, strict=True)
     assert out["falsifying"] is None and out["examples_to_failure"] is None, "a known finding reported as new"
     assert out["status"] == "ran" and out["examples"] >= 150

@@ -142,3 +142,32 @@ class ToyAdapter(ToyBuilder):
 
     def block_hasher(self, block_size: int) -> None:
         return None
+
+
+def run_fuzz_fresh(flag: bool, spec: Any) -> dict[str, Any]:
+    """``run_fuzz`` over the toy in a fresh interpreter, as the fuzzer itself runs (``python -m repro.sched``).
+
+    Measured: the same seeded toy run that falsifies alone drew no fault (or another one) when the whole
+    ``tox -e tests`` session had run before it in the same process; a fresh process keeps the draws the seed says."""
+    import json
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from toy_sched import ToyAdapter, ToyScheduler\n"
+        "from repro.core.wire import FuzzSpec\n"
+        "from repro.models.deterministic import cycle_permutation\n"
+        "from repro.sched.fuzz import run_fuzz\n"
+        "flag, doc = json.loads(sys.argv[1])\n"
+        "toys = ToyAdapter(lambda setup: ToyScheduler(flag=flag, async_=setup.is_async))\n"
+        "out = run_fuzz(toys, Path('.'), cycle_permutation(64, 0), FuzzSpec.from_json(doc))\n"
+        "print(json.dumps(out))\n")
+    env_path = [str(here), str(here.parents[1])]
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([flag, spec.to_json()])], capture_output=True,
+                          text=True, timeout=600, env={**__import__("os").environ,
+                                                       "PYTHONPATH": ":".join(env_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return dict(json.loads(proc.stdout.splitlines()[-1]))
