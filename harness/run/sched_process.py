@@ -20,9 +20,8 @@ from harness.core.events import Event, FatalEvent
 from harness.envbuild.envs import VllmEnv
 from harness.run.engine_process import EngineProcess
 from harness.run.spec import RunConfig
-from harness.run.vllm_cache import vllm_cache_env
 
-__all__ = ["SchedRun", "run_sched", "vllm_cache_env"]
+__all__ = ["SchedRun", "run_sched"]
 
 E = TypeVar("E", bound=Event)
 

@@ -73,8 +73,8 @@ def test_a_folder_without_fuzz_json_is_one_line_and_exit_2(tmp_path: Path, capsy
 def test_each_environment_gets_its_own_vllm_cache_unless_the_shell_set_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.envbuild.recipe import EnvRecipe, VllmEnv
-    from harness.run.sched_process import vllm_cache_env
     from harness.run.spec import RunConfig
+    from harness.run.vllm_cache import vllm_cache_env
 
     cfg = RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "cache" / "models")
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
