@@ -27,7 +27,11 @@ if TYPE_CHECKING:
     from harness.core.cell import EngineKey
     from harness.envbuild.envs import VllmEnv
 SHARED_GPU_KV_BYTES = 256 * 2**20
-MAX_PER_GPU = 8
+# Up to 16 tiny-model engines share one GPU (each takes ~1 GiB with the fixed KV cache above): measured on one
+# H200 with 16 cores (docs/results/gpu-h200-speed-2026-12-04/), the default GPU matrix's 14 engines all at once ran
+# in 76 s where 8 at a time (the old bound) took 168 s with their start-ups queued behind Ray's; the cores, one
+# per engine and one for the harness, bound it first.
+MAX_PER_GPU = 16
 
 
 @dataclass(frozen=True)

@@ -67,11 +67,19 @@ class Emitter:
 
 
 def _device_name() -> str:
-    try:
-        import torch
+    """The accelerator's name (NVML on CUDA) or the CPU's model name.
 
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
+    Never through ``torch.cuda``: ``get_device_name`` initialises CUDA in this process, and vLLM then spawns its
+    engine core and workers instead of forking them (``_maybe_force_spawn``, vllm/utils/system_utils.py, 0.21.0
+    line 148: "Reasons: CUDA is initialized"), so each imports torch and vLLM again (an 0.34.0 engine log on an
+    H200: 8 s for the core, 16 s for the worker, more with engines side by side).  vLLM's CUDA platform reads the
+    name through NVML (``NvmlCudaPlatform.get_device_name``, vllm/platforms/cuda.py 0.21.0 line 621).
+    """
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cuda():
+            return str(current_platform.get_device_name(0))
     except Exception:
         pass
     try:

@@ -158,7 +158,7 @@ def test_auto_workers_on_a_gpu_machine_are_the_engines_that_fit(tmp_path: Path,
     monkeypatch.setattr("harness.run.slots.os.cpu_count", lambda: 16)
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     auto = plugin.pytest_xdist_auto_num_workers
-    assert auto(_Config(tmp_path, "cuda")) == 8  # type: ignore[arg-type]  # --jobs auto: 8 tiny engines per GPU
+    assert auto(_Config(tmp_path, "cuda")) == 15  # type: ignore[arg-type]  # --jobs auto: 16 tiny engines fit, 15 cores
     monkeypatch.setattr(plugin, "visible_gpus", lambda: ["0", "1"])
     assert auto(_Config(tmp_path, "cuda")) == 15  # type: ignore[arg-type]  # one core left for the harness
     assert auto(_Config(tmp_path, "cpu")) is None  # type: ignore[arg-type]  # xdist's own count
@@ -249,18 +249,18 @@ def test_tp2_takes_a_slot_on_two_gpus(gpu_workers: Callable[..., Any]) -> None:
 
 def test_workers_beyond_the_capacity_wait_for_a_slot(gpu_workers: Callable[..., Any],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # -n 9 on one GPU where 8 tiny engines fit (16 cores): the ninth worker's engine waits (here: not at all).
+    # -n 16 on one GPU where 15 tiny engines run at once (16 cores): the 16th worker's engine waits (here: not at all).
     monkeypatch.setattr(plugin, "LEASE_WAIT_S", 0.0)
-    fakes, pools = gpu_workers(["0"], 9, fixed_kv=True)
+    fakes, pools = gpu_workers(["0"], 16, fixed_kv=True)
     key = Cell("0.21.0", "mp", True, "keep", True).engine
     got = [p.session(key) for p in pools]
-    assert not any(isinstance(s, plugin.EngineDown) for s in got[:8]) and len(fakes.started) == 8
-    down = got[8]
+    assert not any(isinstance(s, plugin.EngineDown) for s in got[:15]) and len(fakes.started) == 15
+    down = got[15]
     assert isinstance(down, plugin.EngineDown) and down.outcome is Outcome.ERROR
-    assert "ERROR: no slot on 1 GPU(s) among 0 (8 engine(s) per GPU, 8 at once) within 0s" in down.reason
+    assert "ERROR: no slot on 1 GPU(s) among 0 (15 engine(s) per GPU, 15 at once) within 0s" in down.reason
     pools[0].close()  # that worker's engine ended: its slot is free
-    pools[8].sessions.clear()
-    assert not isinstance(pools[8].session(key), plugin.EngineDown)
+    pools[15].sessions.clear()
+    assert not isinstance(pools[15].session(key), plugin.EngineDown)
 
 
 def test_pool_reports_a_dead_engine_once_with_its_typed_outcome(tmp_path: Path) -> None:

@@ -63,9 +63,9 @@ def test_cpu_slots_need_no_gpu() -> None:
 @pytest.mark.parametrize(("platform", "gpus", "gmu", "cores", "want"), [
     ("cpu", (), None, 2, Capacity(jobs=1)),  # this machine and CI: one engine at a time
     ("cpu", (), None, 32, Capacity(jobs=4)),
-    ("cuda", ("0",), 0.05, 16, Capacity(jobs=8, gpus=("0",), per_gpu=8)),
-    ("cuda", ("0", "1"), 0.05, 32, Capacity(jobs=16, gpus=("0", "1"), per_gpu=8)),
-    ("cuda", ("0", "1"), 0.05, 8, Capacity(jobs=7, gpus=("0", "1"), per_gpu=8)),  # one core for the harness
+    ("cuda", ("0",), 0.05, 16, Capacity(jobs=15, gpus=("0",), per_gpu=16)),  # one core for the harness
+    ("cuda", ("0", "1"), 0.05, 32, Capacity(jobs=31, gpus=("0", "1"), per_gpu=16)),
+    ("cuda", ("0", "1"), 0.05, 8, Capacity(jobs=7, gpus=("0", "1"), per_gpu=16)),  # one core for the harness
     ("cuda", ("0",), 0.5, 16, Capacity(jobs=1, gpus=("0",), per_gpu=1)),  # a big model: one per GPU
     ("cuda", (), 0.05, 16, Capacity(jobs=2)),  # cuda without a visible GPU
 ])
@@ -83,7 +83,7 @@ def test_pick_gpus_spreads_before_stacking() -> None:
 @pytest.mark.parametrize(("workers", "want"), [
     (1, Capacity(jobs=1, gpus=("0",), per_gpu=1)),  # no xdist: a whole GPU, no sharing
     (3, Capacity(jobs=3, gpus=("0",), per_gpu=3)),
-    (16, Capacity(jobs=8, gpus=("0",), per_gpu=8)),  # more workers than engines fit: the capacity bounds them
+    (16, Capacity(jobs=15, gpus=("0",), per_gpu=15)),  # more workers than engines fit: the capacity bounds them
 ])
 def test_capacity_for_workers(workers: int, want: Capacity) -> None:
     cap = for_workers(auto_jobs("cuda", ("0",), 0.05, cores=16), workers)
