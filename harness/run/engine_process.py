@@ -64,17 +64,33 @@ def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path,
 
 
 def kill_group(pgid: int, grace: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
+    """SIGTERM the engine's process group and session, then SIGKILL whatever is left after ``grace`` seconds.
+
+    The engine starts in a session of its own (``start_new_session``: session id = group id = its pid).  Its
+    session, not only its group: Ray 2.60 (vLLM 0.33.0+'s bundles) puts each worker it starts in a process group of
+    its own, inside the session (measured: ``ray::IDLE`` and an actor had their own pgid, the driver's sid).
+    """
+    if not _signal_all(pgid, signal.SIGTERM):
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and group_alive(pgid):
         time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    _signal_all(pgid, signal.SIGKILL)
     _wait_for_exits(_pids_in_group(pgid), grace)
+
+
+def _signal_all(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the group ``pgid`` and to every process of the session of that id; False when none was
+    there."""
+    sent = False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+        sent = True
+    for pid in _pids_in_group(pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+            sent = True
+    return sent
 
 
 def _wait_for_exits(pids: list[int], timeout: float) -> None:
@@ -102,7 +118,7 @@ def _wait_for_exits(pids: list[int], timeout: float) -> None:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any live (non-zombie) process is still in ``pgid``."""
+    """Whether any live (non-zombie) process is still in the group ``pgid`` or the session of that id."""
     for pid in _pids_in_group(pgid):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -114,6 +130,7 @@ def group_alive(pgid: int) -> bool:
 
 
 def _pids_in_group(pgid: int) -> list[int]:
+    """Every process whose group or session is ``pgid`` (/proc/PID/stat: the 3rd and 4th fields after the name)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -121,7 +138,7 @@ def _pids_in_group(pgid: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
+            if pgid in (int(fields[2]), int(fields[3])):
                 pids.append(int(entry))
         except (OSError, IndexError, ValueError):
             continue

