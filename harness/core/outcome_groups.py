@@ -7,12 +7,19 @@ does not know, which is shown as "other", never as OK.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 from harness.core.oracle import Outcome
 
 TOKEN_FAULTS = tuple(o.value for o in Outcome if o.is_finding)  # CRASH and STALL too: findings about vLLM
 INFRA_FAILURES = tuple(o.value for o in Outcome if o.is_infra and o is not Outcome.UNSUPPORTED)
 FLAKY = Outcome.FLAKY.value
+
+
+def infra_failed(outcomes: Iterable[str]) -> bool:
+    """The exit rule of every command that runs cells (``matrix``, ``frameworks check``): a cell that is ERROR,
+    TIMEOUT or BUILD-FAILED got no verdict, so the run failed (exit 1), whatever the other cells say."""
+    return any(o in INFRA_FAILURES for o in outcomes)
 
 
 class Category(enum.Enum):

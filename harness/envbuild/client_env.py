@@ -41,11 +41,13 @@ class ClientEnv:
     python: str  # the side environment's interpreter
     path: Path
     server_main: str = ""  # the framework's own server entry point, a file of the installed package (AReaL)
+    site: str = ""  # the side environment's site-packages, imported by the engine process (an in-process client)
 
     def to_spec(self) -> dict[str, str]:
         """What ``repro.core.wire.Spec.client`` carries."""
         spec = {"framework": self.framework, "version": self.version, "python": self.python}
-        return {**spec, "server_main": self.server_main} if self.server_main else spec
+        extra = {"server_main": self.server_main, "site": self.site}
+        return {**spec, **{k: v for k, v in extra.items() if v}}
 
 
 def _python_version(python: str) -> str:
@@ -125,7 +127,8 @@ def ensure_client_env(client: Client, version: str, cache_dir: Path, python: str
                 "python": pv, "requirements": list(client.requirements), "no_deps": True,
                 "build_s": round(time.monotonic() - t0, 1)}, indent=1))
         touch(path)
-    return ClientEnv(client.framework, version, str(path / "bin" / "python"), path, server_main(client, path))
+    site = str(next(iter(sorted(path.glob("lib/python*/site-packages"))), "")) if client.in_process else ""
+    return ClientEnv(client.framework, version, str(path / "bin" / "python"), path, server_main(client, path), site)
 
 
 def server_main(client: Client, path: Path) -> str:

@@ -36,15 +36,27 @@ class Agreement:
         return tuple(d for d in self.doors if d.safety in (Safety.SAFE, Safety.UNSAFE))
 
     @property
+    def unjudged(self) -> tuple[DoorVerdict, ...]:
+        """The doors that ran but gave no verdict (UNKNOWN: a cell UNSUPPORTED, ERROR, ...)."""
+        return tuple(d for d in self.doors if d.safety is Safety.UNKNOWN)
+
+    @property
     def agree(self) -> bool | None:
-        """True when every judged door says the same, False when two differ, None with fewer than two."""
+        """False when two judged doors differ (a finding); True only when every door that ran is judged and they
+        say the same, two at least; else None: an UNKNOWN door agrees with nothing (it is unjudged, not in
+        agreement), and one judged door has nothing to agree with."""
         verdicts = {d.safety for d in self.judged}
-        return None if len(self.judged) < 2 else len(verdicts) == 1
+        if len(verdicts) > 1:
+            return False
+        return None if self.unjudged or len(self.judged) < 2 else True
 
 
 def doors_of(recipe: Recipe) -> tuple[tuple[str, str], ...]:
-    """The doors compared for ``recipe`` (its door as read from its recipe, not the client door's override)."""
-    own = (recipe.door, "recipe") if recipe.door not in ("engine", CLIENT_DOOR) else None
+    """The doors compared for ``recipe`` (its door as read from its recipe, not the client door's override); a
+    recipe on the engine door (OpenRLHF) is itself the engine door's cells, no stand-in."""
+    if recipe.door == "engine":
+        return ((CLIENT_DOOR, "framework's client"), ("engine", "recipe"))
+    own = (recipe.door, "recipe") if recipe.door != CLIENT_DOOR else None
     return ((CLIENT_DOOR, "framework's client"), *((own,) if own else ()), ("engine", "engine stand-in"))
 
 
@@ -63,6 +75,12 @@ def agreement(recipe: Recipe, versions: Sequence[str], results: Iterable[CellRes
     return tuple(out)
 
 
+def _not_compared(a: Agreement) -> str:
+    if a.unjudged:
+        return f"unjudged ({', '.join(d.door for d in a.unjudged)} UNKNOWN: agrees with nothing)"
+    return "fewer than two doors judged"
+
+
 def render_agreement(rows: Sequence[Agreement]) -> list[str]:
     """The agreement table: framework and release, each door's verdict with its cells' outcomes, and whether they
     agree (a DISAGREEMENT is a finding to look into)."""
@@ -74,6 +92,6 @@ def render_agreement(rows: Sequence[Agreement]) -> list[str]:
     body = []
     for a in rows:
         cells = [f"{d.safety.value} ({', '.join(d.outcomes)})" if d.safety else "-" for d in a.doors]
-        said = {True: "agree", False: "**DISAGREE** (a finding)", None: "fewer than two doors judged"}[a.agree]
+        said = {True: "agree", False: "**DISAGREE** (a finding)", None: _not_compared(a)}[a.agree]
         body.append([f"{a.framework} {a.version}", *cells, said])
     return md_table(["framework, vLLM", *heads, "doors"], body)

@@ -21,7 +21,8 @@ class StandIn:
     framework: str
     module: str
     kind: str  # "package-init": the package's real folder, its __init__ not run; "module": a small replacement;
-    # "not-imported": the package is never imported (its file runs by path)
+    # "not-imported": the package is never imported (its file runs by path); "environment": an environment
+    # variable the door sets around the framework's call (``module`` names it)
     provides: tuple[str, ...]  # the names the replacement defines (kind "module")
     reason: str
     unchanged: str  # the framework's lines that still run as released
@@ -57,6 +58,12 @@ class Client:
     server_main: str = ""
     route_body: tuple[tuple[str, str], ...] = ()
     marks: tuple[tuple[str, str], ...] = ()  # client method (a route) -> a line its handler leaves in the log
+    # A framework whose own wrapper class builds AsyncLLM and drives it in-process (OpenRLHF's rollout actor):
+    # the engine process imports ``module`` from the side environment's site-packages, builds ``cls`` from the
+    # cell's engine arguments (``init``: the wrapper's other keyword arguments) and calls its methods
+    # (``repro.client.actor``); ``caller`` is the framework's file the engine calls must come from.
+    in_process: bool = False
+    caller: str = ""
 
     def method(self, call: str) -> str | None:
         return dict(self.calls).get(call)
@@ -157,17 +164,43 @@ CLIENTS["areal"] = Client(
     # vllm/v1/core/block_pool.py:471, 0.22.0 :482; nothing else in the scenario resets the cache).
     marks=(("/areal_pause_generation", "Successfully reset prefix cache"),))
 
+# openrlhf 0.11.2, openrlhf/trainer/ray/vllm_engine.py: RolloutRayActor (:33-206), the @ray.remote class OpenRLHF's
+# trainer drives every vLLM engine through (create_vllm_engines, :209-311; batch_vllm_engine_call, :314-327), builds
+# its own engine in its async __init__ (vllm.AsyncEngineArgs(*args, **kwargs), AsyncLLMEngine.from_engine_args:
+# :63-64; AsyncLLMEngine is AsyncLLM, 0.21.0 vllm/engine/async_llm_engine.py:6) and drives it in-process, no HTTP:
+# pause_generation() awaits self.llm.pause_generation(mode="keep") (:130-131: clear_cache left at AsyncLLM's
+# default, True, 0.21.0 and 0.22.0 vllm/v1/engine/async_llm.py:750-756), resume_generation() awaits
+# self.llm.resume_generation() (:133-134); its partial-rollout trainer calls them around the weight broadcast
+# (ppo_trainer_async.py:255-265).  The broadcast (update_weight -> collective_rpc, :115-119, into its
+# WorkerWrap's NCCL group, vllm_worker_wrap.py) needs CUDA: the weight-sync cell swaps with the harness's reload.
+# The wheel is cp311 only (openrlhf-0.11.2-cp311-cp311-manylinux1_x86_64.whl): its side environment's Python is the
+# vLLM environment's minor, whose interpreter imports it.
+CLIENTS["openrlhf"] = Client(
+    framework="openrlhf", package="openrlhf", module="openrlhf.trainer.ray.vllm_engine", cls="RolloutRayActor",
+    requirements=(),  # vllm_engine.py's other imports (vllm, packaging, aiohttp) are the vLLM environment's
+    calls=(("pause_generation", "pause_generation"), ("resume_generation", "resume_generation")),
+    pause_mode="keep", pause_clear_cache=True,
+    pause_sent="AsyncLLM.pause_generation(mode='keep')", resume_sent="AsyncLLM.resume_generation()",
+    requires_python=">=3.11,<3.12",
+    swap="the harness's reload (collective_rpc reload_weights on the actor's own AsyncLLM, from disk): OpenRLHF's "
+         "own swap (init_process_group, update_weight: collective_rpc into its WorkerWrap, vllm_engine.py:107-125, "
+         "an NCCL broadcast from the trainer) needs CUDA and a trainer process",
+    # create_vllm_engines' actor kwargs besides the engine's (vllm_engine.py:264-288): one engine, TP 1, no
+    # placement-group bundle, no agent, no reward URL, no multimodal pads; num_gpus and full_determinism are popped
+    # by __init__ (:49-51) before the engine arguments.
+    init='{"bundle_indices": null, "num_gpus": 1, "full_determinism": false, "agent_func_path": null, '
+         '"remote_rm_url": null, "mm_pad_token_ids": []}',
+    in_process=True, caller="openrlhf/trainer/ray/vllm_engine.py")
+
 # The frameworks whose own client does not run on the client door yet, and why: they stay on their recipes.
 NO_CLIENT: dict[str, str] = {
-    # Read in the released wheels (2026-12-04), not built: OpenRLHF's is the lighter one.
-    "openrlhf": "openrlhf 0.11.2's RolloutRayActor (openrlhf/trainer/ray/vllm_engine.py:33-134) is a @ray.remote "
-                "class that builds its own AsyncLLMEngine in its __init__ (:64) and pauses it in-process "
-                "(pause_generation(mode='keep'), :130-131): its door is the engine door, not the server's; it needs a "
-                "ray stand-in (ray.remote, placement_group, PlacementGroupSchedulingStrategy) and the engine process "
-                "to let the actor build the engine from the cell's arguments: not built yet",
     "verl": "verl 0.9.1's vLLMHttpServer (verl/workers/rollout/vllm_rollout/vllm_async_server.py:87) imports ray, "
             "omegaconf-backed verl.utils.config, verl.workers.config, verl.utils.profiler and verl.utils.tracking "
-            "(:26-66) besides vllm, and builds AsyncLLM inside a Ray actor: stand-ins not built yet",
+            "(:26-66) besides vllm, and builds AsyncLLM inside a Ray actor (vLLMReplica: ray.remote(vLLMHttpServer), "
+            ":1334); its HTTP server (build_app, :520) serves only the completions, while its pause "
+            "(abort_all_requests -> AsyncLLM.pause_generation, :931-1004), sleep and wake_up (:832-864) are actor "
+            "methods called over Ray: the same in-process shape as OpenRLHF's client door with far more stand-ins; "
+            "not built",
     "prime-rl": "no usable release on the package index (the framework ships from its repository)",
     "pipelinerl": "no usable release on the package index (the framework ships from its repository)",
     "nemo-rl": "no usable release on the package index (the framework ships from its repository)",
@@ -199,6 +232,35 @@ STANDINS: tuple[StandIn, ...] = (
             "areal/engine/vllm_ext/areal_vllm_server.py whole, as the server's __main__: its build_app wrapper "
             "(:362-400), its /v1/completions (:339-359, every completion of the cell), /areal_pause_generation and "
             "/areal_continue_generation (:309-336)"),
+    StandIn("openrlhf", "ray", "module", ("remote",),
+            "vllm_engine.py imports ray (:6) and decorates RolloutRayActor with @ray.remote (:33); ray is not "
+            "installed (openrlhf requires ray[default]==2.55.0, a cluster runtime). The stand-in's remote returns "
+            "the class unchanged and the door builds it as Ray builds an async actor (the instance, then its async "
+            "__init__ awaited, here in the engine process's event loop); it leaves sys.modules once the module is "
+            "imported, so vLLM's own `import ray` checks still find no ray",
+            "RolloutRayActor.__init__ whole (vllm_engine.py:37-65: _configure_device_env, _configure_vllm_env but "
+            "its RAY_ADDRESS branch, SingleTurnAgentExecutor, vllm.AsyncEngineArgs, AsyncLLMEngine.from_engine_args, "
+            "is_sleeping), pause_generation and resume_generation (:130-134): every line the door calls"),
+    StandIn("openrlhf", "ray.util.placement_group", "module", ("placement_group",),
+            "imported by vllm_engine.py (:9) for create_vllm_engines (:250), which places actors on GPUs of a Ray "
+            "cluster and is not called (the door builds one actor itself); the stand-in raises if called",
+            "nothing of create_vllm_engines runs; its actor kwargs are the door's (Client.init)"),
+    StandIn("openrlhf", "ray.util.scheduling_strategies", "module", ("PlacementGroupSchedulingStrategy",),
+            "imported by vllm_engine.py (:10) for create_vllm_engines (:258), not called; the stand-in raises if "
+            "called",
+            "as above"),
+    StandIn("openrlhf", "openrlhf.utils", "package-init", (),
+            "openrlhf/utils/__init__.py imports math_utils (pylatexenc, sympy) and utils.py (torch, transformers) "
+            "for the trainer; vllm_engine.py needs only utils/agent.py (SingleTurnAgentExecutor, :14,59)",
+            "openrlhf/__init__.py, openrlhf/trainer/__init__.py, openrlhf/trainer/ray/__init__.py, trainer/ray/"
+            "utils.py, utils/agent.py, utils/logging_utils.py and trainer/ray/vllm_engine.py whole, imported from "
+            "the installed wheel's files"),
+    StandIn("openrlhf", "RAY_ADDRESS", "environment", (),
+            "_configure_vllm_env reads the Ray cluster's address into RAY_ADDRESS when it is unset (vllm_engine.py:"
+            "102-105), for vLLM's Ray executor; there is no cluster and the cell's executor is not Ray's, so the door "
+            "sets RAY_ADDRESS (to a value naming the door) while the actor's __init__ runs and that branch is skipped",
+            "the rest of _configure_vllm_env (:91-100: its vLLM version assert and "
+            "VLLM_ALLOW_INSECURE_SERIALIZATION=1)"),
 )
 
 

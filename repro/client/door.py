@@ -174,7 +174,7 @@ class ClientLLM:
         return wrapped
 
 
-def _in_flight(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def in_flight(records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The requests in flight when the pause returned (the driver's pause records): a keep pause's, still held
     frozen by the engine; an abort pause's, running when it was sent and ended by it (finish_reason "abort")."""
     def held(r: Mapping[str, Any], p: Mapping[str, Any]) -> bool:
@@ -185,7 +185,7 @@ def _in_flight(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return [str(r.get("rid")) for r in records if any(held(r, p) for p in r.get("pauses") or [])]
 
 
-def _core_async(probe: Mapping[str, Any], want: bool) -> tuple[bool, str]:
+def core_async(probe: Mapping[str, Any], want: bool) -> tuple[bool, str]:
     """Whether EngineCore itself runs the cell's async setting: its config and its scheduler class agree with it."""
     core = probe.get("core") or {}
     cls = str(core.get("scheduler_class") or "")
@@ -199,11 +199,11 @@ def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Se
     """The client-door cell's precondition (strict: unmet, the cell is not judged), with its evidence; ``want_async``:
     the cell's async axis (async on: async scheduling must be in effect inside EngineCore)."""
     problems: list[str] = []
-    core_ok, core_text = _core_async(probe_after, want_async)
+    core_ok, core_text = core_async(probe_after, want_async)
     if not core_ok:
         problems.append(f"async scheduling {'not ' if want_async else ''}in effect inside EngineCore, the cell asks "
                         f"async {'on' if want_async else 'off'} ({core_text})")
-    held = _in_flight(records)
+    held = in_flight(records)
     if not held:
         problems.append("no request was in flight when the pause returned (held frozen by a keep pause, or ended "
                         "by an abort pause)")

@@ -37,10 +37,33 @@ def _package_init(s: StandIn) -> None:
     setattr(parent_mod, child, mod)
 
 
+def _not_called(name: str) -> Any:
+    def called(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"the client door's stand-in {name} was called: the framework path it serves is not run")
+    return called
+
+
+def _remote(cls: Any) -> Any:
+    """``ray.remote`` as a stand-in: the class unchanged (the door builds and calls it in-process)."""
+    return cls
+
+
+# What a "module" stand-in's ``provides`` names are bound to.
+PROVIDED: dict[str, Any] = {
+    "get_logger": logging.getLogger,
+    "remote": _remote,
+    "placement_group": _not_called("ray.util.placement_group.placement_group"),
+    "PlacementGroupSchedulingStrategy": _not_called("ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy"),
+}
+
+
 def _module(s: StandIn) -> None:
     mod = types.ModuleType(s.module)
-    if "get_logger" in s.provides:
-        mod.get_logger = logging.getLogger  # type: ignore[attr-defined]
+    for name in s.provides:
+        setattr(mod, name, PROVIDED[name])
+    # A stand-in with stand-ins below it (ray above ray.util.placement_group) is a package.
+    if any(o.module.startswith(s.module + ".") for o in standins(s.framework)):
+        mod.__path__ = []
     parts = s.module.split(".")
     for i in range(1, len(parts)):  # parents that are absent become empty packages
         name = ".".join(parts[:i])

@@ -33,7 +33,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from repro.client.door import client_adapter
+from repro.client.actor import in_process, open_actor
+from repro.client.door import ClientUnavailable, client_adapter
 from repro.core import crash
 from repro.core.rootcause import root_causes
 from repro.core.watchdog import watch_parent
@@ -269,12 +270,13 @@ def _dead_core_is_error(forward: Emitter, probe: dict[str, Any] | None) -> Calla
     return checked
 
 
-def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str) -> None:
-    """The engine cannot run this spec as labelled: say why once, and for every scenario."""
+def _refuse_all(spec: Spec, emit: Emitter, info: dict[str, Any], why: str, status: str = "unsupported") -> None:
+    """The engine cannot run this spec as labelled: say why once, and for every scenario (``status``: error when
+    it could not run for a broken part, e.g. a framework's client that did not import)."""
     emit("engine", **info, requested=_requested(spec), effective=None, probe=None, startup_s=None,
          unsupported_reason=why, started=False)
     for sc in spec.scenarios:
-        emit("scenario", id=sc.id, status="unsupported", reason=why)
+        emit("scenario", id=sc.id, status=status, reason=why)
 
 
 def _facts(spec: Spec, model: LoadedModel) -> dict[str, Any]:
@@ -294,8 +296,10 @@ def _facts(spec: Spec, model: LoadedModel) -> dict[str, Any]:
     }
 
 
-def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], weight_transfer: Any) -> Any:
-    """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell)."""
+async def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], weight_transfer: Any,
+                 build: Callable[[dict[str, Any]], Any] | None = None) -> Any:
+    """The started AsyncLLM, or None when vLLM refused a setting the cells asked for (reported for every cell);
+    ``build``: a framework's own wrapper builds it from the engine arguments (the in-process client door)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     missing = unrealised(spec.engine.axes)
@@ -316,6 +320,8 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], 
             _refuse_all(spec, emit, info, str(exc))
             return None
     try:
+        if build is not None:
+            return await build(engine_kwargs(spec, model, weight_transfer))
         return AsyncLLM.from_engine_args(_engine_args(spec, model, weight_transfer))
     except Exception as exc:
         refused = refused_setting(_requested(spec), exc, root_causes()) or rejected_engine_args(spec, model, exc)
@@ -325,13 +331,30 @@ def _start(spec: Spec, model: LoadedModel, emit: Emitter, info: dict[str, Any], 
         return None
 
 
+def _actor_build(spec: Spec, emit: Emitter, info: dict[str, Any]) -> Callable[[dict[str, Any]], Any] | None:
+    """The in-process client door's engine starter (the framework's wrapper imported), or None when it cannot run
+    (every cell then reported, UNSUPPORTED or ERROR with the reason)."""
+    try:
+        return open_actor(spec.client, bool(spec.engine.axes.get("async_scheduling", True)))
+    except ClientUnavailable as exc:
+        _refuse_all(spec, emit, info, f"door=client: {exc}", "unsupported" if exc.unsupported else "error")
+        return None
+
+
 async def run_engine(spec: Spec, emit: Emitter) -> None:
     """Start the engine for ``spec`` and run every scenario; emit events as they happen."""
     model = load_model(spec.model_kind, spec.model_params, Path(spec.model_cache))
     weight_transfer = _weight_transfer_config(spec)
     info = {**_facts(spec, model), "engine_kwargs": json_kwargs(engine_kwargs(spec, model, weight_transfer))}
     door = spec.engine.axes.get("door", "engine")
-    if door in ("server", "client"):
+    build = None
+    if door == "client" and in_process(spec.client):
+        # A framework whose own wrapper builds and drives AsyncLLM in this process (OpenRLHF): the engine door's
+        # path, the engine built by the framework's class (repro.client.actor).
+        build = _actor_build(spec, emit, info)
+        if build is None:
+            return
+    elif door in ("server", "client"):
         missing = unrealised(spec.engine.axes)
         if missing:
             _refuse_all(spec, emit, info, f"repro.settings.engine_axes cannot realise the cell axis(es) {missing}")
@@ -343,7 +366,7 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
                               arg_sources(spec, model), client_adapter if door == "client" else http_adapter)
         return
     t0 = time.monotonic()
-    llm = _start(spec, model, emit, info, weight_transfer)
+    llm = await _start(spec, model, emit, info, weight_transfer, build)
     if llm is None:
         return
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -371,7 +394,9 @@ async def run_engine(spec: Spec, emit: Emitter) -> None:
                 # scenario's time limit (TIMEOUT after 120 s) instead of raising EngineDeadError as it does mid-run.
                 raise RuntimeError(f"the engine died while it waited for its turn: {', '.join(gone)} gone")
         for sc in spec.scenarios:
-            await run_cell(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, _dead_core_is_error(emit, probe))
+            # The in-process client door adds its precondition to each scenario event (repro.client.actor).
+            out = llm.scenario_emit(_dead_core_is_error(emit, probe)) if build else _dead_core_is_error(emit, probe)
+            await run_cell(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, out)
         if spec.interactive:
             await _serve_stdin(llm, ctx, spec.scenario_timeout, reason, emit)
     finally:

@@ -241,7 +241,8 @@ def test_bad_client_door_input_exits_2(argv: list[str], says: str, monkeypatch: 
 
 def test_the_docs_list_every_standin_in_one_table() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "frameworks.md").read_text()
-    rows = [ln for ln in docs.splitlines() if ln.startswith(("| TRL | `", "| SkyRL | `", "| AReaL | `"))]
+    rows = [ln for ln in docs.splitlines()
+            if ln.startswith(("| TRL | `", "| SkyRL | `", "| AReaL | `", "| OpenRLHF | `"))]
     assert sorted(ln.split("`")[1] for ln in rows) == sorted(s.module for s in STANDINS)
 
 

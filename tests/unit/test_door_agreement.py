@@ -44,3 +44,22 @@ def test_an_unjudged_door_does_not_count() -> None:
     rs = _results("0.21.0", {"client": Outcome.UNSUPPORTED, "server": Outcome.LOSS})
     (a,) = agreement(TRL, ["0.21.0"], rs)
     assert a.agree is None and a.doors[0].safety is Safety.UNKNOWN
+
+
+def test_an_unknown_door_agrees_with_nothing() -> None:
+    # The client door's cells UNSUPPORTED (say, its precondition unmet) beside two UNSAFE doors: the row is
+    # unjudged, not "agree" (the client door said nothing about the framework).
+    rs = _results("0.21.0", {"client": Outcome.UNSUPPORTED, "server": Outcome.LOSS, "engine": Outcome.LOSS})
+    (a,) = agreement(TRL, ["0.21.0"], rs)
+    assert a.agree is None and [d.door for d in a.unjudged] == ["client"]
+    assert "| unjudged (client UNKNOWN: agrees with nothing) |" in "\n".join(render_agreement((a,)))
+    # Two judged doors that differ stay a disagreement, whatever a third unjudged one says.
+    rs = _results("0.21.0", {"client": Outcome.ERROR, "server": Outcome.LOSS, "engine": Outcome.OK})
+    assert agreement(TRL, ["0.21.0"], rs)[0].agree is False
+
+
+def test_an_engine_door_recipe_is_its_own_door_not_a_stand_in() -> None:
+    from harness.verdicts.agreement import doors_of
+
+    (orl,) = select(load_recipes(), ["openrlhf"])
+    assert doors_of(orl) == (("client", "framework's client"), ("engine", "recipe"))

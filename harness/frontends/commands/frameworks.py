@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.core.errors import BadInput
+from harness.core.outcome_groups import infra_failed
 from harness.frontends.commands.cellrun import add_check_options, checked_versions, checked_versions_options, run_cells
 from harness.frontends.commands.command import Command, CommandGroup
 from harness.frontends.commands.fwbisect import FrameworksBisect
@@ -182,7 +183,9 @@ class FrameworksCheck(Command):
                    "framework the releases its sequence is safe on, the first safe one at or after its pin, and "
                    "whether its own workaround is NEEDED or REMOVABLE. Recipes on the server door also run through "
                    "the engine door (the stand-in) unless --no-stand-in. The word 'pins' in --versions checks each "
-                   "framework also at the oldest release its pin allows (e.g. --versions pins,latest).")
+                   "framework also at the oldest release its pin allows (e.g. --versions pins,latest). Exit code: "
+                   "0 when every cell got a verdict (an UNSAFE framework included: that is a finding), 1 when a "
+                   "cell is ERROR, TIMEOUT or BUILD-FAILED (matrix's rule), 2 on bad input.")
 
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
         _add_selection(parser)
@@ -220,7 +223,8 @@ class FrameworksCheck(Command):
         (reports / "frameworks.md").write_text("\n".join(lines) + "\n", "utf-8")
         print("\n".join(lines))
         print(f"reports: {reports}")
-        return 0
+        # matrix's rule (harness.core.outcome_groups.infra_failed): a cell with no verdict fails the run.
+        return 1 if infra_failed(c.outcome.value for c in results.cells) else 0
 
 
 class FrameworksReport(Command):

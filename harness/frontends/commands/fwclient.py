@@ -61,6 +61,8 @@ class ClientSetup:
         return [head, *(f"  not installed: {f}" for f in self.failures if self.env),
                 *([f"  the server is the framework's own entry point: {self.env.server_main}"]
                   if self.env and self.env.server_main else []),
+                *([f"  in-process: the engine process imports {c.module} from {self.env.site} and {c.cls} builds "
+                   f"and drives the cell's AsyncLLM (no HTTP server)"] if self.env and c.in_process else []),
                 *([f"  weight swap in weight-sync cells: {c.swap}"] if c.swap else []),
                 *(f"  stand-in {s.module}: {s.reason}; unchanged: {s.unchanged}" for s in standins(c.framework))]
 

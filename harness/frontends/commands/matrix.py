@@ -15,6 +15,7 @@ from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.events import EngineEvent
 from harness.core.oracle import Outcome
+from harness.core.outcome_groups import infra_failed
 from harness.frontends.commands.command import Command
 from harness.frontends.commands.face import colour, interruptible, stderr_console, stdout_console
 from harness.frontends.commands.fwclient import add_matrix_client_option, matrix_client
@@ -204,7 +205,7 @@ def matrix_exit(cells: Iterable[CellResult], *, strict: bool, fail_on_unexpected
     """1 on an infrastructure outcome, a token fault or FLAKY cell with --strict, an UNEXPECTED cell with
     --fail-on-unexpected, or a failed sensitivity self-test; else 0."""
     cells = list(cells)
-    if any(c.outcome.value in ("ERROR", "TIMEOUT", "BUILD-FAILED") for c in cells):
+    if infra_failed(c.outcome.value for c in cells):
         return MatrixExit(1)
     if strict and any(c.outcome.is_finding or c.outcome is Outcome.FLAKY for c in cells):
         return MatrixExit(1)
