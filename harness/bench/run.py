@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench.phases import EngineTimeline, read_events, timeline
+from harness.bench.scenarios import profile_totals, scenario_totals
 from harness.core.errors import BadInput
 
 # The last five: a fuzz run's parts.
@@ -34,6 +35,8 @@ class BenchRun:
     before_engines_s: float  # run start -> first engine start: environments resolved, built, verified; planning
     engines: tuple[EngineTimeline, ...]
     workload_facts: dict[str, Any] = field(default_factory=dict)  # what the workload says of itself (fuzz: speed)
+    cpu_s: float | None = None  # CPU seconds of the workload's processes (None: read from an earlier run)
+    machine: dict[str, Any] = field(default_factory=dict)  # host, CPUs, load average at the start and the end
 
     def phase_seconds(self) -> dict[str, float]:
         """Engine-seconds per phase (engines side by side each count), plus the time before the first engine."""
@@ -44,8 +47,9 @@ class BenchRun:
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "workload": self.workload,
-                "argv": list(self.argv), "wall_s": self.wall_s, "run_s": self.run_s,
-                "phases": self.phase_seconds(),
+                "argv": list(self.argv), "wall_s": self.wall_s, "cpu_s": self.cpu_s, "run_s": self.run_s,
+                "machine": self.machine, "phases": self.phase_seconds(),
+                "scenarios": scenario_totals(self.engines), "profiles": profile_totals(self.engines),
                 "engines": [{"engine": e.engine, "startup_s": e.startup_s, "problems": list(e.problems),
                              "phases": {p: e.seconds(p) for p in PHASES[1:] if e.seconds(p)},
                              "spans": [{"phase": s.phase, "label": s.label, "start": round(s.start, 3),
@@ -80,7 +84,7 @@ def _epoch(stamp: Any, what: str, reports: Path) -> float:
         raise BadInput(f"{reports}/results.json: {what} {stamp!r} is no ISO time") from None
 
 
-def _spawned(folder: Path) -> float | None:
+def spawned_at(folder: Path) -> float | None:
     """When the harness spawned the engine's process (``spawned.json``; runs before it have none)."""
     try:
         t = json.loads((folder / "spawned.json").read_text()).get("t")
@@ -98,7 +102,8 @@ def load_run(reports: Path, workload: str = "", wall_s: float | None = None) -> 
     for folder in sorted(p for p in (reports / "engines").glob("*") if p.is_dir()):
         events = read_events(text_of(folder / "events.jsonl"))
         if events:
-            engines.append(timeline(folder.name, events, text_of(folder / "engine.log"), t0, _spawned(folder)))
+            engines.append(timeline(folder.name, events, text_of(folder / "engine.log"), t0, spawned_at(folder)))
     starts = [e.start for e in engines if e.spans]
     return BenchRun(workload or "run", tuple(str(a) for a in data.get("argv") or ()), wall_s, round(t1 - t0, 3),
-                    round(min(starts), 3) if starts else round(t1 - t0, 3), tuple(engines))
+                    round(min(starts), 3) if starts else round(t1 - t0, 3), tuple(engines),
+                    machine={"host": data["host"]} if data.get("host") else {})
