@@ -2,7 +2,7 @@
 without matplotlib, such as ``repro``'s, made no picture before: issue 39's quiet 287 s run).
 
 One row per engine on a time axis (the first row: the time before any engine, environments and planning), each
-span coloured by its phase; scenario spans are outlined one by one and each span says what it is on hover
+span coloured by its phase; an engine's scenario spans alternate two greens, one cell each, and each span says what it is on hover
 (``<title>``).  The title holds the workload, the run's wall, CPU and engine totals and the machine; under the axis,
 each engine profile's engines and engine-seconds.
 """
@@ -19,6 +19,7 @@ COLOURS = {"environments": "#fdd835", "spawn+import": "#616161", "import+constru
            "model load": "#8e24aa", "kv cache+warm-up": "#fb8c00", "start-up": "#bdbdbd", "turn wait": "#fff59d",
            "scenario": "#43a047", "harness": "#1e88e5", "setups": "#6d4c41", "examples": "#00897b",
            "reach report": "#c0ca33", "known minimise": "#f06292", "minimise+replay": "#e53935"}
+SCENARIO_ALT = "#1b5e20"  # every other scenario span of an engine
 LABEL_W, LEGEND_W, PLOT_W, ROW_H, TOP = 290, 170, 760, 16, 58
 
 
@@ -62,9 +63,8 @@ def _text(x: float, y: float, s: str, size: int = 11, anchor: str = "start", wei
             f"{escape(s)}</text>")
 
 
-def _rect(x: float, y: float, w: float, h: float, fill: str, tip: str, outline: bool = False) -> str:
-    stroke = ' stroke="#ffffff" stroke-width="0.6"' if outline else ""
-    return (f'<rect x="{x:.2f}" y="{y:.1f}" width="{max(w, 0.4):.2f}" height="{h:.1f}" fill="{fill}"{stroke}>'
+def _rect(x: float, y: float, w: float, h: float, fill: str, tip: str) -> str:
+    return (f'<rect x="{x:.2f}" y="{y:.1f}" width="{max(w, 0.4):.2f}" height="{h:.1f}" fill="{fill}">'
             f"<title>{escape(tip)}</title></rect>")
 
 
@@ -75,10 +75,13 @@ def _rows(run: BenchRun, scale: float) -> list[str]:
     for i, (name, spans) in enumerate(rows):
         y = TOP + i * ROW_H
         out.append(_text(LABEL_W - 6, y + ROW_H - 4, name, 10, "end"))
+        cells = 0
         for phase, label, start, end in spans:
             tip = f"{name}: {phase}{' ' + label if label else ''}, {start:.1f}-{end:.1f} s ({end - start:.1f} s)"
-            out.append(_rect(LABEL_W + start * scale, y + 1, (end - start) * scale, ROW_H - 2,
-                             COLOURS.get(phase, "#000000"), tip, outline=phase == "scenario"))
+            fill = COLOURS.get(phase, "#000000")
+            if phase == "scenario":  # one cell after another in alternate shades, so each shows
+                fill, cells = (SCENARIO_ALT if cells % 2 else fill), cells + 1
+            out.append(_rect(LABEL_W + start * scale, y + 1, (end - start) * scale, ROW_H - 2, fill, tip))
     return out
 
 
@@ -114,7 +117,7 @@ def render(run: BenchRun) -> str:
                 for name, p in profile_totals(run.engines).items()]
     height = max(axis_y + 46 + 15 * len(profiles), TOP + 16 * len(COLOURS) + 10)
     width = LABEL_W + PLOT_W + LEGEND_W
-    body = [_text(8, 18, line, 13 if i == 0 else 11, weight="bold" if i == 0 else "normal")
+    body = [_text(8, 18 + 17 * i, line, 13 if i == 0 else 11, weight="bold" if i == 0 else "normal")
             for i, line in enumerate(title_lines(run))]
     body += _rows(run, scale) + _axis(length, scale, axis_y) + _legend(run)
     body += [_text(8, axis_y + 52 + 15 * i, line, 10) for i, line in enumerate(profiles)]
