@@ -13,8 +13,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from harness.bench.cpu import CpuSample
 from harness.bench.phases import EngineTimeline, read_events, timeline
-from harness.bench.scenarios import profile_totals, scenario_totals
+from harness.bench.scenarios import profile_of_engine, profile_totals, scenario_totals
 from harness.core.errors import BadInput
 
 # The last five: a fuzz run's parts.
@@ -35,7 +36,7 @@ class BenchRun:
     before_engines_s: float  # run start -> first engine start: environments resolved, built, verified; planning
     engines: tuple[EngineTimeline, ...]
     workload_facts: dict[str, Any] = field(default_factory=dict)  # what the workload says of itself (fuzz: speed)
-    cpu_s: float | None = None  # CPU seconds of the workload's processes (None: read from an earlier run)
+    cpu: CpuSample | None = None  # CPU seconds of the workload's processes, per engine (None: not sampled)
     machine: dict[str, Any] = field(default_factory=dict)  # host, CPUs, load average at the start and the end
 
     def phase_seconds(self) -> dict[str, float]:
@@ -45,11 +46,29 @@ class BenchRun:
             out[phase] = round(sum(e.seconds(phase) for e in self.engines), 3)
         return out
 
+    @property
+    def cpu_s(self) -> float | None:
+        return None if self.cpu is None else self.cpu.cpu_s
+
+    def profiles(self) -> dict[str, dict[str, Any]]:
+        """:func:`profile_totals`, with each profile's engines' sampled CPU seconds when there are some."""
+        out = profile_totals(self.engines)
+        if self.cpu is not None:
+            for row in out.values():
+                row["cpu_s"] = 0.0
+            for engine, secs in self.cpu.per_engine.items():
+                if (hit := out.get(profile_of_engine(engine))) is not None:
+                    hit["cpu_s"] = round(hit["cpu_s"] + secs, 1)
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "workload": self.workload,
-                "argv": list(self.argv), "wall_s": self.wall_s, "cpu_s": self.cpu_s, "run_s": self.run_s,
-                "machine": self.machine, "phases": self.phase_seconds(),
-                "scenarios": scenario_totals(self.engines), "profiles": profile_totals(self.engines),
+                "argv": list(self.argv), "wall_s": self.wall_s, "run_s": self.run_s,
+                "cpu_s": None if self.cpu is None else self.cpu.cpu_s, "machine": self.machine,
+                "phases": self.phase_seconds(), "scenarios": scenario_totals(self.engines),
+                "profiles": self.profiles(), "cpu": None if self.cpu is None else {
+                    "per_engine": self.cpu.per_engine, "processes": self.cpu.processes,
+                    "method": "sampled from /proc every 0.5 s (harness.bench.cpu): a lower bound"},
                 "engines": [{"engine": e.engine, "startup_s": e.startup_s, "problems": list(e.problems),
                              "phases": {p: e.seconds(p) for p in PHASES[1:] if e.seconds(p)},
                              "spans": [{"phase": s.phase, "label": s.label, "start": round(s.start, 3),

@@ -2,9 +2,9 @@
 without matplotlib, such as ``repro``'s, made no picture before: issue 39's quiet 287 s run).
 
 One row per engine on a time axis (the first row: the time before any engine, environments and planning), each
-span coloured by its phase; an engine's scenario spans alternate two greens, one cell each, and each span says what it is on hover
-(``<title>``).  The title holds the workload, the run's wall, CPU and engine totals and the machine; under the axis,
-each engine profile's engines and engine-seconds.
+span coloured by its phase; an engine's scenario spans alternate two greens, one cell each, and each span says
+what it is on hover (``<title>``).  The title holds the workload, the run's wall, CPU and engine totals and the
+machine; under the axis, each engine profile's engines, engine-seconds and CPU seconds.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from harness.bench.run import BenchRun
-from harness.bench.scenarios import profile_totals
 
 COLOURS = {"environments": "#fdd835", "spawn+import": "#616161", "import+construct": "#9e9e9e",
            "model load": "#8e24aa", "kv cache+warm-up": "#fb8c00", "start-up": "#bdbdbd", "turn wait": "#fff59d",
@@ -113,8 +112,9 @@ def render(run: BenchRun) -> str:
     scale = PLOT_W / length
     axis_y = TOP + (len(run.engines) + 1) * ROW_H + 4
     profiles = [f"profile {name}: {p['engines']} engine(s), {p['engine_s']:.0f} engine-s (start-up "
-                f"{p['startup_s']:.0f}, scenarios {p['scenario_s']:.0f}): {', '.join(p['scenarios']) or '-'}"
-                for name, p in profile_totals(run.engines).items()]
+                f"{p['startup_s']:.0f}, scenarios {p['scenario_s']:.0f})"
+                + (f", {p['cpu_s']:.0f} CPU s" if "cpu_s" in p else "") + f": {', '.join(p['scenarios']) or '-'}"
+                for name, p in run.profiles().items()]
     height = max(axis_y + 46 + 15 * len(profiles), TOP + 16 * len(COLOURS) + 10)
     width = LABEL_W + PLOT_W + LEGEND_W
     body = [_text(8, 18 + 17 * i, line, 13 if i == 0 else 11, weight="bold" if i == 0 else "normal")

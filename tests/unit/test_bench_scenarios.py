@@ -106,3 +106,18 @@ def test_post_resume_runs_the_test_file_as_tox_does_and_keeps_the_engines(tmp_pa
     doc = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert doc["workload"] == "post-resume" and doc["engines"][0]["engine"] == "main/vllm0.21.0-mp-async_on"
     assert (tmp_path / "b" / "timeline.svg").is_file()
+
+
+def test_cpu_is_sampled_per_engine_folder_and_for_the_workload(tmp_path: Path) -> None:
+    """The sampler's grouping, and one real pass: this test's own process as the workload."""
+    import os
+
+    from harness.bench.cpu import WORKLOAD, CpuSampler, engine_of
+
+    assert engine_of(("engines", "vllm0.21.0-mp-async_on-tiny_kv", "x")) == "vllm0.21.0-mp-async_on-tiny_kv"
+    assert engine_of(("engines", "vllm0.21.0-mp-async_on")) == "vllm0.21.0-mp-async_on"  # an engine runs there
+    assert engine_of((".run-ab", "gw0", "sessions", "vllm0.21.0-mp-async_on-4242")) == "gw0/vllm0.21.0-mp-async_on"
+    assert engine_of(("fuzz.json",)) is None
+    sampler = CpuSampler(tmp_path, os.getpid())
+    sampler.sample()
+    assert list({g for _, g in sampler.seen.values()}) == [WORKLOAD] and sampler.seen

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.bench.cpu import CpuSample
 from harness.bench.run import BenchRun, load_run
 from harness.bench.svg import COLOURS, render, tick_step
 from harness.frontends.cli import main
@@ -68,11 +69,13 @@ def test_the_title_states_the_machine_and_the_cpu_seconds(tmp_path: Path) -> Non
     run = load_run(_reports(tmp_path), "repro", wall_s=41.0)
     from dataclasses import replace
 
-    run = replace(run, cpu_s=55.4, machine={"host": "box", "cpus": 2, "load_start": [5.0, 6.25, 7.0],
-                                            "load_end": [9.0, 8.0, 7.5]})
+    run = replace(run, cpu=CpuSample(55.4, {"vllm0.21.0-mp-async_on-prefix_cache": 20.0}, 9),
+                  machine={"host": "box", "cpus": 2, "load_start": [5.0, 6.25, 7.0], "load_end": [9.0, 8.0, 7.5]})
     texts = [t.text or "" for t in _svg(run).iter(f"{SVG}text")]
     assert "55 CPU s" in texts[0]
     assert texts[1] == "machine: box, 2 CPUs, load average 5.0/6.2/7.0 at the start, 9.0/8.0/7.5 at the end"
+    assert any(t.startswith("profile prefix-cache: 1 engine(s)") and ", 20 CPU s: " in t for t in texts)
+    assert run.to_json()["profiles"]["default"]["cpu_s"] == 0.0 and run.to_json()["cpu_s"] == 55.4
 
 
 def test_ticks_are_round_and_few() -> None:

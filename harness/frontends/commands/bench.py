@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from harness.bench.cpu import CpuSample, CpuSampler
 from harness.bench.fuzz import load_fuzz
 from harness.bench.pytest_run import load_pytest
 from harness.bench.run import BenchRun, load_run
@@ -77,7 +77,7 @@ class BenchCommand(Command):
             started, load_start = time.time(), os.getloadavg()
             wall, cpu, argv = _run_workload(args.workload, args.extra, reports)
             run = _load(args.workload, reports, wall, started, argv)
-            run = replace(run, cpu_s=cpu, machine={**run.machine, **_machine(load_start)})
+            run = replace(run, cpu=cpu, machine={**run.machine, **_machine(load_start)})
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench.json").write_text(json.dumps(run.to_json(), indent=1) + "\n")
         pictures = [args.out / "timeline.svg"]
@@ -121,11 +121,6 @@ def _machine(load_start: tuple[float, float, float]) -> dict[str, object]:
             "load_end": [round(v, 2) for v in os.getloadavg()]}
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _workload_argv(workload: str, extra: list[str], reports: Path) -> list[str]:
     """The command line of ``workload``: the CLI's command, or pytest on the checkout's test file (run from the
     checkout's root, where pyproject.toml loads the plugin)."""
@@ -139,19 +134,22 @@ def _workload_argv(workload: str, extra: list[str], reports: Path) -> list[str]:
             "--repro-keep-engines", *extra]
 
 
-def _run_workload(workload: str, extra: list[str], reports: Path) -> tuple[float, float, tuple[str, ...]]:
-    """The workload's command in a process of its own (as a user runs it); its wall time and CPU seconds (user +
-    system of the command and every descendant reaped under it: an engine's processes, reaped by the engine
-    process, count; one orphaned by a kill does not); its command line."""
+def _run_workload(workload: str, extra: list[str], reports: Path
+                  ) -> tuple[float, CpuSample | None, tuple[str, ...]]:
+    """The workload's command in a process of its own (as a user runs it): its wall time, its processes' CPU
+    seconds sampled per engine (harness.bench.cpu), its command line."""
     if reports.exists() and any(reports.iterdir()):
         raise BadInput(f"{reports} is not empty: give another --out, or remove it")
     argv = _workload_argv(workload, extra, reports)
-    t0, cpu0 = time.monotonic(), _children_cpu_s()
-    rc = subprocess.run(argv, check=False).returncode
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv)
+    sampler = CpuSampler(reports, proc.pid).start()
+    rc = proc.wait()
+    cpu = sampler.stop()
     # 1: a run with ERROR cells (pytest: failed items) still has a breakdown; 2: bad input, nothing ran
     if rc not in (0, 1):
         raise BadInput(f"the {workload} workload exited {rc}: {' '.join(argv[3:])}")
-    return round(time.monotonic() - t0, 3), round(_children_cpu_s() - cpu0, 1), tuple(argv[3:])
+    return round(time.monotonic() - t0, 3), cpu, tuple(argv[3:])
 
 
 def _table(run: BenchRun) -> None:
@@ -166,8 +164,8 @@ def _table(run: BenchRun) -> None:
             table.add_row(phase, f"{secs:.1f}", share)
     Console().print(table)
     _scenario_table(run)
-    if run.cpu_s is not None:
-        print(f"CPU seconds of the workload's processes: {run.cpu_s:.0f}; machine: {run.machine}")
+    if run.cpu is not None:
+        print(f"CPU seconds of the workload's processes (sampled): {run.cpu.cpu_s:.0f}; machine: {run.machine}")
     for v in run.workload_facts.get("fuzz", ()):
         print(f"fuzz {v['version']}: {v['examples']} examples in {v['cpu_s']} CPU s: {v['examples_per_cpu_s']} per CPU "
               f"second; reach of scheduler.py {v['reach_scheduler_py']} % ({v['reach_of_reachable']} % of what a "
