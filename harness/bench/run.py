@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench.cpu import CpuSample
+from harness.bench.per_scenario import profile_of_engine, profile_totals, scenario_totals
 from harness.bench.phases import EngineTimeline, read_events, timeline
-from harness.bench.scenarios import profile_of_engine, profile_totals, scenario_totals
 from harness.core.errors import BadInput
 
 # The last five: a fuzz run's parts.

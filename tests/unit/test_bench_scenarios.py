@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.bench.per_scenario import profile_of_engine, profile_totals, scenario_of, scenario_totals
 from harness.bench.phases import EngineTimeline, Span
 from harness.bench.pytest_run import load_pytest
-from harness.bench.scenarios import profile_of_engine, profile_totals, scenario_of, scenario_totals
 from harness.frontends.cli import main
 from harness.frontends.commands import bench
 

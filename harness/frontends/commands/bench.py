@@ -17,9 +17,9 @@ from rich.table import Table
 
 from harness.bench.cpu import CpuSample, CpuSampler
 from harness.bench.fuzz import load_fuzz
+from harness.bench.per_scenario import profile_totals, scenario_totals
 from harness.bench.pytest_run import load_pytest
 from harness.bench.run import BenchRun, load_run
-from harness.bench.scenarios import profile_totals, scenario_totals
 from harness.bench.svg import write_svg
 from harness.core.errors import BadInput, bad_choice
 from harness.frontends.commands.command import Command
