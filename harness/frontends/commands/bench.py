@@ -177,12 +177,13 @@ def _scenario_table(run: BenchRun) -> None:
     scenarios, profiles = scenario_totals(run.engines), profile_totals(run.engines)
     if not scenarios:
         return
-    table = Table(title="per scenario (engines: started per engine profile; shared with: the other scenarios on them)")
+    table = Table(title="per scenario (engines are started per engine profile; bench.json names the scenarios each "
+                        "shares its engines with)")
     for col in ("scenario", "cells", "engine-s in its cells", "profile", "engines", "shared with"):
         table.add_column(col)
     for name, row in scenarios.items():
         table.add_row(name, str(row["cells"]), f"{row['scenario_s']:.1f}", row["profile"], str(len(row["engines"])),
-                      ", ".join(row["shared_with"]) or "none: engines of its own")
+                      str(len(row["shared_with"])) if row["shared_with"] else "none: engines of its own")
     Console().print(table)
     table = Table(title="per engine profile (engine-s: first span to last, every engine of it)")
     for col in ("profile", "engines", "engine-s", "of which start-up", "scenarios"):
