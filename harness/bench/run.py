@@ -53,7 +53,7 @@ class BenchRun:
     def profiles(self) -> dict[str, dict[str, Any]]:
         """:func:`profile_totals`, with each profile's engines' sampled CPU seconds when there are some."""
         out = profile_totals(self.engines)
-        if self.cpu is not None:
+        if self.cpu is not None and self.cpu.per_engine:  # a total alone says nothing per profile
             for row in out.values():
                 row["cpu_s"] = 0.0
             for engine, secs in self.cpu.per_engine.items():
