@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.bench.cpu import CpuSample
 from harness.bench.per_scenario import profile_of_engine, profile_totals, scenario_totals
-from harness.bench.phases import EngineTimeline, read_events, timeline
+from harness.bench.phases import EngineTimeline, Span, read_events, timeline
 from harness.core.errors import BadInput
 
 # The last five: a fuzz run's parts.
@@ -126,3 +126,24 @@ def load_run(reports: Path, workload: str = "", wall_s: float | None = None) -> 
     return BenchRun(workload or "run", tuple(str(a) for a in data.get("argv") or ()), wall_s, round(t1 - t0, 3),
                     round(min(starts), 3) if starts else round(t1 - t0, 3), tuple(engines),
                     machine={"host": data["host"]} if data.get("host") else {})
+
+
+def load_bench_json(path: Path) -> BenchRun:
+    """A ``bench.json`` read back (to draw its picture again, e.g. one written where matplotlib was missing)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{path}: not a readable bench.json ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise BadInput(f"{path} is no bench.json (schema {SCHEMA}): give a reports folder or a bench.json")
+    engines = tuple(EngineTimeline(e["engine"], tuple(Span(s["phase"], s["start"], s["end"], s.get("label", ""))
+                                                      for s in e.get("spans", ())),
+                                   e.get("startup_s"), tuple(e.get("problems", ())))
+                    for e in doc.get("engines", ()))
+    cpu = doc.get("cpu") or {}
+    sample = None if doc.get("cpu_s") is None else CpuSample(doc["cpu_s"], cpu.get("per_engine") or {},
+                                                               cpu.get("processes") or 0)
+    facts = {"fuzz": doc["fuzz"]} if "fuzz" in doc else {}
+    return BenchRun(doc.get("workload", "run"), tuple(doc.get("argv", ())), doc.get("wall_s"), doc.get("run_s", 0.0),
+                    (doc.get("phases") or {}).get("environments", 0.0), engines, facts, sample,
+                    doc.get("machine") or {})

@@ -92,3 +92,21 @@ def test_bench_writes_the_svg_without_matplotlib(tmp_path: Path, monkeypatch: py
     assert not (out / "timeline.png").exists()
     ET.parse(out / "timeline.svg")
     assert f"bench: {out / 'bench.json'}, {out / 'timeline.svg'}" in capsys.readouterr().out
+
+
+def test_a_bench_json_is_read_back_and_drawn_again(tmp_path: Path) -> None:
+    """A small bench.json (as a run without matplotlib left it) gives the same picture as the run it came from."""
+    from dataclasses import replace
+
+    from harness.bench.run import load_bench_json
+
+    run = replace(load_run(_reports(tmp_path / "r"), "repro", wall_s=41.0),
+                  cpu=CpuSample(55.4, {"vllm0.21.0-mp-async_on": 30.0}, 7), machine={"host": "box", "cpus": 2})
+    (tmp_path / "bench.json").write_text(json.dumps(run.to_json()))
+    back = load_bench_json(tmp_path / "bench.json")
+    assert back.to_json() == run.to_json() and render(back) == render(run)
+    out = tmp_path / "again"
+    assert main(["bench", "repro", "--from", str(tmp_path / "bench.json"), "--out", str(out)]) == 0
+    assert ET.parse(out / "timeline.svg").getroot().tag == f"{SVG}svg"
+    (tmp_path / "other.json").write_text('{"schema": "vllm-repro/results"}')
+    assert main(["bench", "repro", "--from", str(tmp_path / "other.json"), "--out", str(out)]) == 2

@@ -19,7 +19,7 @@ from harness.bench.cpu import CpuSample, CpuSampler
 from harness.bench.fuzz import load_fuzz
 from harness.bench.per_scenario import profile_totals, scenario_totals
 from harness.bench.pytest_run import load_pytest
-from harness.bench.run import BenchRun, load_run
+from harness.bench.run import BenchRun, load_bench_json, load_run
 from harness.bench.svg import write_svg
 from harness.core.errors import BadInput, bad_choice
 from harness.frontends.commands.command import Command
@@ -47,7 +47,8 @@ class BenchCommand(Command):
     def setup_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("workload", nargs="?", default="repro", help=f"one of {', '.join(WORKLOADS)}")
         parser.add_argument("--from", dest="from_reports", type=Path, default=None, metavar="REPORTS",
-                            help="read this reports folder (a matrix, frameworks or fuzz run) instead of running")
+                            help="read this reports folder (a matrix, frameworks, fuzz or post-resume run) instead of "
+                                 "running, or a bench.json to draw its picture again")
         parser.add_argument("--out", type=Path, default=Path("reports/bench"),
                             help="where bench.json and timeline.svg (and .png) go (default reports/bench)")
         # REMAINDER, not "*": with subcommands, argparse (3.11) rejects what follows "--" for a "*" positional
@@ -70,7 +71,9 @@ class BenchCommand(Command):
         args = self._own_options(args)
         if args.workload not in WORKLOADS:
             raise bad_choice("workload", args.workload, tuple(WORKLOADS))
-        if args.from_reports is not None:
+        if args.from_reports is not None and args.from_reports.is_file():  # a bench.json: its picture drawn again
+            run = load_bench_json(args.from_reports)
+        elif args.from_reports is not None:
             run = _load(args.workload, args.from_reports, None, None, ())
         else:
             reports = args.out / "reports"
