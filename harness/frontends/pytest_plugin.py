@@ -24,7 +24,8 @@ through :class:`harness.run.session.EngineSession`, the one engine driver run in
   / ``$VLLM_REPRO_BASE_PYTHON``) build the envs with no network, exactly as
   the CLI's options of the same names; a bad one is a usage error.
 * Every judged cell is written to the same results files as the CLI
-  (``--repro-reports``, default ``reports/pytest``).
+  (``--repro-reports``, default ``reports/pytest``); ``--repro-keep-engines`` keeps the engines' sessions there
+  (``.run-*/``) after a clean run too, for ``vllm-repro bench post-resume``.
 * ``--retry-infra N`` (default 1, what the nightly passes; ``$VLLM_REPRO_RETRY_INFRA``): a cell that came out
   ERROR or TIMEOUT runs again on a fresh engine, as the matrix's option of the same name; CRASH and token
   faults never.  The terminal summary lists every retried item, each attempt and why it failed.
