@@ -24,7 +24,8 @@ through :class:`harness.run.session.EngineSession`, the one engine driver run in
   / ``$VLLM_REPRO_BASE_PYTHON``) build the envs with no network, exactly as
   the CLI's options of the same names; a bad one is a usage error.
 * Every judged cell is written to the same results files as the CLI
-  (``--repro-reports``, default ``reports/pytest``).
+  (``--repro-reports``, default ``reports/pytest``); ``--repro-keep-engines`` keeps the engines' sessions there
+  (``.run-*/``) after a clean run too, for ``vllm-repro bench post-resume``.
 * ``--retry-infra N`` (default 1, what the nightly passes; ``$VLLM_REPRO_RETRY_INFRA``): a cell that came out
   ERROR or TIMEOUT runs again on a fresh engine, as the matrix's option of the same name; CRASH and token
   faults never.  The terminal summary lists every retried item, each attempt and why it failed.
@@ -111,6 +112,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add_retry_option(g)
     g.addoption("--repro-reports", type=Path, default=Path("reports/pytest"),
                 help="where the results JSON/Markdown/JUnit of the post_resume cells go (default reports/pytest)")
+    g.addoption("--repro-keep-engines", action="store_true", default=False,
+                help="keep every engine session's folder (events, vLLM's log) under --repro-reports/.run-*/ even "
+                     "when no cell was ERROR or TIMEOUT (vllm-repro bench post-resume reads them)")
     # The CLI's --model / --engine-arg / --engine-args / --preset (harness.plan.engine_args), for every engine.
     g.addoption("--vllm-model", default=os.environ.get("VLLM_REPRO_MODEL"),
                 help="model every engine loads: a local Hugging Face folder, a hub id, or a built-in "
@@ -481,8 +485,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     paths = write_reports(results, out)
     config._repro_report_paths = paths  # type: ignore[attr-defined]
     config._repro_cells = results.cells  # type: ignore[attr-defined]
-    # Engine logs are kept only when something went wrong with an engine.
-    if not any(c.outcome in (Outcome.ERROR, Outcome.TIMEOUT) for c in cells):
+    # Engine logs are kept only when something went wrong with an engine, or when asked (the benchmark).
+    if not config.getoption("repro_keep_engines") and not any(c.outcome in (Outcome.ERROR, Outcome.TIMEOUT)
+                                                                  for c in cells):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 

@@ -65,7 +65,7 @@ class _Config:
         self.options = {"repro_platform": platform, "known_bugs": None, "repro_reports": tmp_path / "reports",
                         "wheelhouse": None, "base_python": None, "retry_infra": 0, "vllm_model": None,
                         "vllm_engine_arg": [], "vllm_engine_args": [], "vllm_preset": None,
-                        **{a.pytest_dest: None for a in plugin_axes()}, **options}
+                        "repro_keep_engines": False, **{a.pytest_dest: None for a in plugin_axes()}, **options}
         self.stash = {RECIPES: recipe_factory(platform, "3.11")}
 
     def getoption(self, name: str) -> Any:
@@ -437,3 +437,24 @@ def test_the_summary_names_each_retried_item_and_why(tmp_path: Path, monkeypatch
         f"{failed.id}: attempt 1 TIMEOUT (RuntimeError: Engine core initialization failed); "
         "attempt 2 TIMEOUT (RuntimeError: Engine core initialization failed)"])
     assert not any(plain.id in line for line in section), "an item that passed first time is not listed"
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_engine_folders_of_a_clean_run_go_unless_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      keep: bool) -> None:
+    """--repro-keep-engines (what ``vllm-repro bench post-resume`` passes) keeps the engines' sessions of a run
+    with no ERROR or TIMEOUT cell, whose run folder is otherwise removed."""
+    pool, _ = _flaky_pool(tmp_path, monkeypatch, [Outcome.OK], repro_keep_engines=keep)
+    pool.run_cell(Cell("0.21.0", "mp", True, "keep", True))
+    config = _Config(tmp_path, repro_keep_engines=keep)
+    config._repro_run_dir = pool.run_dir  # type: ignore[attr-defined]
+
+    class Session:
+        pass
+
+    session = Session()
+    session.config = config  # type: ignore[attr-defined]
+    assert pool.run_dir.is_dir()
+    plugin.pytest_sessionfinish(session, 0)  # type: ignore[arg-type]
+    assert pool.run_dir.is_dir() is keep
+    assert (tmp_path / "reports" / "results.json").is_file()
