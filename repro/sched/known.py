@@ -170,6 +170,43 @@ def _plenty_of_blocks(s: Script) -> Script:
     return replace(s, setup=replace(s.setup, num_blocks=max(s.setup.num_blocks, 64)))
 
 
+def _turn_limits_differ(s: Script) -> bool:
+    """A session fed a later chunk whose max_tokens is not its first turn's (fuzz_found.session_max_tokens)."""
+    fed = {op.rid for op in s.ops if op.op == "feed"}
+    return any(r.rid in fed and any(m != r.max_tokens for _, m in r.chunks) for r in s.requests if r.session)
+
+
+def _same_turn_limits(s: Script) -> Script:
+    """Every later turn asks for its first turn's max_tokens: the control of session-max-tokens."""
+    return replace(s, requests=tuple(replace(r, chunks=tuple((p, r.max_tokens) for p, _ in r.chunks))
+                                     for r in s.requests))
+
+
+def _chunk_reset(s: Script) -> bool:
+    """AsyncScheduler, a reset with frames in flight, and prefills that may be cut into chunks (a threshold, or a
+    prompt longer than the step budget): a prefill chunk may be the frame in flight (fuzz_found.reset_chunk)."""
+    longest = max((len(r.prompt) for r in s.requests), default=0)
+    chunked = s.setup.long_prefill_token_threshold > 0 or longest > s.setup.max_num_batched_tokens
+    return s.setup.is_async and chunked and any(op.op == "reset" and op.in_flight != 0 for op in s.ops)
+
+
+def _whole_prefills(s: Script) -> Script:
+    """No prefill cut into chunks: no threshold and a step budget every request's whole context fits at once."""
+    budget = max(s.setup.max_num_batched_tokens, s.setup.max_model_len * max(1, len(s.requests)))
+    return replace(s, setup=replace(s.setup, long_prefill_token_threshold=0, max_num_batched_tokens=budget))
+
+
+def _sessions_fed(s: Script) -> bool:
+    """Two or more sessions given a later chunk (each keeps its KV blocks between turns)."""
+    return len({op.rid for op in s.ops if op.op == "feed"}) >= 2
+
+
+def _room_for_all(s: Script) -> Script:
+    """A KV cache every request holds at its longest at once (the control of session-kv-stall)."""
+    per = -(-s.setup.max_model_len // s.setup.block_size)
+    return replace(s, setup=replace(s.setup, num_blocks=max(s.setup.num_blocks, per * len(s.requests) + 1)))
+
+
 def _signatures() -> tuple[Signature, ...]:
     session = (_has_session_reset, _plain_sessions)
     kv = (_kv_in_flight_reset, _no_connector)
@@ -188,6 +225,12 @@ def _signatures() -> tuple[Signature, ...]:
                   "two resets with speculative frames in flight"),
         Signature("pause", _STREAMISH, "", *drained,
                   "a drained reset with the requests running (vllm#42043's one-frame flag)"),
+        Signature("reset-chunk", _STREAMISH, "", _chunk_reset, _whole_prefills,
+                  "a reset while a prefill chunk is in flight (the one-frame flag outlives it)"),
+        Signature("session-max-tokens", ("stream", "finish"), "", _turn_limits_differ, _same_turn_limits,
+                  "a session's later turn with another max_tokens than its first"),
+        Signature("session-kv-stall", ("stall", "finish"), "", _sessions_fed, _room_for_all,
+                  "sessions holding KV blocks between turns, their next chunks too big to fit together"),
         Signature("spec-reset", ("crash", *_STREAMISH), _PLACEHOLDERS, *spec,
                   "a reset with a speculative frame in flight"),
         Signature("preempt-deep", ("crash",), _PLACEHOLDERS, _deep_spec, _plenty_of_blocks,

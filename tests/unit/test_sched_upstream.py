@@ -111,3 +111,50 @@ def test_the_catalogue_plays_them_on_the_scheduler_tier(name: str) -> None:
         script = build_any_script(shape.scenario, shape.for_async(async_on), VOCAB)
         assert script.setup.is_async is async_on
     assert SHAPES["deferred-free"].preempts
+
+
+def test_session_max_tokens_asks_fewer_tokens_of_the_second_turn_and_queues_it_with_the_end() -> None:
+    s = build_any_script("session_max_tokens", {}, VOCAB, 0)
+    [s0] = s.requests
+    assert s0.session and s0.max_tokens == 4 and [m for _, m in s0.chunks] == [2]
+    assert [o.op for o in s.ops] == ["add", "feed", "close", "run"]
+    control = build_any_script("session_max_tokens", {"second": 4}, VOCAB, 0)
+    assert [m for _, m in control.requests[0].chunks] == [4]
+    with pytest.raises(ScriptError):
+        build_any_script("session_max_tokens", {"second": 0}, VOCAB, 0)
+
+
+def test_reset_chunk_resets_while_a_prefill_chunk_is_in_flight() -> None:
+    s = build_any_script("reset_chunk", SHAPES["reset-chunk"].for_async(True), VOCAB, 0)
+    [r0] = s.requests
+    # the prompt is cut into chunks smaller than itself, and the reset leaves D-1 = 1 frame in flight: a chunk
+    assert 0 < s.setup.long_prefill_token_threshold < len(r0.prompt) and s.setup.depth == 2
+    assert [(o.op, o.in_flight) for o in s.ops] == [("add", None), ("reset", 1), ("run", None)]
+    assert build_any_script("reset_chunk", {"long_prefill_token_threshold": 0}, VOCAB, 0).setup \
+        .long_prefill_token_threshold == 0  # the control: one prefill frame, which samples a token
+    sync = build_any_script("reset_chunk", SHAPES["reset-chunk"].for_async(False), VOCAB, 0)
+    assert sync.ops[1].in_flight == 0 and not sync.setup.is_async
+
+
+def test_session_kv_stall_needs_more_blocks_than_the_cache_holds_for_both_second_turns() -> None:
+    s = build_any_script("session_kv_stall", {}, VOCAB, 0)
+    usable, bs = s.setup.num_blocks - 1, s.setup.block_size  # one block is vLLM's null block
+    assert usable * bs >= s.setup.max_model_len  # vLLM starts: one request of max_model_len fits
+    s0, s1 = s.requests
+    # s0's turn ends first; its second turn needs more blocks than s1's first turn leaves free
+    first_turns = [-(-(len(r.prompt) + r.max_tokens) // bs) for r in (s0, s1)]
+    s0_turn2 = -(-(len(s0.prompt) + s0.max_tokens + len(s0.chunks[0][0])) // bs)
+    assert s0.max_tokens < s1.max_tokens and s0_turn2 > usable - first_turns[1]
+    for r in (s0, s1):  # each fits alone
+        assert len(r.prompt) + r.max_tokens + sum(len(p) + m for p, m in r.chunks) <= s.setup.max_model_len
+    assert [o.op for o in s.ops] == ["add", "add", "feed", "feed", "close", "close", "run"]
+    assert build_any_script("session_kv_stall", {"num_blocks": 64}, VOCAB, 0).setup.num_blocks == 64
+
+
+@pytest.mark.parametrize("name", ["session-max-tokens", "reset-chunk", "session-kv-stall"])
+def test_the_fuzzers_findings_are_scheduler_tier_scenarios(name: str) -> None:
+    assert BY_SCENARIO[name].tiers == ("scheduler",)
+    for async_on in (True, False):
+        assert build_any_script(SHAPES[name].scenario, SHAPES[name].for_async(async_on), VOCAB).setup.is_async \
+            is async_on
+    assert SHAPES["session-max-tokens"].excess_checks and not SHAPES["reset-chunk"].excess_checks
