@@ -13,16 +13,18 @@ matrix cell and ``vllm-repro bisect`` can play it and the known-bug table can ho
 * ``reset_chunk`` — ``reset_prefix_cache(reset_running_requests=True)`` while a *prefill chunk* of a running request
   is in flight, AsyncScheduler: 0.12-0.21's one-frame flag ``discard_latest_async_tokens`` is set on every preempted
   request (scheduler.py:1813-1819 at 0.21.0), but ``update_from_output`` calls ``_update_request_with_output`` (the
-  only place that clears it, async_scheduler.py:37-42) only ``if new_token_ids`` (scheduler.py:1358 at 0.21.0), and
+  only place that clears it, async_scheduler.py:40-44) only ``if new_token_ids`` (scheduler.py:1350 at 0.21.0), and
   a prefill chunk samples none, so the flag survives the stale frame and drops the request's first real token after
   the reset; its placeholder stays counted (STALL where that token was the last).  The fuzzer met it as a session
   (``add r1; reset (1 in flight); close r1; run``) with a 17-token prompt cut into prefill chunks of 8; the session
-  is not needed (measured: a plain request stalls alike).  PR #42117's counter (0.22.0: discard
-  ``num_output_placeholders`` frames, 0 for a chunk) ends it.
+  is not needed (measured: a plain request stalls alike).  PR #42117's counter ends it (0.22.0:
+  ``async_tokens_to_discard = num_output_placeholders`` at the reset, scheduler.py:1923, 0 for a chunk).
 * ``session_kv_stall`` — two streaming-input sessions whose next chunks are queued and do not fit the KV cache
   together: each session keeps its KV blocks while it waits between turns, the one at the head of the waiting queue
-  cannot allocate, nothing runs that vLLM could preempt to free blocks, and nothing is scheduled again (STALL).
-  Upstream open PR #49439 ("Prevent streaming session deadlock under KV pressure") describes this mechanism.
+  cannot allocate (its ``allocate_slots`` returns None and the waiting loop breaks, scheduler.py:702-721 at
+  0.21.0), nothing runs that vLLM could preempt to free blocks (preemption pops ``self.running`` only, :424-462),
+  and nothing is scheduled again (STALL).  Upstream open PR #49439 ("Prevent streaming session deadlock under KV
+  pressure") describes this mechanism.
 
 Pure Python (no vLLM import).
 """

@@ -221,7 +221,7 @@ def _max_tokens_example() -> Script:
 
 
 def _chunk_example() -> Script:
-    """0.21.0, seed 2: a 17-token prompt cut into prefill chunks of 8, ``add r1; reset (1 in flight); close r1; run``."""
+    """0.21.0, seed 2: a 17-token prompt in prefill chunks of 8, ``add r1; reset (1 in flight); close r1; run``."""
     setup = replace(setup_for(2, 64), long_prefill_token_threshold=8)
     return Script(setup, (RequestSpec("r1", tuple(range(2, 19)), 1, session=True),),
                   (Op("add", rid="r1"), Op("reset", in_flight=1), Op("close", rid="r1"), Op("run")))

