@@ -149,6 +149,9 @@ SHAPES: dict[str, SchedShape] = {
     "reset-chunk": SchedShape("reset_chunk", {"depth": 2}, {}),
     # Two sessions holding KV blocks between turns, their queued chunks too big to fit together (open PR #49439).
     "session-kv-stall": SchedShape("session_kv_stall", {"depth": 2}, {}),
+    # A session's turn with three frames in flight: a frame scheduled past max_tokens delivers into the stopped turn
+    # (before 0.31.0); seen only as tokens past max_tokens.
+    "session-overrun": SchedShape("session_overrun", {"depth": 3}, sync_reason=_DEEP_ONLY_ASYNC, excess_checks=True),
 }
 
 

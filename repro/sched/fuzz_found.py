@@ -26,6 +26,14 @@ matrix cell and ``vllm-repro bisect`` can play it and the known-bug table can ho
   and nothing is scheduled again (STALL).  Upstream open PR #49439 ("Prevent streaming session deadlock under KV
   pressure") describes this mechanism.
 
+* ``session_overrun`` — found by the seeded fuzzer on 0.21.0 once the three above were rows: with three frames in
+  flight (D=3, a pipeline-parallel batch queue) the AsyncScheduler's "avoid scheduling an extra step" skip
+  (``num_computed_tokens + 2 - num_output_placeholders >= num_prompt_tokens + max_tokens``, scheduler.py:350-364 at
+  0.21.0) counts one frame in flight and schedules a frame past ``max_tokens``.  A plain request is finished by then
+  and its late token skipped (:1296-1305); a session whose turn stopped is ``WAITING_FOR_STREAMING_REQ``, not
+  finished, so the late token is appended to the stopped turn.  0.31.0's ``_handle_stopped_request`` marks the
+  stopped turn's in-flight tokens stale and drops them (scheduler.py:2405-2420, :2021-2044 at 0.31.0).
+
 Pure Python (no vLLM import).
 """
 
@@ -40,6 +48,7 @@ from repro.sched.script import Op, RequestSpec, Script, ScriptError, _known, _se
 SESSION_MAX_TOKENS = "session_max_tokens"
 RESET_CHUNK = "reset_chunk"
 SESSION_KV_STALL = "session_kv_stall"
+SESSION_OVERRUN = "session_overrun"
 
 
 def _prompt(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
@@ -88,3 +97,14 @@ def session_kv_stall(params: Mapping[str, Any], vocab_size: int, seed: int) -> S
     ops = (Op("add", rid="s0"), Op("add", rid="s1"), Op("feed", rid="s0"), Op("feed", rid="s1"),
            Op("close", rid="s0"), Op("close", rid="s1"), Op("run"))
     return Script(setup, (s0, s1), ops)
+
+
+def session_overrun(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """The fuzzer's example: a session of a 1-token prompt whose turn asks for ``max_tokens`` (default 2) tokens, run
+    with ``depth`` frames in flight (default 3) for five steps (its turn ends and the frame past it comes back), then
+    the end of its input stream.  ``depth`` 2 (one frame in flight, which the skip counts): the control."""
+    _known(params, set())
+    setup = _setup_from(params, scheduler="async", depth=3)
+    s0 = RequestSpec("s0", _prompt(random.Random(seed), int(params.get("prompt_len", 1)), vocab_size),
+                     int(params.get("max_tokens", 2)), session=True)
+    return Script(setup, (s0,), (Op("add", rid="s0"), Op("step", n=5), Op("close", rid="s0"), Op("run")))

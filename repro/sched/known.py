@@ -207,6 +207,16 @@ def _room_for_all(s: Script) -> Script:
     return replace(s, setup=replace(s.setup, num_blocks=max(s.setup.num_blocks, per * len(s.requests) + 1)))
 
 
+def _deep_session(s: Script) -> bool:
+    """AsyncScheduler with three frames in flight and a session (fuzz_found.session_overrun)."""
+    return s.setup.is_async and s.setup.depth == 3 and any(r.session for r in s.requests)
+
+
+def _depth_two(s: Script) -> Script:
+    """One frame fewer in flight (the AsyncScheduler's skip counts one): the control of session-overrun."""
+    return replace(s, setup=replace(s.setup, depth=2))
+
+
 def _signatures() -> tuple[Signature, ...]:
     session = (_has_session_reset, _plain_sessions)
     kv = (_kv_in_flight_reset, _no_connector)
@@ -231,6 +241,8 @@ def _signatures() -> tuple[Signature, ...]:
                   "a session's later turn with another max_tokens than its first"),
         Signature("session-kv-stall", ("stall", "finish"), "", _sessions_fed, _room_for_all,
                   "sessions holding KV blocks between turns, their next chunks too big to fit together"),
+        Signature("session-overrun", ("stream",), "", _deep_session, _depth_two,
+                  "a session's turn with three frames in flight (a frame scheduled past max_tokens)"),
         Signature("spec-reset", ("crash", *_STREAMISH), _PLACEHOLDERS, *spec,
                   "a reset with a speculative frame in flight"),
         Signature("preempt-deep", ("crash",), _PLACEHOLDERS, _deep_spec, _plenty_of_blocks,

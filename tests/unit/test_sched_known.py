@@ -212,6 +212,7 @@ def test_a_failure_that_stays_without_drafts_is_not_the_spec_reset_row() -> None
 MAX_TOKENS_ROW = Row("session-max-tokens", False, "vllm#37842", "DIVERGED")
 CHUNK_ROW = Row("reset-chunk", True, "vllm PR #42117 (prefill chunk in flight)", "LOSS(1)")
 KV_STALL_ROW = Row("session-kv-stall", False, "session deadlock under KV pressure", "STALL")
+OVERRUN_ROW = Row("session-overrun", True, "session turn overrun with three frames in flight", "DIVERGED")
 
 
 def _max_tokens_example() -> Script:
@@ -289,3 +290,29 @@ def test_without_its_trigger_a_failure_is_not_one_of_the_three(why: str, script:
     rows = [MAX_TOKENS_ROW, CHUNK_ROW, KV_STALL_ROW, replace(MAX_TOKENS_ROW, async_on=True),
             replace(CHUNK_ROW, async_on=False), replace(KV_STALL_ROW, async_on=True)]
     assert classify(script, kind, "x", rows, _passes) is None, why
+
+
+def _overrun_example() -> Script:
+    """0.21.0, seed 1, after the three rows: ``add r1; step 5; close r1; run``, AsyncScheduler with D=3."""
+    return Script(setup_for(3, 64), (RequestSpec("r1", (2,), 2, session=True),),
+                  (Op("add", rid="r1"), Op("step", n=5), Op("close", rid="r1"), Op("run")))
+
+
+@pytest.mark.unit
+def test_a_session_overrun_with_three_frames_in_flight_is_its_row_and_its_control_has_two() -> None:
+    seen: list[Script] = []
+
+    def control(s: Script) -> bool:
+        seen.append(s)
+        return False
+
+    failure = "AssertionError: r1: 3 tokens delivered, max_tokens=2"
+    assert classify(_overrun_example(), "stream", failure, [OVERRUN_ROW, PAUSE_ROW], control) == Match(
+        OVERRUN_ROW.bug, "session-overrun", "DIVERGED")
+    assert seen[-1].setup.depth == 2 and seen[-1].ops == _overrun_example().ops
+    assert classify(_overrun_example(), "stream", failure, [OVERRUN_ROW], _still_fails) is None
+    shallow = replace(_overrun_example(), setup=setup_for(2, 64))
+    assert classify(shallow, "stream", failure, [OVERRUN_ROW], _passes) is None, "D=2: the skip counts right"
+    plain = replace(_overrun_example(), requests=(RequestSpec("r1", (2,), 2),),
+                    ops=(Op("add", rid="r1"), Op("step", n=5), Op("run")))
+    assert classify(plain, "stream", failure, [OVERRUN_ROW], _passes) is None, "a plain request drops the late token"

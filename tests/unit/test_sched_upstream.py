@@ -158,13 +158,22 @@ def test_session_kv_stall_needs_more_blocks_than_the_cache_holds_for_both_second
     assert build_any_script("session_kv_stall", {"num_blocks": 64}, VOCAB, 0).setup.num_blocks == 64
 
 
-@pytest.mark.parametrize("name", ["session-max-tokens", "reset-chunk", "session-kv-stall"])
+@pytest.mark.parametrize("name", ["session-max-tokens", "reset-chunk", "session-kv-stall", "session-overrun"])
 def test_the_fuzzers_findings_are_scheduler_tier_scenarios(name: str) -> None:
     assert BY_SCENARIO[name].tiers == ("scheduler",)
-    for async_on in (True, False):
-        assert build_any_script(SHAPES[name].scenario, SHAPES[name].for_async(async_on), VOCAB).setup.is_async \
-            is async_on
+    shape = SHAPES[name]
+    for async_on in (True, False) if shape.sync is not None else (True,):
+        assert build_any_script(shape.scenario, shape.for_async(async_on), VOCAB).setup.is_async is async_on
     assert SHAPES["session-max-tokens"].excess_checks and not SHAPES["reset-chunk"].excess_checks
+    assert SHAPES["session-overrun"].excess_checks and SHAPES["session-overrun"].sync is None
+
+
+def test_session_overrun_runs_a_short_session_turn_with_three_frames_in_flight() -> None:
+    s = build_any_script("session_overrun", SHAPES["session-overrun"].for_async(True), VOCAB, 0)
+    [s0] = s.requests
+    assert s.setup.depth == 3 and s0.session and not s0.chunks and s0.max_tokens == 2
+    assert [o.op for o in s.ops] == ["add", "step", "close", "run"] and s.ops[1].n == 5
+    assert build_any_script("session_overrun", {"depth": 2}, VOCAB, 0).setup.depth == 2  # the control
 
 
 def _session_event(observed: list[int]) -> dict[str, Any]:
