@@ -297,7 +297,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # docs/results/fuzz-judge2-2026-12-02/: also reached through AsyncLLM (ngram drafts, sync scheduling).
     Scenario("session-spec", "a streaming-input session's turn ends inside an accepted speculative step, then a "
              "1-token chunk", tiers=("scheduler",), refs=("PR #44526",), trigger=False),
-    # repro/sched/fuzz_found.py: three findings of the scheduler fuzzer (issue 38, docs/results/fuzz-found-2026-12-04/).
+    # repro/sched/fuzz_found.py: findings of the scheduler fuzzer (issue 38, docs/results/fuzz-found-2026-12-04/).
     Scenario("session-max-tokens", "a streaming-input session's second turn asks for fewer tokens than its first: "
              "it must end after its own max_tokens", tiers=("scheduler",), refs=("vllm#37842",), trigger=False),
     Scenario("reset-chunk", "reset with a prefill chunk in flight (a long prompt cut into chunks): the one-frame "

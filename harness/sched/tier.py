@@ -139,7 +139,7 @@ SHAPES: dict[str, SchedShape] = {
     "kv-load-recompute": SchedShape("kv_load_recompute", {"depth": 2}, {}),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
-    # Three findings of the scheduler fuzzer (issue 38; repro/sched/fuzz_found.py).  A session's later turn keeps the
+    # Findings of the scheduler fuzzer (issue 38; repro/sched/fuzz_found.py).  A session's later turn keeps the
     # first turn's max_tokens (Scheduler._update_request_as_session, either scheduler); seen only as tokens past
     # max_tokens, so the excess check judges it.
     "session-max-tokens": SchedShape("session_max_tokens", {"depth": 2}, {}, excess_checks=True),

@@ -1,4 +1,4 @@
-"""Scheduler-tier scenarios of three findings of the scheduler fuzzer (issue 38; docs/results/fuzz-known-2026-12-04/,
+"""Scheduler-tier scenarios of findings of the scheduler fuzzer (issue 38; docs/results/fuzz-known-2026-12-04/,
 bisected in docs/results/fuzz-found-2026-12-04/), each the fuzzer's shrunk example written out as a scenario so a
 matrix cell and ``vllm-repro bisect`` can play it and the known-bug table can hold its window.
 
