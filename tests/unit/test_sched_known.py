@@ -316,3 +316,23 @@ def test_a_session_overrun_with_three_frames_in_flight_is_its_row_and_its_contro
     plain = replace(_overrun_example(), requests=(RequestSpec("r1", (2,), 2),),
                     ops=(Op("add", rid="r1"), Op("step", n=5), Op("run")))
     assert classify(plain, "stream", failure, [OVERRUN_ROW], _passes) is None, "a plain request drops the late token"
+
+
+@pytest.mark.unit
+def test_an_example_of_two_known_bugs_at_once_is_known_when_both_controls_together_pass() -> None:
+    """0.21.0, seed 1, after the session-overrun row: ``add r1; feed r1; close r1; run`` with D=3 and turns of 2 and 1
+    tokens delivered 4.  Without the smaller second turn the D=3 overrun remains, with D=2 the kept max_tokens remains:
+    each control alone still fails; both together pass."""
+    script = Script(setup_for(3, 64), (RequestSpec("r1", (2,), 2, session=True, chunks=(((2,), 1),)),),
+                    (Op("add", rid="r1"), Op("feed", rid="r1"), Op("close", rid="r1"), Op("run")))
+    max_tokens_row = replace(MAX_TOKENS_ROW, async_on=True)
+
+    def either_trigger(s: Script) -> bool:  # the stand-in replay: fails while either bug's trigger is left
+        return s.setup.depth == 3 or any(m != r.max_tokens for r in s.requests for _, m in r.chunks)
+
+    failure = "AssertionError: r1: 4 tokens delivered, max_tokens=3"
+    assert classify(script, "stream", failure, [max_tokens_row, OVERRUN_ROW], either_trigger) == Match(
+        "vllm#37842", "session-max-tokens", "DIVERGED")
+    assert classify(script, "stream", failure, [OVERRUN_ROW], either_trigger) is None, "one row cannot explain it"
+    assert classify(script, "stream", failure, [max_tokens_row, OVERRUN_ROW], _still_fails) is None, \
+        "a failure that stays with both controls applied is new"
