@@ -318,6 +318,16 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # docs/results/fuzz-judge2-2026-12-02/: also reached through AsyncLLM (ngram drafts, sync scheduling).
     Scenario("session-spec", "a streaming-input session's turn ends inside an accepted speculative step, then a "
              "1-token chunk", tiers=("scheduler",), refs=("PR #44526",), trigger=False),
+    # repro/sched/fuzz_found.py: findings of the scheduler fuzzer (issue 38, docs/results/fuzz-found-2026-12-04/).
+    Scenario("session-max-tokens", "a streaming-input session's second turn asks for fewer tokens than its first: "
+             "it must end after its own max_tokens", tiers=("scheduler",), refs=("vllm#37842",), trigger=False),
+    Scenario("reset-chunk", "reset with a prefill chunk in flight (a long prompt cut into chunks): the one-frame "
+             "discard flag must not drop a real token", tiers=("scheduler",), refs=("vllm#42043", "PR #42117"),
+             trigger=False),
+    Scenario("session-kv-stall", "two streaming-input sessions with queued chunks that do not fit the KV cache "
+             "together: both must finish", tiers=("scheduler",), refs=("PR #49439",), trigger=False),
+    Scenario("session-overrun", "a streaming-input session with three frames in flight: its turn must end at its "
+             "max_tokens, no token of a frame scheduled past it", tiers=("scheduler",), trigger=False),
     # repro/scenarios/logitsproc.py: what a logits-processor plugin is shown as each request's output ids.
     Scenario("logitsproc", "a logits processor installed as a plugin must be shown the real output token ids, "
              "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461",),

@@ -20,7 +20,7 @@ that outlives its wall-clock limit.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.core.cell import Cell, EngineKey
@@ -55,6 +55,9 @@ class SchedShape:
     connector_checks: bool = False
     # Every frame must schedule max_num_seqs requests while one waits (harness.sched.admission, vllm#45257).
     admission_checks: bool = False
+    # No request may deliver more tokens than its max_tokens (a session: its turns' sum; :func:`excess_verdict`):
+    # the stream oracle's reference runs past max_tokens, so it cannot see such a token.
+    excess_checks: bool = False
 
     def for_async(self, async_on: bool) -> dict[str, Any]:
         if async_on:
@@ -136,6 +139,19 @@ SHAPES: dict[str, SchedShape] = {
     "kv-load-recompute": SchedShape("kv_load_recompute", {"depth": 2}, {}),
     "spec-reset-twice": SchedShape("spec_reset", {"depth": 2, "spec_tokens": 2, "spec_accepted": 0,
                                                   "in_flight": 1, "resets": 2}, sync_reason=_SPEC_ONLY_ASYNC),
+    # Findings of the scheduler fuzzer (issue 38; repro/sched/fuzz_found.py).  A session's later turn keeps the
+    # first turn's max_tokens (Scheduler._update_request_as_session, either scheduler); seen only as tokens past
+    # max_tokens, so the excess check judges it.
+    "session-max-tokens": SchedShape("session_max_tokens", {"depth": 2}, {}, excess_checks=True),
+    # A reset with a prefill chunk in flight: 0.12-0.21's one-frame discard flag outlives the chunk (it samples no
+    # token) and drops the first real token.  Async off: the same reset between two steps of the sync Scheduler
+    # (no flag), the control.
+    "reset-chunk": SchedShape("reset_chunk", {"depth": 2}, {}),
+    # Two sessions holding KV blocks between turns, their queued chunks too big to fit together (open PR #49439).
+    "session-kv-stall": SchedShape("session_kv_stall", {"depth": 2}, {}),
+    # A session's turn with three frames in flight: a frame scheduled past max_tokens delivers into the stopped turn
+    # (before 0.31.0); seen only as tokens past max_tokens.
+    "session-overrun": SchedShape("session_overrun", {"depth": 3}, sync_reason=_DEEP_ONLY_ASYNC, excess_checks=True),
 }
 
 
@@ -208,6 +224,8 @@ def sched_result(cell: Cell, ev: ScenarioEvent, info: EngineInfo | None,
         v = sched_verdict(ev)
         return infra_result(cell, v.outcome, v.reason or v.summary, facts)
     res = judge(cell, ev, facts)
+    if shape is not None and shape.excess_checks:
+        res = with_excess_check(res, ev)
     if shape is not None and shape.connector_checks:
         res = with_connector_check(res, ev)
     if shape is not None and shape.admission_checks:
@@ -236,6 +254,15 @@ def sched_verdict(ev: ScenarioEvent) -> CellVerdict:
     summary = f"STALL: {reason}" + (
         "" if streams.outcome in (Outcome.OK, Outcome.TRUNCATED) else f"; streams: {streams.summary}")
     return CellVerdict(Outcome.STALL, summary, streams.counts, streams.requests, reason)
+
+
+def with_excess_check(res: CellResult, ev: ScenarioEvent) -> CellResult:
+    """``res`` (the streams judged) made DIVERGED where a request delivered past its max_tokens, unless the streams'
+    own finding is already as bad."""
+    v = excess_verdict(ev)
+    if v is None or (res.outcome.is_finding and res.outcome.rank >= v.outcome.rank):
+        return res
+    return replace(res, outcome=v.outcome, summary=v.summary, reason=v.reason, label=v.label)
 
 
 def excess_verdict(ev: ScenarioEvent) -> CellVerdict | None:

@@ -37,6 +37,16 @@ from typing import Any
 
 from repro.sched.admission import NAME as ADMISSION
 from repro.sched.admission import max_seqs_admission
+from repro.sched.fuzz_found import (
+    RESET_CHUNK,
+    SESSION_KV_STALL,
+    SESSION_MAX_TOKENS,
+    SESSION_OVERRUN,
+    reset_chunk,
+    session_kv_stall,
+    session_max_tokens,
+    session_overrun,
+)
 from repro.sched.inflight import NAME as INFLIGHT
 from repro.sched.inflight import inflight_add_abort
 from repro.sched.kv_failure import NAME as KV_FAILURE
@@ -151,6 +161,11 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     INFLIGHT: inflight_add_abort,
     # Not an upstream bug: 0.34.0's reset_connector, a drained reset with and without it (reset_connector.py).
     RESET_CONNECTOR: reset_connector,
+    # Findings of the scheduler fuzzer written out as scenarios (issue 38; fuzz_found.py).
+    SESSION_MAX_TOKENS: session_max_tokens,
+    RESET_CHUNK: reset_chunk,
+    SESSION_KV_STALL: session_kv_stall,
+    SESSION_OVERRUN: session_overrun,
 }
 
 

