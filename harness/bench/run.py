@@ -121,7 +121,9 @@ def load_run(reports: Path, workload: str = "", wall_s: float | None = None) -> 
     for folder in sorted(p for p in (reports / "engines").glob("*") if p.is_dir()):
         events = read_events(text_of(folder / "events.jsonl"))
         if events:
-            engines.append(timeline(folder.name, events, text_of(folder / "engine.log"), t0, spawned_at(folder)))
+            # The server and client doors' vLLM logs its start-up in the server's log, beside the engine's.
+            log = text_of(folder / "engine.log") + "\n" + text_of(folder / "server.log")
+            engines.append(timeline(folder.name, events, log, t0, spawned_at(folder)))
     starts = [e.start for e in engines if e.spans]
     return BenchRun(workload or "run", tuple(str(a) for a in data.get("argv") or ()), wall_s, round(t1 - t0, 3),
                     round(min(starts), 3) if starts else round(t1 - t0, 3), tuple(engines),

@@ -35,6 +35,7 @@ from harness.core.events import (
 from harness.core.oracle import Outcome
 from harness.core.records import Attempt, EngineInfo
 from harness.envbuild.envs import VllmEnv
+from harness.plan.shared_server import played_id
 from harness.run.engine_death import death_reason
 from harness.run.engine_process import EngineProcess
 from harness.run.scenario_results import injection_problem, scenario_result
@@ -84,14 +85,15 @@ def run_engine(
     tries = _Attempts(cells, cfg.retry_infra, on_result)
     if engine.tier == "scheduler" and cfg.custom_setup:
         # No engine to give the model or the arguments to: every cell is UNSUPPORTED, never retried.
-        cells_of = _EngineCells(cells, cfg, tries.hook(1, cfg.work_dir / "engines" / engine.id))
+        cells_of = _EngineCells(engine, cells, cfg, tries.hook(1, cfg.work_dir / "engines" / engine.id))
         cells_of.refused = SCHED_TIER_SETUP
         cells_of.finish(Outcome.UNSUPPORTED, SCHED_TIER_SETUP)
         return [tries.final[c] for c in cells]
     refused = spec_refusal(engine, cells, cfg, engine_extra)
     if refused is not None:
         # Not retried (its hook is the last attempt's): the same spec would be refused again.  No engine starts.
-        cells_of = _EngineCells(cells, cfg, tries.hook(cfg.retry_infra + 1, cfg.work_dir / "engines" / engine.id))
+        last = tries.hook(cfg.retry_infra + 1, cfg.work_dir / "engines" / engine.id)
+        cells_of = _EngineCells(engine, cells, cfg, last)
         cells_of.finish(Outcome.ERROR, refused)
         return [tries.final[c] for c in cells]
     pending = cells
@@ -109,7 +111,7 @@ def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: 
                  on_event: EventHook | None, extra_env: dict[str, str] | None, engine_extra: dict[str, Any] | None,
                  cancel: threading.Event | None, turns: ScenarioTurns | None = None) -> None:
     """One engine process for ``cells``: every cell's result goes to ``hook``, whatever happens to the engine."""
-    cells_of = _EngineCells(cells, cfg, hook)
+    cells_of = _EngineCells(engine, cells, cfg, hook)
     # --repeat N runs every scenario N times on this engine: its budget grows with it.
     limit = cfg.engine_timeout * max(1, cfg.repeat)
     proc = EngineProcess(env, engine, cfg, hook.engine_dir, cells, extra_env=extra_env, engine_extra=engine_extra,
@@ -207,10 +209,10 @@ def _follow(proc: EngineProcess, engine: EngineKey, cells_of: _EngineCells, limi
 
 
 def gated(engine: EngineKey) -> bool:
-    """Whether ``engine`` can wait for its turn (:mod:`harness.run.turns`): an engine-tier engine on the engine
-    door, which reads ``GO`` before its first scenario (repro/engine/main.py); the server and client doors and the
-    scheduler tier start nothing that needs it and run at once."""
-    return engine.tier == "engine" and engine.door == "engine"
+    """Whether ``engine`` can wait for its turn (:mod:`harness.run.turns`): an engine-tier engine, which reads ``GO``
+    before its first scenario (repro/engine/main.py on the engine door; repro/server/door.py on the server and client
+    doors, once its server is healthy and its settings proved); the scheduler tier starts nothing that needs it."""
+    return engine.tier == "engine"
 
 
 def stops_when_judged(engine: EngineKey) -> bool:
@@ -230,9 +232,11 @@ def stops_when_judged(engine: EngineKey) -> bool:
 class _EngineCells:
     """The cells of one engine run: their runs so far, judged as their ``scenario`` events arrive."""
 
-    def __init__(self, cells: tuple[Cell, ...], cfg: RunConfig, on_result: ResultHook | None) -> None:
+    def __init__(self, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, on_result: ResultHook | None
+                 ) -> None:
         self.cells, self.repeat, self.inject, self.on_result = cells, cfg.repeat, cfg.inject, on_result
-        self.by_scenario = {repeat_id(c.scenario_id, rep): c for c in cells for rep in range(1, cfg.repeat + 1)}
+        self.by_scenario = {played_id(repeat_id(c.scenario_id, rep), engine, c): c for c in cells
+                            for rep in range(1, cfg.repeat + 1)}
         self.runs: dict[Cell, list[CellResult]] = {c: [] for c in cells}
         self.results: dict[Cell, CellResult] = {}
         self.info: EngineInfo | None = None

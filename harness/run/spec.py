@@ -11,6 +11,7 @@ from typing import Any
 from harness.core.cell import Cell, EngineKey
 from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
 from harness.core.scenarios import scenario as scenario_of
+from harness.plan.shared_server import played_id
 from harness.sched import tier as sched_tier
 from repro.core.wire import EngineSpec, ScenarioSpec, Spec, WireError
 from repro.patches.bind import DEFAULT_BIND
@@ -111,7 +112,7 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
         model_cache=str(cfg.model_cache.resolve()),
         scenario_timeout=cfg.scenario_timeout,
         startup_timeout=cfg.engine_timeout,
-        scenarios=tuple(scenario_spec(c, cfg, rep) for rep in range(1, cfg.repeat + 1) for c in cells),
+        scenarios=tuple(scenario_spec(c, cfg, rep, engine) for rep in range(1, cfg.repeat + 1) for c in cells),
         interactive=interactive,
         client=cfg.client if engine.door == "client" else None,
         gate=gate,
@@ -194,11 +195,13 @@ _WEIGHT_SYNC = {"weight-sync": False, "manual-reset-reload": True}
 _SLEEP_CONNECTOR = {"sleep-connector": True, "sleep-connector-keep": False}
 
 
-def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1) -> ScenarioSpec:
-    """The scenario ``repro.engine.main`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``)."""
+def scenario_spec(cell: Cell, cfg: RunConfig, rep: int = 1, engine: EngineKey | None = None) -> ScenarioSpec:
+    """The scenario ``repro.engine.main`` runs for ``cell`` (run ``rep`` of ``cfg.repeat``) on ``engine`` (default:
+    its own; a server-door cell on the client door's server is told apart: harness.plan.shared_server)."""
     name, params = _engine_scenario(cell, cfg)
+    sid = repeat_id(cell.scenario_id, rep)
     # Repeats keep the seed: a repeat reruns the same cell, only timing differs.
-    return ScenarioSpec(repeat_id(cell.scenario_id, rep), name, params, scenario_seed(cell.scenario_id))
+    return ScenarioSpec(played_id(sid, engine or cell.engine, cell), name, params, scenario_seed(cell.scenario_id))
 
 
 def _engine_scenario(cell: Cell, cfg: RunConfig) -> tuple[str, dict[str, Any]]:

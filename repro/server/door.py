@@ -8,19 +8,21 @@ the harness's probe route exactly as the engine door proves its own
 (``repro.settings.effective.effective_settings``), and
 plays every scenario the server door can play (``repro.server.endpoints.SCENARIOS``; the others are UNSUPPORTED
 with the reason) with the same drivers and ``run_cell`` as the engine door, on the HTTP adapter
-(``repro.server.http_llm``).  The server is ended with the engine process.
+(``repro.server.http_llm``); a gated spec first waits for its turn (harness.run.turns), so its scenarios decode
+alone while the next engine starts up.  The server is ended with the engine process.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from repro.core.rootcause import read_tail, tracebacks
 from repro.core.server_layout import LayoutError, server_main
-from repro.core.wire import Spec, stdin_scenarios
+from repro.core.wire import Spec, stdin_scenarios, wait_go
 from repro.models.kinds import LoadedModel
 from repro.scenarios.cell_run import run_cell
 from repro.scenarios.vocab import EngineContext
@@ -42,10 +44,31 @@ async def _play(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout: float
                 version: str, emit: Emit) -> None:
     """One scenario through the door: UNSUPPORTED where the door or the release cannot play it; on the client
     door its event carries the client's precondition (``repro.client.door.ClientLLM.scenario_emit``)."""
+    if guest_of(sc["id"]):
+        # A server-door cell on the client door's server (harness.plan.shared_server): played under its own id by the
+        # harness's HTTP adapter, as on a server of its own (the framework's client is not used), reported under
+        # the id the harness gave it.
+        llm, sc, emit = getattr(llm, "http", llm), {**sc, "id": sc["id"].partition(GUEST)[0]}, _as(sc["id"], emit)
     problem = unsupported or scenario_problem(sc["scenario"], version, sc.get("params") or {})
     if hasattr(llm, "scenario_emit"):
         emit = llm.scenario_emit(emit)
     await run_cell(llm, sc, ctx, timeout, problem, emit)
+
+
+GUEST = "@"  # harness.plan.shared_server.played_id: "keep-clear@server", a server-door cell on a client-door server
+
+
+def guest_of(scenario_id: str) -> str:
+    """The door of a scenario played on another door's server ("server"), else ""."""
+    return scenario_id.partition(GUEST)[2]
+
+
+def _as(scenario_id: str, forward: Emit) -> Emit:
+    """``forward`` with the scenario's event under ``scenario_id`` (the harness's id for it)."""
+    def renamed(kind: str, **fields: Any) -> None:
+        forward(kind, **{**fields, "id": scenario_id} if kind == "scenario" else fields)
+
+    return renamed
 
 
 def _refused_client(spec: Spec, refuse_all: Callable[[str], None]) -> bool:
@@ -75,7 +98,8 @@ def http_adapter(spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> 
 Adapter = Callable[[Spec, Any, str, Path, Emit], Any]
 
 
-def _context(spec: Spec, model: LoadedModel, vocab: int) -> EngineContext:
+def _context(spec: Spec, model: LoadedModel, llm: Any) -> EngineContext:
+    vocab = model.vocab_size or int(getattr(llm.vllm_config.model_config, "vocab_size", 0) or 0)
     return EngineContext(
         model_spec=model.spec, model_dir=Path(model.source), perm=model.perm, model_cache=Path(spec.model_cache),
         work_dir=Path.cwd(), tensor_parallel_size=spec.engine.tensor_parallel_size,
@@ -134,21 +158,41 @@ async def run_server_door(spec: Spec, model: LoadedModel, kwargs: dict[str, Any]
             eff, reason = effective_settings(requested, probe, view, plain_kwargs(kwargs), sources, view_error)
             emit("engine", **info, requested=requested, effective=eff, probe=probe, startup_s=startup,
                  unsupported_reason=reason, server=facts)
+            scenarios = spec.scenarios
             if reason is None:
-                llm = adapter(spec, http, server.url, log_dir, emit)
-                if llm is None:
-                    await http.close()
-                    return
-            vocab = model.vocab_size or int(getattr(llm.vllm_config.model_config, "vocab_size", 0) or 0)
-            ctx = _context(spec, model, vocab)
+                llm, scenarios = _adapt(adapter, spec, http, server.url, log_dir, emit)
+            await _wait_turn(server, emit, spec.gate)
+            ctx = _context(spec, model, llm)
             version = str(info["vllm_version"])
-            for sc in spec.scenarios:
+            for sc in scenarios:
                 await _play(llm, sc.to_json(), ctx, spec.scenario_timeout, reason, version, emit)
             if spec.interactive:
                 await _serve_stdin(llm, ctx, spec.scenario_timeout, reason, version, emit)
             await llm.close()
     finally:
         server.stop()
+
+
+def _adapt(adapter: Adapter, spec: Spec, http: Any, url: str, log_dir: Path, emit: Emit) -> tuple[Any, Sequence[Any]]:
+    """What the scenarios drive, and the scenarios left to play.  An adapter that cannot run (a client door whose
+    client did not start) has emitted its own door's scenarios; the server-door cells sharing its server
+    (harness.plan.shared_server) are still played, by the HTTP adapter, as on a server of their own."""
+    guests = tuple(sc for sc in spec.scenarios if guest_of(sc.id))
+    llm = adapter(replace(spec, scenarios=tuple(sc for sc in spec.scenarios if sc not in guests)), http, url, log_dir,
+                  emit)
+    return (http, guests) if llm is None else (llm, spec.scenarios)
+
+
+async def _wait_turn(server: Server, emit: Emit, gated: bool = True) -> None:
+    """A gated engine (``Spec.gate``, harness.run.turns): its server started up and its client opened beside other
+    engines; the scenarios run when the harness gives it its turn, so they decode alone as on the engine door."""
+    if not gated:
+        return
+    waited = time.monotonic()
+    await wait_go()
+    emit("turn", waited_s=round(time.monotonic() - waited, 3))
+    if not server.alive:
+        raise RuntimeError(f"the server died while it waited for its turn: {server.death()}")
 
 
 async def _serve_stdin(llm: Any, ctx: EngineContext, timeout: float, unsupported: str | None, version: str,

@@ -83,6 +83,21 @@ def test_a_reports_folder_becomes_the_runs_json(tmp_path: Path) -> None:
     assert doc["engines"][0]["spans"][0]["phase"] == "import+construct"
 
 
+def test_a_server_doors_start_up_splits_by_the_servers_log(tmp_path: Path) -> None:
+    """On the server and client doors vLLM logs its start-up in ``server.log``; ``engine.log`` has none of it."""
+    (tmp_path / "results.json").write_text(json.dumps({"created": "2027-01-15T08:00:00+00:00",
+                                                       "finished": "2027-01-15T08:00:20+00:00"}))
+    eng = tmp_path / "engines" / "vllm0.21.0-mp-async_on-server"
+    eng.mkdir(parents=True)
+    base = datetime.fromisoformat("2027-01-15T08:00:00+00:00").timestamp()
+    (eng / "events.jsonl").write_text("\n".join(json.dumps(e) for e in _events(base)) + "\n")
+    (eng / "engine.log").write_text("the engine process's own lines\n")
+    (eng / "server.log").write_text(LOG)
+    (engine,) = load_run(tmp_path).engines
+    assert [s.phase for s in engine.spans][:3] == ["import+construct", "model load", "kv cache+warm-up"]
+    assert not engine.problems
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "nonsense"]) == 2
     assert "repro, sched, frameworks" in capsys.readouterr().err

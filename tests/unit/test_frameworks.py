@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,6 +168,7 @@ def test_an_unknown_framework_names_the_valid_choices() -> None:
     ("frameworks", ["--wheelhouse", "MISSING"], "does not exist"),
     ("workarounds", ["--wheelhouse", "MISSING"], "does not exist"),
     ("frameworks", ["--wheelhouse", "MISSING", "--wheels", "cuda"], "not both"),
+    ("frameworks", ["--jobs", "0"], "give a positive number of engines, or auto"),
 ])
 def test_check_refuses_bad_input_with_exit_2_and_writes_nothing(tmp_path: Path, command: str, extra: list[str],
                                                                 says: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -376,3 +378,24 @@ def test_a_request_cell_must_name_a_request_kind(tmp_path: Path) -> None:
     path.write_text(bad)
     with pytest.raises(BadInput, match=r"request_cell #1.*request kind"):
         load_recipes(path)
+
+
+def test_frameworks_check_pipelines_on_cpu_and_jobs_1_is_the_run_of_before() -> None:
+    """``frameworks check`` takes the matrix's capacity (issue 39): on the CPU platform one engine more than decode
+    at once, so the next engine starts up during the scenarios; a command without ``--jobs`` keeps one at a time."""
+    import argparse
+    from types import SimpleNamespace
+
+    from harness.frontends.commands.cellrun import check_capacity
+    from harness.run.spec import RunConfig
+
+    cfg = RunConfig(platform="cpu", work_dir=Path("w"), model_cache=Path("m"))
+
+    def ctx(**args: str) -> Any:
+        return SimpleNamespace(args=argparse.Namespace(**args), platform="cpu")
+
+    auto = check_capacity(ctx(jobs="auto"), cfg)
+    assert auto is not None and auto.jobs == auto.scenarios + 1 and auto.scenarios >= 1
+    one = check_capacity(ctx(jobs="1"), cfg)
+    assert one is not None and one.jobs == 1
+    assert check_capacity(ctx(), cfg) is None  # workarounds check: no --jobs, one engine at a time as before

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -221,3 +222,38 @@ def test_a_sampled_chunk_keeps_each_childs_index_tokens_and_logprobs() -> None:
     assert [token_logprob(e, t) for e, t in zip(c2.logprobs, c2.token_ids, strict=True)] == [-0.25, -1.5]
     with pytest.raises(ServerError, match="do not match"):
         chunk_outputs({"choices": [{"index": 0, "token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}}]})
+
+
+def test_a_gated_server_door_waits_for_go_and_reports_its_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline for servers (harness.run.turns): the scenarios start only after GO on stdin; a server that died
+    meanwhile is the engine's error, not a scenario's."""
+    import io
+    import json
+    import sys
+
+    from repro.core.wire import GO
+    from repro.server import door
+
+    class FakeServer:
+        def __init__(self, alive: bool) -> None:
+            self.alive = alive
+
+        def death(self) -> str:
+            return "vllm serve exited with status -9"
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n" + json.dumps(GO) + "\n"))
+    asyncio.run(door._wait_turn(FakeServer(True), lambda kind, **f: events.append((kind, f))))  # type: ignore[arg-type]
+    assert [k for k, _ in events] == ["turn"] and events[0][1]["waited_s"] >= 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(GO) + "\n"))
+    with pytest.raises(RuntimeError, match="died while it waited for its turn: vllm serve exited"):
+        asyncio.run(door._wait_turn(FakeServer(False), lambda kind, **f: None))  # type: ignore[arg-type]
+
+
+def test_every_engine_tier_door_is_gated_and_the_scheduler_tier_is_not() -> None:
+    from harness.core.cell import EngineKey
+    from harness.run.runner import gated
+
+    key = EngineKey("0.21.0", "mp", True)
+    assert all(gated(replace(key, door=d)) for d in ("engine", "server", "client"))
+    assert not gated(replace(key, tier="scheduler"))

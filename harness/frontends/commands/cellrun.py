@@ -18,14 +18,17 @@ from harness.frontends.commands.options import (
     add_version_options,
     add_wheelhouse_options,
     add_wheels_option,
+    parse_jobs,
 )
 from harness.plan.matrix import plan_cells
+from harness.plan.shared_server import share_server
 from harness.verdicts.results import ResultsLog
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from harness.core.cell import Cell
+    from harness.run.slots import Capacity
     from harness.run.spec import RunConfig
     from harness.verdicts.results import CellResult, Results
 
@@ -66,7 +69,8 @@ def run_cells(ctx: Context, cells: Iterable[Cell], title: str, reports: Path, cf
 
     cfg = cfg or ctx.run_config
     settled = list(settled)
-    plan = plan_cells(list(cells), ctx.platform)
+    cap = check_capacity(ctx, cfg)
+    plan = share_server(plan_cells(list(cells), ctx.platform), cfg.client)
     folder, jsonl = fresh_log(reports, "results.jsonl")
     console = stderr_console()
     console.print(f"[bold]{title}[/]: {len(plan.cells)} cell(s) on {len(plan.engines)} engine(s)")
@@ -75,5 +79,21 @@ def run_cells(ctx: Context, cells: Iterable[Cell], title: str, reports: Path, cf
         log.append(res)
     with interruptible(console, f"results of finished cells are in {jsonl}"):
         results = execute.execute_plan(plan, run_context(
-            ctx, cfg, log, on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None))
+            ctx, cfg, log, on_progress=lambda p: console.print(f"  {p.message}") if p.kind == "cell" else None,
+            **({"capacity": cap} if cap else {})))
     return (replace(results, cells=(*settled, *results.cells)) if settled else results), folder
+
+
+def check_capacity(ctx: Context, cfg: RunConfig) -> Capacity | None:
+    """The engines at a time of a command with ``--jobs`` (``frameworks check``): the matrix's capacity, so on the
+    CPU platform the next engine starts up while one runs its scenarios (harness.run.turns); None (one at a time,
+    as before) for a command without the option."""
+    from harness.run.gpus import visible_gpus
+    from harness.run.slots import capacity
+
+    raw = getattr(ctx.args, "jobs", None)
+    if raw is None:
+        return None
+    jobs = parse_jobs(raw)
+    gpus = visible_gpus() if ctx.platform == "cuda" else []
+    return capacity(jobs, ctx.platform, gpus, cfg.gpu_memory_utilization)

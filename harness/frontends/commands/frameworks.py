@@ -15,6 +15,7 @@ from harness.frontends.commands.fwbisect import FrameworksBisect
 from harness.frontends.commands.fwclient import CLIENT, add_client_options
 from harness.frontends.commands.fwdrift import FrameworksDrift
 from harness.frontends.commands.invocation import Context
+from harness.frontends.commands.options import add_jobs_option, parse_jobs
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
 from harness.verdicts.mdtable import md_table
@@ -179,8 +180,9 @@ class FrameworksCheck(Command):
     name = "check"
     help = "run every recipe's cells on every version: per framework and release SAFE/UNSAFE, and its workaround"
     description = ("Runs each framework's call sequence (harness/verdicts/frameworks.toml) as cells, one engine per "
-                   "engine config shared by every recipe that needs it; prints framework x release, then per "
-                   "framework the releases its sequence is safe on, the first safe one at or after its pin, and "
+                   "engine config shared by every recipe that needs it (on CPU the next engine starts up while "
+                   "one runs its scenarios: --jobs); prints framework x release, then per framework the releases "
+                   "its sequence is safe on, the first safe one at or after its pin, and "
                    "whether its own workaround is NEEDED or REMOVABLE. Recipes on the server door also run through "
                    "the engine door (the stand-in) unless --no-stand-in. The word 'pins' in --versions checks each "
                    "framework also at the oldest release its pin allows (e.g. --versions pins,latest). Exit code: "
@@ -196,6 +198,7 @@ class FrameworksCheck(Command):
                                  "the context-cell model: docs/stale-kv.md)")
         add_client_options(parser)
         add_check_options(parser, reports="reports/frameworks")
+        add_jobs_option(parser)
 
     def run(self, ctx: Context, args: argparse.Namespace) -> int:
         from harness.frontends.commands.fwclient import client_run
@@ -206,6 +209,7 @@ class FrameworksCheck(Command):
         recipes = selected_recipes(args)
         if (args.framework_version or args.no_recipe_door) and args.door != CLIENT:
             raise BadInput("--framework-version and --no-recipe-door need --door client")
+        parse_jobs(args.jobs)  # bad input before a side environment is built
         versions = _versions_by_recipe(ctx, args, recipes)
         stand_ins = not args.no_stand_in
         run = client_run(ctx, args, recipes, versions, stand_ins) if args.door == CLIENT else None

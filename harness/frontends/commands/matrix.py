@@ -22,11 +22,13 @@ from harness.frontends.commands.fwclient import add_matrix_client_option, matrix
 from harness.frontends.commands.invocation import Context, fresh_log, run_context, setup_of
 from harness.frontends.commands.options import (
     add_index_options,
+    add_jobs_option,
     add_retry_option,
     add_run_options,
     add_version_options,
     add_wheelhouse_options,
     add_wheels_option,
+    parse_jobs,
 )
 from harness.plan.faults import FAULTS, parse_inject, sensitivity_failures
 from harness.plan.matrix import MatrixPlan, Selection, explicit_axes, plan_cells, selection_axes
@@ -128,15 +130,6 @@ def matrix_setup(ctx: Context, args: argparse.Namespace) -> MatrixSetup:
         cfg = replace(cfg, client=matrix_client(ctx, args.client))
     gpus = visible_gpus() if platform == "cuda" else []
     return MatrixSetup(sel, cfg, target, n_gpus, capacity(jobs, platform, gpus, cfg.gpu_memory_utilization))
-
-
-def parse_jobs(raw: str) -> int:
-    """``--jobs``: a positive number, or ``auto`` (0)."""
-    if raw == "auto":
-        return 0
-    if not raw.isdigit() or int(raw) < 1:
-        raise BadInput(f"--jobs {raw!r}: give a positive number of engines, or auto")
-    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -352,12 +345,7 @@ def _add_axis_options(m: argparse.ArgumentParser) -> None:
 
 
 def _add_run_mode_options(m: argparse.ArgumentParser) -> None:
-    m.add_argument("--jobs", default="auto", metavar="N",
-                   help="engines at a time on this machine: a number, or auto (default): on CPU, one engine in "
-                        "its scenarios per 8 cores (at least one) and one more starting up meanwhile (its scenarios "
-                        "wait for their turn); on cuda, several per GPU as GPU memory (--gpu-memory-utilization) and "
-                        "CPU cores allow. Engines sharing a GPU get a fixed KV cache where vLLM has "
-                        "kv_cache_memory_bytes, else their start-ups take turns")
+    add_jobs_option(m)
     m.add_argument("--cluster", metavar="ray[:ADDRESS]", default=None,
                    help="run each engine config as a Ray task: 'ray' starts a local Ray for the run; 'ray:auto' or "
                         "'ray:HOST:PORT' (GCS address; run vllm-repro on a node of the cluster) joins one. Each task "

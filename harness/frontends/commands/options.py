@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.core.errors import BadInput
 from harness.envbuild.envs import source_options
 from harness.plan.engine_args import BUILTIN_MODELS, PRESETS, presets_help
 from harness.plan.matrix import PLATFORMS
@@ -49,6 +50,25 @@ def add_wheelhouse_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("air-gapped installs")
     for flag, kwargs in source_options():  # the pytest plugin adds the same two
         g.add_argument(flag, **kwargs)
+
+
+JOBS_HELP = ("engines at a time on this machine: a number, or auto (default): on CPU, one engine in its scenarios "
+             "per 8 cores (at least one) and one more starting up meanwhile (its scenarios wait for their turn); "
+             "on cuda, several per GPU as GPU memory (--gpu-memory-utilization) and CPU cores allow. Engines sharing "
+             "a GPU get a fixed KV cache where vLLM has kv_cache_memory_bytes, else their start-ups take turns")
+
+
+def add_jobs_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--jobs", default="auto", metavar="N", help=JOBS_HELP)
+
+
+def parse_jobs(raw: str) -> int:
+    """``--jobs``: a positive number, or ``auto`` (0)."""
+    if raw == "auto":
+        return 0
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadInput(f"--jobs {raw!r}: give a positive number of engines, or auto")
+    return int(raw)
 
 
 def add_run_options(p: argparse.ArgumentParser, reports: str, setup: bool = True) -> None:
