@@ -20,6 +20,7 @@ from harness.core.events import EngineEvent, Event
 from harness.core.oracle import Outcome
 from harness.envbuild.envs import VllmEnv, ensure_env
 from harness.run.context import BackendReport, CellSink, EngineWork, Progress, RunContext, env_facts
+from harness.run.cores import BIND_VAR, bind_env, pipeline_pool
 from harness.run.runner import run_engine
 from harness.run.slots import Capacity, Slots, engine_start, runs_alone
 from harness.run.spec import weight_transfer
@@ -63,6 +64,9 @@ class _LocalRun:
         self.cancel = threading.Event()
         # Fewer engines in their scenarios than engines started (the CPU platform's pipeline).
         self.turns = ScenarioTurns(self.cap.scenarios) if 0 < self.cap.scenarios < self.cap.jobs else None
+        # Pipelined on CPU, each engine's OpenMP threads on cores of its own (vLLM's `auto` puts them all on core 0).
+        self.cores = pipeline_pool(ctx.cfg.platform, self.cap.jobs, self.turns is not None, ctx.cfg.extra_env)
+        self.core_of: dict[Future[None], tuple[int, ...] | None] = {}
         # Pipelined, an engine whose cells are all judged gives its job back before its teardown (vLLM's shutdown,
         # 4-7 s on 2 idle cores, 20-40 s loaded: docs/performance.md), so the next engine starts meanwhile.
         self.futures: dict[str, Future[None]] = {}
@@ -92,7 +96,7 @@ class _LocalRun:
             waiting: list[Future[Any]] = [*running, *self.tearing, *building]
             done, _ = wait(waiting, timeout=1.0, return_when=FIRST_COMPLETED)
             for f in done & running.keys():
-                self.slots.give(*running.pop(f))
+                self._give(f, running)
                 f.result()  # a harness bug in an engine thread surfaces here
             for f in done & self.tearing:
                 self.tearing.discard(f)
@@ -103,8 +107,14 @@ class _LocalRun:
         while not self.judged.empty():
             f = self.futures[self.judged.get()]
             if f in running:
-                self.slots.give(*running.pop(f))
+                self._give(f, running)
                 self.tearing.add(f)
+
+    def _give(self, f: Future[None], running: dict[Future[None], tuple[tuple[str, ...], bool]]) -> None:
+        """An engine's job (GPU slots, core set) is free again: it ended, or it is judged and tears down."""
+        self.slots.give(*running.pop(f))
+        if self.cores is not None:
+            self.cores.give(self.core_of.pop(f, None))
 
     def _start(self, queue: list[EngineWork], running: dict[Future[None], tuple[tuple[str, ...], bool]],
                pool: ThreadPoolExecutor, block: bool) -> int:
@@ -122,8 +132,9 @@ class _LocalRun:
             if gpus is None:
                 continue
             queue.remove(work)
-            f = pool.submit(self._engine, work, gpus, alone)
-            running[f], self.futures[work[0].id] = (gpus, alone), f
+            cores = self.cores.take() if self.cores is not None and work[0].tier == "engine" else None
+            f = pool.submit(self._engine, work, gpus, alone, cores)
+            running[f], self.futures[work[0].id], self.core_of[f] = (gpus, alone), f, cores
             started += 1
             block = False  # only the first engine's env is waited for
         return started
@@ -159,7 +170,7 @@ class _LocalRun:
         nccl = any(c.scenario == "weight-sync" and weight_transfer(c, self.ctx.cfg) == "nccl" for c in cells)
         return min(key.tp + (1 if nccl else 0), len(self.cap.gpus))
 
-    def _engine(self, work: EngineWork, gpus: tuple[str, ...], alone: bool) -> None:
+    def _engine(self, work: EngineWork, gpus: tuple[str, ...], alone: bool, cores: tuple[int, ...] | None) -> None:
         key, cells = work
         env = self.ready[key.version]
         start = engine_start(self.cap, gpus, env, alone)
@@ -175,6 +186,9 @@ class _LocalRun:
             self.ctx.event(k, ev)
 
         where = f" on GPU {','.join(gpus)}{' (alone)' if alone else ''}" if gpus else ""
+        bind = bind_env(cores, key.tp)
+        if bind:
+            where += f" on cores {bind[BIND_VAR]}"
         self.ctx.say(Progress("engine-start", f"engine {key.id}: {len(cells)} scenario(s){where}", key))
         left = {c.id for c in cells}
 
@@ -186,7 +200,7 @@ class _LocalRun:
 
         try:
             run_engine(env, key, cells, self.ctx.cfg, on_event=on_event, on_result=on_result,
-                       extra_env={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else None,
+                       extra_env={"CUDA_VISIBLE_DEVICES": ",".join(gpus)} if gpus else (bind or None),
                        engine_extra=start.engine_extra, cancel=self.cancel, turns=self.turns)
         finally:
             while held:

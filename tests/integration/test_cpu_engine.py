@@ -47,6 +47,7 @@ def _cell(results: Results, cid: str) -> CellResult:
     return c
 
 
+@pytest.mark.cpu_engine
 def test_first_post_resume_token_lost_on_0_21_only(tmp_path: Path) -> None:
     keep_clear = {"modes": ("keep",), "clear_caches": (True,), "executors": ("mp",)}
     results = _run(tmp_path, [
@@ -79,6 +80,8 @@ def test_first_post_resume_token_lost_on_0_21_only(tmp_path: Path) -> None:
     assert fixed.outcome is Outcome.OK, fixed.summary
 
 
+@pytest.mark.cpu_engine
+@pytest.mark.nightly  # CI time: test_engine_crash keeps a real engine core dying mid-run in tox -e tests
 def test_killing_an_engine_errors_its_cells_and_the_run_goes_on(tmp_path: Path) -> None:
     victim = EngineKey("0.32.0", "mp", False)
     seen_before_kill: set[str] = set()

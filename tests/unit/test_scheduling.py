@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import harness.run.cores as cores
 import harness.run.local as local
 from harness.core.cell import Cell
 from harness.core.events import EngineEvent
@@ -20,6 +21,7 @@ from harness.core.records import EngineInfo
 from harness.envbuild.envs import EnvRecipe, IndexConfig, VllmEnv
 from harness.plan.matrix import MatrixPlan
 from harness.run.context import RunContext
+from harness.run.cores import core_sets, omp_bind
 from harness.run.execute import execute_plan
 from harness.run.runner import Cancelled
 from harness.run.slots import (
@@ -339,3 +341,45 @@ def test_every_engine_tier_engine_stops_once_judged() -> None:
     for executor in ("mp", "uni", "ray-v1", "ray-v2"):
         assert stops_when_judged(EngineKey("0.21.0", executor, True))
     assert not stops_when_judged(EngineKey("0.21.0", "mp", True, tier="scheduler"))
+
+
+# --------------------------------------------------------------------------- each pipelined CPU engine's cores
+
+
+def test_core_sets_split_the_cpus_and_omp_bind_spells_vllms_format() -> None:
+    assert core_sets([1, 0], 2) == ((0,), (1,))
+    assert core_sets(range(16), 3) == (tuple(range(5)), tuple(range(5, 10)), tuple(range(10, 16)))
+    assert core_sets([0], 2) == ()  # fewer CPUs than engines: vLLM's auto
+    assert core_sets([0, 1], 1) == ()  # one engine at a time: vLLM's auto, the run of before
+    assert omp_bind((3,), 1) == "3"
+    assert omp_bind((0, 1, 2, 3, 4), 2) == "0,1|2,3,4"  # one list per local rank (TP), '|'-separated
+    assert omp_bind((1,), 2) is None
+
+
+def _cpu_run(tmp_path: Path, cap: Capacity, **cfg: Any) -> None:
+    run = RunConfig(platform="cpu", work_dir=tmp_path / "w", model_cache=tmp_path / "m", **cfg)
+    envs = {v: _env(tmp_path, v, fixed_kv=True) for v in ("0.21.0", "0.22.0")}
+    ctx = RunContext(run, IndexConfig(), tmp_path / "cache", ResultsLog(tmp_path / "results.jsonl"),
+                     prebuilt=envs, capacity=cap)
+    execute_plan(_plan(("0.21.0", "0.22.0")), ctx)
+
+
+def test_pipelined_cpu_engines_starting_together_get_cores_of_their_own(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeEngines(threading.Barrier(2))  # two engines in start-up at once
+    monkeypatch.setattr(local, "run_engine", fake)
+    monkeypatch.setattr(cores, "allowed_cpus", lambda: [0, 1])
+    monkeypatch.delenv(cores.BIND_VAR, raising=False)
+    _cpu_run(tmp_path, Capacity(jobs=2, scenarios=1))
+    binds = [env[cores.BIND_VAR] for _, env, _ in fake.calls]
+    assert len(binds) == 4 and set(binds) == {"0", "1"}
+    assert binds[0] != binds[1]  # the first two ran side by side
+    # One engine at a time: vLLM's own binding, as before; and the shell's variable wins.
+    for i, (cap, env) in enumerate(((Capacity(jobs=1, scenarios=1), {}),
+                                    (Capacity(jobs=2, scenarios=1), {cores.BIND_VAR: "0-1"}))):
+        fake = FakeEngines(threading.Barrier(int(cap.jobs)))
+        monkeypatch.setattr(local, "run_engine", fake)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        _cpu_run(tmp_path / str(i), cap)
+        assert not any(extra_env for _, extra_env, _ in fake.calls)
