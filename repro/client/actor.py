@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.client.clients import CLIENTS, Client, standins
-from repro.client.door import ClientUnavailable, core_async, in_flight
+from repro.client.door import ClientUnavailable, engine_problems, judged_precondition
 from repro.scenarios.vocab import ScenarioUnsupported
 
 Emit = Callable[..., None]
@@ -181,14 +181,7 @@ def actor_precondition(client: Client, records: Sequence[Mapping[str, Any]], cal
     """The in-process client door's precondition (strict): async as the cell asks inside EngineCore, requests
     in flight when the framework's pause returned, and every engine pause/resume made by the framework's file
     with its own arguments, as many as the door asked of the actor."""
-    problems: list[str] = []
-    core_ok, core_text = core_async(probe_after, want_async)
-    if not core_ok:
-        problems.append(f"async scheduling {'not ' if want_async else ''}in effect inside EngineCore, the cell asks "
-                        f"async {'on' if want_async else 'off'} ({core_text})")
-    held = in_flight(records)
-    if not held:
-        problems.append("no request was in flight when the pause returned (held frozen by the keep pause)")
+    problems, core_text, held = engine_problems(records, probe_after, want_async, "held frozen by the keep pause")
     made = {m: sum(1 for c in calls if c.get("ok") and c.get("method") == client.method(m)) for m in ENGINE_CALLS}
     own = {m: sum(1 for s in seen if s.get("call") == m and _from_framework(client, s) and _as_sent(client, s))
            for m in ENGINE_CALLS}
@@ -207,11 +200,7 @@ def actor_precondition(client: Client, records: Sequence[Mapping[str, Any]], cal
     evidence = (f"{core_text}; {len(held)} request(s) in flight at the pause; engine calls: "
                 f"{own['pause_generation']}x {client.pause_sent}, {own['resume_generation']}x {client.resume_sent}, "
                 f"from {', '.join(where) or client.caller}")
-    if problems:
-        return {"met": False, "strict": True, "what": "precondition not met: " + "; ".join(problems),
-                "evidence": evidence}
-    return {"met": True, "strict": True, "what": f"{who or client.cls}: its calls proved ({evidence})",
-            "evidence": evidence}
+    return judged_precondition(client, problems, evidence, who)
 
 
 def open_actor(spec_client: Mapping[str, Any] | None, want_async: bool

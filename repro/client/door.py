@@ -198,15 +198,8 @@ def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Se
                  ) -> dict[str, Any]:
     """The client-door cell's precondition (strict: unmet, the cell is not judged), with its evidence; ``want_async``:
     the cell's async axis (async on: async scheduling must be in effect inside EngineCore)."""
-    problems: list[str] = []
-    core_ok, core_text = core_async(probe_after, want_async)
-    if not core_ok:
-        problems.append(f"async scheduling {'not ' if want_async else ''}in effect inside EngineCore, the cell asks "
-                        f"async {'on' if want_async else 'off'} ({core_text})")
-    held = in_flight(records)
-    if not held:
-        problems.append("no request was in flight when the pause returned (held frozen by a keep pause, or ended "
-                        "by an abort pause)")
+    problems, core_text, held = engine_problems(records, probe_after, want_async,
+                                                "held frozen by a keep pause, or ended by an abort pause")
     pause_m, resume_m = client.method("pause_generation"), client.method("resume_generation")
     made = {m: sum(1 for c in calls if c.get("ok") and c.get("method") == m) for m in (pause_m, resume_m)}
     lines = access_log.splitlines()
@@ -228,6 +221,26 @@ def precondition(client: Client, records: Sequence[Mapping[str, Any]], calls: Se
     evidence = (f"{core_text}; {len(held)} request(s) in flight at the pause; access log: "
                 f"{logged[pause_m]}x {client.pause_sent}, {logged[resume_m]}x {client.resume_sent}"
                 + "".join(f"; {n}x {client.mark(m)!r}" for m, n in marked.items()))
+    return judged_precondition(client, problems, evidence, who)
+
+
+def engine_problems(records: Sequence[Mapping[str, Any]], probe_after: Mapping[str, Any], want_async: bool,
+                    held_by: str) -> tuple[list[str], str, list[str]]:
+    """What every client door asks of the engine, with its evidence: async as the cell asks inside EngineCore, and
+    requests in flight when the framework's pause returned (``held_by``: what holds them there)."""
+    problems: list[str] = []
+    core_ok, core_text = core_async(probe_after, want_async)
+    if not core_ok:
+        problems.append(f"async scheduling {'not ' if want_async else ''}in effect inside EngineCore, the cell asks "
+                        f"async {'on' if want_async else 'off'} ({core_text})")
+    held = in_flight(records)
+    if not held:
+        problems.append(f"no request was in flight when the pause returned ({held_by})")
+    return problems, core_text, held
+
+
+def judged_precondition(client: Client, problems: Sequence[str], evidence: str, who: str = "") -> dict[str, Any]:
+    """The strict precondition record: met only with no problem; unmet, the cell is not judged."""
     if problems:
         return {"met": False, "strict": True, "what": "precondition not met: " + "; ".join(problems),
                 "evidence": evidence}

@@ -39,3 +39,14 @@ def single_pause_plan(
         for i in range(params.extra_requests)
     ]
     return Plan(reqs, [PauseSpec(mode, params.clear_cache, params.pause_after)])
+
+
+def two_wave_plan(sid: str, num_requests: int, extra_requests: int, prompt_len: int, max_tokens: int,
+                  pause_after: int, vocab_size: int, seed: int) -> Plan:
+    """``num_requests`` requests at once, then ``extra_requests`` more once the first wave has ``pause_after``
+    tokens, so the second wave joins a batch that is decoding (chunked prefill, spec-draft)."""
+    prompts = make_prompts(num_requests + extra_requests, prompt_len, vocab_size, seed)
+    reqs = [RequestSpec(f"{sid}-r{i:02d}", prompts[i], max_tokens) for i in range(num_requests)]
+    reqs += [RequestSpec(f"{sid}-w{i:02d}", prompts[num_requests + i], max_tokens, ("tokens", pause_after))
+             for i in range(extra_requests)]
+    return Plan(reqs, [])

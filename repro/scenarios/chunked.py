@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from repro.scenarios._common import two_wave_plan
 from repro.scenarios._profile import (
     attach_references,
     engine_counters,
@@ -30,7 +31,7 @@ from repro.scenarios._profile import (
     step_delta,
 )
 from repro.scenarios.runs import run_plan
-from repro.scenarios.vocab import EngineContext, Plan, RequestSpec, ScenarioFailed, make_prompts, params_from_dict
+from repro.scenarios.vocab import EngineContext, Plan, ScenarioFailed, params_from_dict
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,8 @@ class ChunkedParams:
 
 def build(sid: str, params: dict[str, Any], vocab_size: int, seed: int) -> Plan:
     p = ChunkedParams.from_dict(params)
-    prompts = make_prompts(p.num_requests + p.extra_requests, p.prompt_len, vocab_size, seed)
-    reqs = [RequestSpec(f"{sid}-r{i:02d}", prompts[i], p.max_tokens) for i in range(p.num_requests)]
-    reqs += [RequestSpec(f"{sid}-w{i:02d}", prompts[p.num_requests + i], p.max_tokens, ("tokens", p.pause_after))
-             for i in range(p.extra_requests)]
-    return Plan(reqs, [])
+    return two_wave_plan(sid, p.num_requests, p.extra_requests, p.prompt_len, p.max_tokens, p.pause_after,
+                         vocab_size, seed)
 
 
 def chunk_precondition(chunks: dict[str, int], mixed: int, budget: Any) -> dict[str, Any]:

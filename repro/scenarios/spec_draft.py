@@ -30,8 +30,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from repro.scenarios._common import two_wave_plan
 from repro.scenarios._profile import engine_counters, need_counter, per_request, precondition
-from repro.scenarios.vocab import Plan, RequestSpec, make_prompts, params_from_dict
+from repro.scenarios.vocab import Plan, params_from_dict
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,8 @@ class SpecDraftParams:
 
 def build(sid: str, params: dict[str, Any], vocab_size: int, seed: int) -> Plan:
     p = SpecDraftParams.from_dict(params)
-    prompts = make_prompts(p.num_requests + p.extra_requests, p.prompt_len, vocab_size, seed)
-    reqs = [RequestSpec(f"{sid}-r{i:02d}", prompts[i], p.max_tokens) for i in range(p.num_requests)]
-    reqs += [RequestSpec(f"{sid}-w{i:02d}", prompts[p.num_requests + i], p.max_tokens, ("tokens", p.pause_after))
-             for i in range(p.extra_requests)]
-    return Plan(reqs, [])
+    return two_wave_plan(sid, p.num_requests, p.extra_requests, p.prompt_len, p.max_tokens, p.pause_after,
+                         vocab_size, seed)
 
 
 def draft_precondition(drafted: dict[str, int], accepted: dict[str, int]) -> dict[str, Any]:

@@ -39,8 +39,8 @@ def test_kill_group_reaches_a_process_that_left_the_group_but_not_the_session() 
             fields = f.read().rsplit(")", 1)[1].split()
         assert int(fields[2]) == worker and int(fields[3]) == engine.pid  # its own group, the engine's session
         kill_group(engine.pid, grace=5)
-        engine.wait(timeout=5)
-        deadline = time.monotonic() + 5
+        engine.wait(timeout=60)  # bounds, not pacing: a busy machine may take a while to reap
+        deadline = time.monotonic() + 60
         while _alive(worker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(worker), "a process of the engine's session outlived kill_group"
