@@ -38,7 +38,7 @@ matrix cell and ``vllm-repro bisect`` can play it and the known-bug table can ho
   session whose next chunk brings its context to ``max_model_len`` or past it.  Neither the front end nor the
   scheduler checks a session's cumulative length: ``InputProcessor._validate_prompt_len`` sees one chunk's prompt
   (input_processor.py:552-597 at 0.34.0, called per chunk from ``AsyncLLM._add_streaming_input_request``,
-  async_llm.py:665-671), and ``Scheduler._update_request_as_session`` appends the chunk unchecked
+  async_llm.py:670-676), and ``Scheduler._update_request_as_session`` appends the chunk unchecked
   (scheduler.py:1933-1977 at 0.34.0).  The scheduler caps every step at ``max_model_len - num_computed_tokens -
   num_sampled_tokens_per_step`` (:866-873; ``max_model_len - 1 - num_computed_tokens`` at 0.21.0, :378), so the
   prefill stops one token short of the context's end and ``num_new_tokens`` is 0 from then on (:905-919: skipped,
