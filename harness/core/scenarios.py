@@ -328,6 +328,9 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              "together: both must finish", tiers=("scheduler",), refs=("PR #49439",), trigger=False),
     Scenario("session-overrun", "a streaming-input session with three frames in flight: its turn must end at its "
              "max_tokens, no token of a frame scheduled past it", tiers=("scheduler",), trigger=False),
+    Scenario("session-max-model-len", "a streaming-input session whose next chunk brings its context to "
+             "max_model_len: vLLM must end it (length cap, refusal or abort), not leave it unscheduled",
+             tiers=("scheduler",), trigger=False),
     # repro/scenarios/logitsproc.py: what a logits-processor plugin is shown as each request's output ids.
     Scenario("logitsproc", "a logits processor installed as a plugin must be shown the real output token ids, "
              "not async -1 placeholders", profile="logitsproc-plugin", refs=("vllm#52461",),

@@ -152,6 +152,10 @@ SHAPES: dict[str, SchedShape] = {
     # A session's turn with three frames in flight: a frame scheduled past max_tokens delivers into the stopped turn
     # (before 0.31.0); seen only as tokens past max_tokens.
     "session-overrun": SchedShape("session_overrun", {"depth": 3}, sync_reason=_DEEP_ONLY_ASYNC, excess_checks=True),
+    # A session whose own turns bring its context to max_model_len with a chunk left to compute: nothing checks a
+    # session's cumulative length, and the scheduler's max_model_len cap leaves it 0 tokens a step (STALL).
+    # Either scheduler; excess checks too (every turn asks for its own max_tokens).
+    "session-max-model-len": SchedShape("session_max_model_len", {"depth": 2}, {}, excess_checks=True),
 }
 
 

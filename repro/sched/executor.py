@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from repro.sched.kv_failure import fail_loads
 from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
+from repro.sched.session_turns import session_expectation
 from repro.sched.stall import scheduler_state, state_text
 
 
@@ -115,13 +116,11 @@ class Stream:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def fed(self, perm: list[int], prompt: list[int], max_tokens: int) -> None:
+    def fed(self, perm: list[int], prompt: list[int], max_tokens: int, limit: int = 0) -> None:
         """A session's next turn: its tokens follow the earlier turns' (each turn's output positions count from 0,
-        the walk from that turn's prompt)."""
+        the walk from that turn's prompt), each turn length-capped at ``limit`` (max_model_len; session_turns)."""
         self.turns.append((prompt, max_tokens))
-        self.max_tokens = sum(m for _, m in self.turns)
-        self.reference = [t for p, m in self.turns[:-1] for t in reference_stream(perm, p, m)] + \
-            reference_stream(perm, prompt, max_tokens + REFERENCE_SLACK)
+        self.max_tokens, self.reference = session_expectation(perm, self.turns, limit)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -381,7 +380,7 @@ class Executor:
         prompt, max_tokens = spec.chunks[len(st.turns) - 1]
         self.sched.add_request(self.builder.request(spec.rid, prompt, max_tokens, self.hasher, spec.priority,
                                                     resumable=True))
-        st.fed(self.perm, list(prompt), max_tokens)
+        st.fed(self.perm, list(prompt), max_tokens, self.setup.max_model_len)
 
     def _op_close(self, op: Op, entry: dict[str, Any]) -> None:
         """The input stream's end, as AsyncLLM sends it: the same id, not resumable, prompt [0].  A session that

@@ -34,6 +34,17 @@ matrix cell and ``vllm-repro bisect`` can play it and the known-bug table can ho
   finished, so the late token is appended to the stopped turn.  0.31.0's ``_handle_stopped_request`` marks the
   stopped turn's in-flight tokens stale and drops them (scheduler.py:2405-2420, :2021-2044 at 0.31.0).
 
+* ``session_max_model_len`` — found by the seeded fuzzer on 0.21.0 (example 97, docs/results/maxlen-2026-12-04/): a
+  session whose next chunk brings its context to ``max_model_len`` or past it.  Neither the front end nor the
+  scheduler checks a session's cumulative length: ``InputProcessor._validate_prompt_len`` sees one chunk's prompt
+  (input_processor.py:552-597 at 0.34.0, called per chunk from ``AsyncLLM._add_streaming_input_request``,
+  async_llm.py:670-676), and ``Scheduler._update_request_as_session`` appends the chunk unchecked
+  (scheduler.py:1933-1977 at 0.34.0).  The scheduler caps every step at ``max_model_len - num_computed_tokens -
+  num_sampled_tokens_per_step`` (:866-873; ``max_model_len - 1 - num_computed_tokens`` at 0.21.0, :378), so the
+  prefill stops one token short of the context's end and ``num_new_tokens`` is 0 from then on (:905-919: skipped,
+  never finished).  A plain request never gets there: its prompt must be shorter than ``max_model_len``, and
+  ``check_stop`` length-caps it when ``num_tokens`` reaches it (utils.py:112-117).
+
 Pure Python (no vLLM import).
 """
 
@@ -49,6 +60,7 @@ SESSION_MAX_TOKENS = "session_max_tokens"
 RESET_CHUNK = "reset_chunk"
 SESSION_KV_STALL = "session_kv_stall"
 SESSION_OVERRUN = "session_overrun"
+SESSION_MAX_MODEL_LEN = "session_max_model_len"
 
 
 def _prompt(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
@@ -108,3 +120,33 @@ def session_overrun(params: Mapping[str, Any], vocab_size: int, seed: int) -> Sc
     s0 = RequestSpec("s0", _prompt(random.Random(seed), int(params.get("prompt_len", 1)), vocab_size),
                      int(params.get("max_tokens", 2)), session=True)
     return Script(setup, (s0,), (Op("add", rid="s0"), Op("step", n=5), Op("close", rid="s0"), Op("run")))
+
+
+def session_max_model_len(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """A session in ``max_model_len`` 64 whose turns, each asking for its own ``max_tokens``, bring its context to the
+    limit: a 16-token prompt, a first turn of 8 tokens (context 23: vLLM drops a turn's last sampled token when the
+    next chunk arrives, scheduler.py:1940-1944 at 0.34.0), then a chunk that makes the context ``64 + over``
+    (``over`` default 0: exactly the limit; 1: one over; -1: one token of room, the control: it samples that token
+    and is length-capped) asking for ``second`` tokens (default 4; with ``over`` -2 the turn straddles the limit:
+    2 tokens, then the length cap).  ``then`` > 0: one more chunk of that many tokens after the second turn (which
+    the length cap ended at the limit), the session fed past the limit by a turn that vLLM itself stopped there.
+    A step budget of 32 tokens (``max_num_batched_tokens``) prefills the chunk in two steps, so its last piece is
+    scheduled as a running request, where the max_model_len cap applies (with one request vLLM 0.32.0+ ignores
+    ``long_prefill_token_threshold``, scheduler.py:640-649 at 0.32.0); ``max_num_batched_tokens`` 256: the chunk in
+    one step from the waiting queue, which has no such cap.  Every chunk and the end of the input are queued at
+    once, as a generator with them all ready sends them."""
+    _known(params, {"over", "second", "then"})
+    setup = _setup_from(params, scheduler="async", depth=2, num_blocks=64, max_model_len=64,
+                        max_num_batched_tokens=32)
+    over, second, then = int(params.get("over", 0)), int(params.get("second", 4)), int(params.get("then", 0))
+    context = 16 + 8 - 1
+    size = setup.max_model_len + over - context
+    if size < 1 or second < 1 or then < 0:
+        raise ScriptError(f"over={over}, second={second}, then={then}: the chunk needs >= 1 token "
+                          f"(over >= {context + 1 - setup.max_model_len}), second >= 1, then >= 0")
+    rng = random.Random(seed)
+    prompt = _prompt(rng, 16, vocab_size)
+    chunks = ((_prompt(rng, size, vocab_size), second),) + (((_prompt(rng, then, vocab_size), 1),) if then else ())
+    s0 = RequestSpec("s0", prompt, 8, session=True, chunks=chunks)
+    ops = (Op("add", rid="s0"), *(Op("feed", rid="s0") for _ in chunks), Op("close", rid="s0"), Op("run"))
+    return Script(setup, (s0,), ops)

@@ -217,6 +217,35 @@ def _depth_two(s: Script) -> Script:
     return replace(s, setup=replace(s.setup, depth=2))
 
 
+def _longest_context(s: Script) -> int:
+    """An upper bound on the longest context a fed session can reach: its prompt and chunks, and every turn but the
+    last running to the largest max_tokens of its turns less the one sampled token a next chunk drops
+    (``_update_request_as_session``).  The largest, not each turn's own: vllm#37842 runs every turn to the first's."""
+    fed = {op.rid for op in s.ops if op.op == "feed"}
+    longest = 0
+    for r in s.requests:
+        if r.session and r.rid in fed:
+            most = max(m for _, m in r.turns)
+            longest = max(longest, sum(len(p) for p, _ in r.turns) + len(r.chunks) * (most - 1))
+    return longest
+
+
+def _session_at_limit(s: Script) -> bool:
+    """A fed session whose turns may bring its context to max_model_len (fuzz_found.session_max_model_len)."""
+    return _longest_context(s) >= s.setup.max_model_len
+
+
+def _room_past_limit(s: Script) -> Script:
+    """max_model_len (and a KV cache) past every session's longest context and last turn: the control of
+    session-max-model-len.  The turns are left as they are (raising every turn to the first's, vllm#37842's control,
+    grows the session further)."""
+    most = max((m for r in s.requests for _, m in r.turns), default=1)
+    limit = max(s.setup.max_model_len, _longest_context(s) + most + 1)
+    per = -(-limit // s.setup.block_size)
+    blocks = max(s.setup.num_blocks, per * len(s.requests) + 1)
+    return replace(s, setup=replace(s.setup, max_model_len=limit, num_blocks=blocks))
+
+
 def _signatures() -> tuple[Signature, ...]:
     session = (_has_session_reset, _plain_sessions)
     kv = (_kv_in_flight_reset, _no_connector)
@@ -241,6 +270,8 @@ def _signatures() -> tuple[Signature, ...]:
                   "a session's later turn with another max_tokens than its first"),
         Signature("session-kv-stall", ("stall", "finish"), "", _sessions_fed, _room_for_all,
                   "sessions holding KV blocks between turns, their next chunks too big to fit together"),
+        Signature("session-max-model-len", ("stall",), "", _session_at_limit, _room_past_limit,
+                  "a session whose next chunk brings its context to max_model_len (0 tokens a step from then on)"),
         Signature("session-overrun", ("stream",), "", _deep_session, _depth_two,
                   "a session's turn with three frames in flight (a frame scheduled past max_tokens)"),
         Signature("spec-reset", ("crash", *_STREAMISH), _PLACEHOLDERS, *spec,

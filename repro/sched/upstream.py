@@ -40,10 +40,12 @@ from repro.sched.admission import max_seqs_admission
 from repro.sched.fuzz_found import (
     RESET_CHUNK,
     SESSION_KV_STALL,
+    SESSION_MAX_MODEL_LEN,
     SESSION_MAX_TOKENS,
     SESSION_OVERRUN,
     reset_chunk,
     session_kv_stall,
+    session_max_model_len,
     session_max_tokens,
     session_overrun,
 )
@@ -166,6 +168,7 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     RESET_CHUNK: reset_chunk,
     SESSION_KV_STALL: session_kv_stall,
     SESSION_OVERRUN: session_overrun,
+    SESSION_MAX_MODEL_LEN: session_max_model_len,
 }
 
 
