@@ -336,7 +336,7 @@ class RequestRecord(_RawRecord):
 class ExpectationRecord:
     """A cell result compared with the known-bug table (harness.verdicts.known_bugs.check)."""
 
-    status: str | None  # "as expected", "UNEXPECTED", "not run"
+    status: str | None  # "as expected", "UNEXPECTED", "not run", "known crash"
     expected: str | None = None  # "LOSS(1)", "OK"
     bug: str | None = None  # "vllm#42043", "vllm#42043 (injected)"
     message: str | None = None
@@ -345,8 +345,8 @@ class ExpectationRecord:
         """``as expected (vllm#42043)``, ``UNEXPECTED (expected LOSS(1) from vllm#42043)`` or the status."""
         if self.status == "UNEXPECTED":
             return f"UNEXPECTED (expected {self.expected}" + (f" from {self.bug})" if self.bug else ")")
-        if self.status == "as expected" and self.bug:
-            return f"as expected ({self.bug})"
+        if self.status in ("as expected", "known crash") and self.bug:
+            return f"{self.status} ({self.bug})"
         return str(self.status or "")
 
     def to_dict(self) -> dict[str, Any]:

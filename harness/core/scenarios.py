@@ -133,6 +133,10 @@ PROFILES: dict[str, EngineProfile] = {
         EngineProfile("chunked", (("enable_chunked_prefill", True), ("max_num_batched_tokens", 32)),
                       why="a 32-token step budget: long prompts are prefilled in chunks beside running decodes",
                       default_on=("cpu",)),
+        # seeded-prefill's own engine (its crash takes no other scenario's with it): a 48-token prompt is chunked.
+        EngineProfile("prefill-budget", (("enable_chunked_prefill", True), ("max_num_batched_tokens", 32)),
+                      why="a 32-token step budget on an engine of its own: a longer prompt's first step is a partial "
+                          "prefill"),
         # Sleep mode needs vLLM's CuMem allocator: CUDA only; elsewhere vLLM refuses it at start-up, and that
         # refusal (its own message) is the cells' UNSUPPORTED reason.
         EngineProfile("sleep", (("enable_sleep_mode", True),),
@@ -267,6 +271,14 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              "speculating batch): drafts accepted and rejected, grammar-illegal drafts for structured requests",
              profile="spec-draft", refs=("vllm#49694", "vllm#54437", "vllm#29379", "PR #27615", "PR #29821"),
              requests=("greedy", "sampled", "structured"), nightly=True),
+    # repro/scenarios/seeded_prefill.py: vLLM rewinds a chunked seeded request's generator, which a CPU one refuses
+    # ("CPU Generator does not use offset"): the worker dies.  The unseeded control first: the crash ends the engine.
+    Scenario("unseeded-prefill", "seeded-prefill's control: the same requests without a seed (no generator of "
+             "their own to rewind)", profile="prefill-budget", requests=("greedy", "sampled"), trigger=False,
+             nightly=True),
+    Scenario("seeded-prefill", "seeded sampled requests whose prompts are longer than the step budget: each "
+             "child's first step is a partial prefill whose sample vLLM discards", profile="prefill-budget",
+             requests=("greedy", "sampled"), trigger=False, nightly=True),
     # The scheduler tier's family beyond the shared names (harness.sched.tier.SHAPES says what each plays).
     # Refs name merged PRs that shaped the windows (docs/citations.md); #49860 and #49620 never merged.
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",

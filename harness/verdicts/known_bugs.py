@@ -6,6 +6,12 @@ anywhere: a request running at two keep + clear_cache pauses of an affected vLLM
 18)``.  A rule expecting CRASH is met by a cell that crashed (vLLM's own code raised), one expecting STALL by a
 cell whose scheduler stopped making progress; any other outcome is met when every request running at a pause
 shows it.
+
+A bug may name the ``platforms`` it shows on (vLLM's CPU worker only, say): elsewhere, or where the platform is not
+known (no engine report), it does not apply.  A CRASH rule may name the ``message`` the crash must carry, and a
+rule marked ``sometimes`` holds only in runs that crashed with that message (a timing-dependent crash): its cells
+are otherwise judged as if it were not there, and a cell that did crash so is a ``known crash`` (explained, not
+UNEXPECTED), whatever the cell expects otherwise.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from harness.verdicts.tomlfile import load_table
 _WHOLE_CELL = (Outcome.CRASH, Outcome.STALL)
 
 # A rule's keys: any axis name (harness.core.cell.Cell), "executors" (a list; older tables), expect and k.
-_RULE_KEYS = {"expect", "k"}
+_RULE_KEYS = {"expect", "k", "message", "sometimes"}
+# The status of a cell that crashed the way a ``sometimes`` rule says (neither "as expected" nor UNEXPECTED).
+KNOWN_CRASH = "known crash"
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,8 @@ class Rule:
     pattern: CellPattern
     expect: Outcome
     k: int | None = None
+    message: str = ""  # the words a CRASH must carry ("" = any crash)
+    sometimes: bool = False  # holds only in runs that crashed with ``message`` (timing)
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,13 @@ class KnownBug:
     affected: SpecifierSet
     cells: tuple[Rule, ...]
     note: str = ""  # why the window is what it is (shown where two tiers' windows differ: harness.verdicts.compare)
+    platforms: tuple[str, ...] = ()  # the platforms it shows on (engine report's "platform"); () = every one
+
+    def applies(self, version: Version, platform: str | None) -> bool:
+        """Whether the bug is in ``version`` on ``platform`` (a platform-bound bug needs a known platform)."""
+        if self.platforms and platform not in self.platforms:
+            return False
+        return self.affected.contains(version, prereleases=True)
 
 
 @dataclass(frozen=True)
@@ -62,6 +79,7 @@ class Expectation:
     outcome: Outcome
     k: int | None = None
     bug: str | None = None  # the known bug that makes this cell fail, if any
+    message: str = ""  # the words its CRASH must carry ("" = any)
 
     @property
     def label(self) -> str:
@@ -91,7 +109,7 @@ def load_known_bugs(path: Path | None = None, cell_type: type[Cell] = Cell) -> t
         try:
             rules = tuple(_rule(c, f"{where}: bug {b.get('id')!r}", cell_type) for c in b.get("cells", []))
             bugs.append(KnownBug(b["id"], b.get("title", ""), b.get("fix", ""), b.get("fixed_in", ""), affected,
-                                 rules, str(b.get("note", ""))))
+                                 rules, str(b.get("note", "")), tuple(b.get("platforms", ()))))
         except (KeyError, InvalidSpecifier, ValueError, TypeError) as exc:
             raise BadInput(f"{where}: bug #{i + 1} is malformed ({exc!r})") from exc
     return tuple(bugs)
@@ -102,32 +120,59 @@ def _rule(table: dict[str, Any], where: str, cell_type: type[Cell] = Cell) -> Ru
     if unknown:
         raise BadInput(f"{where} has unknown cell keys {sorted(unknown)}")
     axes = {("executor" if k == "executors" else k): v for k, v in table.items() if k not in _RULE_KEYS}
-    return Rule(pattern_from_mapping(axes, where, cell_type), Outcome(table["expect"]), table.get("k"))
+    rule = Rule(pattern_from_mapping(axes, where, cell_type), Outcome(table["expect"]), table.get("k"),
+                str(table.get("message", "")), bool(table.get("sometimes", False)))
+    if (rule.message or rule.sometimes) and rule.expect is not Outcome.CRASH:
+        raise BadInput(f"{where}: message and sometimes belong to a rule expecting CRASH, not {rule.expect.value}")
+    if rule.sometimes and not rule.message:
+        raise BadInput(f"{where}: a sometimes rule names the message its crash carries")
+    return rule
 
 
-def expectation(cell: Any, bugs: tuple[KnownBug, ...]) -> Expectation:
-    """The outcome ``cell`` should show given the known bugs (OK when none applies)."""
+def expectation(cell: Any, bugs: tuple[KnownBug, ...], platform: str | None = None) -> Expectation:
+    """The outcome ``cell`` should show on ``platform`` given the known bugs (OK when none applies); ``sometimes``
+    rules do not say what a cell shows (see :func:`known_crash`)."""
     try:
         version = Version(cell.version)
     except ValueError:
         return Expectation(Outcome.OK)
     for bug in bugs:
-        if not bug.affected.contains(version, prereleases=True):
+        if not bug.applies(version, platform):
             continue
         for rule in bug.cells:
-            if rule.pattern.matches(cell):
-                return Expectation(rule.expect, rule.k, bug.id)
+            if not rule.sometimes and rule.pattern.matches(cell):
+                return Expectation(rule.expect, rule.k, bug.id, rule.message)
     return Expectation(Outcome.OK)
+
+
+def known_crash(result: CellResult, bugs: tuple[KnownBug, ...], platform: str | None) -> KnownBug | None:
+    """The bug whose ``sometimes`` rule explains ``result``'s CRASH (its message in the crash's reason), or None."""
+    if result.outcome is not Outcome.CRASH:
+        return None
+    try:
+        version = Version(result.cell.version)
+    except ValueError:
+        return None
+    said = f"{result.reason or ''} {result.summary}"
+    for bug in bugs:
+        if bug.applies(version, platform) and any(
+                r.sometimes and r.message in said and r.pattern.matches(result.cell) for r in bug.cells):
+            return bug
+    return None
 
 
 def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
     """Compare a cell result with the known-bug table."""
-    exp = expectation(result.cell, bugs)
+    platform = result.engine.platform if result.engine is not None else None
+    exp = expectation(result.cell, bugs, platform)
     if result.outcome.is_infra:
         return Check("not run", exp, f"{result.outcome.value}: {result.reason or result.summary}")
     if result.outcome is Outcome.AMBIGUOUS:
         return Check("inconclusive", exp, f"expected {exp.label}; the streams cannot tell: "
                                           f"{result.reason or result.summary}")
+    if exp.outcome is not Outcome.CRASH and (crash := known_crash(result, bugs, platform)) is not None:
+        return Check(KNOWN_CRASH, replace(exp, bug=crash.id),
+                     f"{result.summary}: known crash, {crash.title} (expected {exp.label} had it not crashed)")
     if exp.outcome is Outcome.OK:
         if result.outcome is Outcome.OK:
             return Check("as expected", exp, "OK, as expected")
@@ -135,9 +180,11 @@ def check(result: CellResult, bugs: tuple[KnownBug, ...]) -> Check:
     if exp.outcome in _WHOLE_CELL:
         # A crash or a stall ends the scenario: its requests are whatever came before; the cell's outcome is
         # the verdict.
-        if result.outcome is exp.outcome:
+        said = f"{result.reason or ''} {result.summary}"
+        if result.outcome is exp.outcome and exp.message in said:
             return Check("as expected", exp, f"{result.summary}, as expected from {exp.bug}")
-        return Check("UNEXPECTED", exp, f"expected {exp.outcome.value} from {exp.bug}, got {result.summary}")
+        wanted = f" ({exp.message!r})" if exp.message else ""
+        return Check("UNEXPECTED", exp, f"expected {exp.outcome.value}{wanted} from {exp.bug}, got {result.summary}")
     # Expected a fault: every request running at a pause shows exactly it (per pause); the rest are OK.
     # A cell with no pause and no in-flight operation (vllm#52461's logitsproc) has no "running at pause" to
     # narrow a whole-stream fault (DIVERGED) to: every request is expected to show it.

@@ -45,7 +45,7 @@ from repro.probes import file_transfer
 from repro.scenarios import native_update, pauses
 from repro.scenarios.cell_run import run_cell
 from repro.scenarios.runs import check_pause_api
-from repro.scenarios.vocab import MAX_MODEL_LEN, EngineContext, ScenarioUnsupported
+from repro.scenarios.vocab import MAX_MODEL_LEN, MAX_NUM_BATCHED_TOKENS, EngineContext, ScenarioUnsupported
 from repro.server.door import http_adapter, run_server_door
 from repro.settings.core_view import plain_kwargs
 from repro.settings.effective import effective_settings, probe_engine, read_view, refused_setting
@@ -141,8 +141,8 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
         "skip_tokenizer_init": True,
         "max_model_len": MAX_MODEL_LEN,
         "max_num_seqs": 32,
-        # Small batches keep the CPU warm-up short (it runs dummy batches up to this size).
-        "max_num_batched_tokens": 256,
+        # Every prompt a default cell prefills at once, in one step (repro.scenarios.vocab says why).
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
         "enforce_eager": True,
         "seed": 0,
         "disable_log_stats": True,

@@ -30,6 +30,7 @@ from repro.scenarios import (
     preempt,
     reset_inflight,
     rlhf_weight_sync,
+    seeded_prefill,
     sleep,
     spec_draft,
     spec_ngram,
@@ -54,6 +55,8 @@ SCENARIOS: dict[str, Callable[[str, dict[str, Any], int, int], Plan]] = {
     "spec_ngram": spec_ngram.build,
     "spec_ngram_pause": spec_ngram.build_pause,
     "spec_draft": spec_draft.build,
+    "seeded_prefill": seeded_prefill.build,
+    "unseeded_prefill": seeded_prefill.build,
     "logitsproc": logitsproc.build,
     "connector_stale": connector_stale.build,
     "checkpoint": checkpoint.build,
@@ -96,6 +99,8 @@ def pauses(scenario: str, params: dict[str, Any], vocab_size: int) -> bool:
     """
     if scenario not in SCENARIOS:
         return True
+    # The cell's request kind travels in the parameters; repro.scenarios.cell_run takes it out before the plan.
+    params = {k: v for k, v in params.items() if k != "request"}
     try:
         return bool(SCENARIOS[scenario]("probe", params, vocab_size, 0).pauses)
     except (ValueError, TypeError, KeyError):

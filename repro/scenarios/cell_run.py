@@ -19,6 +19,7 @@ from repro.core import crash
 from repro.scenarios import RUNNERS, SCENARIOS
 from repro.scenarios.runs import run_with_reference
 from repro.scenarios.sampling import TableModel, logit_table, sampling_kwargs
+from repro.scenarios.seeded_prefill import UNSEEDED, with_chunk_evidence
 from repro.scenarios.spec_draft import with_draft_evidence
 from repro.scenarios.structured import structured_refusal
 from repro.scenarios.vocab import EngineContext, Plan, ScenarioTimeout, ScenarioUnsupported
@@ -39,6 +40,8 @@ def _build_plan(sc: dict[str, Any], vocab: int) -> Plan:
 # Plain-plan scenarios (no runner of their own: every request kind runs through the generic reference-then-plan
 # run) whose event is speculative decoding: the engine core's draft counters are their precondition.
 DRAFT_COUNTED = frozenset({"spec_draft"})
+# Plain-plan scenarios whose event is a chunked prefill: the engine core's prefill-chunk counter is their precondition.
+CHUNK_COUNTED = frozenset({"seeded_prefill", "unseeded_prefill"})
 # Runners that build their requests or reference from the bigram-cycle model's cycle (``ctx.perm``); the
 # weight-sync runner says why itself, in its own words, the plan's runs with any model, and the stale-kv ones
 # (native_update_*, sleep_update_*, lora_* too) need the context-cell model (repro.scenarios.stale_kv says so).
@@ -53,6 +56,8 @@ async def run_scenario(llm: Any, sc: dict[str, Any], ctx: EngineContext, timeout
     plan = _build_plan(sc, ctx.vocab)  # validates the parameters of every scenario
     if sc["scenario"] in DRAFT_COUNTED:  # the plain run, with the drafts its requests saw as its precondition
         return await with_draft_evidence(llm, plan, lambda: _run_plain(llm, sc, plan, request, ctx, timeout))
+    if sc["scenario"] in CHUNK_COUNTED:
+        return await with_chunk_evidence(llm, plan, lambda: _run_plain(llm, sc, plan, request, ctx, timeout))
     return await _run_plain(llm, sc, plan, request, ctx, timeout)
 
 
@@ -87,6 +92,9 @@ async def _run_sampled(llm: Any, sc: dict[str, Any], plan: Plan, request: str, c
         raise ScenarioUnsupported(f"penalties requests are judged by processed logprobs; this engine returns {mode}")
     seed = int(sc.get("seed", 0))
     plan.requests = [replace(r, sampling=sampling_kwargs(request, i, seed)) for i, r in enumerate(plan.requests)]
+    if sc["scenario"] in UNSEEDED:  # the control of a seeded scenario: vLLM keeps no generator of the request's own
+        plan.requests = [replace(r, sampling={k: v for k, v in r.sampling.items() if k != "seed"})
+                         for r in plan.requests]
     table = TableModel(logit_table(ctx.model_dir), processed=mode == "processed_logprobs")
     return await run_with_reference(llm, plan, ctx.perm, sc["id"], timeout, table=table)
 

@@ -72,13 +72,13 @@ def draft_precondition(drafted: dict[str, int], accepted: dict[str, int]) -> dic
                          "accepted_by_request": accepted})
 
 
-def _engine_keys(plan: Plan) -> dict[str, str]:
+def engine_keys(plan: Plan) -> dict[str, str]:
     """The engine-core id each counter is keyed by -> the plan's request id: a request's own id, or each child's
     (``{k}_{rid}``, vLLM's ParentRequest)."""
     return {(r.rid if r.n == 1 else f"{k}_{r.rid}"): r.rid for r in plan.requests for k in range(r.n)}
 
 
-def _by_request(counts: dict[str, int], keys: dict[str, str]) -> dict[str, int]:
+def by_request(counts: dict[str, int], keys: dict[str, str]) -> dict[str, int]:
     out = dict.fromkeys(keys.values(), 0)
     for key, n in counts.items():
         out[keys[key]] += n
@@ -91,8 +91,8 @@ async def with_draft_evidence(llm: Any, plan: Plan, run: Callable[[], Awaitable[
     before = await engine_counters(llm)
     data = await run()
     after = await engine_counters(llm)
-    keys = _engine_keys(plan)
-    drafted, accepted = (_by_request(per_request(before, after, name, list(keys)), keys)
+    keys = engine_keys(plan)
+    drafted, accepted = (by_request(per_request(before, after, name, list(keys)), keys)
                          for name in ("drafted", "accepted"))
     data["events"] = [*data.get("events", []), {
         "event": "spec_decode", "drafted": drafted, "accepted": accepted,

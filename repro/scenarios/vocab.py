@@ -24,6 +24,13 @@ from repro.models.deterministic import BigramCycleSpec
 PAUSE_MODES = ("keep", "wait", "abort")
 # The engine's max_model_len (repro.engine.main): prompt + max_tokens + REFERENCE_MARGIN must fit.
 MAX_MODEL_LEN = 256
+# The engine's max_num_batched_tokens (repro.engine.main): a step holds every prompt a default cell makes the engine
+# prefill at once, so no prefill is chunked whatever the timing.  The largest: a keep + clear_cache pause of the
+# sampled cells (harness.run.spec.SAMPLED_SHAPE: 4 groups of 4 children) recomputes every child's prompt and output
+# at the resume, at most 16 x (6 + 48) = 864 tokens; a chunked one kills vLLM's CPU worker when the request is
+# seeded ("CPU Generator does not use offset", repro.scenarios.seeded_prefill).  With 256 that fitted only while the
+# pause came within 13 tokens (12 x (6 + 13) + 4 x 6 = 252), which a busy machine overran (docs/upstream-bugs.md).
+MAX_NUM_BATCHED_TOKENS = 1024
 # A reference run's stand-in for a pause: nothing pauses, the requests submitted during or after the pause
 # join at its trigger, so the reference is batched as the paused run is.
 STAGGER = "stagger"
