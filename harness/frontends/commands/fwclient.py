@@ -130,7 +130,8 @@ def install_client(ctx: Context, client: Client, asked: str | None) -> ClientSet
 
 
 def on_client_door(recipes: tuple[Recipe, ...]) -> tuple[Recipe, ...]:
-    return tuple(replace(r, door=CLIENT) for r in recipes)
+    # Its own door kept: a recipe on the engine door (OpenRLHF) is then its engine-door cells, not a stand-in.
+    return tuple(replace(r, door=CLIENT, own_door=r.own_door or r.door) for r in recipes)
 
 
 @dataclass(frozen=True)
