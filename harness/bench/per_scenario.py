@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from harness.bench.phases import EngineTimeline
-from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, SCENARIO_TABLE
+from harness.core.profiles import DEFAULT_PROFILE, PROFILES
+from harness.core.scenarios import SCENARIO_TABLE
 
 _BY_SEGMENT = {s.segment: s.name for s in SCENARIO_TABLE if s.segment}
 _BLANK = next((s.name for s in SCENARIO_TABLE if not s.segment), "pause")

@@ -37,7 +37,8 @@ from harness.core.axes import (
     table_of,
 )
 from harness.core.errors import BadInput
-from harness.core.scenarios import DEFAULT_PROFILE, pauses, profile_of
+from harness.core.profiles import DEFAULT_PROFILE
+from harness.core.scenarios import pauses, profile_of
 from harness.core.versions import version_key
 
 C = TypeVar("C", bound="Cell")

@@ -21,7 +21,7 @@ from harness.core.events import (
     Event,
     parse_line,
 )
-from harness.core.scenarios import PROFILES
+from harness.core.profiles import PROFILES
 from harness.envbuild.envs import VllmEnv
 from harness.envbuild.preload import preload_env
 from harness.run.engine_death import log_tail

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.core.scenarios import PROFILES
+from harness.core.profiles import PROFILES
 
 if TYPE_CHECKING:
     from harness.core.cell import EngineKey

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.cell import Cell, EngineKey
-from harness.core.scenarios import DEFAULT_PROFILE, PROFILES, pauses
+from harness.core.profiles import DEFAULT_PROFILE, PROFILES
+from harness.core.scenarios import pauses
 from harness.core.scenarios import scenario as scenario_of
 from harness.plan.shared_server import played_id
 from harness.sched import tier as sched_tier
@@ -98,7 +99,7 @@ def build_spec(engine: EngineKey, cells: tuple[Cell, ...], cfg: RunConfig, inter
     """The spec ``repro.engine.main`` runs for this engine and its cells (every repeat of every cell).
 
     ``extra``: the scheduler's further engine arguments (a fixed KV cache for engines sharing a GPU), merged
-    with the engine profile's (harness.core.scenarios.PROFILES: what its scenarios need) and the user's by
+    with the engine profile's (harness.core.profiles.PROFILES: what its scenarios need) and the user's by
     :func:`merge_engine_args`.
     """
     profile = dict(PROFILES[engine.profile].args)

@@ -12,8 +12,9 @@ import pytest
 
 from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.profiles import PROFILES
 from harness.core.recorded_streams import stream_records
-from harness.core.scenarios import BY_SCENARIO, PROFILES
+from harness.core.scenarios import BY_SCENARIO
 from harness.verdicts.known_bugs import check, load_known_bugs
 from harness.verdicts.results import judged_result
 from repro.models.deterministic import cycle_permutation, expected_continuation

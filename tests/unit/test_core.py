@@ -15,7 +15,8 @@ from harness.core.cell import AXES, BY_NAME, Cell, EngineKey, find_cell_id, pars
 from harness.core.errors import BadInput
 from harness.core.oracle import Outcome
 from harness.core.pattern import parse_pattern, pattern_from_mapping
-from harness.core.scenarios import BY_SCENARIO, PROFILES, SCENARIO_TABLE, pauses
+from harness.core.profiles import PROFILES
+from harness.core.scenarios import BY_SCENARIO, SCENARIO_TABLE, pauses
 from harness.verdicts.known_bugs import expectation, load_known_bugs
 from harness.verdicts.workarounds import load_ledger
 

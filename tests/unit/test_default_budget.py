@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.core.scenarios import PROFILES, SCENARIO_TABLE, default_scenarios
+from harness.core.profiles import PROFILES
+from harness.core.scenarios import SCENARIO_TABLE, default_scenarios
 from harness.frontends.commands.options import add_run_options
 from harness.run.spec import SAMPLED_SHAPE
 from repro.engine.main import engine_kwargs

@@ -14,8 +14,9 @@ from test_weight_sync_scenario import _SP, FakeLLM, _ctx, checkpoints  # noqa: F
 
 from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.profiles import PROFILES
 from harness.core.recorded_streams import stream_records
-from harness.core.scenarios import BY_SCENARIO, PROFILES
+from harness.core.scenarios import BY_SCENARIO
 from harness.plan.matrix import plan_cells
 from repro.core.wire import check_event
 from repro.probes import kv_loan as probe

@@ -19,8 +19,9 @@ from fake_engine import SP, FakeLLM
 import repro.scenarios.runs as runs
 from harness.core.cell import Cell
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.profiles import PROFILES
 from harness.core.recorded_streams import stream_records
-from harness.core.scenarios import BY_SCENARIO, PROFILES
+from harness.core.scenarios import BY_SCENARIO
 from harness.run.spec import RunConfig, build_spec, scenario_spec
 from harness.run.staging import stage_entry_points
 from repro.models.deterministic import BigramCycleSpec, build_checkpoint, load_perm

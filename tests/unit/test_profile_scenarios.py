@@ -20,8 +20,9 @@ import repro.scenarios.runs as runs
 from harness.core.cell import Cell
 from harness.core.events import Precondition
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.profiles import PROFILES
 from harness.core.recorded_streams import stream_records
-from harness.core.scenarios import BY_SCENARIO, PROFILES
+from harness.core.scenarios import BY_SCENARIO
 from harness.plan.matrix import plan_cells
 from harness.run.scenario_results import with_precondition
 from harness.run.spec import RunConfig, build_spec, scenario_spec

@@ -350,7 +350,7 @@ def test_a_profile_the_engine_spec_cannot_carry_errors_its_cells_and_starts_noth
 
 @pytest.mark.unit
 def test_no_engine_profile_sets_an_argument_the_cell_or_the_harness_decides() -> None:
-    from harness.core.scenarios import PROFILES
+    from harness.core.profiles import PROFILES
     from repro.core.wire import OWNED_ENGINE_ARGS
 
     clash = {p.name: sorted(k for k in dict(p.args) if k in OWNED_ENGINE_ARGS) for p in PROFILES.values()}

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from harness.core.cell import Cell
-from harness.core.scenarios import BY_SCENARIO, PROFILES, default_scenarios
+from harness.core.profiles import PROFILES
+from harness.core.scenarios import BY_SCENARIO, default_scenarios
 from harness.run.spec import RunConfig, scenario_spec
 from repro.scenarios import RUNNERS, SCENARIOS, pauses, seeded_prefill
 from repro.scenarios.cell_run import CHUNK_COUNTED, run_scenario

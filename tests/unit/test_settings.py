@@ -18,7 +18,7 @@ from harness.core.cell import Cell
 from harness.core.errors import BadInput
 from harness.core.events import EngineEvent, ScenarioEvent, parse_event
 from harness.core.oracle import Outcome
-from harness.core.scenarios import PROFILES
+from harness.core.profiles import PROFILES
 from harness.plan.engine_args import PRESETS, engine_setup
 from harness.run.scenario_results import scenario_result
 from harness.run.spec import RunConfig, build_spec, engine_axes
@@ -256,13 +256,13 @@ def test_a_profile_value_outside_its_declaration_is_that_engines_error(monkeypat
     (harness.run.spec.spec_refusal), the rest of the run goes on."""
     from dataclasses import replace
 
-    from harness.core import scenarios
+    from harness.core import profiles
     from harness.run.spec import spec_refusal
 
     cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path / "m")
     assert spec_refusal(CELL.engine, (CELL,), cfg) is None
     bad = replace(PROFILES["chunked"], engine_args=(("enable_chunked_prefill", True), ("max_num_batched_tokens", 0)))
-    monkeypatch.setitem(scenarios.PROFILES, "chunked", bad)
+    monkeypatch.setitem(profiles.PROFILES, "chunked", bad)
     reason = spec_refusal(CELL.engine, (CELL,), cfg)
     assert reason is not None and "'chunked'" in reason and "max_num_batched_tokens=0: give an integer" in reason
 

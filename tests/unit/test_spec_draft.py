@@ -14,8 +14,9 @@ import repro.engine.main as repro_engine
 from harness.core.cell import Cell
 from harness.core.events import Precondition
 from harness.core.oracle import Outcome, cell_verdict
+from harness.core.profiles import PROFILES, SELF_DRAFT
 from harness.core.recorded_streams import stream_records
-from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS, PROFILES, SELF_DRAFT, default_scenarios
+from harness.core.scenarios import BY_SCENARIO, DEFAULT_SCENARIOS, default_scenarios
 from harness.run.scenario_results import with_precondition
 from harness.run.spec import RunConfig, build_spec, scenario_spec
 from harness.verdicts.results import judged_result

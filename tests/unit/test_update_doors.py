@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from harness.core.oracle import Outcome, classify_request
+from harness.core.profiles import PROFILES
 from harness.core.recorded_streams import StreamRecord
-from harness.core.scenarios import BY_SCENARIO, PROFILES, scenario_words
+from harness.core.scenarios import BY_SCENARIO, scenario_words
 from repro.models import context_cell as cm
 from repro.models.deterministic import read_safetensors
 from repro.scenarios import RUNNERS, SCENARIOS
