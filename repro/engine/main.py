@@ -160,7 +160,7 @@ def engine_kwargs(spec: Spec, model: LoadedModel, weight_transfer: Any = None) -
     return self_draft(kwargs, model.source)
 
 
-# A speculative_config "model" that stands for the engine's own checkpoint (harness.core.scenarios.SELF_DRAFT, the
+# A speculative_config "model" that stands for the engine's own checkpoint (harness.core.profiles.SELF_DRAFT, the
 # spec-draft profile): only the engine knows the checkpoint's path.
 SELF_DRAFT = "@self"
 

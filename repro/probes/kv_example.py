@@ -13,7 +13,7 @@ vLLM PR #57970 (open, docs only) says so of the LMCache connectors.
 ``kv-store.log.jsonl`` in the process's working directory (the engine's work dir): every
 ``get_num_new_matched_tokens`` (the request, its local prefix-cache hit, the external tokens returned, the store
 folder the connector looked at) and every ``reset_cache`` (still returning None, as the parent does).  The engine
-tier's ``kv-example`` profile loads it through ``kv_connector_module_path`` (``harness.core.scenarios.PROFILES``);
+tier's ``kv-example`` profile loads it through ``kv_connector_module_path`` (``harness.core.profiles.PROFILES``);
 ``repro.scenarios.connector_stale`` reads the log and fingerprints the store's files.
 
 The helpers below the class need no vLLM (the scenario and the unit tests use them).

@@ -1,7 +1,7 @@
 """What the engine-profile scenarios (preempt, chunked, sleep, spec-ngram) share: solo control runs, the engine
 core's counters, and the precondition each states.
 
-Their engines run with settings of their own (``harness.core.scenarios.PROFILES``), so the reference must come
+Their engines run with settings of their own (``harness.core.profiles.PROFILES``), so the reference must come
 from the same engine *without the event under test*.  The event under test here is usually concurrency itself
 (KV pressure, chunks beside decodes, batched drafts), so the control runs every request **alone**: one
 request at a time on the same engine, which a tiny KV cache holds, whose prompt is chunked with nothing else

@@ -7,7 +7,7 @@ subclassing it) sets to ``bool(custom_logitsprocs)``: processors passed as ``log
 processors installed as ``vllm.logits_processors`` entry-point plugins (the report's case) do not.  (A fix
 PR said in the thread to make every processor declare whether it reads the ids was not checked in vLLM's source.)
 
-Runs on the ``logitsproc-plugin`` engine profile (``harness.core.scenarios.PROFILES``), whose engine alone gets a
+Runs on the ``logitsproc-plugin`` engine profile (``harness.core.profiles.PROFILES``), whose engine alone gets a
 dist-info declaring ``repro.probes.logitsprocs:RecordingProcessor`` as such a plugin: it changes no logit and
 is not argmax-invariant (so vLLM calls it for greedy requests), and it appends, at every step, the output ids it
 is shown for every request to ``repro-logitsproc-steps.jsonl`` in the engine's work dir.

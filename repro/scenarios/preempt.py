@@ -1,6 +1,6 @@
 """KV-pressure preemption: more long requests at once than the engine's tiny KV cache holds.
 
-Runs on the ``tiny-kv`` engine profile (``harness.core.scenarios.PROFILES``: 8 KV blocks of 32 tokens, one
+Runs on the ``tiny-kv`` engine profile (``harness.core.profiles.PROFILES``: 8 KV blocks of 32 tokens, one
 of them vLLM's null block).  Every request needs two blocks by its end, so eight at once need sixteen: vLLM's
 scheduler preempts running requests (frees their blocks, recomputes them later from prompt + output so far)
 to let the others grow.  With async scheduling a preempted request may have an output frame in flight when

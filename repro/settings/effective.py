@@ -58,7 +58,7 @@ def effective_settings(requested: dict[str, Any], probe: dict[str, Any], view: d
            "batch_invariant": read["batch_invariant"].value, "settings": rows}
     return eff, settings.mismatch(rows)
 
-# Engine arguments of a profile (harness.core.scenarios.PROFILES) that vLLM's start-up may refuse, and words
+# Engine arguments of a profile (harness.core.profiles.PROFILES) that vLLM's start-up may refuse, and words
 # its refusal uses: CPU's ``ValueError: Sleep mode is not supported on current platform.``; a speculative method
 # this version lacks, or async scheduling refused with it ("only supported with EAGLE/MTP/Draft Model/NGram GPU
 # kind of speculative decoding").
