@@ -28,7 +28,7 @@ from harness.envbuild.backend import BuildResult, BuildStep
 from harness.envbuild.cputorch import plan_cpu_torch
 from harness.envbuild.index import dependency_cutoff
 from harness.envbuild.recipe import EnvRecipe
-from harness.envbuild.tools import last_lines, uv_bin
+from harness.envbuild.tools import last_lines, uv_bin, uv_python
 from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, LeftOut, lazy_for, leave_out, unresolvable_facts
 
 # Never install these into a vLLM env (see module docstring).
@@ -50,7 +50,7 @@ class UvBackend:
 
     def install(self, recipe: EnvRecipe, step: BuildStep) -> BuildResult:
         uv = uv_bin()
-        proc = step.run([uv, "venv", "--quiet", "--python", recipe.python, str(step.path)], 300)
+        proc = step.run([uv, "venv", "--quiet", "--python", uv_python(recipe.python), str(step.path)], 300)
         if proc.returncode:
             raise EnvBuildError(f"uv venv --python {recipe.python} failed: {last_lines(proc.stderr)}")
         # A per-commit wheel (requirement set) is labelled by its commit, not its release.

