@@ -85,6 +85,8 @@ def patch_scheduler(mod: Any) -> None:
 def install(after_import: Any) -> None:
     if os.environ.get("FSM_FIX_EXPAND") == "1":
         after_import("vllm.utils.cpu_triton_utils", fix_expand)
+    if os.environ.get("FSM_FIX_ONLY") == "1":
+        return
     after_import("vllm.v1.worker.gpu_model_runner", patch_runner)
     after_import("vllm.v1.core.sched.scheduler", patch_scheduler)
     install_rs(after_import)
@@ -175,3 +177,5 @@ def fix_expand(mod: Any) -> None:
         _w({"w": "expand_fixed", "out": output.tolist()[:8]})
 
     mod._expand_kernel_impl = fixed
+    if hasattr(mod, "expand_kernel") and hasattr(mod.expand_kernel, "func"):
+        mod.expand_kernel.func = fixed  # 0.21.0-0.23.0: _FuncWrapper captured the original at import
