@@ -51,11 +51,13 @@ class Row:
     rule: Rule
     affected: str  # the known-bug window, a PEP 440 specifier
     fixed_in: str
+    platforms: tuple[str, ...] = ()  # the bug's platforms (KnownBug.platforms): only their cells are its boxes
 
     @property
     def label(self) -> str:
         k = f"({self.rule.k})" if self.rule.k is not None else ""
-        return f"{self.bug}: {self.rule.pattern.text} -> {self.rule.expect.value}{k}"
+        on = f" [{', '.join(self.platforms)} only]" if self.platforms else ""
+        return f"{self.bug}: {self.rule.pattern.text} -> {self.rule.expect.value}{k}{on}"
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,10 @@ class Chart:
 
 
 def rows_of(bugs: Iterable[KnownBug]) -> tuple[Row, ...]:
-    """One row per cell rule of every known bug, in the table's order."""
-    return tuple(Row(b.id, b.title, r, str(b.affected), b.fixed_in) for b in bugs for r in b.cells)
+    """One row per cell rule of every known bug, in the table's order.  A ``sometimes`` rule (a crash that holds only
+    in runs that met it: harness.verdicts.known_bugs) has no window to draw and is left out."""
+    return tuple(Row(b.id, b.title, r, str(b.affected), b.fixed_in, b.platforms)
+                 for b in bugs for r in b.cells if not r.sometimes)
 
 
 def _inside(row: Row, version: str | None) -> bool:
@@ -111,7 +115,8 @@ def _specifier(row: Row) -> Any:
 def box_of(row: Row, release: str, results: Iterable[CellResult]) -> Box:
     """The outcome shown for ``row`` on ``release``: a finding if any cell showed one (the most frequent),
     else OK, else whatever the cells came out as (UNSUPPORTED, ERROR, ...); None when no cell ran."""
-    seen = Counter(r.outcome.value for r in results if r.cell.version == release and row.rule.pattern.matches(r.cell))
+    seen = Counter(r.outcome.value for r in results
+                   if r.cell.version == release and row.rule.pattern.matches(r.cell) and _on_platform(row, r))
     shown: str | None = None
     for wanted in (lambda o: Outcome(o).is_finding, lambda o: o == Outcome.OK.value, lambda o: True):
         picks = [o for o, _ in seen.most_common() if _known(o) and wanted(o)]
@@ -119,6 +124,14 @@ def box_of(row: Row, release: str, results: Iterable[CellResult]) -> Box:
             shown = picks[0]
             break
     return Box(shown, tuple(sorted(seen.items())), _inside(row, release))
+
+
+def _on_platform(row: Row, result: CellResult) -> bool:
+    """A platform-bound bug's box counts only cells whose engine reported one of its platforms (a GPU's OK says
+    nothing about vLLM's CPU worker)."""
+    if not row.platforms:
+        return True
+    return result.engine is not None and result.engine.platform in row.platforms
 
 
 def _known(outcome: str) -> bool:
