@@ -105,3 +105,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds no results.json" in err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_workload_reports_option_is_refused_before_anything_runs(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Bench reads the workload's reports back from OUT/reports: a --reports of the workload's own would run it
+    whole and then find nothing (seen: 218 s, then exit 2); refused first, nothing started or written."""
+    out = tmp_path / "b"
+    for extra in (["--reports", str(tmp_path / "r")], [f"--reports={tmp_path / 'r'}"]):
+        assert main(["bench", "frameworks", "--out", str(out), "--", *extra, "--versions", "0.21.0"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "leave --reports out" in err
+    assert main(["bench", "post-resume", "--out", str(out), "--", "--repro-reports", str(tmp_path / "r")]) == 2
+    assert "leave --repro-reports out" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "r").exists()

@@ -137,12 +137,22 @@ def _workload_argv(workload: str, extra: list[str], reports: Path) -> list[str]:
             "--repro-keep-engines", *extra]
 
 
+def _no_reports_option(workload: str, extra: list[str], reports: Path) -> None:
+    """Bench gives the workload its reports folder (``OUT/reports``, where it reads them back): a workload argument
+    naming another would run the whole workload and then find nothing to read (seen: 218 s, then exit 2)."""
+    option = "--repro-reports" if workload in PYTEST_WORKLOADS else "--reports"
+    if any(a == option or a.startswith(f"{option}=") for a in extra):
+        raise BadInput(f"bench writes the {workload} workload's reports to {reports} (--out X: X/reports): "
+                       f"leave {option} out of the workload's arguments")
+
+
 def _run_workload(workload: str, extra: list[str], reports: Path
                   ) -> tuple[float, CpuSample | None, tuple[str, ...]]:
     """The workload's command in a process of its own (as a user runs it): its wall time, its processes' CPU
     seconds sampled per engine (harness.bench.cpu), its command line."""
     if reports.exists() and any(reports.iterdir()):
         raise BadInput(f"{reports} is not empty: give another --out, or remove it")
+    _no_reports_option(workload, extra, reports)
     argv = _workload_argv(workload, extra, reports)
     t0 = time.monotonic()
     proc = subprocess.Popen(argv)
