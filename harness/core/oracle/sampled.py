@@ -20,9 +20,10 @@ recorded for the engine's no-pause reference run with the same seed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from harness.core.oracle.outcome import Outcome
+from harness.core.oracle.outcome import SHIFTS, Outcome
 from harness.core.oracle.streams import StreamVerdict
 from harness.core.recorded_streams import StreamRecord
 
@@ -113,6 +114,37 @@ def with_logprob_evidence(record: StreamRecord, v: StreamVerdict) -> StreamVerdi
         return v
     extra = mismatch_detail(record, lp.at or 0, "first logprob off the delivered history: ")
     return StreamVerdict(v.outcome, v.at, v.k, f"{v.detail}; {extra}" if v.detail else extra, v.events)
+
+
+def shift_start_by_logprobs(record: StreamRecord, v: StreamVerdict, at: int) -> StreamVerdict | None:
+    """``v``'s first shift moved back to ``at``, where the delivered logprobs show it starts, or None.
+
+    Where the reference repeats a token just before the shift (``ref[i] == ref[i + k]``), the tokens alone place a
+    loss of k a position or more late: the stream reads the same whether the token at i or at i + k was lost.  The
+    delivered logprobs tell them apart: from ``at`` on each is the reference's logprob k positions further on (k
+    back for a DUPLICATE), as vLLM sampled it there.  Seen with a pause at token 32 of a reference repeating 290 at
+    32 and 33 (docs/results/cpugen-2026-12-04/): LOGPROB-SHIFT(at 32) then LOSS(1 at 33), for vllm#42043's LOSS(1 at
+    32).  Moved only when every token and logprob from ``at`` to the shift agrees with it."""
+    if v.outcome not in SHIFTS or v.at is None or not 0 <= at < v.at:
+        return None
+    first = v.events[0] if v.events else None
+    kind, k = (first.kind, first.k) if first is not None else (v.outcome, v.k)
+    if k is None:
+        return None
+    step = k if kind is Outcome.LOSS else -k
+    obs, ref = record.observed, record.reference
+    delivered, ref_lp = _floats(record.raw, "logprobs"), _floats(record.raw, "reference_logprobs")
+    for i in range(at, v.at):
+        j = i + step
+        if not (0 <= j < len(ref) and j < len(ref_lp) and i < len(obs) and i < len(delivered)):
+            return None
+        if obs[i] != ref[j] or not _close(delivered[i], ref_lp[j]):
+            return None
+    note = (f"placed at {at}, not {v.at}: the reference repeats token {ref[at]} there, and from {at} on every "
+            f"delivered logprob is the reference's {k} position(s) {'further on' if step > 0 else 'back'}")
+    events = (replace(first, at=at), *v.events[1:]) if first is not None else ()
+    detail = f"{note}; the tokens first differ at {v.at}: {v.detail}" if v.detail else note
+    return StreamVerdict(v.outcome, at, v.k, detail, events)
 
 
 def reference_model_error(record: StreamRecord) -> str | None:
