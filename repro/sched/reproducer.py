@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import time
 from collections import deque
 from typing import Any
@@ -143,6 +144,10 @@ def make_request(rid: str, prompt: list[int], max_tokens: int, hasher: Any) -> A
 
 
 def runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
+    if "ndarray" in str(ModelRunnerOutput.__annotations__.get("sampled_token_ids", "")):
+        # vLLM 0.11.1-0.11.2 hand the scheduler one array per request (it calls .tolist()): NumPy as vLLM imports it.
+        np = sys.modules[ModelRunnerOutput.__module__].np
+        sampled = [np.asarray(row, dtype=np.int64) for row in sampled]
     return ModelRunnerOutput(**_fit(ModelRunnerOutput, {
         "req_ids": req_ids, "req_id_to_index": {r: i for i, r in enumerate(req_ids)},
         "sampled_token_ids": sampled, "spec_token_ids": None, "logprobs": None, "prompt_logprobs_dict": {},

@@ -89,3 +89,34 @@ def test_each_config_gets_its_own_deep_copy_of_the_reused_model_config() -> None
     assert len(made) == 1 and again == {"hf": [1]} and again is not first
     adapter._model_config_of(make, {**kwargs, "max_model_len": 32})()
     assert len(made) == 2, "another max_model_len is another ModelConfig"
+
+
+def test_sampled_ids_are_handed_in_the_type_the_release_declares() -> None:
+    """vLLM 0.11.1-0.11.2 declare ``sampled_token_ids: list[np.ndarray]`` and call ``.tolist()`` on each row; handing
+    them lists made vLLM's scheduler raise, a CRASH that was the harness's (docs/results/older-releases-2026-12-05)."""
+    from dataclasses import dataclass, field
+
+    import numpy as np
+
+    from repro.sched.adapter import Adapter
+
+    @dataclass
+    class Arrays:  # the 0.11.1 declaration (vllm/v1/outputs.py)
+        req_ids: list[str]
+        req_id_to_index: dict[str, int]
+        sampled_token_ids: list[np.ndarray]
+        extra: list[int] = field(default_factory=list)
+
+    @dataclass
+    class Lists:
+        req_ids: list[str]
+        req_id_to_index: dict[str, int]
+        sampled_token_ids: list[list[int]]
+
+    adapter = Adapter.__new__(Adapter)  # no vLLM here
+    adapter.ModelRunnerOutput = Arrays
+    out = adapter.runner_output(["a", "b"], [[5], [7, 8]])
+    assert [row.tolist() for row in out.sampled_token_ids] == [[5], [7, 8]]
+    assert all(isinstance(row, np.ndarray) for row in out.sampled_token_ids)
+    adapter.ModelRunnerOutput = Lists
+    assert adapter.runner_output(["a"], [[5]]).sampled_token_ids == [[5]]

