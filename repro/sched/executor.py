@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from repro.sched.kv_failure import fail_loads
 from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
 from repro.sched.session_turns import session_expectation
-from repro.sched.signatures import engine_asks_for_bitmask, param_names
+from repro.sched.signatures import engine_asks_for_bitmask, finishes_all_on_none, param_names
 from repro.sched.stall import scheduler_state, state_text
 
 
@@ -457,6 +457,8 @@ class Executor:
         self._abort_streams([self.streams[r] for r in op.rids or ()], list(op.rids or ()), entry)
 
     def _op_abort_all(self, op: Op, entry: dict[str, Any]) -> None:
+        if not finishes_all_on_none(self.sched.finish_requests):
+            raise OpUnsupported(f"op {op.op}: this scheduler's finish_requests takes no None (every request)")
         self._abort_streams(list(self.streams.values()), None, entry)
 
     def _abort_streams(self, streams: list[Stream], ids: list[str] | None, entry: dict[str, Any]) -> None:

@@ -73,6 +73,7 @@ from repro.sched.fuzzrun import (
     falsifying,
     kind_of,
     known_findings,
+    release_ops,
     setup_label,
 )
 from repro.sched.known import Row
@@ -284,7 +285,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     # "Failed to reset KV cache even when all the running requests are preempted" (scheduler.py:2870 at v0.32.0),
     # the known row "reset with a waiting session" (scenario reset-session, >= 0.15.0).  Such an example is
     # reported KNOWN and dropped (repro.sched.known), so the fuzzer still looks past it.
-    @precondition(lambda self: self.state is not None)
+    @precondition(lambda self: self.state is not None and self.run.resets)
     @rule(in_flight=st.sampled_from((None, 0, 1, 2)), connector=st.booleans())
     def reset(self, in_flight: int | None, connector: bool) -> None:
         """A reset; with ``connector`` as EngineCore's pause with clear_cache sends it (reset_connector=True)."""
@@ -323,7 +324,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if op is not None:
             self._guarded(lambda: self._apply(op))
 
-    @precondition(lambda self: self.ex is not None and bool(self._running()))
+    @precondition(lambda self: self.ex is not None and self.run.abort_all and bool(self._running()))
     @rule()
     def abort_all(self) -> None:
         """finish_requests(None): every request aborted, as EngineCore's pause in "abort" mode does."""
@@ -380,11 +381,12 @@ def run_fuzz(adapter: Any, model_dir: Path, perm: list[int], spec: FuzzSpec, rea
         return {"status": "unsupported", "reason": "; ".join(f"{k}: {v}" for k, v in dropped.items()),
                 "dropped": dropped}
     kv_consumer, sync_spec, sessions = drawable_extras(adapter, model_dir, usable, dropped)
+    resets, abort_all = release_ops(adapter, dropped)
     stats = FuzzStats()
     measuring = reach if isinstance(reach, Reach) else None
     rows = tuple(Row(k.scenario, k.async_on, k.bug, k.expect) for k in spec.known)
     run = FuzzRun(adapter, model_dir, perm, usable, stats, measuring, kv_consumer=kv_consumer, sync_spec=sync_spec,
-                  sessions=sessions, rows=rows)
+                  sessions=sessions, resets=resets, abort_all=abort_all, rows=rows)
     if measuring is not None:  # the import and drawable() above were traced; from here on only run.traced()
         measuring.pause()
     machine = type("SchedulerMachine", (SchedulerMachine,), {"run": run})

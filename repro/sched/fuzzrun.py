@@ -25,6 +25,7 @@ from repro.sched.opmodel import FuzzState, failure_kind, finish_fault, minimise,
 from repro.sched.reach import CHECKPOINTS
 from repro.sched.scenario import run_scenario
 from repro.sched.script import Op, Script, Setup
+from repro.sched.signatures import finishes_all_on_none, param_names
 
 
 @dataclass
@@ -129,6 +130,8 @@ class FuzzRun:
     kv_consumer: bool = True  # the release builds the null consumer KV connector (drawable_extras)
     sync_spec: bool = True  # ... and the sync Scheduler with drafts
     sessions: bool = True  # ... and resumable requests (streaming-input sessions)
+    resets: bool = True  # its reset_prefix_cache takes reset_running_requests (0.12.0 on; release_ops)
+    abort_all: bool = True  # its finish_requests takes None for "every request" (release_ops)
     rows: tuple[Row, ...] = ()  # the known-bug rows covering this release (repro.sched.known)
 
     def known(self, script: Script, exc: BaseException) -> Match | None:
@@ -232,6 +235,23 @@ def drawable_extras(adapter: Any, model_dir: Path, spec: FuzzSpec, dropped: dict
     if not sessions:
         dropped.setdefault("streaming-input sessions", "the scheduler has no streaming-input sessions")
     return kv, sync, sessions
+
+
+def release_ops(adapter: Any, dropped: dict[str, str]) -> tuple[bool, bool]:
+    """Whether this release's scheduler has the reset of running requests and the abort of every request
+    (``finish_requests(None)``) the reset and abort_all rules call; why not is added to ``dropped``.  Before
+    0.12.0 ``reset_prefix_cache()`` takes no argument, and ``finish_requests`` of 0.11-0.13 iterates its ids:
+    called as newer releases are, they raise a TypeError that is the harness's, not vLLM's."""
+    sched = getattr(adapter, "classes", {}).get("sync")
+    names = param_names(getattr(sched, "reset_prefix_cache", None)) if sched is not None else None
+    resets = names is None or "reset_running_requests" in names
+    if not resets:
+        dropped["reset"] = "reset_prefix_cache takes no reset_running_requests in this release"
+    finish = getattr(sched, "finish_requests", None)
+    abort_all = finish is None or finishes_all_on_none(finish)
+    if not abort_all:
+        dropped["abort_all"] = "finish_requests takes no None (every request) in this release"
+    return resets, abort_all
 
 
 def known_findings(run: FuzzRun, budget: int = 60) -> list[dict[str, Any]]:

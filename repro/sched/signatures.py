@@ -96,3 +96,10 @@ def wants_arrays(output_cls: type) -> bool:
     """Whether ``ModelRunnerOutput.sampled_token_ids`` is declared ``list[np.ndarray]`` (vLLM 0.11.1-0.11.2)."""
     declared = getattr(output_cls, "__annotations__", {}).get("sampled_token_ids", "")
     return "ndarray" in str(declared)
+
+
+def finishes_all_on_none(finish: Any) -> bool:
+    """Whether ``Scheduler.finish_requests`` takes ``None`` for "every request" (declared ``... | None`` in 0.2x on;
+    0.11.x-0.13.x iterate whatever they get, so None is a TypeError of the caller's making)."""
+    declared = params_of(finish).get("request_ids")
+    return declared is None or "None" in str(declared.annotation)

