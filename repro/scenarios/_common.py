@@ -50,3 +50,10 @@ def two_wave_plan(sid: str, num_requests: int, extra_requests: int, prompt_len: 
     reqs += [RequestSpec(f"{sid}-w{i:02d}", prompts[num_requests + i], max_tokens, ("tokens", pause_after))
              for i in range(extra_requests)]
     return Plan(reqs, [])
+
+
+def unpaused_plan(sid: str, n: int, prompt_len: int, max_tokens: int, vocab_size: int, seed: int) -> Plan:
+    """``n`` requests submitted at once and generated to their end: no pause, reset or abort (the plan of the
+    scenarios whose event is the engine's own, e.g. a chunked prefill, or none at all)."""
+    prompts = make_prompts(n, prompt_len, vocab_size, seed)
+    return Plan([RequestSpec(f"{sid}-r{i:02d}", prompts[i], max_tokens) for i in range(n)], [])

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from repro.scenarios.vocab import Plan, RequestSpec, make_prompts, params_from_dict
+from repro.scenarios._common import unpaused_plan
+from repro.scenarios.vocab import Plan, params_from_dict
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,4 @@ class DecodeParams:
 
 def build(sid: str, params: dict[str, Any], vocab_size: int, seed: int) -> Plan:
     p = DecodeParams.from_dict(params)
-    n = p.num_requests + p.extra_requests
-    prompts = make_prompts(n, p.prompt_len, vocab_size, seed)
-    return Plan([RequestSpec(f"{sid}-r{i:02d}", prompts[i], p.max_tokens) for i in range(n)], [])
+    return unpaused_plan(sid, p.num_requests + p.extra_requests, p.prompt_len, p.max_tokens, vocab_size, seed)

@@ -23,9 +23,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from repro.scenarios._common import unpaused_plan
 from repro.scenarios._profile import engine_counters, need_counter, per_request, precondition
 from repro.scenarios.spec_draft import by_request, engine_keys
-from repro.scenarios.vocab import Plan, RequestSpec, make_prompts, params_from_dict
+from repro.scenarios.vocab import Plan, params_from_dict
 
 # The scenarios whose sampled requests go without a seed (repro.scenarios.cell_run drops it): the control.
 UNSEEDED = frozenset({"unseeded_prefill"})
@@ -52,9 +53,7 @@ class SeededPrefillParams:
 
 def build(sid: str, params: dict[str, Any], vocab_size: int, seed: int) -> Plan:
     p = SeededPrefillParams.from_dict(params)
-    n = p.num_requests + p.extra_requests
-    prompts = make_prompts(n, p.prompt_len, vocab_size, seed)
-    return Plan([RequestSpec(f"{sid}-r{i:02d}", prompts[i], p.max_tokens) for i in range(n)], [])
+    return unpaused_plan(sid, p.num_requests + p.extra_requests, p.prompt_len, p.max_tokens, vocab_size, seed)
 
 
 def chunk_precondition(chunks: dict[str, int]) -> dict[str, Any]:
