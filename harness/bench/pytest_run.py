@@ -5,17 +5,39 @@ The plugin (harness.frontends.pytest_plugin) runs each engine config as one long
 (an xdist worker, or ``main``), in ``<--repro-reports>/.run-<id>/<worker>/sessions/<engine id>-<pid>/``: the same
 ``events.jsonl``, ``engine.log`` and ``spawned.json`` as a matrix engine (harness.run.engine_process), its scenario
 events labelled by the cell's scenario id.  The plugin removes that folder after a run without ERROR or TIMEOUT
-cells unless ``--repro-keep-engines`` is given, which the benchmark passes.  A pytest run leaves no run start in
-its results, so the time axis starts when the benchmark started the command (else at the first engine's spawn).
+cells unless ``--repro-keep-engines`` is given, which the benchmark passes.  The time axis starts when the benchmark
+started the command; read back with ``--from``, when pytest started (``pytest-session.json`` beside the sessions,
+written by the plugin), else at the first engine's spawn.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from harness.bench.phases import read_events, timeline
 from harness.bench.run import BenchRun, spawned_at, text_of
 from harness.core.errors import BadInput
+
+SESSION_SPAN_FILE = "pytest-session.json"
+
+
+def session_span(reports: Path) -> tuple[float | None, float | None]:
+    """When the newest pytest run under ``reports`` started and how long it ran (s), from the plugin's
+    ``pytest-session.json``; ``(None, None)`` where no run left one (one made before the plugin wrote it)."""
+    spans = []
+    for f in reports.glob(f".run-*/{SESSION_SPAN_FILE}"):
+        try:
+            span = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(span, dict) and isinstance(span.get("started"), (int, float)) \
+                and isinstance(span.get("finished"), (int, float)):
+            spans.append((float(span["started"]), float(span["finished"])))
+    if not spans:
+        return None, None
+    started, finished = max(spans)
+    return started, round(finished - started, 3)
 
 
 def session_folders(reports: Path) -> list[Path]:
@@ -31,6 +53,8 @@ def load_pytest(reports: Path, wall_s: float | None = None, started: float | Non
     if not folders:
         raise BadInput(f"{reports} holds no engine sessions (.run-*/*/sessions/*/events.jsonl): give the "
                        "--repro-reports folder of a pytest run made with --repro-keep-engines")
+    if started is None and wall_s is None:
+        started, wall_s = session_span(reports)
     firsts = [min([e["t"] for e in evs] + [s for s in [spawned_at(f)] if s is not None]) for f, evs in folders]
     t0 = started if started is not None else min(firsts)
     engines = tuple(timeline(f"{f.parent.parent.name}/{f.name.rsplit('-', 1)[0]}", evs,

@@ -10,7 +10,7 @@ import pytest
 
 from harness.bench.per_scenario import profile_of_engine, profile_totals, scenario_of, scenario_totals
 from harness.bench.phases import EngineTimeline, Span
-from harness.bench.pytest_run import load_pytest
+from harness.bench.pytest_run import SESSION_SPAN_FILE, load_pytest
 from harness.frontends.cli import main
 from harness.frontends.commands import bench
 
@@ -86,6 +86,16 @@ def test_a_pytest_runs_sessions_are_its_engines(tmp_path: Path) -> None:
     assert run.to_json()["scenarios"]["pause"]["cells"] == 3
     with pytest.raises(Exception, match="holds no engine sessions"):
         load_pytest(tmp_path / "nothing")
+
+
+def test_from_a_kept_run_the_time_axis_starts_when_pytest_started(tmp_path: Path) -> None:
+    _session(tmp_path, "gw0", "vllm0.21.0-mp-async_on-4242", 1000.0, [("keep-clear", 1.0)])
+    assert load_pytest(tmp_path).before_engines_s == 0.0  # no span written: the first spawn is the origin
+    (tmp_path / ".run-ab12cd34" / SESSION_SPAN_FILE).write_text(json.dumps({"started": 990.0, "finished": 1030.5}))
+    run = load_pytest(tmp_path)
+    assert run.before_engines_s == 10.0 and run.run_s == 40.5 and run.wall_s == 40.5
+    (tmp_path / ".run-ab12cd34" / SESSION_SPAN_FILE).write_text("{not json")
+    assert load_pytest(tmp_path).before_engines_s == 0.0  # a broken span is no span
 
 
 def test_post_resume_runs_the_test_file_as_tox_does_and_keeps_the_engines(tmp_path: Path,
