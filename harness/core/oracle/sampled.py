@@ -77,8 +77,13 @@ def mismatch_detail(record: StreamRecord, i: int, what: str = "") -> str:
     ref = record.reference
     side = (f"; reference token {ref[i]} logprob {ref_lp[i]}" if i < len(ref) and i < len(ref_lp) else "")
     if t is None and i < len(table) and i < len(obs):
-        # A structured request's table has no value for a token its grammar does not allow (repro.scenarios.sampling:
-        # constrained_logprobs): vLLM delivered a token its own bitmask should have masked.
+        # The table has no value for a token the request forbids (repro.scenarios.sampling): one a structured
+        # request's grammar does not allow (constrained_logprobs), or the last token of a bad word the output ends
+        # with (masked_by_bad_words): vLLM delivered a token it should have masked.
+        sampling = raw.get("sampling")
+        if isinstance(sampling, Mapping) and sampling.get("bad_words"):
+            return (f"{what}position {i}: token {token} after {prev}, logprob {d}: \"<{prev}> <{token}>\" is one of "
+                    f"the request's bad_words (vLLM should have masked {token} after {prev}){side}")
         return (f"{what}position {i}: token {token} after {prev}, logprob {d}: the request's grammar does not allow "
                 f"this token (vLLM's bitmask should have masked it){side}")
     return (f"{what}position {i}: token {token} after {prev}, logprob {d}, the table gives {t}{side}"
