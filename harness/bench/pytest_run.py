@@ -13,6 +13,7 @@ written by the plugin), else at the first engine's spawn.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from harness.bench.phases import read_events, timeline
@@ -20,6 +21,14 @@ from harness.bench.run import BenchRun, spawned_at, text_of
 from harness.core.errors import BadInput
 
 SESSION_SPAN_FILE = "pytest-session.json"
+
+
+def write_session_span(run_dir: Path, started: float | None) -> None:
+    """When pytest started and ended, beside the engine sessions of ``run_dir`` (the plugin, at the session's end):
+    ``bench post-resume --from`` reads it (the time before the first engine is the environments' and collection's),
+    since a kept run leaves no other run start."""
+    if run_dir.is_dir():
+        (run_dir / SESSION_SPAN_FILE).write_text(json.dumps({"started": started, "finished": time.time()}) + "\n")
 
 
 def session_span(reports: Path) -> tuple[float | None, float | None]:

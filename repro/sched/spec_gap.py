@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from repro.sched.sched_output import restarted_ids
 from repro.sched.script import Op, Script, _known, _requests, _setup_from
 
 NAME = "spec_gap"
@@ -39,15 +40,6 @@ def spec_gap(params: Mapping[str, Any], vocab_size: int, seed: int) -> Script:
     return Script(setup, reqs, (*(Op("add", rid=r.rid) for r in reqs), Op("run")))
 
 
-def _restarted_ids(so: Any) -> set[str]:
-    new = {str(getattr(r, "req_id", "")) for r in getattr(so, "scheduled_new_reqs", None) or ()}
-    cached = getattr(so, "scheduled_cached_reqs", None)
-    resumed = {str(r) for r in getattr(cached, "resumed_req_ids", None) or ()}
-    if cached is not None and hasattr(cached, "resumed_from_preemption"):  # older releases: flags per id
-        resumed |= {str(r) for r, f in zip(cached.req_ids, cached.resumed_from_preemption, strict=False) if f}
-    return new | resumed
-
-
 def record_spec(sched: Any) -> list[dict[str, Any]]:
     """Wrap ``sched.schedule`` (on the instance; vLLM never calls it itself) to record, per call that scheduled a
     token: the requests, the new or resumed ones, and the draft ids of ``scheduled_spec_decode_tokens``."""
@@ -59,7 +51,7 @@ def record_spec(sched: Any) -> list[dict[str, Any]]:
         if so.total_num_scheduled_tokens > 0:
             spec = getattr(so, "scheduled_spec_decode_tokens", None) or {}
             log.append({"req_ids": sorted(str(r) for r in so.num_scheduled_tokens),
-                        "restarted": sorted(_restarted_ids(so)),
+                        "restarted": sorted(restarted_ids(so)),
                         "spec": {str(r): [int(t) for t in v] for r, v in spec.items()}})
         return so
 

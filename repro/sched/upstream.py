@@ -38,11 +38,13 @@ from typing import Any
 from repro.sched.admission import NAME as ADMISSION
 from repro.sched.admission import max_seqs_admission
 from repro.sched.fuzz_found import (
+    PREEMPT_RESUME,
     RESET_CHUNK,
     SESSION_KV_STALL,
     SESSION_MAX_MODEL_LEN,
     SESSION_MAX_TOKENS,
     SESSION_OVERRUN,
+    preempt_resume,
     reset_chunk,
     session_kv_stall,
     session_max_model_len,
@@ -169,6 +171,7 @@ UPSTREAM_SCENARIOS: dict[str, ScenarioFn] = {
     SESSION_KV_STALL: session_kv_stall,
     SESSION_OVERRUN: session_overrun,
     SESSION_MAX_MODEL_LEN: session_max_model_len,
+    PREEMPT_RESUME: preempt_resume,
 }
 
 

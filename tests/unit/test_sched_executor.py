@@ -396,3 +396,16 @@ def test_a_restarted_requests_padded_drafts_are_rejected_a_continuing_requests_a
                            scheduled_new_reqs=[],
                            scheduled_cached_reqs=SimpleNamespace(req_ids=["a"], resumed_req_ids=set()))
     assert ex._positions(cont) == {"a": [1, 2, 3]}
+
+
+@pytest.mark.unit
+def test_a_resume_is_read_from_either_form_of_the_scheduler_output() -> None:
+    """Preemptions are counted from the resumes the scheduler output names where vLLM's Request has no
+    num_preemptions (before 0.11.1): without it a preempting run read as "the KV cache never ran short"."""
+    from repro.sched.sched_output import resumed_ids as _resumed
+
+    newer = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(resumed_req_ids={"r1"}, req_ids=["r0", "r1"]))
+    older = SimpleNamespace(scheduled_cached_reqs=SimpleNamespace(req_ids=["r0", "r1", "r2"],
+                                                                  resumed_from_preemption=[False, True, True]))
+    assert _resumed(newer) == {"r1"} and _resumed(older) == {"r1", "r2"}
+    assert _resumed(SimpleNamespace()) == set()

