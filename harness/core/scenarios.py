@@ -151,9 +151,10 @@ SCENARIO_TABLE: tuple[Scenario, ...] = (
              tiers=("scheduler",), refs=("PR #42117",)),
     Scenario("preempt-deep", "KV-cache pressure preemption with two frames in flight and speculative decoding "
              "(2 drafts, all rejected)", tiers=("scheduler",), refs=("PR #48245",)),
+    # repro/sched/fuzz_found.preempt_resume: the long request r3 is the one preempted; its DUPLICATE shows there.
     Scenario("preempt-resume", "KV-cache pressure preemption with two frames in flight, no drafts: a preempted "
              "request must not be resumed to sample a position a frame still in flight delivers",
-             tiers=("scheduler",), refs=("PR #48245",)),
+             tiers=("scheduler",), refs=("PR #48245",), fault_records="r3"),
     Scenario("spec-reset", "reset with a frame in flight under speculative decoding (2 drafts, all rejected)",
              tiers=("scheduler",), refs=("PR #42117", "PR #46066", "PR #48245")),
     Scenario("spec-reset-partial", "spec-reset with one of the 2 drafts accepted each step", tiers=("scheduler",),
