@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.core.axes import REQUESTS
 from harness.core.cell import Cell, parse_cell_id
 from harness.core.oracle import Outcome
+from harness.core.profiles import REQUEST_PROFILES
 from harness.frontends.cli import build_parser, main
 from harness.frontends.commands.matrix import matrix_axes, matrix_explicit
 from harness.plan.matrix import MatrixPlan, Selection, parse_option, plan_cells, unsupported_reason
@@ -18,6 +20,7 @@ from harness.verdicts.workarounds import WorkaroundStatus, workaround_verdicts
 from repro.models.deterministic import BigramCycleSpec, build_checkpoint, cycle_permutation
 from repro.scenarios.sampling import (
     GROUP_SIZE,
+    REQUEST_KINDS,
     SEED_STRIDE,
     engine_ids_match,
     logprob_table,
@@ -218,3 +221,20 @@ def test_the_driver_records_each_child_with_its_logprobs_and_maps_the_engine_ids
     assert {(r["group"], r["n"], r["finish_reason"]) for r in records} == {("g-r00", GROUP_SIZE, "length")}
     assert engine.params[0]["seed"] == 7_000_000 and engine.params[0]["temperature"] == 1.0
     assert asyncio.run(driver._engine_progress()) == {"g-r00.c1": {"num_output_tokens": 3}}
+
+
+@pytest.mark.parametrize("kind", REQUESTS[1:])
+def test_every_request_kind_of_the_axis_reaches_ids_the_spec_the_engine_side_and_an_engine(kind: str,
+                                                                                          tmp_path: Path) -> None:
+    """The axis (harness.core.axes.REQUESTS) is the one table; each kind it names is spelled in ids, sent in the
+    spec, known to the engine side (repro.scenarios.sampling) and planned onto its profile's engine."""
+    cell = GREEDY.replace(request=kind)
+    assert cell.id == f"{GREEDY.id}-{kind}" and parse_cell_id(cell.id) == cell
+    cfg = RunConfig(platform="cpu", work_dir=tmp_path, model_cache=tmp_path)
+    assert scenario_spec(cell, cfg).params["request"] == kind
+    assert kind in REQUEST_KINDS
+    assert sampling_kwargs(kind, 0, 1, perm=[*range(1, 512), 0])["n"] == GROUP_SIZE
+    [(key, _)] = plan_cells([cell], "cpu").engines
+    assert key.profile == REQUEST_PROFILES.get(kind, "default")
+    shared = len(plan_cells([GREEDY, cell], "cpu").engines) == 1
+    assert shared is (kind not in REQUEST_PROFILES)  # on the greedy cells' engine unless its profile differs

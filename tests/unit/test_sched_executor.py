@@ -409,3 +409,8 @@ def test_a_resume_is_read_from_either_form_of_the_scheduler_output() -> None:
                                                                   resumed_from_preemption=[False, True, True]))
     assert _resumed(newer) == {"r1"} and _resumed(older) == {"r1", "r2"}
     assert _resumed(SimpleNamespace()) == set()
+    from repro.sched.executor import Stream
+
+    old = Stream("r1", [2], 4, [3, 4, 5, 6], request=SimpleNamespace(), resumes=2)  # no num_preemptions (0.11.0)
+    new = Stream("r1", [2], 4, [3, 4, 5, 6], request=SimpleNamespace(num_preemptions=1), resumes=2)
+    assert old.record()["num_preemptions"] == 2 and new.record()["num_preemptions"] == 1
