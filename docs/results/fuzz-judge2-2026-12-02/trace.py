@@ -2,13 +2,17 @@
 variant (variants.json in the current folder):  PYTHONPATH=REPO ENV/bin/python trace.py NAME"""
 import json, sys
 from pathlib import Path
-from repro.models import BigramCycleSpec, build_checkpoint, load_perm
+from repro.models.deterministic import BigramCycleSpec, build_checkpoint, load_perm
 from repro.sched.adapter import Adapter
 from repro.sched.executor import Executor
 from repro.sched.upstream import build_any_script
 V = json.load(open('variants.json'))
 name = sys.argv[1]
-md = build_checkpoint(BigramCycleSpec.from_dict({}), Path('/root/.cache/vllm-repro-tests/vllm-repro/models'))
+# The checkpoint is built (cached by its hash) under $VLLM_REPRO_MODELS, else a folder of the system's temp dir,
+# never the user's cache.
+import os, tempfile
+md = build_checkpoint(BigramCycleSpec.from_dict({}),
+                      Path(os.environ.get("VLLM_REPRO_MODELS", Path(tempfile.gettempdir()) / "vllm-repro-trace-models")))
 perm = load_perm(md)
 ad = Adapter()
 script = build_any_script('ops', V[name], len(perm), 0)

@@ -1,5 +1,5 @@
 import sys, json
-sys.path.insert(0, '/work/main')
+sys.path.insert(0, str(__import__('pathlib').Path(__file__).resolve().parents[3]))  # the checkout
 from pathlib import Path
 from repro.sched.adapter import Adapter
 from repro.sched.executor import Executor
@@ -7,7 +7,12 @@ from repro.sched.script import Script
 from repro.models.deterministic import load_perm
 from repro.sched.upstream import build_any_script
 plan = json.load(open(sys.argv[1]))
-model_dir = Path('/root/.cache/vllm-repro/models/bigram-cycle-9d4ca46760388d9e')
+# The default bigram-cycle checkpoint (bigram-cycle-9d4ca46760388d9e), built and cached by its hash under
+# $VLLM_REPRO_MODELS, else a folder of the system's temp dir, never the user's cache.
+import os, tempfile
+from repro.models.deterministic import BigramCycleSpec, build_checkpoint
+model_dir = build_checkpoint(BigramCycleSpec.from_dict({}),
+                             Path(os.environ.get("VLLM_REPRO_MODELS", Path(tempfile.gettempdir()) / "vllm-repro-trace-models")))
 perm = load_perm(model_dir)
 import repro.sched.script as S
 script = build_any_script("ops", plan["script"], len(perm), 0)
