@@ -40,15 +40,6 @@ CHECKOUT = Path(__file__).resolve().parents[3]  # docs/results/<this folder>/pp_
 R3_PROMPT = list(range(2, 14)) * 4  # 48 tokens, the fuzzer example's own prompt
 
 
-def stage_plugin(tmp: Path) -> Path:
-    """A dist-info declaring repro.patches.shim:register as a vLLM general plugin (harness/run/staging.py)."""
-    info = tmp / "plugin" / "vllm_repro_plugin-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-repro-plugin\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nrepro_shim = repro.patches.shim:register\n")
-    return info.parent
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pp", type=int, default=3, help="pipeline_parallel_size (default 3)")
@@ -71,7 +62,10 @@ def main() -> int:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="pp-repro-"))
-    plugin = stage_plugin(tmp)
+    # The harness's own staging (the repro package and the dist-info that makes vLLM load repro.patches.shim).
+    sys.path.insert(0, str(CHECKOUT))
+    from harness.run.staging import stage_repro
+    plugin = stage_repro(tmp / "plugin")
     # Before vLLM is imported: the plugin, the shim's CPU async switch, the process start method's path.
     sys.path[:0] = [str(CHECKOUT), str(plugin)]
     os.environ["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), str(plugin)])
@@ -149,7 +143,7 @@ def main() -> int:
             faults = {}
             for rid in sp:
                 if got[rid] != want[rid]:
-                    g, w = got[rid], want[rid]
+                    g = got[rid]
                     dup = any(g[i] == g[i - 1] for i in range(1, len(g)))
                     faults[rid] = "DUPLICATE" if dup else "MISMATCH"
             v = "OK" if not faults else sorted(set(faults.values()))[0]
