@@ -70,7 +70,7 @@ from harness.run.context import (
     RunContext,
 )
 from harness.run.deferred import DeferredInterrupts, call_bounded, join_bounded
-from harness.run.engine_process import kill_group
+from harness.run.engine_process import kill_engine_group
 from harness.run.ray_task import ENGINE_FILES, EngineJob, Mailbox, run_engine_job
 from harness.verdicts.results import CellResult, infra_result
 
@@ -453,7 +453,7 @@ def _finish(ray: ModuleType, run: _RayRun, ref: Any, key: EngineKey, cells: tupl
 
 def _kill_local(seen: dict[str, Any], driver_node: str) -> None:
     if seen.get("node_id") == driver_node and isinstance(seen.get("pgid"), int):
-        kill_group(seen["pgid"])
+        kill_engine_group(seen["pgid"])
 
 
 def _cancel(ray: ModuleType, refs: list[Any], interrupts: DeferredInterrupts) -> None:

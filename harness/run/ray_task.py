@@ -82,11 +82,36 @@ def _environ(changes: Mapping[str, str | None]) -> Iterator[None]:
 # every process of this engine (cwd is its work dir and its environment is an
 # engine's), which also covers a worker killed before the start event arrived.
 REAPER_SOURCE = r"""
-import os, signal, sys, time
+import os, select, shutil, signal, sys, time
 wd = os.path.realpath(sys.argv[1])
 groups = set()
+# What only a clean exit removes (harness.run.engine_process.kill_engine_group does the same): the engines' ipc
+# socket folders (VLLM_RPC_BASE_PATH) and the /dev/shm files their processes map, by inode.  Read while they live
+# (on registration, then every second, then at the EOF).
+ipc_dirs, inodes = set(), set()
+def scan():
+    for entry in os.listdir("/proc"):
+        try:
+            if not entry.isdigit() or os.getpgid(int(entry)) not in groups:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                for var in f.read().split(b"\0"):
+                    if var.startswith(b"VLLM_RPC_BASE_PATH="):
+                        path = var.split(b"=", 1)[1].decode()
+                        if os.path.basename(path).startswith("vllm-repro-ipc-"):
+                            ipc_dirs.add(path)
+            with open(f"/proc/{entry}/maps") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith("/dev/shm/") and fields[4].isdigit():
+                        inodes.add(int(fields[4]))
+        except OSError:
+            continue
 buf = b""
 while True:
+    if not select.select([0], [], [], 1.0)[0]:
+        scan()
+        continue
     chunk = os.read(0, 4096)
     if not chunk:
         break
@@ -98,6 +123,7 @@ while True:
             sys.exit(0)
         if word == "pgid":
             groups.add(int(arg))
+            scan()
 for entry in os.listdir("/proc"):
     if not entry.isdigit() or int(entry) == os.getpid():
         continue
@@ -111,6 +137,19 @@ for entry in os.listdir("/proc"):
     except OSError:
         continue
 groups.discard(os.getpgid(0))
+scan()
+# Removed first, while the engine still runs (its mappings stay valid until it dies): Ray's raylet, the subreaper
+# of a dead worker's orphans, kills them and this reaper within 10 s ("Will kill unknown children every 10
+# seconds", Ray 2.60), maybe before the engine is gone.
+for path in ipc_dirs:
+    shutil.rmtree(path, ignore_errors=True)
+if inodes and os.path.isdir("/dev/shm"):
+    for entry in os.scandir("/dev/shm"):
+        try:
+            if entry.inode() in inodes and not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)
+        except OSError:
+            pass
 def alive(g):
     try:
         os.killpg(g, 0)

@@ -193,6 +193,19 @@ def _fake_engine(root: Path, body: str) -> Path:
     return root
 
 
+# Maps a new /dev/shm file, then says where (atomically: the engine waits for the file), then waits to be killed.
+_MAP_SHM = """
+import mmap, os, sys, time, uuid
+path = "/dev/shm/vllm-repro-test-" + uuid.uuid4().hex
+fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+os.ftruncate(fd, 4096)
+m = mmap.mmap(fd, 4096)
+with open(sys.argv[1] + ".part", "w") as f:
+    f.write(path)
+os.rename(sys.argv[1] + ".part", sys.argv[1])
+time.sleep(300)
+"""
+
 STREAMER = EngineKey("9.9.1", "mp", False)
 VICTIM = EngineKey("9.9.2", "mp", False)
 
@@ -216,8 +229,17 @@ def test_local_ray_streams_results_and_a_killed_task_is_error(tmp_path: Path, ra
         {_scenario_line("wait-clear")}
         JSON
     """)
-    # Hangs with a grandchild in its process group, like vLLM's engine core.
-    _fake_engine(tmp_path / "env2", "sleep 300 &\nwait\n")
+    # Hangs with a grandchild in its process group, like vLLM's engine core, which maps a /dev/shm file (vLLM's
+    # MessageQueue segment) and would bind its ipc sockets in $VLLM_RPC_BASE_PATH; killed once that is so.
+    (tmp_path / "map_shm.py").write_text(_MAP_SHM)
+    _fake_engine(tmp_path / "env2", f"""
+        echo "$VLLM_RPC_BASE_PATH" > "{tmp_path}/victim-ipc.txt"
+        {sys.executable} {tmp_path}/map_shm.py "{tmp_path}/victim-shm.txt" &
+        while [ ! -e "{tmp_path}/victim-shm.txt" ]; do sleep 0.05; done
+        echo '{{"event": "engine", "probe": null}}' >> "$OUT"
+        sleep 300 &
+        wait
+    """)
 
     obs = _drive("local-fake", ray_env, tmp_path, timeout=300, go=str(go))
     results: Results = obs["results"]
@@ -242,6 +264,10 @@ def test_local_ray_streams_results_and_a_killed_task_is_error(tmp_path: Path, ra
     assert set(obs["pgids"]) == {STREAMER.id, VICTIM.id}
     for eid, pgid in obs["pgids"].items():
         assert not group_alive(pgid), f"a process of engine {eid} outlived the run"
+    # What only a clean exit removes, the reaper removed: the killed engine's ipc folder and /dev/shm file.
+    ipc = Path((tmp_path / "victim-ipc.txt").read_text().strip())
+    assert ipc.name.startswith("vllm-repro-ipc-") and not ipc.exists(), ipc
+    assert not Path((tmp_path / "victim-shm.txt").read_text().strip()).exists()
     # The driver has exited: the Ray it started must be gone with it.
     left = _wait_none_tagged(ray_env[TAG])
     assert not left, f"processes of the run outlived it: {left}"
@@ -349,7 +375,7 @@ def _driver_main(spec: dict[str, Any], out: Path) -> None:
     log_path = tmp / "results.jsonl"
     obs: dict[str, Any] = {"killed": [], "pgids": {}, "logged_first": [], "spans": {},
                            "victim_reported_before_kill": [], "reported": []}
-    kill_on = {"local-fake": (VICTIM, "start"), "cpu-engines": (EngineKey("0.32.0", "mp", False), "engine"),
+    kill_on = {"local-fake": (VICTIM, "engine"), "cpu-engines": (EngineKey("0.32.0", "mp", False), "engine"),
                "interrupt": (None, None)}
     victim, trigger = kill_on[spec["scenario"]]
     workers: dict[str, int] = {}

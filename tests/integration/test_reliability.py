@@ -175,7 +175,8 @@ def test_a_pause_that_never_returns_is_a_timeout_and_leaves_nothing(tmp_path: Pa
     reports = tmp_path / "reports"
     # hang#pause: the engine core pauses but never acknowledges it (repro/patches/inject.py).
     log = tmp_path / "cli.log"
-    proc = _cli([*BASE[:-2], "--engine-timeout", "400", "--async", "on", "--mode", "keep,wait",
+    # --request greedy: one cell per pause mode (the default also sends sampled groups).
+    proc = _cli([*BASE[:-2], "--engine-timeout", "400", "--async", "on", "--mode", "keep,wait", "--request", "greedy",
                  "--inject", "hang#pause", "--scenario-timeout", "15", "--reports", str(reports)], log)
     out = _output(proc, log, 600)
     assert proc.returncode == 1, out[-3000:]

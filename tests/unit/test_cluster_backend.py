@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -149,22 +150,43 @@ def test_engine_environment_drops_what_ray_sets_for_its_worker() -> None:
 
 
 # A stand-in for a Ray worker: starts a reaper and an "engine" (its own session,
-# like run_engine's), prints both pids, then blocks until the test kills it.
+# like run_engine's), prints both pids, then blocks until the test kills it.  The engine has
+# an ipc folder (EngineProcess's VLLM_RPC_BASE_PATH) and maps a /dev/shm file, as vLLM's
+# engine core maps its MessageQueue segment; the worker prints both paths too, once mapped.
+_MAP_SHM = textwrap.dedent("""
+    import mmap, os, sys, time, uuid
+    path = "/dev/shm/vllm-repro-test-" + uuid.uuid4().hex
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 4096)
+    m = mmap.mmap(fd, 4096)
+    with open(sys.argv[1] + ".part", "w") as f:
+        f.write(path)
+    os.rename(sys.argv[1] + ".part", sys.argv[1])
+    time.sleep(300)
+""")
 _FAKE_WORKER = textwrap.dedent("""
-    import os, subprocess, sys
+    import os, subprocess, sys, tempfile, time
     from pathlib import Path
     from harness.run.ray_task import Reaper
     wd, register, engine_cwd = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
     reaper = Reaper(wd)
-    env = {**os.environ, "VLLM_REPRO_CPU_ASYNC": "0"}
-    engine = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], cwd=engine_cwd, env=env, start_new_session=True)
+    ipc = tempfile.mkdtemp(prefix="vllm-repro-ipc-")
+    env = {**os.environ, "VLLM_REPRO_CPU_ASYNC": "0", "VLLM_RPC_BASE_PATH": ipc}
+    told = Path(engine_cwd) / "shm.txt"
+    engine = subprocess.Popen([sys.executable, "-c", sys.argv[5], str(told)], cwd=engine_cwd, env=env,
+                              start_new_session=True)
+    while not told.exists():
+        time.sleep(0.02)
     if register:
         reaper.watch(engine.pid)
     if sys.argv[4] == "stand-down":
         reaper.stand_down()
-    print(engine.pid, reaper.proc.pid, flush=True)
+    print(engine.pid, reaper.proc.pid, ipc, told.read_text(), flush=True)
     sys.stdin.read()
 """)
+
+
+_LEFT: dict[int, tuple[Path, Path]] = {}  # engine pid -> its ipc folder and /dev/shm file
 
 
 def _gone(pid: int) -> bool:
@@ -180,10 +202,12 @@ def _run_fake_worker(tmp_path: Path, register: bool, engine_cwd: Path, mode: str
     wd.mkdir(parents=True, exist_ok=True)
     engine_cwd.mkdir(parents=True, exist_ok=True)
     worker = subprocess.Popen([sys.executable, "-c", _FAKE_WORKER, str(wd), "1" if register else "0",
-                               str(engine_cwd), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[2])
+                               str(engine_cwd), mode, _MAP_SHM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parents[2])
     assert worker.stdout is not None
-    engine_pid, reaper_pid = (int(x) for x in worker.stdout.readline().split())
+    engine, reaper, ipc, shm = worker.stdout.readline().split()
+    engine_pid, reaper_pid = int(engine), int(reaper)
+    _LEFT[engine_pid] = (Path(ipc), Path(shm))
     assert group_alive(engine_pid)
     worker.send_signal(signal.SIGKILL)  # what Ray does to a worker it kills: no finally runs
     worker.wait()
@@ -205,6 +229,9 @@ def test_reaper_kills_the_engine_group_when_its_worker_dies(tmp_path: Path, regi
     # found by its work dir and environment (worker killed before the event).
     engine_pid, _ = _run_fake_worker(tmp_path, register, tmp_path / where)
     assert not group_alive(engine_pid), "the engine's process group outlived its dead worker"
+    # What only the engine's clean exit (or EngineProcess.stop) removes, the reaper removed.
+    ipc, shm = _LEFT.pop(engine_pid)
+    assert not ipc.exists() and not shm.exists(), "the killed engine's ipc folder or /dev/shm file was left"
 
 
 @pytest.mark.integration
@@ -213,14 +240,22 @@ def test_reaper_spares_the_engine_after_stand_down_and_unrelated_processes(tmp_p
     engine_pid, _ = _run_fake_worker(tmp_path, False, tmp_path / "elsewhere")
     try:
         assert group_alive(engine_pid)
+        assert all(p.exists() for p in _LEFT[engine_pid]), "the reaper removed an unrelated engine's files"
     finally:
-        os.killpg(engine_pid, signal.SIGKILL)
+        _remove(engine_pid)
     # stand_down (the task ended normally): the reaper exits without killing.
     engine_pid, _ = _run_fake_worker(tmp_path / "b", True, tmp_path / "b" / "engines" / "e", mode="stand-down")
     try:
         assert group_alive(engine_pid)
     finally:
-        os.killpg(engine_pid, signal.SIGKILL)
+        _remove(engine_pid)
+
+
+def _remove(engine_pid: int) -> None:
+    os.killpg(engine_pid, signal.SIGKILL)
+    ipc, shm = _LEFT.pop(engine_pid)
+    shutil.rmtree(ipc, ignore_errors=True)
+    shm.unlink(missing_ok=True)
 
 
 class _Remote:
