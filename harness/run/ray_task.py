@@ -85,28 +85,54 @@ REAPER_SOURCE = r"""
 import os, select, shutil, signal, sys, time
 wd = os.path.realpath(sys.argv[1])
 groups = set()
-# What only a clean exit removes (harness.run.engine_process.kill_engine_group does the same): the engines' ipc
-# socket folders (VLLM_RPC_BASE_PATH) and the /dev/shm files their processes map, by inode.  Read while they live
-# (on registration, then every second, then at the EOF).
+# What only a clean exit removes (harness.run.leftovers, which EngineProcess.stop uses): the engines' ipc folders
+# (VLLM_RPC_BASE_PATH) and the /dev/shm files their processes map that came to be after this reaper started (it
+# starts before the engine), by inode.  Read while they live: on registration, every second, at the EOF.
+def shm_now():
+    try:
+        return {e.inode() for e in os.scandir("/dev/shm")}
+    except OSError:
+        return set()
+shm_before, t0 = shm_now(), time.time()
 ipc_dirs, inodes = set(), set()
-def scan():
+def members():
     for entry in os.listdir("/proc"):
         try:
-            if not entry.isdigit() or os.getpgid(int(entry)) not in groups:
-                continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) in groups or int(fields[3]) in groups:
+                yield entry
+        except (OSError, IndexError, ValueError):
+            continue
+def scan():
+    for entry in members():
+        try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 for var in f.read().split(b"\0"):
-                    if var.startswith(b"VLLM_RPC_BASE_PATH="):
-                        path = var.split(b"=", 1)[1].decode()
-                        if os.path.basename(path).startswith("vllm-repro-ipc-"):
-                            ipc_dirs.add(path)
-            with open(f"/proc/{entry}/maps") as f:
-                for line in f:
+                    name, _, value = var.partition(b"=")
+                    if name == b"VLLM_RPC_BASE_PATH" and os.path.basename(value).startswith(b"vllm-repro-ipc-"):
+                        ipc_dirs.add(value)
+            with open(f"/proc/{entry}/maps", "rb") as f:
+                for line in f.read().splitlines():
                     fields = line.split(maxsplit=5)
-                    if len(fields) == 6 and fields[5].startswith("/dev/shm/") and fields[4].isdigit():
+                    if len(fields) == 6 and fields[5].startswith(b"/dev/shm/") and fields[4].isdigit():
                         inodes.add(int(fields[4]))
-        except OSError:
+        except Exception:
             continue
+def remove():
+    for path in ipc_dirs:
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        entries = list(os.scandir("/dev/shm")) if inodes else []
+    except OSError:
+        entries = []
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if st.st_ino in inodes and st.st_ino not in shm_before and st.st_ctime >= t0 and not entry.is_dir():
+                os.unlink(entry.path)
+        except OSError:
+            pass
 buf = b""
 while True:
     if not select.select([0], [], [], 1.0)[0]:
@@ -118,7 +144,7 @@ while True:
     buf += chunk
     *lines, buf = buf.split(b"\n")
     for line in lines:
-        word, _, arg = line.decode().partition(" ")
+        word, _, arg = line.decode(errors="replace").partition(" ")
         if word == "done":
             sys.exit(0)
         if word == "pgid":
@@ -141,15 +167,7 @@ scan()
 # Removed first, while the engine still runs (its mappings stay valid until it dies): Ray's raylet, the subreaper
 # of a dead worker's orphans, kills them and this reaper within 10 s ("Will kill unknown children every 10
 # seconds", Ray 2.60), maybe before the engine is gone.
-for path in ipc_dirs:
-    shutil.rmtree(path, ignore_errors=True)
-if inodes and os.path.isdir("/dev/shm"):
-    for entry in os.scandir("/dev/shm"):
-        try:
-            if entry.inode() in inodes and not entry.is_dir(follow_symlinks=False):
-                os.unlink(entry.path)
-        except OSError:
-            pass
+remove()
 def alive(g):
     try:
         os.killpg(g, 0)

@@ -30,7 +30,7 @@ from repro.settings.engine_axes import engine_args, owned_engine_args
 # 5: a spec may carry ``gate`` (the engine waits for :data:`GO` on stdin between its ``engine`` event and its first
 #    scenario: engines start up side by side while one at a time runs its scenarios, harness.run.turns).
 SCHEMA_VERSION = 5
-STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine politely
+STOP: dict[str, str] = {"op": "stop"}  # interactive sessions: end the engine (the harness kills judged ones instead)
 GO: dict[str, str] = {"op": "go"}  # a gated engine: run the scenarios now
 # bigram-cycle: the built-in deterministic checkpoint (repro.models.deterministic); qwen3-random: the built-in
 # random-weight

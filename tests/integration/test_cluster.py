@@ -264,7 +264,8 @@ def test_local_ray_streams_results_and_a_killed_task_is_error(tmp_path: Path, ra
     assert set(obs["pgids"]) == {STREAMER.id, VICTIM.id}
     for eid, pgid in obs["pgids"].items():
         assert not group_alive(pgid), f"a process of engine {eid} outlived the run"
-    # What only a clean exit removes, the reaper removed: the killed engine's ipc folder and /dev/shm file.
+    # What only a clean exit removes was removed (by the task's reaper; the driver's kill on this node removes the
+    # ipc folder too): the killed engine's ipc folder and /dev/shm file.
     ipc = Path((tmp_path / "victim-ipc.txt").read_text().strip())
     assert ipc.name.startswith("vllm-repro-ipc-") and not ipc.exists(), ipc
     assert not Path((tmp_path / "victim-shm.txt").read_text().strip()).exists()

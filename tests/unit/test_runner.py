@@ -224,8 +224,10 @@ def test_a_scenario_event_the_wire_format_refuses_does_not_count(tmp_path: Path)
 def test_session_failures_are_typed(tmp_path: Path) -> None:
     from harness.run.session import EngineDied, EngineSession
 
-    # Starts, then reads one scenario line and never answers it; would end on a polite stop line.
+    # Starts, then reads one scenario line and never answers it; would end on a polite stop line, and says so
+    # if it is sent SIGTERM (a session is killed at once: SIGKILL).
     env = fake_env(tmp_path, """
+        trap 'echo term > "$(dirname "$OUT")/term.txt"; exit 0' TERM
         echo '{"event": "engine", "probe": null}' >> "$OUT"
         read line
         sleep 300 &
@@ -242,6 +244,7 @@ def test_session_failures_are_typed(tmp_path: Path) -> None:
     assert str(exc.value) == "TIMEOUT: scenario keep-clear took more than 1s; engine killed"
     assert s.pgid is not None and not group_alive(s.pgid), "the killed session left a process behind"
     assert not (s.wd / "stop.txt").exists(), "a session is killed at once, not asked to stop"
+    assert not (s.wd / "term.txt").exists(), "a session is killed at once (SIGKILL), not sent SIGTERM"
 
     dead = fake_env(tmp_path / "b", """
         echo "engine core died" >&2
