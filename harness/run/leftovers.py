@@ -10,7 +10,7 @@
   one ``psm_*`` of 251,658,260 bytes left by one of two SIGTERMed sessions; two ``sem.mp-*`` by four SIGKILLed
   engines.  Found by inode in the engine's memory maps: glibc maps a semaphore under a temporary name it unlinks at
   once (``/dev/shm/sem.XXXXXX (deleted)``) and links the same inode as ``sem.<name>``.  Only a file that came to be
-  after the engine started (not in the snapshot taken then, changed since) is removed: an engine also maps files
+  after the engine started (not in the snapshot of inodes taken then) is removed: an engine also maps files
   that are not its own (a model under /dev/shm, a segment another process shares with it).
 
 The Ray task's reaper (``harness.run.ray_task.REAPER_SOURCE``, standard library only) does the same by itself.
@@ -22,7 +22,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +45,15 @@ def ipc_folder() -> Path:
 
 @dataclass(frozen=True)
 class ShmSnapshot:
-    """``/dev/shm`` when an engine started: the inodes there, and the time."""
+    """The inodes in ``/dev/shm`` when an engine started.  (Not a time: a file's ctime comes from the kernel's coarse
+    clock and can be a few ms older than a ``time.time()`` read before it was made; seen: a test's reaper kept a file
+    its engine made.)"""
 
     inodes: frozenset[int]
-    t: float
 
     @classmethod
     def now(cls) -> ShmSnapshot:
-        return cls(_shm_inodes(), time.time())
+        return cls(_shm_inodes())
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Leftovers:
             for entry in entries:
                 with contextlib.suppress(OSError):
                     st = entry.stat(follow_symlinks=False)
-                    if (st.st_ino in self.inodes and st.st_ino not in since.inodes and st.st_ctime >= since.t
+                    if (st.st_ino in self.inodes and st.st_ino not in since.inodes
                             and not entry.is_dir(follow_symlinks=False)):
                         os.unlink(entry.path)
 

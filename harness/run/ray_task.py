@@ -93,7 +93,9 @@ def shm_now():
         return {e.inode() for e in os.scandir("/dev/shm")}
     except OSError:
         return set()
-shm_before, t0 = shm_now(), time.time()
+shm_before = shm_now()  # inodes only: a file's ctime can be a few ms older than time.time() read before it
+os.write(1, b"ready\n")  # Reaper() waits for it: the engine starts after the snapshot
+os.close(1)
 ipc_dirs, inodes = set(), set()
 def members():
     for entry in os.listdir("/proc"):
@@ -129,7 +131,7 @@ def remove():
     for entry in entries:
         try:
             st = entry.stat(follow_symlinks=False)
-            if st.st_ino in inodes and st.st_ino not in shm_before and st.st_ctime >= t0 and not entry.is_dir():
+            if st.st_ino in inodes and st.st_ino not in shm_before and not entry.is_dir():
                 os.unlink(entry.path)
         except OSError:
             pass
@@ -197,8 +199,12 @@ class Reaper:
         # Own session: whatever kills the Ray worker's process group spares it.
         self.proc = subprocess.Popen(
             [sys.executable, "-c", REAPER_SOURCE, str(work_dir)], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )
+        # Its snapshot of /dev/shm is taken before the engine starts: wait for its "ready" (or its end).
+        assert self.proc.stdout is not None
+        self.proc.stdout.readline()
+        self.proc.stdout.close()
 
     def watch(self, pgid: int) -> None:
         assert self.proc.stdin is not None
