@@ -36,6 +36,7 @@ from repro.patches.bind import ENV_BIND
 from repro.settings.engine_axes import engine_env as axes_env
 
 ENGINE_MODULE = "repro.engine"  # python -m ENGINE_MODULE SPEC OUT
+LOOK_S = 5.0  # how often a running engine's leftovers are looked up (a few ms of /proc reading each time)
 
 
 def engine_env(engine: EngineKey, cfg: RunConfig, pythonpath: Path,
@@ -132,12 +133,14 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def kill_engine_group(pgid: int, at_once: bool = False, since: ShmSnapshot | None = None) -> None:
+def kill_engine_group(pgid: int, at_once: bool = False, since: ShmSnapshot | None = None,
+                      known: Leftovers | None = None) -> None:
     """``kill_group``, then remove what only the engine's clean exit would have (:mod:`harness.run.leftovers`): the
     ipc folders its processes' environment names and, given ``since`` (``/dev/shm`` when it started), the
-    ``/dev/shm`` files they map that came to be after.  Also for an engine started elsewhere: a Ray task's, killed
-    by the driver on the same node."""
-    left = Leftovers.of(_pids_in_group(pgid))
+    ``/dev/shm`` files they map that came to be after; with those seen earlier (``known``: a process that already
+    died, e.g. a crashed engine core, cannot be read now).  Also for an engine started elsewhere: a Ray task's,
+    killed by the driver on the same node."""
+    left = (known or Leftovers()) | Leftovers.of(_pids_in_group(pgid))
     try:
         kill_group(pgid, at_once=at_once)
     finally:
@@ -229,6 +232,7 @@ class EngineProcess:
                 self.ipc_dir = ipc_folder()
                 environ[RPC_VAR] = str(self.ipc_dir)
             self.shm_at_start = ShmSnapshot.now()
+            self.known, self._next_look = Leftovers(), time.monotonic() + LOOK_S
             # For the benchmark (harness.bench.phases): the interpreter's start and repro.engine.main's imports
             # (vLLM's among them) come before the engine's own ``start`` event.
             (self.wd / "spawned.json").write_text(json.dumps({"t": time.time()}))
@@ -250,7 +254,13 @@ class EngineProcess:
         return self.proc.pid
 
     def events(self) -> list[Event]:
-        return self.tail.read()
+        """The events written since the last call; also where the engine's leftovers are looked up while it runs:
+        once it reports its engine (vLLM's MessageQueue exists by then), and every ``LOOK_S`` seconds."""
+        events = self.tail.read()
+        if time.monotonic() >= self._next_look or any(ev.kind == "engine" for ev in events):
+            self.known = self.known | Leftovers.of(_pids_in_group(self.proc.pid))
+            self._next_look = time.monotonic() + LOOK_S
+        return events
 
     def wait(self, timeout: float) -> bool:
         """Whether the process has exited, waiting up to ``timeout`` seconds for it."""
@@ -277,7 +287,7 @@ class EngineProcess:
         cell is judged, see ``harness.run.runner.stops_when_judged``), then remove what a killed engine leaves: its
         ports' leases, its ipc sockets, its shared-memory files.  Whatever happens, nothing of it outlives the run."""
         try:
-            kill_engine_group(self.proc.pid, at_once=at_once, since=self.shm_at_start)
+            kill_engine_group(self.proc.pid, at_once=at_once, since=self.shm_at_start, known=self.known)
             self.proc.wait()
         finally:
             if self.proc.stdin is not None:

@@ -181,3 +181,32 @@ def _children(pgid: int) -> list[int]:
     from harness.run.engine_process import _pids_in_group
 
     return _pids_in_group(pgid)
+
+
+# An engine core that crashes: it maps a /dev/shm file, reports its engine, then dies of its own (on a line on its
+# stdin) without unlinking the file: by the time the harness stops it, nothing is left to read the file from.
+_CRASHER = """
+import mmap, os, sys, uuid
+path = "/dev/shm/vllm-repro-test-" + uuid.uuid4().hex
+fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096)
+open(os.path.join(os.path.dirname(sys.argv[2]), "shm.txt"), "w").write(path)
+open(sys.argv[2], "a").write('{"event": "engine", "probe": null}\\n')
+sys.stdin.readline()
+os._exit(1)
+"""
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+def test_what_an_engine_that_died_by_itself_left_goes_too(tmp_path: Path) -> None:
+    proc = _start(tmp_path, _CRASHER)
+    try:
+        deadline = time.monotonic() + 120  # a backstop, not pacing: ends on the engine event
+        while not any(ev.kind == "engine" for ev in proc.events()):
+            assert time.monotonic() < deadline and not proc.wait(0.05), proc.log_tail()
+        path = Path((proc.wd / "shm.txt").read_text())
+        proc.send({"op": "crash"})
+        proc.proc.wait(timeout=120)
+        assert path.exists(), "the stand-in removed its own file: the test would prove nothing"
+    finally:
+        proc.stop()
+    assert not path.exists(), "a file made by an engine that died by itself outlived it"
