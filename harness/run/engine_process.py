@@ -25,7 +25,7 @@ from harness.core.profiles import PROFILES
 from harness.envbuild.envs import VllmEnv
 from harness.envbuild.preload import preload_env
 from harness.run.engine_death import log_tail
-from harness.run.leftovers import RPC_VAR, Leftovers, ShmSnapshot, ipc_folder
+from harness.run.leftovers import RPC_VAR, Leftovers, ShmSnapshot, ipc_folder, pids_in
 from harness.run.ports import lease_ports
 from harness.run.spec import RunConfig, _sched_spec, build_spec, engine_axes
 from harness.run.staging import stage_entry_points, stage_repro
@@ -148,19 +148,8 @@ def kill_engine_group(pgid: int, at_once: bool = False, since: ShmSnapshot | Non
 
 
 def _pids_in_group(pgid: int) -> list[int]:
-    """Every process whose group or session is ``pgid`` (/proc/PID/stat: the 3rd and 4th fields after the name)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if pgid in (int(fields[2]), int(fields[3])):
-                pids.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue
-    return pids
+    """Every process whose group or session is ``pgid``."""
+    return pids_in({pgid})
 
 
 class EventTail:

@@ -13,7 +13,8 @@
   after the engine started (not in the snapshot of inodes taken then) is removed: an engine also maps files
   that are not its own (a model under /dev/shm, a segment another process shares with it).
 
-The Ray task's reaper (``harness.run.ray_task.REAPER_SOURCE``, standard library only) does the same by itself.
+The Ray task's reaper (``harness.run.ray_task.REAPER_SOURCE``) uses this module too, so it imports only the
+standard library.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,23 @@ class Leftovers:
                     if (st.st_ino in self.inodes and st.st_ino not in since.inodes
                             and not entry.is_dir(follow_symlinks=False)):
                         os.unlink(entry.path)
+
+
+def pids_in(ids: Collection[int]) -> list[int]:
+    """Every process whose group or session is one of ``ids`` (/proc/PID/stat: the 3rd and 4th fields after the
+    name)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[2]) in ids or int(fields[3]) in ids:
+                pids.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
 
 
 def _shm_inodes() -> frozenset[int]:

@@ -75,66 +75,31 @@ def _environ(changes: Mapping[str, str | None]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-# The reaper runs with only the standard library (python -c): argv[1] is the
+# The reaper runs apart from the harness (python -c): argv[1] is the
 # engine's work dir.  Lines on stdin: "pgid N" (from the engine's start event)
 # and "done" (the task ended normally; run_engine already killed the engine).
 # EOF without "done" means the Ray worker died: kill every registered group and
 # every process of this engine (cwd is its work dir and its environment is an
 # engine's), which also covers a worker killed before the start event arrived.
 REAPER_SOURCE = r"""
-import os, select, shutil, signal, sys, time
+import os, select, signal, sys, time
 wd = os.path.realpath(sys.argv[1])
 groups = set()
-# What only a clean exit removes (harness.run.leftovers, which EngineProcess.stop uses): the engines' ipc folders
-# (VLLM_RPC_BASE_PATH) and the /dev/shm files their processes map that came to be after this reaper started (it
-# starts before the engine), by inode.  Read while they live: on registration, every second, at the EOF.
-def shm_now():
-    try:
-        return {e.inode() for e in os.scandir("/dev/shm")}
-    except OSError:
-        return set()
-shm_before = shm_now()  # inodes only: a file's ctime can be a few ms older than time.time() read before it
+# What only a clean exit removes: the engines' ipc folders and the /dev/shm files they made (harness.run.leftovers,
+# from argv[2], standard library only), read while they live (on registration, every second, at the EOF).  Without
+# it the reaper still kills.
+try:
+    sys.path.insert(0, sys.argv[2])
+    from harness.run.leftovers import Leftovers, ShmSnapshot, pids_in
+    shm_before, known = ShmSnapshot.now(), Leftovers()
+except Exception:
+    pids_in = None
 os.write(1, b"ready\n")  # Reaper() waits for it: the engine starts after the snapshot
 os.close(1)
-ipc_dirs, inodes = set(), set()
-def members():
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if int(fields[2]) in groups or int(fields[3]) in groups:
-                yield entry
-        except (OSError, IndexError, ValueError):
-            continue
 def scan():
-    for entry in members():
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                for var in f.read().split(b"\0"):
-                    name, _, value = var.partition(b"=")
-                    if name == b"VLLM_RPC_BASE_PATH" and os.path.basename(value).startswith(b"vllm-repro-ipc-"):
-                        ipc_dirs.add(value)
-            with open(f"/proc/{entry}/maps", "rb") as f:
-                for line in f.read().splitlines():
-                    fields = line.split(maxsplit=5)
-                    if len(fields) == 6 and fields[5].startswith(b"/dev/shm/") and fields[4].isdigit():
-                        inodes.add(int(fields[4]))
-        except Exception:
-            continue
-def remove():
-    for path in ipc_dirs:
-        shutil.rmtree(path, ignore_errors=True)
-    try:
-        entries = list(os.scandir("/dev/shm")) if inodes else []
-    except OSError:
-        entries = []
-    for entry in entries:
-        try:
-            st = entry.stat(follow_symlinks=False)
-            if st.st_ino in inodes and st.st_ino not in shm_before and not entry.is_dir():
-                os.unlink(entry.path)
-        except OSError:
-            pass
+    global known
+    if pids_in is not None and groups:
+        known = known | Leftovers.of(pids_in(groups))
 buf = b""
 while True:
     if not select.select([0], [], [], 1.0)[0]:
@@ -169,7 +134,8 @@ scan()
 # Removed first, while the engine still runs (its mappings stay valid until it dies): Ray's raylet, the subreaper
 # of a dead worker's orphans, kills them and this reaper within 10 s ("Will kill unknown children every 10
 # seconds", Ray 2.60), maybe before the engine is gone.
-remove()
+if pids_in is not None:
+    known.remove(shm_before)
 def alive(g):
     try:
         os.killpg(g, 0)
@@ -198,7 +164,8 @@ class Reaper:
     def __init__(self, work_dir: Path) -> None:
         # Own session: whatever kills the Ray worker's process group spares it.
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", REAPER_SOURCE, str(work_dir)], stdin=subprocess.PIPE,
+            [sys.executable, "-c", REAPER_SOURCE, str(work_dir), str(Path(__file__).resolve().parents[2])],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         # Its snapshot of /dev/shm is taken before the engine starts: wait for its "ready" (or its end).

@@ -193,19 +193,6 @@ def _fake_engine(root: Path, body: str) -> Path:
     return root
 
 
-# Maps a new /dev/shm file, then says where (atomically: the engine waits for the file), then waits to be killed.
-_MAP_SHM = """
-import mmap, os, sys, time, uuid
-path = "/dev/shm/vllm-repro-test-" + uuid.uuid4().hex
-fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-os.ftruncate(fd, 4096)
-m = mmap.mmap(fd, 4096)
-with open(sys.argv[1] + ".part", "w") as f:
-    f.write(path)
-os.rename(sys.argv[1] + ".part", sys.argv[1])
-time.sleep(300)
-"""
-
 STREAMER = EngineKey("9.9.1", "mp", False)
 VICTIM = EngineKey("9.9.2", "mp", False)
 
@@ -231,7 +218,9 @@ def test_local_ray_streams_results_and_a_killed_task_is_error(tmp_path: Path, ra
     """)
     # Hangs with a grandchild in its process group, like vLLM's engine core, which maps a /dev/shm file (vLLM's
     # MessageQueue segment) and would bind its ipc sockets in $VLLM_RPC_BASE_PATH; killed once that is so.
-    (tmp_path / "map_shm.py").write_text(_MAP_SHM)
+    from shm_standin import MAP_SHM  # here, not at the top: this file also runs as the driver script
+
+    (tmp_path / "map_shm.py").write_text(MAP_SHM)
     _fake_engine(tmp_path / "env2", f"""
         echo "$VLLM_RPC_BASE_PATH" > "{tmp_path}/victim-ipc.txt"
         {sys.executable} {tmp_path}/map_shm.py "{tmp_path}/victim-shm.txt" &

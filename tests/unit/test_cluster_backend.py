@@ -18,6 +18,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from shm_standin import MAP_SHM
 
 from harness.core.cell import Cell, EngineKey
 from harness.core.errors import BadInput
@@ -153,17 +154,6 @@ def test_engine_environment_drops_what_ray_sets_for_its_worker() -> None:
 # like run_engine's), prints both pids, then blocks until the test kills it.  The engine has
 # an ipc folder (EngineProcess's VLLM_RPC_BASE_PATH) and maps a /dev/shm file, as vLLM's
 # engine core maps its MessageQueue segment; the worker prints both paths too, once mapped.
-_MAP_SHM = textwrap.dedent("""
-    import mmap, os, sys, time, uuid
-    path = "/dev/shm/vllm-repro-test-" + uuid.uuid4().hex
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    os.ftruncate(fd, 4096)
-    m = mmap.mmap(fd, 4096)
-    with open(sys.argv[1] + ".part", "w") as f:
-        f.write(path)
-    os.rename(sys.argv[1] + ".part", sys.argv[1])
-    time.sleep(300)
-""")
 _FAKE_WORKER = textwrap.dedent("""
     import os, subprocess, sys, tempfile, time
     from pathlib import Path
@@ -202,7 +192,7 @@ def _run_fake_worker(tmp_path: Path, register: bool, engine_cwd: Path, mode: str
     wd.mkdir(parents=True, exist_ok=True)
     engine_cwd.mkdir(parents=True, exist_ok=True)
     worker = subprocess.Popen([sys.executable, "-c", _FAKE_WORKER, str(wd), "1" if register else "0",
-                               str(engine_cwd), mode, _MAP_SHM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               str(engine_cwd), mode, MAP_SHM], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, cwd=Path(__file__).resolve().parents[2])
     assert worker.stdout is not None
     engine, reaper, ipc, shm = worker.stdout.readline().split()

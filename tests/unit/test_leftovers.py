@@ -16,7 +16,7 @@ import pytest
 from harness.core.cell import EngineKey
 from harness.envbuild.envs import EnvRecipe, VllmEnv
 from harness.run.engine_process import EngineProcess
-from harness.run.leftovers import Leftovers, ipc_folder
+from harness.run.leftovers import Leftovers, ipc_folder, pids_in
 from harness.run.spec import RunConfig
 
 pytestmark = pytest.mark.unit
@@ -132,7 +132,7 @@ def test_what_an_engine_left_in_dev_shm_goes_with_it(tmp_path: Path, at_once: bo
     try:
         segment, *semaphores = map(Path, str(_reported_path(proc)).split())
         assert semaphores, "the stand-in made no named semaphore"
-        mapped = Leftovers.of([proc.pgid, *_children(proc.pgid)]).inodes
+        mapped = Leftovers.of(pids_in({proc.pgid})).inodes
         assert {p.stat().st_ino for p in (segment, *semaphores)} <= mapped
     finally:
         proc.stop(at_once=at_once)
@@ -175,12 +175,6 @@ def test_a_file_the_engine_only_mapped_stays_and_an_odd_name_breaks_nothing(tmp_
         assert not [n for n in os.listdir(b"/dev/shm") if n.endswith(str(proc.pgid).encode()) and b"\xff" in n]
     finally:
         foreign.unlink(missing_ok=True)
-
-
-def _children(pgid: int) -> list[int]:
-    from harness.run.engine_process import _pids_in_group
-
-    return _pids_in_group(pgid)
 
 
 # An engine core that crashes: it maps a /dev/shm file, reports its engine, then dies of its own (on a line on its
